@@ -1,0 +1,167 @@
+"""Test infrastructure shared by every package's tests.
+
+``--device NAME`` (or ``TURBINE_TEST_DEVICE``) picks the IREE backend for tests that take the
+``iree_device`` fixture; those tests are marked ``backend`` automatically, so that the nox
+``e2e-<device>`` sessions can run exactly them on each backend. An unavailable backend skips
+with the reason. ``iree_device.compile(...)`` / ``iree_device.load(...)`` are small helpers for
+lower layers' tests that have no runner of their own (turbine_aot has the product runner).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
+
+import iree_devices
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default=None,
+        help=f"IREE test device: one of {', '.join(iree_devices.DEVICES)} "
+        f"(default: $TURBINE_TEST_DEVICE or {iree_devices.DEFAULT_DEVICE})",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "iree_device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.backend)
+
+
+_probe_cache: dict[str, str | None] = {}
+
+
+class IreeDevice:
+    """A compile target + runtime driver for tests."""
+
+    def __init__(self, spec: iree_devices.TestDevice):
+        self.spec = spec
+        self.name = spec.name
+        self.driver = spec.driver
+
+    @property
+    def compile_args(self) -> list[str]:
+        return self.spec.compile_args
+
+    def compile(self, mlir: str | bytes, *, extra_args: list[str] | tuple[str, ...] = ()) -> bytes:
+        import iree.compiler as ic
+
+        return ic.compile_str(
+            mlir,
+            input_type="auto",
+            extra_args=[*self.compile_args, *extra_args],
+        )
+
+    def load(self, vmfb: bytes, *, parameters: dict[str, str | Path] | None = None):
+        """Loads a compiled module; returns the bound module (functions by name).
+
+        ``parameters`` maps a parameter scope to one or more .irpa/.safetensors/.gguf files.
+        """
+        import iree.runtime as rt
+
+        config = rt.Config(self.driver)
+        instance = config.vm_instance
+        modules = []
+        for scope, paths in (parameters or {}).items():
+            index = rt.ParameterIndex()
+            for path in [paths] if isinstance(paths, (str, Path)) else paths:
+                index.load(str(path))
+            modules.append(
+                rt.create_io_parameters_module(instance, index.create_provider(scope=scope))
+            )
+        vm_module = rt.VmModule.copy_buffer(instance, vmfb)
+        loaded = rt.load_vm_modules(*modules, vm_module, config=config)
+        return _DeviceModule(loaded[-1], config.device)
+
+
+class _DeviceModule:
+    """Wraps a bound module so that numpy inputs are uploaded to the device first.
+
+    (The IREE runtime may refuse to import unaligned host memory on some drivers, e.g. lavapipe.)
+    """
+
+    def __init__(self, bound, device):
+        self._bound = bound
+        self.device = device
+
+    def __getattr__(self, name):
+        import iree.runtime as rt
+        import numpy as np
+
+        fn = getattr(self._bound, name)
+
+        def call(*args):
+            dev_args = [
+                rt.asdevicearray(self.device, _page_aligned(a)) if isinstance(a, np.ndarray) else a
+                for a in args
+            ]
+            result = fn(*dev_args)
+            if isinstance(result, (tuple, list)):
+                return type(result)(_HostReadable(r) for r in result)
+            return _HostReadable(result)
+
+        return call
+
+
+class _HostReadable:
+    """A result whose ``to_host()`` copies through a staging buffer.
+
+    ``DeviceArray.to_host`` imports a numpy allocation into the device when the allocator says
+    it can, and Vulkan on lavapipe then rejects pointers not aligned to 4096. A staging buffer
+    works on every driver.
+    """
+
+    def __init__(self, value):
+        self.value = value
+
+    def to_host(self):
+        import iree.runtime as rt
+
+        if not isinstance(self.value, rt.DeviceArray):
+            return self.value
+        bv = self.value._buffer_view
+        device = self.value._device
+        source = bv.get_buffer()
+        staging = device.allocator.allocate_buffer(
+            memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+            allowed_usage=int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED),
+            allocation_size=source.byte_length(),
+        )
+        sem = device.create_semaphore(0)
+        device.queue_copy(
+            source,
+            staging,
+            wait_semaphores=rt.HalFence.create_at(sem, 0),
+            signal_semaphores=rt.HalFence.create_at(sem, 1),
+        )
+        rt.HalFence.create_at(sem, 1).wait()
+        dtype = rt.HalElementType.map_to_dtype(bv.element_type)
+        return staging.map().asarray(tuple(bv.shape), dtype).copy()
+
+
+def _page_aligned(a):
+    """A page-aligned contiguous copy: Vulkan (lavapipe) imports host memory only at 4096."""
+    import numpy as np
+
+    raw = np.empty(a.nbytes + 4096, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 4096
+    out = raw[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.fixture(scope="session")
+def iree_device(request: pytest.FixtureRequest) -> IreeDevice:
+    spec = iree_devices.resolve(request.config.getoption("--device"))
+    if spec.name not in _probe_cache:
+        _probe_cache[spec.name] = iree_devices.probe(spec)
+    reason = _probe_cache[spec.name]
+    if reason:
+        pytest.skip(f"backend not available: {reason}")
+    return IreeDevice(spec)

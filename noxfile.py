@@ -1,0 +1,129 @@
+"""nox sessions for turbine. ``nox -l`` lists them; ``nox -t ci`` is what CI runs.
+
+Most sessions share one development environment (``.venv``, created by ``tools/dev.py`` with the
+five packages installed editable and pinned by ``tools/constraints.txt``): installing torch and
+IREE once instead of per session keeps CI inside its budget. ``params-standalone`` builds a fresh
+virtualenv with numpy alone, to prove turbine-params works without torch or IREE.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import dev  # noqa: E402
+import iree_devices  # noqa: E402
+
+nox.options.error_on_missing_interpreters = False
+nox.options.default_venv_backend = "venv"
+
+# One table drives the per-package sessions: package -> pytest arguments.
+PACKAGES: dict[str, list[str]] = {
+    "params": [],
+    "ir": [],
+    "trace": [],
+    "fx": [],
+    "aot": [],
+}
+WORKERS = os.environ.get("TURBINE_PYTEST_WORKERS", "2")
+
+
+def _dev_python(session: nox.Session) -> str:
+    py = str(dev.ensure_env(quiet=True))
+    session.log(f"using the shared dev environment {py}")
+    return py
+
+
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    py = _dev_python(session)
+    xdist = ["-n", WORKERS] if WORKERS not in ("0", "1") else []
+    session.run(py, "-m", "pytest", *xdist, *args, *session.posargs, env=env or {}, external=True)
+
+
+def _make_package_session(pkg: str, extra: list[str]) -> None:
+    def _tests(session: nox.Session) -> None:
+        _pytest(session, f"packages/turbine-{pkg}/tests", *extra)
+
+    _tests.__doc__ = f"Unit, golden-IR and end-to-end tests of turbine-{pkg} (device llvm-cpu)."
+    nox.session(name=f"tests-{pkg}", python=False, tags=["ci", "tests"])(_tests)
+
+
+for _pkg, _extra in PACKAGES.items():
+    _make_package_session(_pkg, _extra)
+
+
+@nox.session(name="tests-repo", python=False, tags=["ci", "tests"])
+def tests_repo(session: nox.Session) -> None:
+    """Repository-wide checks: the layering contract, docs examples, tooling."""
+    _pytest(session, "tests")
+
+
+@nox.session(name="params-standalone", tags=["ci"])
+def params_standalone(session: nox.Session) -> None:
+    """turbine-params alone in a fresh venv: numpy only, no torch, no IREE."""
+    session.install("-c", str(ROOT / "tools/constraints.txt"), "numpy", "pytest", "hypothesis")
+    session.install("--no-deps", "-e", str(ROOT / "packages/turbine-params"))
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util as u, sys; "
+        "bad=[m for m in ('torch','iree') if u.find_spec(m)]; "
+        "sys.exit(f'unexpected packages in standalone env: {bad}' if bad else 0)",
+    )
+    session.run("python", "-m", "pytest", "packages/turbine-params/tests", *session.posargs)
+
+
+def _make_backend_session(device: iree_devices.TestDevice, tags: list[str]) -> None:
+    def _e2e(session: nox.Session) -> None:
+        py = _dev_python(session)
+        reason = iree_devices.probe(device, python=py)
+        if reason:
+            session.skip(f"backend not available: {reason}")
+        _pytest(
+            session,
+            "-m",
+            "backend",
+            f"--device={device.name}",
+            "tests",
+            *[f"packages/turbine-{p}/tests" for p in PACKAGES],
+        )
+
+    _e2e.__doc__ = (
+        f"Backend tests on {device.name} (target {device.target_backend}, driver {device.driver})."
+    )
+    nox.session(name=f"e2e-{device.name}", python=False, tags=tags)(_e2e)
+
+
+for _dev in iree_devices.DEVICES.values():
+    # The default device already runs in every tests-* session; the others run here.
+    _tags = ["e2e"] + ([] if _dev.name == iree_devices.DEFAULT_DEVICE else ["ci"])
+    _make_backend_session(_dev, _tags)
+
+
+@nox.session(python=False, tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy on the packages' sources."""
+    py = _dev_python(session)
+    session.run(py, "-m", "ruff", "check", ".", external=True)
+    session.run(py, "-m", "ruff", "format", "--check", ".", external=True)
+    session.run(py, "-m", "mypy", external=True)
+
+
+@nox.session(python=False)
+def demo(session: nox.Session) -> None:
+    """The main job: export -> compile -> run -> compare with eager on an embedded model."""
+    py = _dev_python(session)
+    session.run(py, "-m", "turbine_aot", "demo", *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (figures and ratios against baselines measured in the same run)."""
+    py = _dev_python(session)
+    session.run(py, "benchmarks/run.py", *session.posargs, external=True)

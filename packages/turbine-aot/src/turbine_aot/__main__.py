@@ -1,0 +1,3 @@
+from turbine_aot._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,21 @@
+"""Package metadata and public surface of turbine_ir."""
+
+from __future__ import annotations
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+from pathlib import Path
+
+import turbine_ir
+
+
+def test_version_matches_pyproject():
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert turbine_ir.__version__ == meta["project"]["version"]
+
+
+def test_all_names_exist():
+    missing = [n for n in turbine_ir.__all__ if not hasattr(turbine_ir, n)]
+    assert missing == []

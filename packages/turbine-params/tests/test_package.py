@@ -1,0 +1,21 @@
+"""Package metadata and public surface of turbine_params."""
+
+from __future__ import annotations
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+from pathlib import Path
+
+import turbine_params
+
+
+def test_version_matches_pyproject():
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert turbine_params.__version__ == meta["project"]["version"]
+
+
+def test_all_names_exist():
+    missing = [n for n in turbine_params.__all__ if not hasattr(turbine_params, n)]
+    assert missing == []

@@ -1,0 +1,6 @@
+"""turbine_trace."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
+__version__ = "0.1.0"
