@@ -1,0 +1,236 @@
+"""Target and device resolution, and turbine's default IREE compile flags per target.
+
+One place decides what a user gets when they name no flags: ``ExportOutput.compile`` and the
+runner call :func:`default_compile_flags` (and :func:`resolve_target` to map a target or driver
+name to the pair IREE needs). The defaults are chosen for speed on the machine that compiles
+(``host=True``); a portable build is one flag away (``host=False``), and every default can be
+overridden by passing the same ``--flag=value`` in ``overrides`` / ``extra_args`` (the later value
+replaces the default, see :func:`merge_flags`).
+
+What each default buys is measured by ``benchmarks/models_bench.py`` and recorded in
+``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "TARGETS",
+    "Target",
+    "TargetError",
+    "default_compile_flags",
+    "default_runtime_flags",
+    "merge_flags",
+    "resolve_target",
+]
+
+#: Environment variable with extra compile flags appended after turbine's defaults (and so
+#: overriding them), e.g. ``TURBINE_COMPILE_FLAGS="--iree-opt-data-tiling=false"``.
+COMPILE_FLAGS_ENV = "TURBINE_COMPILE_FLAGS"
+
+
+class TargetError(ValueError):
+    """A target, driver or flag given to turbine's target resolution is invalid."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compile target together with the runtime driver that runs it.
+
+    Attributes:
+        name: turbine's name for the target (``"llvm-cpu"``, ``"vmvx"``, ``"vulkan-spirv"``,
+            ``"cuda"``, ``"rocm"``, ``"metal-spirv"``).
+        hal_device: the ``--iree-hal-target-device`` value.
+        local_backend: for ``hal_device == "local"``, the
+            ``--iree-hal-local-target-device-backends`` value; else ``None``.
+        driver: the default ``iree.runtime`` driver for modules built for this target.
+        gpu: whether the target is a GPU.
+    """
+
+    name: str
+    hal_device: str
+    local_backend: str | None
+    driver: str
+    gpu: bool = False
+
+    @property
+    def device_flags(self) -> list[str]:
+        """The flags that select this target device (no optimisation flags)."""
+        flags = [f"--iree-hal-target-device={self.hal_device}"]
+        if self.local_backend:
+            flags.append(f"--iree-hal-local-target-device-backends={self.local_backend}")
+        return flags
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("llvm-cpu", "local", "llvm-cpu", "local-task"),
+        Target("vmvx", "local", "vmvx", "local-task"),
+        Target("vulkan-spirv", "vulkan", None, "vulkan", gpu=True),
+        Target("cuda", "cuda", None, "cuda", gpu=True),
+        Target("rocm", "hip", None, "hip", gpu=True),
+        Target("metal-spirv", "metal", None, "metal", gpu=True),
+    )
+}
+
+# Other names users write for the same targets (IREE backend names, driver names).
+_ALIASES: dict[str, str] = {
+    "cpu": "llvm-cpu",
+    "host": "llvm-cpu",
+    "local-task": "llvm-cpu",
+    "local-sync": "llvm-cpu",
+    "local": "llvm-cpu",
+    "vulkan": "vulkan-spirv",
+    "hip": "rocm",
+    "metal": "metal-spirv",
+}
+
+
+def resolve_target(name: str | None = None) -> Target:
+    """Resolves a target, backend or driver name to a :class:`Target`.
+
+    Args:
+        name: ``"llvm-cpu"`` (default when ``None``), ``"vmvx"``, ``"vulkan-spirv"``, ``"cuda"``,
+            ``"rocm"``, ``"metal-spirv"``, or an alias (``"cpu"``, ``"local-task"``,
+            ``"vulkan"``, ``"hip"``, ...).
+
+    Returns:
+        The target. For ``"local-sync"`` the driver is ``local-sync``.
+
+    Raises:
+        TargetError: the name is not known; the message lists the valid names.
+    """
+    raw = (name or "llvm-cpu").strip()
+    key = _ALIASES.get(raw, raw)
+    try:
+        target = TARGETS[key]
+    except KeyError:
+        valid = ", ".join([*TARGETS, *_ALIASES])
+        raise TargetError(f"unknown IREE target {name!r}; choose one of: {valid}") from None
+    if raw == "local-sync":
+        target = Target(target.name, target.hal_device, target.local_backend, "local-sync")
+    return target
+
+
+def _flag_key(flag: str) -> str:
+    """``--iree-foo=bar`` -> ``--iree-foo``; a bare ``--iree-foo`` is its own key."""
+    return flag.split("=", 1)[0]
+
+
+def merge_flags(defaults: Iterable[str], overrides: Iterable[str] = ()) -> list[str]:
+    """Merges override flags into defaults: a flag in ``overrides`` replaces the default of the
+    same name (``--name=value`` or bare ``--name``); other overrides are appended in order.
+
+    Args:
+        defaults: the default flags.
+        overrides: the user's flags, which win.
+
+    Returns:
+        One flag list with each flag name at most once (except repeated overrides, kept as given).
+    """
+    overrides = list(overrides)
+    override_keys = {_flag_key(f) for f in overrides}
+    return [f for f in defaults if _flag_key(f) not in override_keys] + overrides
+
+
+# Flags measured to help llvm-cpu when compiling for the host CPU (docs/performance.md).
+_CPU_HOST_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=host",)
+# Data tiling + ukernels: mmt4d matmuls with packed weights, half the matmul time on x86.
+_CPU_FAST_MATMUL_FLAGS: tuple[str, ...] = (
+    "--iree-opt-data-tiling=true",
+    "--iree-llvmcpu-enable-ukernels=all",
+)
+# Generic (portable) x86-64 / aarch64 build: what runs on any CPU of the architecture.
+_CPU_GENERIC_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=generic",)
+
+
+def _cuda_arch() -> str:
+    """The compute capability of CUDA device 0 as ``sm_XY``; ``sm_80`` when none is visible."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability(0)
+            return f"sm_{major}{minor}"
+    except Exception:  # torch absent or CUDA init failure: fall back to a common target
+        pass
+    return "sm_80"
+
+
+def default_compile_flags(
+    target: str = "llvm-cpu",
+    *,
+    host: bool = True,
+    fast_matmul: bool = True,
+    opt_level: str | None = None,
+    overrides: Sequence[str] = (),
+    use_env: bool = True,
+) -> list[str]:
+    """turbine's default ``iree-compile`` flags for a target.
+
+    These select the target device and the optimisation flags turbine measured to be best on the
+    target (see ``docs/performance.md``). ``--iree-input-type`` is not included: callers pass it
+    (``torch`` for torch-dialect input).
+
+    Args:
+        target: target or driver name, see :func:`resolve_target`.
+        host: for CPU targets, tune for the CPU that compiles (``--iree-llvmcpu-target-cpu=host``).
+            ``False`` gives a portable build (``generic`` CPU) that runs on any CPU of the same
+            architecture.
+        fast_matmul: for CPU targets, enable data tiling and ukernels (mmt4d) for matmuls.
+        opt_level: ``"O0"``..``"O3"`` for ``--iree-opt-level``; ``None`` keeps IREE's default.
+        overrides: flags that replace defaults of the same name or are appended
+            (:func:`merge_flags`).
+        use_env: also apply flags from ``$TURBINE_COMPILE_FLAGS`` (after the defaults, before
+            ``overrides``).
+
+    Returns:
+        The flag list.
+
+    Raises:
+        TargetError: unknown target or invalid ``opt_level``.
+
+    Example:
+        >>> default_compile_flags("llvm-cpu", host=False)[:2]
+        ['--iree-hal-target-device=local', '--iree-hal-local-target-device-backends=llvm-cpu']
+    """
+    t = resolve_target(target)
+    flags = list(t.device_flags)
+    if t.local_backend == "llvm-cpu":
+        flags += _CPU_HOST_FLAGS if host else _CPU_GENERIC_FLAGS
+        if fast_matmul:
+            flags += _CPU_FAST_MATMUL_FLAGS
+    elif t.name == "cuda":
+        flags.append(f"--iree-cuda-target={_cuda_arch() if host else 'sm_80'}")
+    elif t.name == "rocm":
+        flags.append("--iree-hip-target=gfx942")
+    if opt_level is not None:
+        if opt_level not in ("O0", "O1", "O2", "O3"):
+            raise TargetError(f"opt_level must be one of O0, O1, O2, O3; got {opt_level!r}")
+        flags.append(f"--iree-opt-level={opt_level}")
+    env_flags = os.environ.get(COMPILE_FLAGS_ENV, "").split() if use_env else []
+    return merge_flags(merge_flags(flags, env_flags), overrides)
+
+
+def default_runtime_flags(target: str = "llvm-cpu", *, workers: int | None = None) -> list[str]:
+    """Runtime flags (for ``iree.runtime.flags.parse_flags``) turbine uses for a target.
+
+    Args:
+        target: target or driver name.
+        workers: for the ``local-task`` driver, the number of worker threads; ``None`` keeps
+            IREE's default (one per physical core).
+
+    Returns:
+        The flag list (may be empty).
+    """
+    t = resolve_target(target)
+    flags: list[str] = []
+    if t.driver == "local-task" and workers is not None:
+        if workers < 1:
+            raise TargetError(f"workers must be >= 1; got {workers}")
+        flags.append(f"--task_topology_max_group_count={workers}")
+    return flags
