@@ -1,0 +1,75 @@
+"""Module-level helpers: enumerate, externalize and save the parameters of an ``nn.Module``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ._traits import ExternalTensorTrait
+
+__all__ = [
+    "externalize_module_parameters",
+    "module_tensors",
+    "save_module_parameters",
+]
+
+
+def module_tensors(module: Any, *, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yields ``(prefix + name, tensor)`` for every parameter and persistent buffer.
+
+    Names are ``state_dict`` names; tied tensors appear once per name (the same object twice),
+    which is how the archive writer recognises them and stores their bytes once. Non-persistent
+    buffers are skipped, as ``state_dict`` does.
+    """
+    state = module.state_dict(keep_vars=True)
+    for name, value in state.items():
+        if _is_tensor(value):
+            yield prefix + name, value
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def externalize_module_parameters(
+    module: Any, *, external_scope: str = "", prefix: str = ""
+) -> None:
+    """Externalizes parameters and persistent buffers in a module by name.
+
+    Sets an :class:`ExternalTensorTrait` ``(external_scope, prefix + name)`` on each of them, so
+    that exporters reference them as ``#flow.parameter.named<scope::name>`` instead of embedding
+    their data. A tensor reachable under two names (tied weights) keeps the first name: the archive
+    written by :func:`save_module_parameters` holds both names for the same bytes, so either
+    resolves.
+
+    Args:
+        module: A ``torch.nn.Module``.
+        external_scope: Parameter scope; ``""`` is written as ``"model"`` by the exporters.
+        prefix: Prepended to every state_dict name.
+    """
+    seen: set[int] = set()
+    for name, tensor in module_tensors(module, prefix=prefix):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        ExternalTensorTrait(external_scope=external_scope, external_name=name).set(tensor)
+
+
+def save_module_parameters(file_path: str | Path, module: Any, *, prefix: str = "") -> None:
+    """One shot save of parameters and persistent buffers on a module.
+
+    More options are available by using a :class:`ParameterArchiveBuilder`.
+
+    Args:
+        file_path: Destination; ``.irpa`` is appended when it has no such suffix.
+        module: A ``torch.nn.Module``.
+        prefix: Prepended to every state_dict name.
+    """
+    from ._builder import ParameterArchiveBuilder
+
+    builder = ParameterArchiveBuilder()
+    builder.add_module(module, prefix=prefix)
+    builder.save(file_path)
