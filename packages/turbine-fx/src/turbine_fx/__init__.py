@@ -1,6 +1,37 @@
-"""turbine_fx."""
+"""turbine_fx: import torch.export programs into turbine modules.
+
+Public surface: the AOT decomposition table, program import into a ``ModuleBuilder``,
+``FxPrograms``/``FxProgramsBuilder``, ``passes`` and ``jittable``. See ``docs/turbine-fx.md``.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._decompositions import (
+    DEFAULT_DECOMPOSITION_OPS,
+    current_aot_decompositions,
+    extend_aot_decompositions,
+)
+from ._errors import (
+    DecompositionError,
+    FxImportError,
+    FxProgramsError,
+    JittableError,
+    TurbineFxError,
+    UnsupportedOpError,
+)
+from ._program_prep import PreparedProgram, prepare_program
+
+__all__ = [
+    "DEFAULT_DECOMPOSITION_OPS",
+    "DecompositionError",
+    "FxImportError",
+    "FxProgramsError",
+    "JittableError",
+    "PreparedProgram",
+    "TurbineFxError",
+    "UnsupportedOpError",
+    "current_aot_decompositions",
+    "extend_aot_decompositions",
+    "prepare_program",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,164 @@
+"""The AOT decomposition table: which torch ops are decomposed before import.
+
+IREE's torch frontend lowers most ATen ops directly (and decomposes many itself), so the default
+table is deliberately small: it holds the ops that typical models (MLPs, CNNs, transformer decoders
+with SDPA) produce and that IREE 3.13 cannot lower as they are (measured by compiling each op; see
+``docs/turbine-fx.md``). A small table is also what keeps export fast: a program whose graph holds
+none of these ops is imported without re-tracing (see ``_program_prep``).
+
+The current table is thread-local and scoped with :func:`extend_aot_decompositions`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch._decomp import get_decompositions
+
+from ._errors import DecompositionError
+
+__all__ = [
+    "DEFAULT_DECOMPOSITION_OPS",
+    "current_aot_decompositions",
+    "extend_aot_decompositions",
+    "resolve_decomposition_ops",
+]
+
+_aten = torch.ops.aten
+
+#: Ops decomposed by default. Each entry was found to fail ``iree-compile --iree-input-type=torch``
+#: (iree-base-compiler 3.13) when imported as is, and to compile once decomposed.
+DEFAULT_DECOMPOSITION_OPS: tuple[Any, ...] = (
+    # batch_norm becomes this op whenever a program is functionalized (mutating programs).
+    _aten._native_batch_norm_legit_no_training.default,
+    _aten._native_batch_norm_legit.default,
+    _aten._native_batch_norm_legit.no_stats,
+    _aten._native_batch_norm_legit_functional.default,
+    _aten.instance_norm.default,
+    _aten.upsample_bilinear2d.vec,
+    _aten.upsample_bilinear2d.default,
+    _aten._unsafe_index.Tensor,
+    _aten.logsumexp.default,
+    # Not registered in IREE's torch dialect (imported as torch.operator); several
+    # decompositions (logsumexp, ...) produce it.
+    _aten.squeeze.dims,
+)
+
+_DEFAULT_TABLE: dict[Any, Callable] | None = None
+_tls = threading.local()
+
+
+def _default_table() -> dict[Any, Callable]:
+    global _DEFAULT_TABLE
+    if _DEFAULT_TABLE is None:
+        _DEFAULT_TABLE = resolve_decomposition_ops(DEFAULT_DECOMPOSITION_OPS)
+    return _DEFAULT_TABLE
+
+
+def _stack() -> list[dict[Any, Callable]]:
+    stack = getattr(_tls, "stack", None)
+    if stack is None:
+        stack = _tls.stack = []
+    return stack
+
+
+def _overloads(op: Any) -> list[Any]:
+    """The OpOverloads an op names (a packet names all of its overloads)."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]
+
+
+def _has_composite_implicit_kernel(op: Any) -> bool:
+    try:
+        return bool(op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd))
+    except Exception:
+        return False
+
+
+def resolve_decomposition_ops(ops: Sequence[Any]) -> dict[Any, Callable]:
+    """Builds a decomposition table for ``ops`` from torch's registered decompositions.
+
+    Args:
+        ops: ``OpOverload`` or ``OpOverloadPacket`` objects (``torch.ops.aten.gelu``).
+
+    Returns:
+        A dict from OpOverload to its decomposition function.
+
+    Raises:
+        DecompositionError: An op is not a torch op, or torch registers no decomposition for it.
+    """
+    table: dict[Any, Callable] = {}
+    for op in ops:
+        if not isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            raise DecompositionError(
+                f"{op!r} is not a torch op: pass torch.ops.<namespace>.<op>[.<overload>] "
+                f"(e.g. torch.ops.aten.gelu or torch.ops.aten.gelu.default)"
+            )
+        found = get_decompositions([op])
+        for overload in _overloads(op):
+            if overload not in found and _has_composite_implicit_kernel(overload):
+                # CompositeImplicitAutograd ops decompose through their own kernel.
+                found[overload] = overload.decompose
+        if not found:
+            raise DecompositionError(
+                f"torch has no registered decomposition for {op}; register one with "
+                f"torch._decomp.register_decomposition, or pass an explicit decomposition_table"
+            )
+        table.update(found)
+    return table
+
+
+def current_aot_decompositions() -> dict[Any, Callable]:
+    """Gets the current decomposition table for AOT export (a copy; edits do not leak).
+
+    Returns:
+        The table of the innermost active :func:`extend_aot_decompositions` scope on this thread,
+        or the default table.
+    """
+    stack = _stack()
+    return dict(stack[-1] if stack else _default_table())
+
+
+@contextmanager
+def extend_aot_decompositions(
+    *,
+    from_current: bool = True,
+    add_ops: Sequence[Any] | None = None,
+    remove_ops: Sequence[Any] | None = None,
+) -> Iterator[dict[Any, Callable]]:
+    """Context manager which extends the list of decompositions used for AOT.
+
+    Scopes nest and are per thread. Every export path (nn.Module, ExportedProgram,
+    FxProgramsBuilder, jittable) reads the table that is current when it runs.
+
+    Args:
+        from_current: Start from the current table (``True``) or from an empty one.
+        add_ops: Ops (overloads or packets) to decompose in addition.
+        remove_ops: Ops (overloads or packets) to stop decomposing.
+
+    Yields:
+        The table in effect inside the scope.
+
+    Example:
+        >>> import torch
+        >>> with extend_aot_decompositions(add_ops=[torch.ops.aten.gelu]):
+        ...     torch.ops.aten.gelu.default in current_aot_decompositions()
+        True
+    """
+    table = current_aot_decompositions() if from_current else {}
+    if add_ops:
+        table.update(resolve_decomposition_ops(add_ops))
+    for op in remove_ops or ():
+        for overload in _overloads(op):
+            table.pop(overload, None)
+    stack = _stack()
+    stack.append(table)
+    try:
+        yield dict(table)
+    finally:
+        stack.pop()

@@ -1,0 +1,243 @@
+"""Preparing an ExportedProgram for import: copy, functionalize when needed, decompose locally.
+
+``torch.export.export`` returns programs in the "training IR": ops are not decomposed and may be
+in-place (``copy_`` into a buffer). ``ExportedProgram.run_decompositions`` fixes both but re-traces
+the whole graph, which for a 32-layer decoder costs several times the export itself. So:
+
+* a program that mutates nothing and holds no op of the table is imported as it is;
+* a program that mutates nothing but holds a few ops of the table gets those nodes decomposed in
+  place: each one is traced alone (``make_fx`` on its fake inputs) and the resulting subgraph is
+  spliced in, keeping the node's stack trace for error messages;
+* only a program with in-place ops (which must be functionalized) goes through
+  ``run_decompositions`` — that is what functionalization needs.
+
+The user's program is never modified: the graph is copied first (the FX importer rewrites nodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature
+
+__all__ = ["PreparedProgram", "prepare_program", "program_needs_functionalization"]
+
+logger = logging.getLogger("turbine.fx")
+
+
+@dataclasses.dataclass
+class PreparedProgram:
+    """What the FX importer reads from an ExportedProgram, over a private copy of the graph.
+
+    It has the attributes ``FxImporter.import_program`` uses (``graph``, ``graph_module``,
+    ``graph_signature``, ``state_dict``, ``constants``, ``range_constraints``), so it can be
+    imported in place of the original program without mutating it.
+    """
+
+    graph_module: fx.GraphModule
+    graph_signature: ExportGraphSignature
+    state_dict: dict[str, Any]
+    constants: dict[str, Any]
+    range_constraints: dict[Any, Any]
+    original: ExportedProgram
+    #: How the program was prepared: "as-is", "local" (nodes decomposed in place) or "retraced".
+    strategy: str = "as-is"
+    decomposed_nodes: int = 0
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.graph_module.graph
+
+
+def _call_function_nodes(gm: fx.GraphModule):
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            yield node
+    for child in gm.children():
+        if isinstance(child, fx.GraphModule):
+            yield from _call_function_nodes(child)
+
+
+def _is_mutating(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def program_needs_functionalization(program: ExportedProgram) -> bool:
+    """Whether the program's graph holds in-place ops (``copy_``, ``index_put_``, ...)."""
+    return any(_is_mutating(n.target) for n in _call_function_nodes(program.graph_module))
+
+
+def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule over a copy of the graph (tensors and submodules are shared)."""
+    new_graph = fx.Graph(owning_module=None, tracer_cls=gm.graph._tracer_cls)
+    out = new_graph.graph_copy(gm.graph, {}, return_output_node=True)
+    if isinstance(out, tuple):  # (value, output_node)
+        value, output_node = out
+        new_graph.output(value, type_expr=getattr(output_node, "type", None))
+        new_graph._codegen = gm.graph._codegen
+        # Keep output metadata, the importer does not need it but passes may.
+        list(new_graph.nodes)[-1].meta = dict(output_node.meta)
+    new_gm = fx.GraphModule(gm, new_graph, class_name=type(gm).__name__)
+    new_gm.meta.update(getattr(gm, "meta", {}))
+    return new_gm
+
+
+def _from_program(program: ExportedProgram, strategy: str) -> PreparedProgram:
+    return PreparedProgram(
+        graph_module=_copy_graph_module(program.graph_module),
+        graph_signature=program.graph_signature,
+        state_dict=program.state_dict,
+        constants=program.constants,
+        range_constraints=program.range_constraints,
+        original=program,
+        strategy=strategy,
+    )
+
+
+def prepare_program(
+    program: ExportedProgram, decomposition_table: dict[Any, Callable] | None
+) -> PreparedProgram:
+    """Copies ``program`` and applies ``decomposition_table`` as cheaply as correctness allows.
+
+    Args:
+        program: The program to import (not modified).
+        decomposition_table: OpOverload → decomposition; ``None`` or empty decomposes nothing.
+
+    Returns:
+        A :class:`PreparedProgram` ready for ``FxImporter.import_program``.
+    """
+    table = decomposition_table or {}
+    if program_needs_functionalization(program):
+        logger.debug("program mutates state in place: functionalizing with run_decompositions")
+        return _from_program(program.run_decompositions(dict(table)), "retraced")
+
+    prepared = _from_program(program, "as-is")
+    if not table:
+        return prepared
+    targets = [n for n in prepared.graph.nodes if n.op == "call_function" and n.target in table]
+    nested = any(
+        n.target in table
+        for child in prepared.graph_module.children()
+        if isinstance(child, fx.GraphModule)
+        for n in child.graph.nodes
+    )
+    if not targets and not nested:
+        return prepared
+    if nested:
+        return _from_program(program.run_decompositions(dict(table)), "retraced")
+    try:
+        renames = _decompose_nodes_locally(prepared, targets, table)
+    except Exception as e:  # any tracing trouble: fall back to the general path
+        logger.debug("local decomposition failed (%s); re-tracing the whole program", e)
+        return _from_program(program.run_decompositions(dict(table)), "retraced")
+    if renames:
+        prepared.graph_signature = _rename_outputs(prepared.graph_signature, renames)
+    prepared.graph.lint()
+    prepared.graph_module.recompile()
+    prepared.strategy = "local"
+    prepared.decomposed_nodes = len(targets)
+    return prepared
+
+
+class _LocalDecompositionUnsupported(Exception):
+    pass
+
+
+def _decompose_nodes_locally(
+    prepared: PreparedProgram, targets: list[fx.Node], table: dict[Any, Callable]
+) -> dict[str, str]:
+    """Replaces each target node by the traced subgraph of its decomposition.
+
+    Returns a map from old to new node names for nodes that the graph's outputs referred to.
+    """
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+
+    graph = prepared.graph
+    output_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    output_names = {a.name for a in pytree.tree_leaves(output_node.args) if isinstance(a, fx.Node)}
+    renames: dict[str, str] = {}
+
+    for node in targets:
+        flat_args, spec = pytree.tree_flatten((node.args, node.kwargs))
+        input_positions = [i for i, a in enumerate(flat_args) if isinstance(a, fx.Node)]
+        input_nodes = [flat_args[i] for i in input_positions]
+        fake_inputs = [n.meta.get("val") for n in input_nodes]
+        if not all(isinstance(v, torch.Tensor) for v in fake_inputs):
+            raise _LocalDecompositionUnsupported(f"{node.name}: non-tensor node inputs")
+        fake_mode = detect_fake_mode(fake_inputs)
+        if fake_mode is None:
+            raise _LocalDecompositionUnsupported(f"{node.name}: no fake mode")
+        target = node.target
+
+        def run(*tensors, _flat=flat_args, _pos=input_positions, _spec=spec, _target=target):
+            flat = list(_flat)
+            for p, t in zip(_pos, tensors):
+                flat[p] = t
+            args, kwargs = pytree.tree_unflatten(flat, _spec)
+            return _target(*args, **kwargs)
+
+        with fake_mode:
+            sub = make_fx(run, decomposition_table=table)(*fake_inputs)
+
+        env: dict[fx.Node, Any] = {}
+        lookup = env.__getitem__
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        env.update(zip(placeholders, input_nodes))
+        result: Any = None
+        with graph.inserting_before(node):
+            for sn in sub.graph.nodes:
+                if sn.op == "placeholder":
+                    continue
+                if sn.op == "output":
+                    result = fx.node.map_arg(sn.args[0], lookup)
+                    continue
+                if sn.op != "call_function":
+                    raise _LocalDecompositionUnsupported(f"{node.name}: {sn.op} in decomposition")
+                new = graph.node_copy(sn, lookup)
+                new.meta = dict(sn.meta)
+                for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+                    if key in node.meta:
+                        new.meta[key] = node.meta[key]
+                env[sn] = new
+
+        single = not isinstance(node.meta.get("val"), (list, tuple))
+        if isinstance(result, (list, tuple)) and len(result) == 1 and single:
+            result = result[0]
+        if isinstance(result, (list, tuple)):
+            for user in list(node.users):
+                if user.target is not operator.getitem:
+                    raise _LocalDecompositionUnsupported(f"{node.name}: tuple result used whole")
+                replacement = result[user.args[1]]
+                if user.name in output_names:
+                    renames[user.name] = replacement.name
+                user.replace_all_uses_with(replacement)
+                graph.erase_node(user)
+        else:
+            if node.name in output_names and isinstance(result, fx.Node):
+                renames[node.name] = result.name
+            node.replace_all_uses_with(result)
+        graph.erase_node(node)
+    return renames
+
+
+def _rename_outputs(sig: ExportGraphSignature, renames: dict[str, str]) -> ExportGraphSignature:
+    def fix(spec):
+        arg = spec.arg
+        name = getattr(arg, "name", None)
+        if name in renames:
+            spec = dataclasses.replace(spec, arg=dataclasses.replace(arg, name=renames[name]))
+        return spec
+
+    return ExportGraphSignature(
+        input_specs=list(sig.input_specs), output_specs=[fix(s) for s in sig.output_specs]
+    )

@@ -1,0 +1,129 @@
+"""Decomposition table scoping and the program preparation (local decomposition) path."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from turbine_fx import (
+    DecompositionError,
+    current_aot_decompositions,
+    extend_aot_decompositions,
+)
+from turbine_fx._program_prep import prepare_program
+
+aten = torch.ops.aten
+
+
+def test_default_table_holds_ops_iree_cannot_lower():
+    table = current_aot_decompositions()
+    assert aten._native_batch_norm_legit_no_training.default in table
+    assert aten.logsumexp.default in table
+    # Ops IREE lowers directly stay undecomposed: that keeps import fast.
+    assert aten.linear.default not in table
+    assert aten.scaled_dot_product_attention.default not in table
+
+
+def test_extend_nests_and_restores():
+    base = current_aot_decompositions()
+    with extend_aot_decompositions(add_ops=[aten.gelu]) as outer:
+        assert aten.gelu.default in outer
+        assert aten.gelu.default in current_aot_decompositions()
+        with extend_aot_decompositions(remove_ops=[aten.gelu, aten.logsumexp]):
+            inner = current_aot_decompositions()
+            assert aten.gelu.default not in inner
+            assert aten.logsumexp.default not in inner
+        assert aten.gelu.default in current_aot_decompositions()
+        with extend_aot_decompositions(from_current=False, add_ops=[aten.silu.default]) as fresh:
+            assert set(fresh) == {aten.silu.default}
+    assert current_aot_decompositions() == base
+
+
+def test_scopes_are_per_thread():
+    seen = {}
+
+    def other():
+        seen["other"] = aten.gelu.default in current_aot_decompositions()
+
+    with extend_aot_decompositions(add_ops=[aten.gelu]):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert aten.gelu.default in current_aot_decompositions()
+    assert seen["other"] is False
+
+
+def test_composite_implicit_op_can_be_added():
+    with extend_aot_decompositions(from_current=False, add_ops=[aten.instance_norm]) as t:
+        assert aten.instance_norm.default in t
+
+
+def test_op_without_decomposition_is_an_error():
+    with pytest.raises(DecompositionError, match=r"no registered decomposition for aten\.mm"):
+        extend_aot_decompositions(add_ops=[aten.mm.default]).__enter__()
+    with pytest.raises(DecompositionError, match="is not a torch op"):
+        extend_aot_decompositions(add_ops=["gelu"]).__enter__()
+
+
+class _NeedsDecomp(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.logsumexp(x, -1), F.instance_norm(y) + 1.0
+
+
+def _args():
+    return (torch.randn(3, 4), torch.randn(2, 3, 4, 4))
+
+
+def test_program_without_table_ops_is_not_retraced():
+    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    prepared = prepare_program(ep, current_aot_decompositions())
+    assert prepared.strategy == "as-is"
+    assert prepared.graph is not ep.graph  # the user's graph is never touched
+
+
+def test_only_needed_nodes_are_decomposed_locally():
+    ep = torch.export.export(_NeedsDecomp(), _args())
+    before = [n.format_node() for n in ep.graph.nodes]
+    prepared = prepare_program(ep, current_aot_decompositions())
+    assert prepared.strategy == "local"
+    assert prepared.decomposed_nodes == 2
+    targets = {n.target for n in prepared.graph.nodes if n.op == "call_function"}
+    assert aten.logsumexp.default not in targets
+    assert aten.instance_norm.default not in targets
+    assert [n.format_node() for n in ep.graph.nodes] == before
+    # Outputs still resolve through the (renamed) signature.
+    names = {n.name for n in prepared.graph.nodes}
+    assert all(s.arg.name in names for s in prepared.graph_signature.output_specs)
+    # The rewritten graph computes the same thing.
+    got = prepared.graph_module(*_args_with_seed())
+    want = _NeedsDecomp()(*_args_with_seed())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def _args_with_seed():
+    torch.manual_seed(0)
+    return _args()
+
+
+def test_mutating_program_is_functionalized():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("state", torch.zeros(4))
+
+        def forward(self, x):
+            self.state.add_(x)
+            return self.state * 2
+
+    ep = torch.export.export(M(), (torch.randn(4),))
+    prepared = prepare_program(ep, current_aot_decompositions())
+    assert prepared.strategy == "retraced"
+    assert not any(
+        getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable
+        for n in prepared.graph.nodes
+        if n.op == "call_function"
+    )
