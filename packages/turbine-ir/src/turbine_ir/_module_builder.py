@@ -1,0 +1,629 @@
+"""ModuleBuilder, FunctionBuilder and the small IR helpers every export path shares.
+
+Lifetimes follow the torch-mlir importer: one :class:`ModuleBuilder` per module being built
+(symbol table, globals, trackers, a per-context :class:`TypeCache`), one :class:`FunctionBuilder`
+per function body.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from iree.compiler import ir
+from iree.compiler.dialects import arith, func, tensor, util
+
+from ._affinity import GLOBAL_AFFINITY_ATTR, device_promise_attr
+from ._dtypes import (
+    element_type_to_torch_dtype,
+    torch_dtype_to_element_type,
+    torch_tensor_type,
+    vtensor_type_asm,
+)
+from ._errors import IrBuildError
+from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes, device_trait
+from ._resources import tensor_to_dense_attr
+
+__all__ = [
+    "Empty",
+    "FunctionBuilder",
+    "ModuleBuilder",
+    "ModuleBuilderOptions",
+    "NativeTypeConverter",
+    "RefMapping",
+    "RefTracker",
+    "TypeCache",
+    "build_index_constant",
+    "build_tensor_dim_value",
+    "tensor_storage_key",
+]
+
+logger = logging.getLogger("turbine.ir")
+
+#: Environment variable naming a directory under which per-run IR dump directories are made.
+DUMP_DIR_ENV = "TURBINE_DUMP_DIR"
+
+
+class _EmptyType:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Empty"
+
+
+#: Marker for "no value yet" in a :class:`RefMapping`.
+Empty: Any = _EmptyType()
+
+
+class RefMapping:
+    """The IR value/symbol associated with one tracked Python object (``value`` is ``Empty`` first)."""
+
+    __slots__ = ("referrent", "value")
+
+    def __init__(self, referrent: Any):
+        self.referrent = referrent
+        self.value: Any = Empty
+
+    @property
+    def is_empty(self) -> bool:
+        return self.value is Empty
+
+    def __repr__(self) -> str:
+        return f"<RefMapping {type(self.referrent).__name__} -> {self.value!r}>"
+
+
+def tensor_storage_key(t: torch.Tensor) -> tuple | None:
+    """A key equal for two tensors that view the same elements of the same storage, or ``None``.
+
+    ``(storage data_ptr, storage_offset, shape, stride, dtype, device)``: tied weights (one
+    ``Parameter`` under two names, ``t`` and ``t.detach()``) share it. Tensors without real
+    storage (meta, fake, empty) get ``None`` and are tracked by identity only.
+    """
+    if not isinstance(t, torch.Tensor) or t.is_meta or t.numel() == 0:
+        return None
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(t):
+            return None
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:
+        return None
+    if not ptr:
+        return None
+    return (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+
+
+class RefTracker:
+    """Tracks Python objects → their IR association, so each is materialized once.
+
+    Objects are keyed by identity; tensors additionally by :func:`tensor_storage_key`, so two
+    tensor objects viewing the same storage (tied weights) share one mapping. Tracked objects
+    are kept alive for the tracker's lifetime (an ``id()`` must not be reused while tracked).
+    Compatible with ``iree.compiler.extras.fx_importer``'s ``py_attr_tracker`` protocol.
+    """
+
+    __slots__ = ("_alive", "_by_id", "_by_storage")
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, RefMapping] = {}
+        self._by_storage: dict[tuple, RefMapping] = {}
+        self._alive: list[Any] = []  # strong refs: an id() must not be reused while tracked
+
+    def track(self, referrent: Any) -> RefMapping:
+        """The mapping for ``referrent`` (created empty on first sight)."""
+        existing = self._by_id.get(id(referrent))
+        if existing is not None:
+            return existing
+        key = tensor_storage_key(referrent) if isinstance(referrent, torch.Tensor) else None
+        mapping = self._by_storage.get(key) if key is not None else None
+        if mapping is None:
+            mapping = RefMapping(referrent)
+            if key is not None:
+                self._by_storage[key] = mapping
+        self._by_id[id(referrent)] = mapping
+        self._alive.append(referrent)
+        return mapping
+
+    def lookup(self, referrent: Any) -> RefMapping | None:
+        """The mapping for ``referrent`` if tracked (by identity or storage), else ``None``."""
+        existing = self._by_id.get(id(referrent))
+        if existing is not None:
+            return existing
+        key = tensor_storage_key(referrent) if isinstance(referrent, torch.Tensor) else None
+        return self._by_storage.get(key) if key is not None else None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
+@dataclass
+class ModuleBuilderOptions:
+    """Options of a :class:`ModuleBuilder`.
+
+    Args:
+        import_symbolic_shape_expressions: Import torch symbolic shape guards as
+            ``torch.bind_symbolic_shape`` ops (used by the FX importer).
+        dump_dir: Parent directory for per-run IR dumps on errors (default: ``$TURBINE_DUMP_DIR``
+            or the system temp directory).
+    """
+
+    import_symbolic_shape_expressions: bool = False
+    dump_dir: str | os.PathLike | None = None
+
+
+class TypeCache:
+    """Per-context cache of common types (torch dtype → element type, index, i1/i64 …)."""
+
+    __slots__ = ("_dtype_types", "context", "f32", "f64", "i1", "i32", "i64", "index")
+
+    def __init__(self, context: ir.Context):
+        self.context = context
+        self._dtype_types: dict[torch.dtype, ir.Type] = {}
+        with context:
+            self.index = ir.IndexType.get()
+            self.i1 = ir.IntegerType.get_signless(1)
+            self.i32 = ir.IntegerType.get_signless(32)
+            self.i64 = ir.IntegerType.get_signless(64)
+            self.f32 = ir.F32Type.get()
+            self.f64 = ir.F64Type.get()
+
+    def torch_dtype_to_iree_type(self, dtype: torch.dtype) -> ir.Type:
+        t = self._dtype_types.get(dtype)
+        if t is None:
+            t = self._dtype_types[dtype] = torch_dtype_to_element_type(dtype, self.context)
+        return t
+
+    def tensor_type(self, shape: Sequence[int | None], dtype: torch.dtype) -> ir.RankedTensorType:
+        return torch_tensor_type(shape, dtype, self.context)
+
+
+_VTENSOR_RE = re.compile(r"^!torch\.(v?)tensor<\[([^\]]*)\],(.+)>$")
+_TORCH_SCALARS = {"!torch.int": "i64", "!torch.float": "f64", "!torch.bool": "i1"}
+
+
+class NativeTypeConverter:
+    """Converts torch-dialect types to builtin ("native") types and back.
+
+    ``!torch.vtensor<[2,?],si64>`` ↔ ``tensor<2x?xi64>``; ``!torch.int`` → ``i64``,
+    ``!torch.float`` → ``f64``, ``!torch.bool`` → ``i1``. Builtin types pass through.
+    """
+
+    def __init__(self, context: ir.Context):
+        self._context = context
+
+    def torch_type_to_native(self, torch_type: ir.Type, *, signless: bool = True) -> ir.Type:
+        asm = str(torch_type)
+        if asm in _TORCH_SCALARS:
+            return ir.Type.parse(_TORCH_SCALARS[asm], self._context)
+        m = _VTENSOR_RE.match(asm)
+        if not m:
+            return torch_type
+        dims = [None if d.strip() == "?" else int(d) for d in m.group(2).split(",") if d.strip()]
+        elt = m.group(3)
+        dtype = element_type_to_torch_dtype(elt)
+        if signless:
+            return torch_tensor_type(dims, dtype, self._context)
+        ttype = torch_tensor_type(dims, dtype, self._context)
+        return ir.RankedTensorType.get(
+            ttype.shape, ir.Type.parse(elt, self._context), loc=ir.Location.unknown(self._context)
+        )
+
+    def native_type_to_torch(self, native_type: ir.Type) -> ir.Type:
+        """``tensor<2x?xi64>`` → ``!torch.vtensor<[2,?],si64>`` (signless ints read as signed)."""
+        rt = _as_ranked_tensor(native_type)
+        if rt is not None:
+            dtype = element_type_to_torch_dtype(rt.element_type)
+            dims = [None if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank)]
+            return ir.Type.parse(vtensor_type_asm(dims, dtype), self._context)
+        for torch_asm, native_asm in _TORCH_SCALARS.items():
+            if str(native_type) == native_asm:
+                return ir.Type.parse(torch_asm, self._context)
+        return native_type
+
+
+def _as_ranked_tensor(t: ir.Type) -> ir.RankedTensorType | None:
+    if isinstance(t, ir.RankedTensorType):
+        return t
+    try:
+        return ir.RankedTensorType(t)
+    except ValueError:
+        return None
+
+
+def _current_loc(context: ir.Context) -> ir.Location:
+    try:
+        loc = ir.Location.current
+    except ValueError:
+        loc = None
+    if loc is None or loc.context != context:
+        return ir.Location.unknown(context)
+    return loc
+
+
+class ModuleBuilder:
+    """Wrapper around module and IR accounting for a module being built.
+
+    Args:
+        module_op: The ``builtin.module`` operation (an ``ir.Module`` is accepted too).
+        options: :class:`ModuleBuilderOptions`.
+
+    Example:
+        >>> from turbine_ir import ir, ModuleBuilder, GlobalAttributes
+        >>> import torch
+        >>> with ir.Context(), ir.Location.unknown():
+        ...     mb = ModuleBuilder(ir.Module.create().operation)
+        ...     name, op, typ = mb.create_tensor_global("__auto.w", torch.ones(2),
+        ...                                             attrs=GlobalAttributes())
+        >>> name, str(typ)
+        ('__auto.w', 'tensor<2xf32>')
+    """
+
+    def __init__(
+        self, module_op: ir.Operation | ir.Module, *, options: ModuleBuilderOptions | None = None
+    ):
+        if isinstance(module_op, ir.Module):
+            module_op = module_op.operation
+        module_op = module_op.operation
+        if module_op.name != "builtin.module":
+            raise TypeError(f"ModuleBuilder needs a builtin.module operation, got {module_op.name}")
+        self.module_op: ir.Operation = module_op
+        self.options = options or ModuleBuilderOptions()
+        self.context: ir.Context = module_op.context
+        self.body: ir.Block = module_op.regions[0].blocks[0]
+        self.symbol_table = ir.SymbolTable(module_op)
+        self.ip = ir.InsertionPoint(self.body)
+        self.cache = TypeCache(self.context)
+        self.native_type_converter = NativeTypeConverter(self.context)
+        #: Tensors → their MaterializedGlobal / (symbol, op, type): one global per tensor.
+        self.global_ref_tracker = RefTracker()
+        #: Python attribute values → literal IR (shared with the FX importer).
+        self.fx_py_attr_tracker = RefTracker()
+        self.last_global_op: ir.Operation | None = None
+        self._auto_symbol_counts: dict[str, int] = {}
+
+    # Symbols -----------------------------------------------------------------------------
+
+    def _symbol_exists(self, name: str) -> bool:
+        try:
+            self.symbol_table[name]
+        except KeyError:
+            return False
+        return True
+
+    def unique_auto_symbol(self, requested_name: str) -> str:
+        """A symbol name not yet used in the module: ``requested_name``, else ``requested_name_N``.
+
+        Names handed out are reserved even before an op with that name is created.
+        """
+        count = self._auto_symbol_counts.get(requested_name)
+        if count is None and not self._symbol_exists(requested_name):
+            self._auto_symbol_counts[requested_name] = 0
+            return requested_name
+        count = count or 0
+        while True:
+            count += 1
+            candidate = f"{requested_name}_{count}"
+            if candidate not in self._auto_symbol_counts and not self._symbol_exists(candidate):
+                break
+        self._auto_symbol_counts[requested_name] = count
+        self._auto_symbol_counts[candidate] = 0
+        return candidate
+
+    def torch_dtype_to_iree_type(self, dtype: torch.dtype) -> ir.Type:
+        """The builtin (signless) element type for a torch dtype (cached per context)."""
+        return self.cache.torch_dtype_to_iree_type(dtype)
+
+    # Functions ---------------------------------------------------------------------------
+
+    def create_func_op(
+        self,
+        symbol_name: str,
+        argument_types: Sequence[ir.Type],
+        is_public: bool = True,
+        add_entry_block: bool = True,
+        argument_attributes: ir.ArrayAttr | list[ir.DictAttr] | list[dict] | None = None,
+    ) -> tuple[str, func.FuncOp]:
+        """Appends ``func.func @symbol_name(argument_types) -> ()`` to the module.
+
+        Result types are set later (:meth:`FunctionBuilder.emit_return`). A taken name gets a
+        unique suffix; the actual name is returned.
+        """
+        with self.context, _current_loc(self.context) as loc:
+            ftype = ir.FunctionType.get(list(argument_types), [])
+            with self.ip:
+                func_op = func.FuncOp(
+                    symbol_name, ftype, visibility=None if is_public else "private", loc=loc
+                )
+            if argument_attributes is not None:
+                if isinstance(argument_attributes, ir.ArrayAttr):
+                    arg_attrs = argument_attributes
+                else:
+                    arg_attrs = ir.ArrayAttr.get(
+                        [
+                            a if isinstance(a, ir.Attribute) else ir.DictAttr.get(dict(a))
+                            for a in argument_attributes
+                        ]
+                    )
+                if len(arg_attrs) != len(argument_types):
+                    raise ValueError(
+                        f"create_func_op({symbol_name!r}): {len(arg_attrs)} argument attribute "
+                        f"dicts for {len(argument_types)} arguments"
+                    )
+                func_op.arg_attrs = arg_attrs
+            if add_entry_block:
+                func_op.add_entry_block()
+            actual = ir.StringAttr(self.symbol_table.insert(func_op)).value
+        return actual, func_op
+
+    # Globals -----------------------------------------------------------------------------
+
+    def _global_ip(self) -> ir.InsertionPoint:
+        if self.last_global_op is not None:
+            return ir.InsertionPoint.after(self.last_global_op)
+        ops = list(self.body.operations)
+        return ir.InsertionPoint(ops[0]) if ops else ir.InsertionPoint(self.body)
+
+    def _create_global(
+        self,
+        symbol_name: str,
+        global_type: ir.Type,
+        *,
+        attrs: GlobalAttributes,
+        initial_value: ir.Attribute | None,
+        affinity: Any = None,
+    ) -> tuple[str, ir.Operation]:
+        with self.context, _current_loc(self.context) as loc:
+            with self._global_ip():
+                op = util.GlobalOp(
+                    symbol_name,
+                    global_type,
+                    sym_visibility="private",
+                    is_mutable=bool(attrs.mutable),
+                    initial_value=initial_value,
+                    inlining_policy=ir.Attribute.parse("#util.inline.never")
+                    if attrs.noinline
+                    else None,
+                    loc=loc,
+                )
+            if affinity is not None:
+                op.operation.attributes[GLOBAL_AFFINITY_ATTR] = device_promise_attr(affinity)
+            actual = ir.StringAttr(self.symbol_table.insert(op)).value
+        self.last_global_op = op.operation
+        return actual, op.operation
+
+    def _external_initializer(self, scope: str | None, key: str, typ: ir.Type) -> ir.Attribute:
+        scope = scope or DEFAULT_PARAMETER_SCOPE
+        return ir.Attribute.parse(
+            f"#flow.parameter.named<{_mlir_string(scope)}::{_mlir_string(key)}> : {typ}",
+            self.context,
+        )
+
+    def _uninitialized(self, typ: ir.Type) -> ir.Attribute:
+        return ir.Attribute.parse(f"#util.uninitialized : {typ}", self.context)
+
+    def create_typed_global(
+        self,
+        symbol_name: str,
+        global_type: ir.Type,
+        *,
+        attrs: GlobalAttributes,
+        logical_name: str | None = None,
+    ) -> tuple[str, ir.Operation]:
+        """Declares a global of ``global_type`` without data (scalars, state, parameters).
+
+        ``attrs.external=True`` → initialized from ``#flow.parameter.named<scope::key>`` where
+        key = ``attrs.map_name(logical_name or symbol_name)``; ``uninitialized`` →
+        ``#util.uninitialized``; otherwise no initial value (the program stores first).
+
+        Returns:
+            ``(actual_symbol_name, global_op)``.
+        """
+        initial: ir.Attribute | None = None
+        if attrs.external:
+            initial = self._external_initializer(
+                attrs.external_scope, attrs.map_name(logical_name or symbol_name), global_type
+            )
+        elif attrs.uninitialized:
+            initial = self._uninitialized(global_type)
+        return self._create_global(symbol_name, global_type, attrs=attrs, initial_value=initial)
+
+    def create_tensor_global(
+        self,
+        symbol_name: str,
+        t: torch.Tensor,
+        *,
+        attrs: GlobalAttributes,
+        logical_name: str | None = None,
+    ) -> tuple[str, ir.Operation, ir.Type]:
+        """Creates a ``util.global`` for a tensor (builtin tensor type, not ``!torch.vtensor``).
+
+        External (per ``attrs`` or the tensor's ``ExternalTensorTrait``):
+        ``= #flow.parameter.named<"scope"::"key">``; uninitialized: ``#util.uninitialized``;
+        otherwise the data inline (``dense_resource``, or a ``dense`` splat for one element).
+        A tensor with a ``DeviceTensorTrait`` gets ``stream.affinity``.
+
+        Does not consult :attr:`global_ref_tracker`; :meth:`get_or_create_tensor_global` does.
+
+        Returns:
+            ``(actual_symbol_name, global_op, global_type)``.
+
+        Raises:
+            UnsupportedDtypeError: An unmappable dtype, or data needed from a meta/fake tensor.
+        """
+        with self.context:
+            global_type = self.cache.tensor_type(list(t.shape), t.dtype)
+            external, scope, ext_name = attrs.infer_external_from_tensor(t)
+            initial: ir.Attribute | None
+            if external:
+                key = (
+                    ext_name
+                    if ext_name is not None
+                    else attrs.map_name(logical_name or symbol_name)
+                )
+                initial = self._external_initializer(scope, key, global_type)
+            elif attrs.uninitialized:
+                initial = self._uninitialized(global_type)
+            else:
+                initial = tensor_to_dense_attr(t, self.context)
+        actual, op = self._create_global(
+            symbol_name, global_type, attrs=attrs, initial_value=initial, affinity=device_trait(t)
+        )
+        return actual, op, global_type
+
+    def get_or_create_tensor_global(
+        self,
+        symbol_name: str,
+        t: torch.Tensor,
+        *,
+        attrs: GlobalAttributes,
+        logical_name: str | None = None,
+    ) -> tuple[str, ir.Operation, ir.Type]:
+        """Like :meth:`create_tensor_global`, but one global per tensor (and per tied storage).
+
+        The second call for the same tensor (or a tensor viewing the same storage) returns the
+        first call's ``(symbol, op, type)`` from :attr:`global_ref_tracker`.
+        """
+        mapping = self.global_ref_tracker.track(t)
+        if mapping.is_empty:
+            mapping.value = self.create_tensor_global(
+                symbol_name, t, attrs=attrs, logical_name=logical_name
+            )
+        value = mapping.value
+        if isinstance(value, tuple) and len(value) == 3:
+            return value
+        # A MaterializedGlobal-like object stored by a higher layer.
+        return value.symbol_name, value.global_op, value.global_type
+
+    # Finishing ---------------------------------------------------------------------------
+
+    def finalize_construct(self) -> None:
+        """Verifies the module; on failure dumps it and raises :class:`IrBuildError`."""
+        try:
+            self.module_op.verify()
+        except ir.MLIRError as e:
+            self.handle_mlir_error(self.module_op, e, "module failed to verify")
+
+    def make_dump_dir(self) -> Path:
+        """A fresh per-run directory for IR dumps (under ``options.dump_dir`` /
+        ``$TURBINE_DUMP_DIR`` / the system temp dir)."""
+        parent = self.options.dump_dir or os.environ.get(DUMP_DIR_ENV) or None
+        if parent is not None:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="turbine-dump-", dir=parent))
+
+    def handle_mlir_error(self, op: ir.Operation, e: ir.MLIRError, message: str):
+        """Writes the failing IR and diagnostics to a per-run dump dir and raises.
+
+        Raises:
+            IrBuildError: Always; its message names the dump directory.
+        """
+        dump_dir = self.make_dump_dir()
+        ir_path = dump_dir / "module.mlir"
+        try:
+            asm = op.get_asm(enable_debug_info=True, assume_verified=True)
+        except Exception as print_error:  # pragma: no cover - printing can fail on broken IR
+            asm = f"// could not print the operation: {print_error}\n"
+        ir_path.write_text(asm)
+        diag = str(e)
+        (dump_dir / "diagnostics.txt").write_text(diag + "\n")
+        logger.error("%s; IR written to %s", message, ir_path)
+        raise IrBuildError(
+            f"{message}: {diag}\nThe failing IR was written to {ir_path} (diagnostics in "
+            f"{dump_dir / 'diagnostics.txt'}); inspect it with iree-opt, and report it with the "
+            "code that built it if this looks like a turbine bug.",
+            dump_dir=str(dump_dir),
+        ) from e
+
+
+def _mlir_string(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in ('"', "\\") or not (0x20 <= ord(ch) < 0x7F):
+            out.extend(f"\\{b:02X}" for b in ch.encode("utf-8"))
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+class FunctionBuilder:
+    """Helpers for building function bodies.
+
+    Args:
+        module_builder: The module the function belongs to.
+        func_op: A ``func.func`` with an entry block.
+    """
+
+    def __init__(self, *, module_builder: ModuleBuilder, func_op: func.FuncOp):
+        self.module_builder = module_builder
+        self.func_op = func_op
+        self.context = func_op.context
+        self.ip = ir.InsertionPoint(func_op.entry_block)
+        self.return_types: Sequence[ir.Type] | None = None
+        self.loc = func_op.location
+
+    def emit_return(self, *ir_values: ir.Value) -> None:
+        """Emits ``func.return`` and sets the function's result types from the values.
+
+        Raises:
+            IrBuildError: The function already returns different types.
+        """
+        types = [v.type for v in ir_values]
+        if self.return_types is not None and [str(t) for t in self.return_types] != [
+            str(t) for t in types
+        ]:
+            raise IrBuildError(
+                f"function @{ir.StringAttr(self.func_op.sym_name).value} returns "
+                f"({', '.join(map(str, types))}) here but ({', '.join(map(str, self.return_types))}) "
+                "elsewhere; every return must have the same types"
+            )
+        with self.context, self.loc, self.ip:
+            func.ReturnOp(list(ir_values))
+            ftype = ir.FunctionType(ir.TypeAttr(self.func_op.attributes["function_type"]).value)
+            self.func_op.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get(ftype.inputs, types)
+            )
+        self.return_types = types
+
+
+def build_index_constant(value: int, constant_cache: dict[int, ir.Value] | None = None) -> ir.Value:
+    """``arith.constant {value} : index`` at the current insertion point (cached if given)."""
+    if constant_cache is not None and value in constant_cache:
+        return constant_cache[value]
+    result = arith.ConstantOp(ir.IndexType.get(), value).result
+    if constant_cache is not None:
+        constant_cache[value] = result
+    return result
+
+
+def build_tensor_dim_value(
+    t: ir.Value, dim: int, constant_cache: dict[int, ir.Value] | None = None
+) -> ir.Value:
+    """An ``index`` value for dimension ``dim`` of tensor value ``t``.
+
+    Static dimensions become (cached) ``arith.constant``; dynamic ones ``tensor.dim``. Needs a
+    current insertion point and location.
+
+    Raises:
+        ValueError: ``t`` is not a ranked tensor or ``dim`` is out of range.
+    """
+    ttype = t.type
+    rtt = _as_ranked_tensor(ttype)
+    if rtt is None:
+        raise ValueError(f"build_tensor_dim_value: expected a ranked tensor value, got {ttype}")
+    if not -rtt.rank <= dim < rtt.rank:
+        raise ValueError(
+            f"build_tensor_dim_value: dim {dim} is out of range for {ttype} (rank {rtt.rank})"
+        )
+    dim = dim % rtt.rank if rtt.rank else dim
+    if not rtt.is_dynamic_dim(dim):
+        return build_index_constant(rtt.shape[dim], constant_cache)
+    index = build_index_constant(dim, constant_cache)
+    return tensor.DimOp(t, index).result
