@@ -1,0 +1,341 @@
+"""An on-disk, content-addressed cache of compiled ``.vmfb`` modules.
+
+The key is a SHA-256 over the IR bytes, the compile flags (in order), the compiler version and
+revision, and the target. Each entry is one file ``<key[:2]>/<key>.vmfb`` holding a small header
+(magic, payload SHA-256, payload length) and the payload; a read that finds a wrong magic, length
+or hash treats the entry as missing, deletes it and compiles again. Entries are written to a
+temporary file in the same directory, fsynced, and renamed into place, so concurrent readers see
+a whole entry or none and concurrent writers of one key write the same bytes. The total size is
+bounded: after a write, least recently used entries (by mtime, refreshed on every hit) are evicted.
+
+Location: ``$TURBINE_COMPILE_CACHE_DIR``, else ``$XDG_CACHE_HOME/turbine/compile``, else
+``~/.cache/turbine/compile``. ``TURBINE_COMPILE_CACHE=0`` turns the default cache off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import struct
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CacheStats",
+    "CompileCache",
+    "CompileError",
+    "compile_export_output",
+    "compile_mlir",
+    "compiler_version",
+    "default_compile_cache",
+    "device_compile_flags",
+]
+
+logger = logging.getLogger("turbine.aot.compile_cache")
+
+_MAGIC = b"TRBNVMFB"  # 8 bytes
+_HEADER = struct.Struct("<8s32sQ")  # magic, sha256(payload), payload length
+_DEFAULT_MAX_BYTES = 4 << 30
+
+
+class CompileError(RuntimeError):
+    """iree-compile rejected the IR; the message holds the compiler's diagnostics."""
+
+
+@dataclass
+class CacheStats:
+    """Counters of one :class:`CompileCache` instance (this process only)."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupted: int = 0
+    evicted: int = 0
+    stores: int = 0
+
+
+def compiler_version() -> str:
+    """The installed iree-base-compiler version and revision, e.g. ``3.13.0rc2026@89ece87``."""
+    from iree.compiler import version
+
+    revs = ",".join(f"{k}@{v}" for k, v in sorted(getattr(version, "REVISIONS", {}).items()))
+    return f"{version.VERSION}+{revs}"
+
+
+def _default_dir() -> Path:
+    env = os.environ.get("TURBINE_COMPILE_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "turbine" / "compile"
+
+
+class CompileCache:
+    """A size-bounded, content-addressed directory of compiled modules.
+
+    Args:
+        directory: where entries live (created on first write); default: see module docs.
+        max_bytes: total size bound; least recently used entries are evicted beyond it.
+        enabled: a disabled cache never reads or writes (every lookup is a miss).
+
+    Example:
+        >>> cache = CompileCache(tmp_path, max_bytes=1 << 30)  # doctest: +SKIP
+        >>> vmfb = compile_mlir(mlir_text, flags, cache=cache)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike | None = None,
+        *,
+        max_bytes: int = _DEFAULT_MAX_BYTES,
+        enabled: bool = True,
+    ) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive; got {max_bytes}")
+        self.directory = Path(directory) if directory is not None else _default_dir()
+        self.max_bytes = max_bytes
+        self.enabled = enabled
+        self.stats = CacheStats()
+
+    @staticmethod
+    def key(
+        ir: bytes, flags: Sequence[str], *, target: str = "", version: str | None = None
+    ) -> str:
+        """The content address of one compilation."""
+        h = hashlib.sha256()
+        h.update(b"turbine-compile-cache-v1\0")
+        h.update((version or compiler_version()).encode() + b"\0")
+        h.update(json.dumps(list(flags)).encode() + b"\0")
+        h.update(target.encode() + b"\0")
+        h.update(ir)
+        return h.hexdigest()
+
+    def path_for(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}.vmfb"
+
+    def get(self, key: str) -> bytes | None:
+        """Returns the cached module, or None on a miss or a corrupted entry (then removed)."""
+        if not self.enabled:
+            return None
+        path = self.path_for(key)
+        try:
+            raw = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            self.stats.misses += 1
+            return None
+        payload = self._verify(raw)
+        if payload is None:
+            logger.warning("compile cache entry %s is corrupted; removing and recompiling", path)
+            self.stats.corrupted += 1
+            self.stats.misses += 1
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # LRU: a hit refreshes the entry
+        self.stats.hits += 1
+        return payload
+
+    @staticmethod
+    def _verify(raw: bytes) -> bytes | None:
+        if len(raw) < _HEADER.size:
+            return None
+        magic, digest, length = _HEADER.unpack_from(raw)
+        payload = raw[_HEADER.size :]
+        if magic != _MAGIC or length != len(payload):
+            return None
+        if hashlib.sha256(payload).digest() != digest:
+            return None
+        return payload
+
+    def put(self, key: str, vmfb: bytes) -> None:
+        """Stores a module atomically, then evicts beyond the size bound."""
+        if not self.enabled:
+            return
+        path = self.path_for(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = _HEADER.pack(_MAGIC, hashlib.sha256(vmfb).digest(), len(vmfb))
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                f.write(vmfb)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        self.stats.stores += 1
+        self.evict()
+
+    def entries(self) -> list[tuple[Path, int, float]]:
+        """(path, size, mtime) of every entry."""
+        out = []
+        if not self.directory.is_dir():
+            return out
+        for p in self.directory.glob("??/*.vmfb"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue  # evicted by another process meanwhile
+            out.append((p, st.st_size, st.st_mtime))
+        return out
+
+    def size_bytes(self) -> int:
+        return sum(s for _, s, _ in self.entries())
+
+    def evict(self) -> int:
+        """Removes least recently used entries until the total fits; returns how many."""
+        entries = sorted(self.entries(), key=lambda e: e[2])
+        total = sum(s for _, s, _ in entries)
+        removed = 0
+        for p, size, _ in entries:
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed += 1
+            total -= size
+        self.stats.evicted += removed
+        return removed
+
+    def clear(self) -> None:
+        for p, _, _ in self.entries():
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+
+_DEFAULT: CompileCache | None = None
+
+
+def default_compile_cache() -> CompileCache:
+    """The process-wide default cache (honours ``TURBINE_COMPILE_CACHE[_DIR]``)."""
+    global _DEFAULT
+    enabled = os.environ.get("TURBINE_COMPILE_CACHE", "1").lower() not in ("0", "false", "off")
+    if _DEFAULT is None or _DEFAULT.directory != _default_dir() or _DEFAULT.enabled != enabled:
+        _DEFAULT = CompileCache(enabled=enabled)
+    return _DEFAULT
+
+
+def _resolve_cache(cache: Any) -> CompileCache | None:
+    if cache is True or cache is None:
+        c = default_compile_cache()
+        return c if c.enabled else None
+    if cache is False:
+        return None
+    if isinstance(cache, CompileCache):
+        return cache if cache.enabled else None
+    return CompileCache(cache)  # a directory
+
+
+def compile_mlir(
+    ir: str | bytes,
+    flags: Sequence[str],
+    *,
+    input_type: str = "auto",
+    target: str = "",
+    cache: Any = True,
+) -> bytes:
+    """Compiles MLIR (text or bytecode) to ``.vmfb`` bytes, through the compile cache.
+
+    Args:
+        ir: the module as MLIR text or bytecode.
+        flags: ``iree-compile`` flags (target device, optimisation).
+        input_type: ``--iree-input-type`` (``"torch"`` for torch-dialect IR).
+        target: a label of the target, part of the key (flags already select it).
+        cache: True (the default cache), False (off), a :class:`CompileCache` or a directory.
+
+    Returns:
+        The compiled module.
+
+    Raises:
+        CompileError: the compiler failed; its diagnostics are in the message.
+    """
+    import iree.compiler as ic
+
+    data = ir.encode() if isinstance(ir, str) else bytes(ir)
+    all_flags = [f"--iree-input-type={input_type}", *flags]
+    c = _resolve_cache(cache)
+    key = CompileCache.key(data, all_flags, target=target) if c else ""
+    if c:
+        hit = c.get(key)
+        if hit is not None:
+            logger.info("compile cache hit %s", key[:16])
+            return hit
+    t0 = time.perf_counter()
+    try:
+        vmfb = ic.compile_str(data, input_type=input_type, extra_args=list(flags))
+    except ic.CompilerToolError as e:
+        raise CompileError(
+            f"iree-compile failed with flags {' '.join(flags)}:\n{str(e).strip()[:4000]}"
+        ) from e
+    logger.info("compiled in %.2fs (%d bytes)", time.perf_counter() - t0, len(vmfb))
+    if c:
+        c.put(key, vmfb)
+    return vmfb
+
+
+def device_compile_flags(devices: Sequence[str], extra: Sequence[str] | None = None) -> list[str]:
+    """turbine's default compile flags for one device URI or several (``__device_N`` order).
+
+    One device: ``_targets.default_compile_flags`` for its driver. Several: the same, with one
+    ``--iree-hal-target-device=__device_N=<hal device>`` per device (the names the exporter's
+    ``#hal.device.promise<@__device_N>`` affinities refer to).
+    """
+    from turbine_aot._targets import default_compile_flags, merge_flags, resolve_target
+
+    drivers = [d.split("://", 1)[0].split(":", 1)[0] for d in devices]
+    base = default_compile_flags(drivers[0])
+    if len(drivers) > 1:
+        targets = [resolve_target(d) for d in drivers]
+        backends = sorted({t.local_backend for t in targets if t.local_backend})
+        base = [f for f in base if not f.startswith("--iree-hal-target-device=")]
+        dev_flags = [
+            f"--iree-hal-target-device=__device_{i}={t.hal_device}" for i, t in enumerate(targets)
+        ]
+        if backends:
+            base = [f for f in base if not f.startswith("--iree-hal-local-target-device-backends")]
+            dev_flags.append(f"--iree-hal-local-target-device-backends={','.join(backends)}")
+        base = dev_flags + base
+    return merge_flags(base, extra or ())
+
+
+def export_output_ir(export_output: Any) -> bytes:
+    """The MLIR bytecode of an ``ExportOutput``'s module (at its current import phase)."""
+    import io
+
+    op = export_output.mlir_module
+    op = getattr(op, "operation", op)
+    buf = io.BytesIO()
+    try:
+        op.write_bytecode(buf)
+        return buf.getvalue()
+    except Exception:  # bindings without write_bytecode: fall back to text
+        return str(op).encode()
+
+
+def compile_export_output(
+    export_output: Any,
+    *,
+    device: Sequence[str] | str = "local-task",
+    compile_flags: Sequence[str] | None = None,
+    cache: Any = True,
+) -> bytes:
+    """Compiles an ``ExportOutput`` for the given device(s) through the cache; returns the vmfb."""
+    devices = [device] if isinstance(device, str) else list(device)
+    flags = device_compile_flags(devices, compile_flags)
+    return compile_mlir(
+        export_output_ir(export_output),
+        flags,
+        input_type="torch",
+        target=",".join(devices),
+        cache=cache,
+    )

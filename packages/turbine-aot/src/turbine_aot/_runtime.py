@@ -1,0 +1,619 @@
+"""Loading compiled modules and calling them with torch tensors.
+
+:func:`load_module` takes a ``.vmfb`` (bytes, a file, a compiler ``Output``, or an
+``ExportOutput`` which it compiles), the parameter archives per scope, and one or more device
+URIs, and returns a :class:`LoadedModule` whose attributes are Python callables per exported
+function. The VM context lives as long as the module, so mutable globals keep their values across
+calls. Only ``iree.runtime`` is needed to load a ``.vmfb``; ``iree.compiler`` is imported only to
+compile an ``ExportOutput``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turbine_aot._runtime_tensors import (
+    buffer_view_to_tensor,
+    element_type_name,
+    tensor_to_buffer_view,
+)
+
+__all__ = [
+    "DEFAULT_PARAMETER_SCOPE",
+    "FunctionSignature",
+    "LoadedFunction",
+    "LoadedModule",
+    "TensorSpec",
+    "TurbineRuntimeError",
+    "load_module",
+    "parse_abi_declaration",
+]
+
+logger = logging.getLogger("turbine.aot.runtime")
+
+#: The scope a bare parameter file is bound to: ``externalize_module_parameters`` writes an empty
+#: scope as ``"model"`` (see DESIGN.md).
+DEFAULT_PARAMETER_SCOPE = "model"
+
+_KNOWN_DRIVERS = ("local-task", "local-sync", "vulkan", "cuda", "hip", "metal")
+
+
+class TurbineRuntimeError(RuntimeError):
+    """Loading or calling a compiled module failed; the message says what, where and what to do."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One argument or result of an exported function, as its ABI declares it.
+
+    Attributes:
+        shape: dimensions; ``None`` for a dynamic one.
+        dtype: the MLIR element type (``"f32"``, ``"bf16"``, ``"i64"``...), or the whole type
+            for a non-tensor value (``"i64"`` scalar, ``"!hal.buffer_view"``).
+        is_tensor: False for scalars and opaque values.
+        device: the device name from ``iree.abi.affinity`` (``"__device_1"``), if any.
+    """
+
+    shape: tuple[int | None, ...]
+    dtype: str
+    is_tensor: bool = True
+    device: str | None = None
+
+    @property
+    def torch_dtype(self):
+        """The torch dtype, or None when the element type has none."""
+        return element_type_name(self.dtype) if self.is_tensor else None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (used by bundle manifests)."""
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
+        if not self.is_tensor:
+            out["is_tensor"] = False
+        if self.device is not None:
+            out["device"] = self.device
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TensorSpec:
+        return cls(
+            shape=tuple(d["shape"]),
+            dtype=d["dtype"],
+            is_tensor=d.get("is_tensor", True),
+            device=d.get("device"),
+        )
+
+    def __str__(self) -> str:
+        if not self.is_tensor:
+            return self.dtype
+        dims = "x".join("?" if d is None else str(d) for d in self.shape)
+        return f"tensor<{dims + 'x' if dims else ''}{self.dtype}>"
+
+
+@dataclass(frozen=True)
+class FunctionSignature:
+    """Arguments and results of one exported function (from its ``iree.abi.declaration``)."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+        }
+
+    @classmethod
+    def from_json(cls, name: str, d: Mapping[str, Any]) -> FunctionSignature:
+        return cls(
+            name,
+            tuple(TensorSpec.from_json(x) for x in d["inputs"]),
+            tuple(TensorSpec.from_json(x) for x in d["outputs"]),
+        )
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Splits on commas not nested in <>, (), {}, []."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "<({[":
+            depth += 1
+        elif ch in ">)}]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+_TENSOR_RE = re.compile(r"^tensor<(.*)>$")
+_AFFINITY_RE = re.compile(
+    r"iree\.abi\.affinity\s*=\s*#hal\.device\.(?:promise|affinity)<@([\w.$-]+)"
+)
+
+
+def _parse_value(decl: str) -> TensorSpec:
+    # "%input0: tensor<?x4xf32> {iree.abi.affinity = ...}" or "tensor<4xf32>"
+    body = decl.split(":", 1)[1].strip() if decl.startswith("%") else decl.strip()
+    attrs = ""
+    if "{" in body:
+        # the type itself never contains '{' (tensor encodings are not part of the ABI)
+        idx = body.index("{")
+        body, attrs = body[:idx].strip(), body[idx:]
+    m = _AFFINITY_RE.search(attrs)
+    device = m.group(1) if m else None
+    tm = _TENSOR_RE.match(body)
+    if not tm:
+        return TensorSpec((), body, is_tensor=False, device=device)
+    parts = _split_top_level_x(tm.group(1))
+    dims = tuple(None if p == "?" else int(p) for p in parts[:-1])
+    return TensorSpec(dims, parts[-1], device=device)
+
+
+def _split_top_level_x(text: str) -> list[str]:
+    """``4x?xcomplex<f32>`` -> ``['4', '?', 'complex<f32>']``."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        if ch == "x" and depth == 0 and cur and all(c.isdigit() or c == "?" for c in cur):
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
+    """Parses IREE's ``iree.abi.declaration`` reflection string into a signature.
+
+    Args:
+        name: the function name.
+        declaration: e.g. ``"sync func @main(%input0: tensor<?x4xf32>) -> (%output0: ...)"``.
+
+    Returns:
+        The signature; unknown constructs become non-tensor specs holding the type text.
+    """
+    m = re.search(r"@[\w.$-]+\(", declaration)
+    if not m:
+        return FunctionSignature(name, (), ())
+    start, depth = m.end(), 1
+    i = start
+    while i < len(declaration) and depth:
+        depth += {"(": 1, ")": -1}.get(declaration[i], 0)
+        i += 1
+    ins = tuple(_parse_value(p) for p in _split_top_level(declaration[start : i - 1]))
+    res = declaration[i:].strip().removeprefix("->").strip()
+    if res.startswith("(") and res.endswith(")"):
+        res = res[1:-1]
+    outs = tuple(_parse_value(p) for p in _split_top_level(res)) if res else ()
+    return FunctionSignature(name, ins, outs)
+
+
+def _module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | None, Path | None]:
+    """Normalizes what ``load_module`` accepts to (bytes, None) or (None, path)."""
+    if isinstance(module, (bytes, bytearray, memoryview)):
+        return bytes(module), None
+    if isinstance(module, (str, os.PathLike)):
+        path = Path(module)
+        if not path.is_file():
+            raise TurbineRuntimeError(
+                f"compiled module {str(path)!r} does not exist; pass the path of a .vmfb "
+                "written by ExportOutput.compile(save_to=...) or `turbine-aot compile`"
+            )
+        return None, path
+    if hasattr(module, "map_memory"):  # iree.compiler Output
+        return bytes(module.map_memory()), None
+    if hasattr(module, "mlir_module") and hasattr(module, "compile"):  # ExportOutput
+        from turbine_aot._compile_cache import compile_export_output
+
+        return compile_export_output(module, **compile_kwargs), None
+    raise TurbineRuntimeError(
+        f"cannot load a module from {type(module).__name__}; pass .vmfb bytes, a .vmfb path, "
+        "an iree.compiler Output or an ExportOutput"
+    )
+
+
+def _normalize_devices(device: str | Sequence[str]) -> list[str]:
+    uris = [device] if isinstance(device, str) else list(device)
+    if not uris:
+        raise TurbineRuntimeError("no device given; pass a URI such as 'local-task'")
+    import iree.runtime as rt
+
+    available = rt.query_available_drivers()
+    for uri in uris:
+        driver = uri.split("://", 1)[0].split(":", 1)[0]
+        if driver not in available:
+            raise TurbineRuntimeError(
+                f"unknown or unavailable IREE device {uri!r}; this runtime has the drivers: "
+                f"{', '.join(available)} (e.g. 'local-task', 'local-sync', 'vulkan', 'cuda')"
+            )
+    return uris
+
+
+def _driver_of(uri: str) -> str:
+    return uri.split("://", 1)[0].split(":", 1)[0]
+
+
+def _create_devices(uris: list[str]) -> list[Any]:
+    import iree.runtime as rt
+
+    devices, seen = [], set()
+    for uri in uris:
+        try:
+            # A second device with the same URI must be a distinct device (multi-device).
+            devices.append(rt.get_device(uri, cache=uri not in seen))
+        except Exception as e:
+            raise TurbineRuntimeError(
+                f"could not create IREE device {uri!r}: {str(e).splitlines()[0]}; check the "
+                "driver is installed (e.g. Vulkan needs a loader and an ICD such as Mesa "
+                "lavapipe) or choose another device"
+            ) from e
+        seen.add(uri)
+    return devices
+
+
+ParametersArg = (
+    None | str | os.PathLike | Mapping[str, "str | os.PathLike | Sequence[str | os.PathLike] | Any"]
+)
+
+
+def _parameter_modules(instance: Any, parameters: Any) -> tuple[list[Any], list[Any]]:
+    """Builds one io_parameters module per scope; returns (modules, objects to keep alive)."""
+    import iree.runtime as rt
+
+    if parameters is None:
+        return [], []
+    if isinstance(parameters, (str, os.PathLike)):
+        parameters = {DEFAULT_PARAMETER_SCOPE: parameters}
+    if not isinstance(parameters, Mapping):
+        raise TurbineRuntimeError(
+            "parameters must be a path (bound to scope 'model') or a mapping of scope -> "
+            f"path(s) / ParameterIndex / dict of tensors; got {type(parameters).__name__}"
+        )
+    providers, keep = [], []
+    for scope, source in parameters.items():
+        if isinstance(source, rt.ParameterIndex):
+            index = source
+        else:
+            index = rt.ParameterIndex()
+            if isinstance(source, (str, os.PathLike)):
+                sources: list[Any] = [source]
+            elif isinstance(source, Mapping):
+                sources = [source]
+            else:
+                sources = list(source)
+            for src in sources:
+                if isinstance(src, Mapping):  # in-memory tensors by name
+                    for key, tensor in src.items():
+                        data = _tensor_bytes(tensor)
+                        keep.append(data)
+                        index.add_buffer(key, data)
+                    continue
+                path = Path(src)
+                if not path.is_file():
+                    raise TurbineRuntimeError(
+                        f"parameter archive {str(path)!r} for scope {scope!r} does not exist; "
+                        "write it with turbine_params.save_module_parameters or pass the "
+                        "right path"
+                    )
+                try:
+                    index.load(str(path))
+                except Exception as e:
+                    raise TurbineRuntimeError(
+                        f"could not read parameter archive {str(path)!r} for scope {scope!r}: "
+                        f"{str(e).splitlines()[0]} (IREE reads .irpa, .safetensors and .gguf)"
+                    ) from e
+        keep.append(index)
+        providers.append(index.create_provider(scope=scope))
+    return [rt.create_io_parameters_module(instance, *providers)], keep
+
+
+def _tensor_bytes(tensor: Any) -> Any:
+    import numpy as np
+    import torch
+
+    if isinstance(tensor, np.ndarray):
+        return np.ascontiguousarray(tensor).view(np.uint8).reshape(-1)
+    t = tensor.detach().cpu().contiguous()
+    return t.view(torch.uint8).reshape(-1).numpy() if t.numel() else np.empty(0, np.uint8)
+
+
+class LoadedFunction:
+    """A callable exported function: torch tensors in, torch tensors out.
+
+    Returns one tensor for a single result, a tuple for several, None for none.
+    """
+
+    __slots__ = ("_copy_results", "_fn", "_module", "_placement", "signature")
+
+    def __init__(self, module: LoadedModule, fn: Any, signature: FunctionSignature, copy: bool):
+        self._module = module
+        self._fn = fn
+        self.signature = signature
+        self._copy_results = copy
+        # Device index per argument from its ABI affinity (device 0 when none).
+        self._placement = [module._device_index(s.device) for s in signature.inputs]
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    def __call__(self, *args: Any) -> Any:
+        import iree.runtime as rt
+        import numpy as np
+        import torch
+
+        sig = self.signature
+        if sig.inputs and len(args) != len(sig.inputs):
+            raise TurbineRuntimeError(
+                f"{self._module.name}.{sig.name} takes {len(sig.inputs)} argument(s) "
+                f"({', '.join(str(s) for s in sig.inputs)}); got {len(args)}"
+            )
+        m = self._module
+        inputs = rt.VmVariantList(len(args))
+        for i, arg in enumerate(args):
+            dev_idx = self._placement[i] if i < len(self._placement) else 0
+            device, driver = m.devices[dev_idx], m.drivers[dev_idx]
+            if isinstance(arg, np.ndarray):
+                arg = torch.from_numpy(arg)
+            if isinstance(arg, torch.Tensor):
+                spec = sig.inputs[i] if i < len(sig.inputs) else None
+                _check_arg(m.name, sig.name, i, arg, spec)
+                inputs.push_ref(tensor_to_buffer_view(device, arg, driver=driver).ref)
+            elif isinstance(arg, bool | int):
+                inputs.push_int(int(arg))
+            elif isinstance(arg, float):
+                inputs.push_float(arg)
+            elif isinstance(arg, rt.HalBufferView):
+                inputs.push_ref(arg.ref)
+            else:
+                raise TurbineRuntimeError(
+                    f"argument {i} of {m.name}.{sig.name} is a {type(arg).__name__}; pass a "
+                    "torch.Tensor, numpy array, int or float"
+                )
+        outputs = rt.VmVariantList(max(len(sig.outputs), 1))
+        try:
+            m._context.invoke(self._fn, inputs, outputs)
+        except Exception as e:
+            raise TurbineRuntimeError(
+                f"calling {m.name}.{sig.name} on {', '.join(m.device_uris)} failed: {e}"
+            ) from e
+        results = [self._convert(outputs, i) for i in range(len(outputs))]
+        if len(results) == 1:
+            return results[0]
+        return tuple(results) if results else None
+
+    def _convert(self, vlist: Any, i: int) -> Any:
+        import iree.runtime as rt
+
+        m = self._module
+        try:
+            bv = vlist.get_as_object(i, rt.HalBufferView)
+        except Exception:
+            bv = None
+        if bv is not None:
+            # Local-driver buffers are host memory; other results are staged through device 0.
+            return buffer_view_to_tensor(
+                m.devices[0], bv, driver=m.drivers[0], copy=self._copy_results
+            )
+        try:
+            sub = vlist.get_as_list(i)
+        except Exception:
+            return vlist.get_variant(i)
+        return [self._convert(sub, j) for j in range(len(sub))]
+
+
+def _check_arg(module: str, fn: str, i: int, arg: Any, spec: TensorSpec | None) -> None:
+    if spec is None or not spec.is_tensor:
+        return
+    want = spec.torch_dtype
+    if want is not None and arg.dtype != want:
+        raise TurbineRuntimeError(
+            f"argument {i} of {module}.{fn} must be {spec} ({want}); got {arg.dtype} "
+            f"{tuple(arg.shape)}; convert it with .to({want})"
+        )
+    shape = tuple(arg.shape)
+    if len(shape) != len(spec.shape) or any(
+        d is not None and d != s for d, s in zip(spec.shape, shape)
+    ):
+        raise TurbineRuntimeError(
+            f"argument {i} of {module}.{fn} must have shape {spec} ; got {list(shape)}"
+        )
+
+
+class LoadedModule:
+    """A compiled module loaded on one or more devices; exported functions are attributes.
+
+    Example:
+        >>> m = load_module("model.vmfb", device="local-task", parameters="model.irpa")
+        >>> y = m.main(torch.randn(2, 8))  # doctest: +SKIP
+
+    Attributes:
+        name: the VM module name (``module`` unless exported under another name).
+        devices: the ``iree.runtime.HalDevice`` objects, in ``__device_N`` order.
+        device_uris: the URIs they were created from.
+        functions: exported functions by name.
+    """
+
+    def __init__(
+        self,
+        vm_module: Any,
+        *,
+        instance: Any,
+        device_uris: list[str],
+        devices: list[Any],
+        context: Any,
+        keep_alive: list[Any],
+        copy_results: bool,
+    ) -> None:
+        self._vm_module = vm_module
+        self._instance = instance
+        self._context = context
+        self._keep_alive = keep_alive
+        self.name: str = vm_module.name
+        self.device_uris = device_uris
+        self.devices = devices
+        self.drivers = [_driver_of(u) for u in device_uris]
+        self._device_names: dict[str, int] = {}
+        self.functions: dict[str, LoadedFunction] = {}
+        for fname in vm_module.function_names:
+            if fname.startswith("__"):
+                continue  # __init and other internal entry points
+            fn = vm_module.lookup_function(fname)
+            decl = (fn.reflection or {}).get("iree.abi.declaration", "")
+            sig = parse_abi_declaration(fname, decl) if decl else FunctionSignature(fname, (), ())
+            self.functions[fname] = LoadedFunction(self, fn, sig, copy_results)
+
+    def _device_index(self, name: str | None) -> int:
+        if name is None:
+            return 0
+        m = re.fullmatch(r"__device_(\d+)", name)
+        idx = int(m.group(1)) if m else self._device_names.setdefault(name, len(self._device_names))
+        if idx >= len(self.devices):
+            raise TurbineRuntimeError(
+                f"module {self.name!r} places an argument on device {name!r} (index {idx}) but "
+                f"was loaded with {len(self.devices)} device(s) {self.device_uris}; pass "
+                f"device=[...] with at least {idx + 1} URIs"
+            )
+        return idx
+
+    @property
+    def function_names(self) -> list[str]:
+        return list(self.functions)
+
+    def signatures(self) -> dict[str, FunctionSignature]:
+        """Signatures of the exported functions, by name."""
+        return {k: f.signature for k, f in self.functions.items()}
+
+    def __getitem__(self, name: str) -> LoadedFunction:
+        try:
+            return self.functions[name]
+        except KeyError:
+            raise TurbineRuntimeError(
+                f"module {self.name!r} has no function {name!r}; it exports: "
+                f"{', '.join(self.functions) or '(none)'}"
+            ) from None
+
+    def __getattr__(self, name: str) -> LoadedFunction:
+        if name.startswith("_") or name not in self.__dict__.get("functions", {}):
+            if name.startswith("_"):
+                raise AttributeError(name)
+            return self[name]
+        return self.functions[name]
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.functions})
+
+    def __repr__(self) -> str:
+        return f"LoadedModule({self.name!r}, functions={self.function_names}, devices={self.device_uris})"
+
+
+def load_module(
+    module: Any,
+    *,
+    device: str | Sequence[str] = "local-task",
+    parameters: Any = None,
+    runtime_flags: Sequence[str] = (),
+    copy_results: bool = False,
+    compile_flags: Sequence[str] | None = None,
+    cache: Any = True,
+) -> LoadedModule:
+    """Loads a compiled module on one or more IREE devices.
+
+    Args:
+        module: ``.vmfb`` bytes, a path to a ``.vmfb`` (memory-mapped), an ``iree.compiler``
+            ``Output``, or an ``ExportOutput`` (compiled here for ``device`` with turbine's
+            default flags, through the compile cache).
+        device: a device URI (``"local-task"``, ``"local-sync"``, ``"vulkan"``, ``"cuda"``,
+            ``"hip"``, ``"cuda://0"``...) or a list of URIs for a multi-device program, in
+            ``__device_0``, ``__device_1``... order.
+        parameters: a path (bound to scope ``"model"``), or a mapping scope -> a path, a list
+            of paths, an ``iree.runtime.ParameterIndex``, or a dict of name -> tensor.
+            ``.irpa``, ``.safetensors`` and ``.gguf`` files are read by IREE (memory-mapped).
+        runtime_flags: flags for ``iree.runtime.flags.parse_flags`` (process-wide).
+        copy_results: give each result its own memory even where it could share the result
+            buffer (local drivers share by default: IREE hands result buffers to the caller).
+        compile_flags: only for an ``ExportOutput``: flags replacing turbine's defaults.
+        cache: only for an ``ExportOutput``: True (default cache), False, or a
+            :class:`~turbine_aot.runtime.CompileCache`.
+
+    Returns:
+        The loaded module.
+
+    Raises:
+        TurbineRuntimeError: missing file, unknown device, unreadable archive, or a module the
+            runtime rejects (built for another target or IREE version).
+    """
+    import iree.runtime as rt
+
+    uris = _normalize_devices(device)
+    if runtime_flags:
+        rt.flags.parse_flags(*runtime_flags)
+    data, path = _module_bytes_or_path(
+        module, device=uris, compile_flags=compile_flags, cache=cache
+    )
+    devices = _create_devices(uris)
+    instance = rt.VmInstance()
+    try:
+        if path is not None:
+            vm_module = rt.VmModule.mmap(instance, str(path))
+        else:
+            vm_module = rt.VmModule.copy_buffer(instance, data)
+    except Exception as e:
+        where = str(path) if path else "the given bytes"
+        raise TurbineRuntimeError(
+            f"{where} is not a loadable IREE module: {str(e).splitlines()[0]}; recompile it "
+            f"with iree-compile {_iree_version()}"
+        ) from e
+    hal = (
+        rt.create_hal_module(instance, devices[0])
+        if len(devices) == 1
+        else rt.create_hal_module(instance, devices=devices)
+    )
+    param_modules, keep = _parameter_modules(instance, parameters)
+    try:
+        context = rt.VmContext(instance, [hal, *param_modules, vm_module])
+    except Exception as e:
+        msg = str(e)
+        hint = (
+            "the module was compiled for another device or needs more devices; compile it "
+            f"for {', '.join(uris)} or load it on the device it was built for"
+        )
+        if "parameter" in msg.lower() or "not found" in msg.lower():
+            hint = "pass the parameter archives it needs: parameters={'model': 'weights.irpa'}"
+        raise TurbineRuntimeError(
+            f"could not initialize module {vm_module.name!r} on {', '.join(uris)}: "
+            f"{msg.strip().splitlines()[0] if msg.strip() else type(e).__name__}; {hint}"
+        ) from e
+    return LoadedModule(
+        vm_module,
+        instance=instance,
+        device_uris=uris,
+        devices=devices,
+        context=context,
+        keep_alive=[data, *keep],
+        copy_results=copy_results,
+    )
+
+
+def _iree_version() -> str:
+    try:
+        from iree.runtime import version
+
+        return version.VERSION
+    except Exception:  # pragma: no cover - very old runtimes
+        return "(unknown version)"

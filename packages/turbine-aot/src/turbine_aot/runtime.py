@@ -1,0 +1,64 @@
+"""Running what turbine compiles: load ``.vmfb`` modules with their parameter archives on one or
+more IREE devices and call them with torch tensors; compare with eager PyTorch; cache compiles.
+
+Example:
+    >>> from turbine_aot import runtime
+    >>> m = runtime.load_module("model.vmfb", device="local-task", parameters="model.irpa")
+    >>> y = m.main(torch.randn(2, 8))  # doctest: +SKIP
+
+See ``docs/running.md``.
+"""
+
+from __future__ import annotations
+
+from turbine_aot._compile_cache import (
+    CacheStats,
+    CompileCache,
+    CompileError,
+    compile_export_output,
+    compile_mlir,
+    compiler_version,
+    default_compile_cache,
+    device_compile_flags,
+)
+from turbine_aot._runtime import (
+    DEFAULT_PARAMETER_SCOPE,
+    FunctionSignature,
+    LoadedFunction,
+    LoadedModule,
+    TensorSpec,
+    TurbineRuntimeError,
+    load_module,
+    parse_abi_declaration,
+)
+from turbine_aot._runtime_numerics import (
+    NumericsError,
+    NumericsReport,
+    OutputComparison,
+    check_numerics,
+    default_tolerance,
+)
+
+__all__ = [
+    "DEFAULT_PARAMETER_SCOPE",
+    "CacheStats",
+    "CompileCache",
+    "CompileError",
+    "FunctionSignature",
+    "LoadedFunction",
+    "LoadedModule",
+    "NumericsError",
+    "NumericsReport",
+    "OutputComparison",
+    "TensorSpec",
+    "TurbineRuntimeError",
+    "check_numerics",
+    "compile_export_output",
+    "compile_mlir",
+    "compiler_version",
+    "default_compile_cache",
+    "default_tolerance",
+    "device_compile_flags",
+    "load_module",
+    "parse_abi_declaration",
+]

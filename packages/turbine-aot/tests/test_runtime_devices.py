@@ -1,0 +1,84 @@
+"""The runner on each backend (``--device``) and with two devices in one program."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from turbine_aot import runtime as R
+
+PARAM_MLIR = """
+module @affine {
+util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<8x3xf32>
+util.global private mutable @ncalls = dense<0.0> : tensor<f32>
+func.func @main(%x: tensor<4x8xf32>, %b: tensor<3xf32>) -> tensor<4x3xf32> {
+  %w = util.global.load @w : tensor<8x3xf32>
+  %zero = arith.constant 0.0 : f32
+  %init = tensor.empty() : tensor<4x3xf32>
+  %fill = linalg.fill ins(%zero : f32) outs(%init : tensor<4x3xf32>) -> tensor<4x3xf32>
+  %mm = linalg.matmul ins(%x, %w : tensor<4x8xf32>, tensor<8x3xf32>)
+                      outs(%fill : tensor<4x3xf32>) -> tensor<4x3xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>,
+                                        affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%mm, %b : tensor<4x3xf32>, tensor<3xf32>) outs(%init : tensor<4x3xf32>) {
+    ^bb0(%a: f32, %c: f32, %o: f32):
+      %s = arith.addf %a, %c : f32
+      linalg.yield %s : f32
+  } -> tensor<4x3xf32>
+  %n = util.global.load @ncalls : tensor<f32>
+  %one = arith.constant dense<1.0> : tensor<f32>
+  %n1 = arith.addf %n, %one : tensor<f32>
+  util.global.store %n1, @ncalls : tensor<f32>
+  return %r : tensor<4x3xf32>
+}
+func.func @calls() -> tensor<f32> {
+  %n = util.global.load @ncalls : tensor<f32>
+  return %n : tensor<f32>
+}
+}
+"""
+
+
+def test_runner_on_backend(iree_device, tmp_path):
+    """Parameters from an .irpa, state, torch in/out on the device picked by --device."""
+    import iree.runtime as rt
+
+    vmfb = R.compile_mlir(PARAM_MLIR, iree_device.compile_args, cache=False)
+    w = torch.randn(8, 3)
+    rt.save_archive_file({"w": w.numpy()}, str(tmp_path / "w.irpa"))
+    m = R.load_module(vmfb, device=iree_device.driver, parameters=tmp_path / "w.irpa")
+    x, b = torch.randn(4, 8), torch.randn(3)
+    for _ in range(2):
+        torch.testing.assert_close(m.main(x, b), x @ w + b, atol=1e-4, rtol=1e-4)
+    assert m.calls().item() == 2.0
+
+
+TWO_DEVICE_MLIR = """
+module @two_devices {
+func.func @main(%x: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__device_0>},
+                %y: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__device_1>})
+    -> tensor<4xf32> {
+  %a = arith.mulf %x, %x : tensor<4xf32>
+  %b = arith.addf %y, %y : tensor<4xf32>
+  %bt = flow.tensor.transfer %b : tensor<4xf32> to #hal.device.promise<@__device_0>
+  %r = arith.addf %a, %bt : tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+}
+"""
+
+
+def test_two_cpu_devices():
+    flags = R.device_compile_flags(["local-task", "local-task"])
+    assert "--iree-hal-target-device=__device_0=local" in flags
+    assert "--iree-hal-target-device=__device_1=local" in flags
+    vmfb = R.compile_mlir(TWO_DEVICE_MLIR, flags, cache=False)
+    m = R.load_module(vmfb, device=["local-task", "local-task"])
+    assert len(m.devices) == 2 and m.devices[0] is not m.devices[1]
+    assert [s.device for s in m.main.signature.inputs] == ["__device_0", "__device_1"]
+    x, y = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(m.main(x, y), x * x + 2 * y)
+    # Loading a two-device program on one device is refused with the fix in the message.
+    with pytest.raises(R.TurbineRuntimeError, match=r"device"):
+        R.load_module(vmfb, device="local-task").main(x, y)
