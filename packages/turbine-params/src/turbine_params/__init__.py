@@ -1,18 +1,41 @@
 """turbine_params: IREE parameter archives (.irpa), tensor traits and weight tooling.
 
 numpy is the only hard dependency; torch is imported lazily by the functions that take modules or
-return torch tensors, and IREE is never imported.
+return torch tensors, and IREE is never imported (``ParameterIndex.to_iree()`` loads
+``iree.runtime`` dynamically when it is installed).
 """
 
 from __future__ import annotations
 
-from ._module import externalize_module_parameters
+from ._archive import ParameterArchive, ParameterArchiveEntry
+from ._builder import ParameterArchiveBuilder
+from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
+from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
+from ._errors import ParameterArchiveError
+from ._format import EntryType
+from ._index import ParameterIndex, ParameterIndexEntry
+from ._module import externalize_module_parameters, save_module_parameters
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
 
 __all__ = [
+    "DTypeInfo",
     "DeviceAffinity",
     "DeviceTensorTrait",
+    "EntryType",
     "ExternalTensorTrait",
+    "ParameterArchive",
+    "ParameterArchiveBuilder",
+    "ParameterArchiveEntry",
+    "ParameterArchiveError",
+    "ParameterIndex",
+    "ParameterIndexEntry",
+    "TensorMetadata",
+    "dtype_info",
     "externalize_module_parameters",
+    "irpa_to_safetensors",
+    "known_dtype_names",
+    "safetensors_to_irpa",
+    "save_module_parameters",
+    "torch_checkpoint_to_irpa",
 ]
 __version__ = "0.1.0"

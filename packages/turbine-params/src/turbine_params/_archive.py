@@ -1,0 +1,291 @@
+"""Reading archives: ``ParameterArchive`` and its entries as numpy arrays or torch tensors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import TensorMetadata
+from ._errors import ParameterArchiveError
+from ._index import ParameterIndex, ParameterIndexEntry
+
+__all__ = ["ParameterArchive", "ParameterArchiveEntry"]
+
+
+class ParameterArchiveEntry:
+    """Wraps a raw :class:`ParameterIndexEntry` with helpers to view it as an array or tensor.
+
+    ``as_flat_array`` / ``as_array`` return numpy arrays (no torch needed); ``as_flat_tensor`` /
+    ``as_tensor`` return torch tensors. Entries of an archive opened with ``mmap=True`` are views of
+    the mapping (zero-copy); read-only archives are mapped copy-on-write, so writing into such a
+    view changes only this process's memory.
+    """
+
+    __slots__ = ("_md", "_md_done", "raw")
+
+    def __init__(self, raw: ParameterIndexEntry):
+        self.raw = raw
+        self._md: TensorMetadata | None = None
+        self._md_done = False
+
+    @property
+    def key(self) -> str:
+        return self.raw.key
+
+    @property
+    def metadata(self) -> bytes:
+        """The raw metadata bytes (``b""`` when none)."""
+        return self.raw.metadata
+
+    @property
+    def length(self) -> int:
+        """Length of the entry's data in bytes."""
+        return self.raw.length
+
+    @property
+    def entry_type(self) -> str:
+        """``"data"``, ``"splat"``, ``"external"`` or ``"buffer"``."""
+        return self.raw.entry_type
+
+    @property
+    def is_splat(self) -> bool:
+        return self.raw.is_splat
+
+    def _where(self) -> dict[str, Any]:
+        f = self.raw.file
+        return {"path": f.path if f is not None else None, "offset": self.raw.entry_offset}
+
+    @property
+    def tensor_metadata(self) -> TensorMetadata | None:
+        """Decoded ``PYTORCH:`` metadata, or ``None`` when the entry has none.
+
+        Raises:
+            ParameterArchiveError: the metadata is malformed or names an unknown dtype.
+        """
+        if not self._md_done:
+            try:
+                self._md = TensorMetadata.decode(self.raw.metadata)
+            except ParameterArchiveError as e:
+                raise ParameterArchiveError(
+                    f"entry {self.key!r}: {e.reason}", **self._where()
+                ) from None
+            self._md_done = True
+        return self._md
+
+    @property
+    def dtype_name(self) -> str | None:
+        md = self.tensor_metadata
+        return md.dtype.torch_name if md else None
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        md = self.tensor_metadata
+        return md.shape if md else None
+
+    def _require_md(self) -> TensorMetadata:
+        md = self.tensor_metadata
+        if md is None:
+            raise ParameterArchiveError(
+                f"entry {self.key!r} has no PYTORCH tensor metadata (dtype/shape); read its bytes "
+                f"with as_flat_tensor() / as_flat_array()",
+                **self._where(),
+            )
+        if md.nbytes != self.length:
+            raise ParameterArchiveError(
+                f"entry {self.key!r}: metadata says {md.dtype.torch_name}{list(md.shape)} "
+                f"({md.nbytes} bytes) but the entry holds {self.length} bytes",
+                **self._where(),
+            )
+        return md
+
+    # ---- numpy ----------------------------------------------------------------------------
+
+    def as_flat_array(self) -> np.ndarray:
+        """The contents as a flat uint8 numpy array (a view of the file or the splat pattern)."""
+        return self.raw.flat_array()
+
+    def as_array(self) -> np.ndarray:
+        """A numpy array with dtype/shape from the metadata.
+
+        Raises:
+            ValueError: (``ParameterArchiveError``) no tensor metadata, a size mismatch, or a
+                dtype numpy lacks (bfloat16/float8 need ``ml_dtypes``; or use :meth:`as_tensor`).
+        """
+        md = self._require_md()
+        np_dtype = md.dtype.numpy_dtype()
+        pattern = self.raw.splat_pattern
+        if pattern is not None and len(pattern) == md.dtype.itemsize:
+            value = np.frombuffer(pattern, dtype=np_dtype).reshape(())
+            return np.broadcast_to(value, md.shape)
+        return self.as_flat_array().view(np_dtype).reshape(md.shape)
+
+    # ---- torch ----------------------------------------------------------------------------
+
+    def as_flat_tensor(self) -> Any:
+        """The contents as a flat uint8 torch tensor.
+
+        A view of the mapped file for data entries (zero-copy with ``mmap=True``); for a splat, a
+        view of the pattern when it is one byte, else the pattern repeated.
+        """
+        import torch
+
+        raw = self.raw
+        if raw.length == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        if raw.splat_pattern is not None:
+            pattern = torch.frombuffer(bytearray(raw.splat_pattern), dtype=torch.uint8)
+            if len(raw.splat_pattern) == 1:
+                return pattern.expand(raw.length)
+            return pattern.repeat(raw.length // len(raw.splat_pattern))
+        f = raw.file
+        if f is not None and f.mapping is not None:
+            f.check(raw.offset, raw.length, f"entry {raw.key!r}")
+            return torch.frombuffer(
+                f.mapping, dtype=torch.uint8, count=raw.length, offset=raw.offset
+            )
+        arr = raw.flat_array()
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        return torch.from_numpy(arr)
+
+    def as_tensor(self) -> Any:
+        """A torch tensor viewed with the dtype and shape from the metadata (zero-copy when
+        mapped; a splat whose pattern is one element is an expanded view of it).
+
+        Raises:
+            ValueError: (``ParameterArchiveError``) the entry has no tensor metadata, its
+                metadata disagrees with its length, or names an unknown dtype.
+        """
+        import torch
+
+        md = self._require_md()
+        dtype = md.dtype.torch_dtype()
+        pattern = self.raw.splat_pattern
+        if pattern is not None and len(pattern) == md.dtype.itemsize:
+            one = torch.frombuffer(bytearray(pattern), dtype=torch.uint8).view(dtype)
+            return one.reshape(()).expand(md.shape)
+        if self.length == 0:
+            return torch.empty(md.shape, dtype=dtype)
+        return self.as_flat_tensor().view(dtype).reshape(md.shape)
+
+    def __repr__(self) -> str:
+        try:
+            md = self.tensor_metadata
+        except ParameterArchiveError:
+            md = None
+        desc = f"{md.dtype.name}{list(md.shape)}" if md else f"{self.length} bytes"
+        return f"<ParameterArchiveEntry {self.key!r} {self.entry_type} {desc}>"
+
+
+class ParameterArchive:
+    """Read access to parameter archives as CPU tensors or numpy arrays.
+
+    Opening parses only the entry tables (milliseconds for ten thousand entries); data is touched
+    when an entry is viewed. ``items()`` lists every entry in file order (duplicated keys kept);
+    mapping access (``archive[key]``, ``key in archive``, ``keys()``, ``len``) uses the first
+    entry of each key.
+
+    Args:
+        file_path: An .irpa file to load (more can be added with :meth:`load`).
+        mmap: Map the file and hand out zero-copy views (default); ``False`` reads on access.
+        readable: Kept for API compatibility (archives are always readable).
+        writable: Map shared and writable: writes into tensors go to the file. Otherwise the
+            mapping is copy-on-write and the file never changes.
+
+    Example:
+        >>> with ParameterArchive("weights.irpa") as archive:  # doctest: +SKIP
+        ...     w = archive["fc.weight"].as_tensor()
+    """
+
+    def __init__(
+        self,
+        file_path: str | Path | None = None,
+        *,
+        mmap: bool = True,
+        readable: bool = True,
+        writable: bool = False,
+    ):
+        self._index = ParameterIndex()
+        self._items: list[tuple[str, ParameterArchiveEntry]] | None = None
+        self._by_key: dict[str, ParameterArchiveEntry] | None = None
+        if file_path is not None:
+            self.load(file_path, mmap=mmap, readable=readable, writable=writable)
+
+    def load(
+        self,
+        file_path: str | Path,
+        *,
+        mmap: bool = True,
+        readable: bool = True,
+        writable: bool = False,
+    ) -> None:
+        """Loads index entries from a file, adding them to the in-memory archive.
+
+        Raises:
+            ParameterArchiveError: missing or malformed file (names the file and byte offset).
+        """
+        self._index.load(os.fspath(file_path), mmap=mmap, readable=readable, writable=writable)
+        self._items = None
+        self._by_key = None
+
+    @property
+    def index(self) -> ParameterIndex:
+        """The underlying :class:`ParameterIndex` (``.to_iree()`` converts it for IREE)."""
+        return self._index
+
+    def items(self) -> list[tuple[str, ParameterArchiveEntry]]:
+        """Returns the items in the archive, in file order.
+
+        Note that there can be duplicates if the archive was constructed that way.
+        """
+        if self._items is None:
+            self._items = [(e.key, ParameterArchiveEntry(e)) for e in self._index]
+        return list(self._items)
+
+    def _lookup(self) -> dict[str, ParameterArchiveEntry]:
+        if self._by_key is None:
+            d: dict[str, ParameterArchiveEntry] = {}
+            for k, e in self.items():
+                d.setdefault(k, e)
+            self._by_key = d
+        return self._by_key
+
+    def keys(self) -> list[str]:
+        """Distinct keys in file order."""
+        return list(self._lookup())
+
+    def __getitem__(self, key: str) -> ParameterArchiveEntry:
+        try:
+            return self._lookup()[key]
+        except KeyError:
+            keys = self.keys()
+            shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
+            raise KeyError(
+                f"no parameter {key!r} in the archive ({len(keys)} keys: {shown})"
+            ) from None
+
+    def get(self, key: str, default: Any = None) -> ParameterArchiveEntry | Any:
+        return self._lookup().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._lookup()
+
+    def __len__(self) -> int:
+        return len(self._lookup())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def close(self) -> None:
+        """Closes the files; tensors still viewing a mapping keep it alive until freed."""
+        self._index.close()
+
+    def __enter__(self) -> ParameterArchive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

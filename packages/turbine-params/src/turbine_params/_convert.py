@@ -1,0 +1,239 @@
+"""Streaming converters: safetensors <-> irpa and torch checkpoints -> irpa.
+
+The safetensors side is implemented directly on its file format (8-byte little-endian header
+length, JSON header, raw data), so conversions copy file ranges with the kernel's
+``copy_file_range`` and never hold a model in memory, and need neither torch nor safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._archive import ParameterArchive
+from ._builder import ParameterArchiveBuilder, atomic_writer, copy_file_range, write_all
+from ._dtypes import TensorMetadata, dtype_info_for_safetensors
+from ._errors import ParameterArchiveError
+from ._format import DEFAULT_DATA_ALIGNMENT
+
+__all__ = [
+    "irpa_to_safetensors",
+    "read_safetensors_header",
+    "safetensors_to_irpa",
+    "torch_checkpoint_to_irpa",
+]
+
+logger = logging.getLogger("turbine.params")
+
+_MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors library's own limit
+_SPLAT_CHUNK = 16 << 20
+
+
+def read_safetensors_header(
+    path: str | os.PathLike,
+) -> tuple[int, list[tuple[str, TensorMetadata, int, int]]]:
+    """Parses a .safetensors header.
+
+    Returns:
+        (absolute offset of the data section, [(name, metadata, begin, end)] sorted by offset,
+        with begin/end relative to the data section).
+
+    Raises:
+        ParameterArchiveError: malformed header, unknown dtype, or ranges past the end of file.
+    """
+    p = os.fspath(path)
+    size = os.path.getsize(p)
+    with open(p, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ParameterArchiveError(
+                "file truncated: expected an 8-byte safetensors header length", path=p, offset=0
+            )
+        (n,) = struct.unpack("<Q", head)
+        if n > min(_MAX_SAFETENSORS_HEADER, size - 8):
+            raise ParameterArchiveError(
+                f"safetensors header length {n} exceeds the file ({size} bytes) or the "
+                f"{_MAX_SAFETENSORS_HEADER}-byte limit; not a safetensors file?",
+                path=p,
+                offset=0,
+            )
+        raw = f.read(n)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ParameterArchiveError(
+            f"safetensors header is not valid UTF-8 JSON ({e})", path=p, offset=8
+        ) from None
+    if not isinstance(doc, dict):
+        raise ParameterArchiveError("safetensors header is not a JSON object", path=p, offset=8)
+    base = 8 + n
+    out = []
+    for name, desc in doc.items():
+        if name == "__metadata__":
+            continue
+        try:
+            info = dtype_info_for_safetensors(desc["dtype"])
+            shape = tuple(int(s) for s in desc["shape"])
+            begin, end = (int(x) for x in desc["data_offsets"])
+        except ParameterArchiveError as e:
+            raise ParameterArchiveError(f"tensor {name!r}: {e.reason}", path=p, offset=8) from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise ParameterArchiveError(
+                f"tensor {name!r}: malformed header entry {desc!r} ({e}); expected dtype, shape "
+                f"and data_offsets",
+                path=p,
+                offset=8,
+            ) from None
+        md = TensorMetadata(info, shape)
+        if not 0 <= begin <= end or base + end > size or end - begin != md.nbytes:
+            raise ParameterArchiveError(
+                f"tensor {name!r}: data_offsets [{begin}, {end}) do not hold {md.nbytes} bytes "
+                f"of {info.torch_name}{list(shape)} inside the file ({size} bytes)",
+                path=p,
+                offset=base + begin,
+            )
+        out.append((name, md, begin, end))
+    out.sort(key=lambda t: t[2])
+    return base, out
+
+
+def safetensors_to_irpa(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    data_alignment: int = DEFAULT_DATA_ALIGNMENT,
+) -> Path:
+    """Converts a .safetensors file to an .irpa archive, streaming file ranges.
+
+    Returns:
+        The path written (``.irpa`` appended when missing).
+    """
+    base, tensors = read_safetensors_header(src)
+    builder = ParameterArchiveBuilder(data_alignment=data_alignment)
+    for name, md, begin, end in tensors:
+        builder.add_file_range(name, src, offset=base + begin, length=end - begin, metadata=md)
+    return builder.save(dst)
+
+
+def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Converts an .irpa archive to a .safetensors file, streaming.
+
+    Entries without ``PYTORCH:`` metadata become flat ``U8`` tensors; splats are expanded; tied
+    entries are written once per name (safetensors cannot share storage).
+
+    Raises:
+        ParameterArchiveError: duplicate keys, or a dtype safetensors has no name for.
+    """
+    path = Path(dst)
+    with ParameterArchive(os.fspath(src), mmap=False) as archive:
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        plan = []
+        offset = 0
+        for key, entry in archive.items():
+            if key in header:
+                raise ParameterArchiveError(
+                    f"key {key!r} appears more than once; safetensors needs unique names",
+                    path=src,
+                    offset=entry.raw.entry_offset,
+                )
+            md = entry.tensor_metadata
+            if md is not None and md.nbytes != entry.length:
+                md = None
+            if md is None:
+                st, shape = "U8", [entry.length]
+            else:
+                if md.dtype.safetensors is None:
+                    raise ParameterArchiveError(
+                        f"entry {key!r} has dtype {md.dtype.torch_name}, which safetensors cannot "
+                        f"store; keep it in .irpa",
+                        path=src,
+                        offset=entry.raw.entry_offset,
+                    )
+                st, shape = md.dtype.safetensors, list(md.shape)
+            header[key] = {
+                "dtype": st,
+                "shape": shape,
+                "data_offsets": [offset, offset + entry.length],
+            }
+            offset += entry.length
+            plan.append(entry)
+        blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        blob += b" " * (-len(blob) % 8)
+        with atomic_writer(path) as fd:
+            write_all(fd, memoryview(struct.pack("<Q", len(blob)) + blob))
+            for entry in plan:
+                raw = entry.raw
+                if raw.splat_pattern is not None:
+                    chunk = np.broadcast_to(
+                        np.frombuffer(raw.splat_pattern, np.uint8),
+                        (
+                            min(raw.length, _SPLAT_CHUNK) // len(raw.splat_pattern),
+                            len(raw.splat_pattern),
+                        ),
+                    ).tobytes()
+                    left = raw.length
+                    while left:
+                        n = min(left, len(chunk))
+                        write_all(fd, memoryview(chunk)[:n])
+                        left -= n
+                elif raw.file is not None:
+                    copy_file_range(raw.file.fd, fd, raw.offset, raw.length)
+                else:
+                    write_all(fd, raw.flat_array().data)
+    return path
+
+
+def torch_checkpoint_to_irpa(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    prefix: str = "",
+    data_alignment: int = DEFAULT_DATA_ALIGNMENT,
+) -> Path:
+    """Converts a torch checkpoint (a state dict, possibly nested) to an .irpa archive.
+
+    The checkpoint is opened with ``torch.load(weights_only=True, mmap=True)``, so tensors are
+    paged in from the file one at a time as they are written rather than loaded up front.
+    Nested dicts/lists are flattened with dotted keys; non-tensor values are skipped (logged).
+    Tensors sharing storage (tied weights) are stored once.
+    """
+    import torch
+
+    p = os.fspath(src)
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise ParameterArchiveError(f"cannot load torch checkpoint ({e})", path=p) from e
+        # Legacy (non-zip) checkpoints cannot be mapped.
+        logger.warning("%s is a legacy checkpoint; loading it without mmap", p)
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ParameterArchiveError(
+            f"cannot load torch checkpoint with weights_only=True ({type(e).__name__}: {e})",
+            path=p,
+        ) from e
+    builder = ParameterArchiveBuilder(data_alignment=data_alignment)
+
+    def walk(value: Any, name: str) -> None:
+        if isinstance(value, torch.Tensor):
+            builder.add_tensor(name, value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{name}.{k}" if name else str(k))
+        elif isinstance(value, list | tuple):
+            for i, v in enumerate(value):
+                walk(v, f"{name}.{i}" if name else str(i))
+        else:
+            logger.info("skipping non-tensor value %r (%s)", name, type(value).__name__)
+
+    walk(obj, prefix.rstrip(".") if prefix else "")
+    if not len(builder):
+        raise ParameterArchiveError("the checkpoint holds no tensors", path=p)
+    return builder.save(dst)

@@ -1,0 +1,395 @@
+"""Our own parameter index: named entries backed by a file range, a splat or a host buffer."""
+
+from __future__ import annotations
+
+import importlib
+import mmap as _mmap
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import ParameterArchiveError
+from ._format import EntryType, RawEntry, parse_archive
+
+__all__ = ["MappedFile", "ParameterIndex", "ParameterIndexEntry"]
+
+
+class MappedFile:
+    """An open file, memory-mapped (zero-copy views) or read with ``pread`` (copies).
+
+    Read-only files are mapped copy-on-write (``MAP_PRIVATE``): writing into a tensor obtained from
+    them changes only this process's copy, never the file, and never faults.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, mmap: bool = True, writable: bool = False):
+        self.path = os.fspath(path)
+        self.writable = writable
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        try:
+            self.fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise ParameterArchiveError(
+                f"cannot open ({e.strerror}); check the path and permissions", path=self.path
+            ) from e
+        self.size = os.fstat(self.fd).st_size
+        self.mapping: _mmap.mmap | None = None
+        self._lock = threading.Lock()
+        if mmap and self.size > 0:
+            access = _mmap.ACCESS_WRITE if writable else _mmap.ACCESS_COPY
+            self.mapping = _mmap.mmap(self.fd, self.size, access=access)
+
+    def check(self, offset: int, length: int, what: str) -> None:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ParameterArchiveError(
+                f"{what} [{offset}, {offset + length}) extends past the end of the file "
+                f"(size {self.size}); the file is truncated",
+                path=self.path,
+                offset=offset,
+            )
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` (a copy)."""
+        self.check(offset, length, "read")
+        if self.mapping is not None:
+            return self.mapping[offset : offset + length]
+        return os.pread(self.fd, length, offset)
+
+    def flat_array(self, offset: int, length: int) -> np.ndarray:
+        """A uint8 array of the range: a view of the mapping, or a fresh copy without one."""
+        self.check(offset, length, "data")
+        if self.mapping is not None:
+            return np.frombuffer(self.mapping, dtype=np.uint8, count=length, offset=offset)
+        out = np.empty(length, dtype=np.uint8)
+        view = memoryview(out.data)
+        done = 0
+        while done < length:
+            n = os.preadv(self.fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise ParameterArchiveError(
+                    "unexpected end of file while reading", path=self.path, offset=offset + done
+                )
+            done += n
+        return out
+
+    def close(self) -> None:
+        if self.mapping is not None:
+            try:
+                self.mapping.close()
+            except BufferError:
+                # Views of it are still alive (tensors handed out); it closes when they die.
+                pass
+            else:
+                self.mapping = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "fd", -1) >= 0:
+                os.close(self.fd)
+        except OSError:
+            pass
+
+
+class ParameterIndexEntry:
+    """One named parameter: ``key``, ``metadata`` bytes, ``length`` and its storage.
+
+    Storage is one of: a range of a file (``is_file``; DATA entries of an archive, or EXTERNAL
+    entries resolved to their file), a repeated ``splat_pattern`` (``is_splat``), or a host
+    ``buffer`` (``is_buffer``; what a builder holds before saving).
+    """
+
+    __slots__ = (
+        "_buffer",
+        "entry_offset",
+        "entry_type",
+        "file",
+        "key",
+        "length",
+        "metadata",
+        "minimum_alignment",
+        "offset",
+        "splat_pattern",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        metadata: bytes,
+        length: int,
+        *,
+        entry_type: str,
+        file: MappedFile | None = None,
+        offset: int = 0,
+        splat_pattern: bytes | None = None,
+        buffer: Any = None,
+        entry_offset: int | None = None,
+        minimum_alignment: int = 0,
+    ):
+        self.key = key
+        self.metadata = bytes(metadata)
+        self.length = int(length)
+        self.entry_type = entry_type  # "data" | "external" | "splat" | "buffer"
+        self.file = file
+        self.offset = int(offset)
+        self.splat_pattern = splat_pattern
+        self._buffer = buffer
+        self.entry_offset = entry_offset
+        self.minimum_alignment = minimum_alignment
+
+    @property
+    def is_file(self) -> bool:
+        return self.file is not None
+
+    @property
+    def is_splat(self) -> bool:
+        return self.splat_pattern is not None
+
+    @property
+    def is_buffer(self) -> bool:
+        return self._buffer is not None
+
+    @property
+    def buffer(self) -> Any:
+        """The host object backing a buffer entry (a numpy array or torch tensor), else None."""
+        return self._buffer
+
+    @property
+    def file_storage(self) -> tuple[str, int]:
+        """``(path, offset)`` of a file-backed entry."""
+        if self.file is None:
+            raise ParameterArchiveError(f"entry {self.key!r} is not backed by a file")
+        return self.file.path, self.offset
+
+    def flat_array(self) -> np.ndarray:
+        """The entry's bytes as a flat uint8 numpy array (a view where possible)."""
+        if self.file is not None:
+            return self.file.flat_array(self.offset, self.length)
+        if self.splat_pattern is not None:
+            pattern = np.frombuffer(self.splat_pattern, dtype=np.uint8)
+            reps = self.length // len(pattern)
+            if len(pattern) == 1:
+                return np.broadcast_to(pattern, (self.length,))
+            return np.broadcast_to(pattern, (reps, len(pattern))).reshape(-1)
+        from ._sources import host_bytes
+
+        return host_bytes(self._buffer)
+
+    def __repr__(self) -> str:
+        if self.file is not None:
+            where = f"{self.file.path}:{self.offset}"
+        elif self.splat_pattern is not None:
+            where = f"splat {self.splat_pattern!r}"
+        else:
+            where = "buffer"
+        return f"<ParameterIndexEntry {self.key!r} {self.entry_type} {where}:{self.length}>"
+
+
+class ParameterIndex:
+    """An ordered list of parameter entries (duplicated keys allowed, as in IREE's index).
+
+    Load archives into it, add entries, save it as an archive, or convert it to an
+    ``iree.runtime.ParameterIndex`` with :meth:`to_iree` when the runtime is installed.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[ParameterIndexEntry] = []
+        self._files: list[MappedFile] = []
+        self._skipped: list[RawEntry] = []
+        self._raw: list[tuple[MappedFile, RawEntry]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[ParameterIndexEntry]:
+        return iter(self._entries)
+
+    def items(self) -> list[tuple[str, ParameterIndexEntry]]:
+        """``(key, entry)`` pairs in insertion (file) order, duplicates included."""
+        return [(e.key, e) for e in self._entries]
+
+    @property
+    def raw_entries(self) -> list[tuple[str, RawEntry]]:
+        """Every entry table record loaded from files, SKIP entries included: (path, record)."""
+        return [(f.path, r) for f, r in self._raw]
+
+    def add(self, entry: ParameterIndexEntry) -> None:
+        self._entries.append(entry)
+
+    def add_buffer(self, key: str, buffer: Any, *, metadata: bytes | str | None = None) -> None:
+        """Adds a host buffer (numpy array, torch tensor or bytes-like) under ``key``."""
+        from ._sources import host_nbytes
+
+        self.add(
+            ParameterIndexEntry(
+                key, _md(metadata), host_nbytes(buffer), entry_type="buffer", buffer=buffer
+            )
+        )
+
+    def add_splat(
+        self, key: str, pattern: bytes, total_length: int, *, metadata: bytes | str | None = None
+    ) -> None:
+        """Adds a splat entry: ``pattern`` (1, 2, 4, 8 or 16 bytes) repeated to ``total_length``."""
+        pattern = bytes(pattern)
+        if len(pattern) not in (1, 2, 4, 8, 16):
+            raise ParameterArchiveError(
+                f"splat pattern for {key!r} is {len(pattern)} bytes; expected 1, 2, 4, 8 or 16"
+            )
+        if total_length < 0 or total_length % len(pattern):
+            raise ParameterArchiveError(
+                f"splat length {total_length} for {key!r} is not a non-negative multiple of the "
+                f"{len(pattern)}-byte pattern"
+            )
+        self.add(
+            ParameterIndexEntry(
+                key, _md(metadata), total_length, entry_type="splat", splat_pattern=pattern
+            )
+        )
+
+    def add_from_file(
+        self,
+        key: str,
+        path: str | os.PathLike,
+        length: int,
+        offset: int = 0,
+        *,
+        metadata: bytes | str | None = None,
+    ) -> None:
+        """Adds a range of an existing file (read-only, mapped lazily) under ``key``."""
+        f = self._open(Path(path), mmap=True, writable=False)
+        f.check(offset, length, f"entry {key!r}")
+        self.add(
+            ParameterIndexEntry(
+                key, _md(metadata), length, entry_type="external", file=f, offset=offset
+            )
+        )
+
+    def _open(self, path: Path, *, mmap: bool, writable: bool) -> MappedFile:
+        for f in self._files:
+            if f.path == os.fspath(path) and f.writable == writable:
+                return f
+        f = MappedFile(path, mmap=mmap, writable=writable)
+        self._files.append(f)
+        return f
+
+    def load(
+        self,
+        file_path: str | os.PathLike,
+        *,
+        mmap: bool = True,
+        readable: bool = True,
+        writable: bool = False,
+    ) -> None:
+        """Parses an .irpa file and appends its entries (SKIP entries are recorded, not listed).
+
+        Raises:
+            ParameterArchiveError: the file is missing or malformed.
+        """
+        if not readable and not writable:
+            raise ParameterArchiveError(
+                "an archive must be opened readable, writable or both", path=file_path
+            )
+        f = MappedFile(file_path, mmap=mmap, writable=writable)
+        try:
+            raw, _ = parse_archive(f.read, f.size, f.path)
+        except BaseException:
+            f.close()
+            raise
+        self._files.append(f)
+        base_dir = Path(f.path).parent
+        for r in raw:
+            self._raw.append((f, r))
+            if r.type == EntryType.SKIP:
+                self._skipped.append(r)
+            elif r.type == EntryType.SPLAT:
+                self.add(
+                    ParameterIndexEntry(
+                        r.key,
+                        r.metadata,
+                        r.length,
+                        entry_type="splat",
+                        splat_pattern=r.splat_pattern,
+                        entry_offset=r.entry_offset,
+                    )
+                )
+            elif r.type == EntryType.DATA:
+                self.add(
+                    ParameterIndexEntry(
+                        r.key,
+                        r.metadata,
+                        r.length,
+                        entry_type="data",
+                        file=f,
+                        offset=r.data_offset,
+                        entry_offset=r.entry_offset,
+                        minimum_alignment=r.minimum_alignment,
+                    )
+                )
+            else:  # EXTERNAL: resolve relative paths against the archive's directory.
+                ext = Path(r.external_path)
+                ext = ext if ext.is_absolute() else base_dir / ext
+                try:
+                    ef = self._open(ext, mmap=mmap, writable=False)
+                except ParameterArchiveError as e:
+                    raise ParameterArchiveError(
+                        f"external entry {r.key!r} refers to {str(ext)!r}, which cannot be "
+                        f"opened ({e.reason})",
+                        path=f.path,
+                        offset=r.entry_offset,
+                    ) from e
+                if r.data_offset + r.length > ef.size:
+                    raise ParameterArchiveError(
+                        f"external entry {r.key!r} range [{r.data_offset}, "
+                        f"{r.data_offset + r.length}) lies past the end of {str(ext)!r} "
+                        f"(size {ef.size})",
+                        path=f.path,
+                        offset=r.entry_offset,
+                    )
+                self.add(
+                    ParameterIndexEntry(
+                        r.key,
+                        r.metadata,
+                        r.length,
+                        entry_type="external",
+                        file=ef,
+                        offset=r.data_offset,
+                        entry_offset=r.entry_offset,
+                    )
+                )
+
+    def close(self) -> None:
+        """Closes the files (mappings with live views close when the views are gone)."""
+        for f in self._files:
+            f.close()
+        self._files.clear()
+
+    def to_iree(self) -> Any:
+        """An ``iree.runtime.ParameterIndex`` with the same entries (zero-copy where mapped).
+
+        Raises:
+            ImportError: ``iree-base-runtime`` is not installed.
+        """
+        rt = importlib.import_module("iree.runtime")
+        out = rt.ParameterIndex()
+        for e in self._entries:
+            md = e.metadata.decode("utf-8", "surrogateescape") if e.metadata else None
+            if e.splat_pattern is not None:
+                out.add_splat(e.key, e.splat_pattern, e.length, metadata=md)
+            elif e.file is not None and e.length == 0:
+                out.add_buffer(e.key, np.zeros(0, np.uint8), metadata=md)
+            else:
+                out.add_buffer(e.key, e.flat_array(), metadata=md)
+        return out
+
+
+def _md(metadata: bytes | str | None) -> bytes:
+    if metadata is None:
+        return b""
+    if isinstance(metadata, str):
+        return metadata.encode("utf-8")
+    return bytes(metadata)
