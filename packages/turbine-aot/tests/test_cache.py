@@ -1,0 +1,132 @@
+"""The compile cache: hits, misses, corruption, size bound, concurrency, off switch."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from turbine_aot import runtime as R
+
+MLIR = """
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %r = arith.addf %x, %x : tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+"""
+FLAGS = [
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=vmvx",
+]
+
+
+def _run(vmfb: bytes) -> torch.Tensor:
+    return R.load_module(vmfb).main(torch.arange(4.0))
+
+
+def test_miss_then_hit_same_bytes(tmp_path):
+    cache = R.CompileCache(tmp_path)
+    a = R.compile_mlir(MLIR, FLAGS, cache=cache)
+    assert (cache.stats.misses, cache.stats.hits, cache.stats.stores) == (1, 0, 1)
+    b = R.compile_mlir(MLIR, FLAGS, cache=cache)
+    assert cache.stats.hits == 1 and a == b
+    torch.testing.assert_close(_run(b), 2 * torch.arange(4.0))
+    assert len(cache.entries()) == 1
+
+
+def test_key_depends_on_ir_flags_version_target():
+    k = R.CompileCache.key(b"ir", ["--a"], target="t", version="1")
+    assert k != R.CompileCache.key(b"ir2", ["--a"], target="t", version="1")
+    assert k != R.CompileCache.key(b"ir", ["--b"], target="t", version="1")
+    assert k != R.CompileCache.key(b"ir", ["--a"], target="u", version="1")
+    assert k != R.CompileCache.key(b"ir", ["--a"], target="t", version="2")
+    assert k == R.CompileCache.key(b"ir", ["--a"], target="t", version="1")
+    assert "3.13" in R.compiler_version()
+
+
+def test_different_flags_miss(tmp_path):
+    cache = R.CompileCache(tmp_path)
+    R.compile_mlir(MLIR, FLAGS, cache=cache)
+    R.compile_mlir(MLIR, [*FLAGS, "--iree-opt-level=O1"], cache=cache)
+    assert cache.stats.misses == 2 and len(cache.entries()) == 2
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_corrupted_entry_is_detected_and_rebuilt(tmp_path, damage):
+    cache = R.CompileCache(tmp_path)
+    good = R.compile_mlir(MLIR, FLAGS, cache=cache)
+    (path, _, _) = cache.entries()[0]
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[len(raw) // 2] ^= 0xFF
+    elif damage == "truncate":
+        raw = raw[: len(raw) - 100]
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    again = R.compile_mlir(MLIR, FLAGS, cache=cache)
+    assert cache.stats.corrupted == 1 and cache.stats.stores == 2
+    assert again == good
+    torch.testing.assert_close(_run(again), 2 * torch.arange(4.0))
+    assert R.CompileCache(tmp_path).get(R.CompileCache.key(b"x", [])) is None
+
+
+def test_size_bound_evicts_least_recently_used(tmp_path):
+    import os
+    import time
+
+    cache = R.CompileCache(tmp_path, max_bytes=10**9)
+    for i in range(3):
+        cache.put(f"{i:02d}" + "a" * 62, bytes(1000 + i))
+    entries = sorted(cache.entries(), key=lambda e: e[0].name)
+    # Make entry 1 the oldest and touch entry 0 by a hit.
+    now = time.time()
+    for n, (p, _, _) in enumerate(entries):
+        os.utime(p, (now - 100 + n, now - 100 + n))
+    assert cache.get("00" + "a" * 62) is not None
+    small = R.CompileCache(tmp_path, max_bytes=1500)
+    assert small.evict() == 2  # keeps only the most recently used one
+    left = [p.name[:2] for p, _, _ in small.entries()]
+    assert left == ["00"]
+
+
+def test_disabled_cache_and_env_switch(tmp_path, monkeypatch):
+    off = R.CompileCache(tmp_path, enabled=False)
+    R.compile_mlir(MLIR, FLAGS, cache=off)
+    assert off.entries() == [] and off.stats.stores == 0
+    monkeypatch.setenv("TURBINE_COMPILE_CACHE_DIR", str(tmp_path / "envdir"))
+    monkeypatch.setenv("TURBINE_COMPILE_CACHE", "0")
+    R.compile_mlir(MLIR, FLAGS)  # default cache, turned off
+    assert not (tmp_path / "envdir").exists()
+    monkeypatch.setenv("TURBINE_COMPILE_CACHE", "1")
+    R.compile_mlir(MLIR, FLAGS)
+    assert R.default_compile_cache().directory == tmp_path / "envdir"
+    assert len(R.default_compile_cache().entries()) == 1
+    R.compile_mlir(MLIR, FLAGS, cache=False)  # per-call off switch
+
+
+def _worker(args):
+    directory, _ = args
+    cache = R.CompileCache(directory)
+    key = "ab" + "c" * 62
+    payload = bytes([7]) * 50_000
+    for _ in range(20):
+        cache.put(key, payload)
+        got = cache.get(key)
+        assert got is None or got == payload  # never a torn entry
+    return cache.stats.corrupted
+
+
+def test_concurrent_writers_and_readers(tmp_path):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        corrupted = pool.map(_worker, [(str(tmp_path), i) for i in range(4)])
+    assert corrupted == [0, 0, 0, 0]
+    assert [p.name for p, _, _ in R.CompileCache(tmp_path).entries()] == ["ab" + "c" * 62 + ".vmfb"]
+    assert not list(tmp_path.glob("ab/*.tmp"))
+
+
+def test_compile_error_message():
+    with pytest.raises(R.CompileError, match=r"iree-compile failed(.|\n)*undeclared SSA value"):
+        R.compile_mlir("func.func @f() -> i32 { return %nope : i32 }", FLAGS, cache=False)
