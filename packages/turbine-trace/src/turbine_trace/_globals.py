@@ -1,0 +1,666 @@
+"""Globals: descriptors that export tensors and scalars as ``util.global``s of a module.
+
+A ``GlobalsDef`` describes a tree of values and how to make globals of them
+(``GlobalAttributes``); ``track()`` creates the globals in a ``ModuleBuilder`` and returns the same
+tree with each leaf replaced by an ``IrGlobalTensor`` / ``IrGlobalScalar`` intrinsic that loads
+(and, when mutable, stores) the global inside procedures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from turbine_ir import GlobalAttributes
+from turbine_ir.dialects import tensor, util
+from turbine_ir.ir import (
+    F64Type,
+    FloatAttr,
+    IntegerAttr,
+    IntegerType,
+    RankedTensorType,
+    Type,
+    Value,
+)
+
+from . import _scalars
+from ._abstract import (
+    Abstractifiable,
+    AbstractScalar,
+    AbstractTensor,
+    AbstractTypedef,
+    TreeAbstractifiable,
+    abstractify,
+    abstractify_single_value,
+)
+from ._base import current_ir_trace
+from ._errors import ProcedureTraceError, TraceError
+from ._primitives import IrScalar, IrTensor, MaterializedGlobal
+from ._tree import TreeSpec, tree_flatten, tree_map, tree_unflatten
+
+if TYPE_CHECKING:
+    from turbine_ir import ModuleBuilder
+
+    from ._base import IrTrace
+
+__all__ = [
+    "GlobalsDef",
+    "GlobalsDefError",
+    "IrGlobalScalar",
+    "IrGlobalTensor",
+    "LiveGlobalCollectionProxy",
+    "export_buffers",
+    "export_global",
+    "export_global_tree",
+    "export_parameters",
+]
+
+NameMapCallback = Callable[[str], "str | None"]
+
+
+class GlobalsDefError(TraceError, TypeError):
+    """A value given to a globals descriptor cannot become a global."""
+
+
+class GlobalsDef:
+    """Base class for all exporting descriptors.
+
+    Args:
+        attrs: How the globals are created (mutability, externalization, …).
+    """
+
+    __slots__ = ["_attrs"]
+
+    def __init__(self, attrs: GlobalAttributes):
+        self._attrs = attrs
+
+    @property
+    def attrs(self) -> GlobalAttributes:
+        """The attributes every global of this descriptor is created with."""
+        return self._attrs
+
+    def items(self) -> Generator[tuple[str, Any], None, None]:
+        """Yields tuples of name/value exports."""
+        raise NotImplementedError
+
+    def schema(self) -> TreeSpec:
+        """A schema used to unflatten for access from Python."""
+        raise NotImplementedError
+
+    def track(self, module_builder: ModuleBuilder, export_namespace: str) -> Any:
+        """Track the given pack of globals, returning a struct that can be used to access them.
+
+        Each ``(name, value)`` of ``items()`` becomes a global with symbol
+        ``_<export_namespace>.<name>`` (uniqued by the module builder) and logical name ``name``
+        (the key of an external parameter). The result has the shape of ``schema()`` with
+        ``IrGlobalTensor`` / ``IrGlobalScalar`` leaves.
+
+        Args:
+            module_builder: The module to create the globals in.
+            export_namespace: Prefix of the global names (the attribute name in a
+                ``CompiledModule``).
+
+        Raises:
+            GlobalsDefError: a value is not a tensor, abstract tensor/scalar or Python scalar.
+        """
+        flat_globals = []
+        for name, value in self.items():
+            fq_name = f"{export_namespace}.{name}" if export_namespace else name
+            flat_globals.append(_create_global(module_builder, self, fq_name, name, value))
+        return tree_unflatten(flat_globals, self.schema())
+
+
+def _create_global(
+    module_builder: ModuleBuilder, info: GlobalsDef, fq_name: str, name: str, value: Any
+) -> IrGlobalTensor | IrGlobalScalar:
+    attrs = info.attrs
+    symbol = f"_{fq_name}"
+    if isinstance(value, torch.Tensor):
+        # One global per tensor (and per tied storage): a tensor exported twice, or later
+        # referenced by an imported FX program, resolves to the first global.
+        mapping = module_builder.global_ref_tracker.track(value)
+        if not mapping.is_empty:
+            existing = mapping.value
+            if isinstance(existing, IrGlobalTensor):
+                return existing
+            actual_symbol, global_op, global_type = existing
+        else:
+            actual_symbol, global_op, global_type = module_builder.create_tensor_global(
+                symbol, value, attrs=attrs, logical_name=name
+            )
+        ir_global = IrGlobalTensor(
+            fq_name,
+            info,
+            symbol_name=actual_symbol,
+            global_op=global_op,
+            global_type=global_type,
+            dtype=value.dtype,
+        )
+        mapping.value = ir_global
+        return ir_global
+    if isinstance(value, AbstractTensor):
+        global_type = value.get_ir_type(module_builder)
+        actual_symbol, global_op = module_builder.create_typed_global(
+            symbol, global_type, attrs=attrs, logical_name=name
+        )
+        return IrGlobalTensor(
+            fq_name,
+            info,
+            symbol_name=actual_symbol,
+            global_op=global_op,
+            global_type=global_type,
+            dtype=value.dtype,
+        )
+    if isinstance(value, AbstractScalar):
+        global_type = value.get_ir_type(module_builder)
+        actual_symbol, global_op = module_builder.create_typed_global(
+            symbol, global_type, attrs=_scalar_attrs(attrs), logical_name=name
+        )
+        return IrGlobalScalar(
+            fq_name,
+            info,
+            symbol_name=actual_symbol,
+            global_op=global_op,
+            global_type=global_type,
+        )
+    if isinstance(value, (bool, int, float)):
+        with module_builder.context:
+            if isinstance(value, bool):
+                global_type = IntegerType.get_signless(1)
+                initial = IntegerAttr.get(global_type, int(value))
+            elif isinstance(value, int):
+                global_type = IntegerType.get_signless(64)
+                initial = IntegerAttr.get(global_type, value)
+            else:
+                global_type = F64Type.get()
+                initial = FloatAttr.get(global_type, value)
+        scalar_attrs = _scalar_attrs(attrs)
+        actual_symbol, global_op = module_builder.create_typed_global(
+            symbol, global_type, attrs=scalar_attrs, logical_name=name
+        )
+        if not scalar_attrs.uninitialized:
+            global_op.attributes["initial_value"] = initial
+        return IrGlobalScalar(
+            fq_name,
+            info,
+            symbol_name=actual_symbol,
+            global_op=global_op,
+            global_type=global_type,
+        )
+    raise GlobalsDefError(
+        f"global {fq_name!r}: cannot export a value of type {type(value).__name__} "
+        f"({value!r:.60}) as a global; supported leaves: torch.Tensor, AbstractTensor, "
+        "AbstractScalar (e.g. AbstractI64) and Python bool/int/float"
+    )
+
+
+def _scalar_attrs(attrs: GlobalAttributes) -> GlobalAttributes:
+    # Scalars are never parameters in an archive: keep mutability, drop externalization.
+    return GlobalAttributes(
+        mutable=attrs.mutable,
+        external=False,
+        noinline=attrs.noinline,
+        uninitialized=bool(attrs.uninitialized),
+    )
+
+
+def _make_attrs(
+    attrs: GlobalAttributes | None,
+    *,
+    mutable: bool,
+    external: bool | None,
+    external_scope: str | None,
+    name_mapper: NameMapCallback | None,
+    noinline: bool,
+    uninitialized: bool | None,
+    initialize: bool = True,
+) -> GlobalAttributes:
+    if attrs is not None:
+        return attrs
+    if not initialize:
+        uninitialized = True
+    return GlobalAttributes(
+        mutable=mutable,
+        external=external,
+        external_scope=external_scope,
+        name_mapper=name_mapper,
+        noinline=noinline,
+        uninitialized=uninitialized,
+    )
+
+
+class export_global(GlobalsDef, Abstractifiable):
+    """Exports a single global into a CompiledModule.
+
+    Args:
+        value: A ``torch.Tensor`` (its contents initialize the global), an ``AbstractTensor`` /
+            ``AbstractScalar`` (an uninitialized or external global of that type) or a Python
+            bool/int/float (a scalar global: i1 / i64 / f64).
+        name: The name of the global within its namespace.
+        initialize: ``False`` is the same as ``uninitialized=True``.
+        mutable: Procedures may assign to the global.
+        external: Load the tensor from a parameter archive (``None``: inferred from an
+            ``ExternalTensorTrait`` on the tensor).
+        external_scope: Parameter scope of an external global.
+        name_mapper: Maps the name to the parameter key (``None`` result: keep the name).
+        noinline: Keep the global's contents out of the IR even when small.
+        uninitialized: Create the global without an initial value.
+        attrs: A complete ``GlobalAttributes``; overrides the individual options.
+    """
+
+    __slots__ = ["_name", "_schema", "_value"]
+
+    def __init__(
+        self,
+        value: Any,
+        *,
+        name: str = "global",
+        initialize: bool = True,
+        mutable: bool = False,
+        external: bool | None = None,
+        external_scope: str | None = None,
+        name_mapper: NameMapCallback | None = None,
+        noinline: bool = False,
+        uninitialized: bool | None = None,
+        attrs: GlobalAttributes | None = None,
+    ):
+        super().__init__(
+            _make_attrs(
+                attrs,
+                mutable=mutable,
+                external=external,
+                external_scope=external_scope,
+                name_mapper=name_mapper,
+                noinline=noinline,
+                uninitialized=uninitialized,
+                initialize=initialize,
+            )
+        )
+        self._name = name
+        self._value = value
+        _, self._schema = tree_flatten(value)
+
+    def items(self) -> Generator[tuple[str, Any], None, None]:
+        """Yields tuples of name/value exports."""
+        yield (self._name, self._value)
+
+    def schema(self) -> TreeSpec:
+        """A schema used to unflatten for access from Python."""
+        return self._schema
+
+    def abstractify(self) -> AbstractTypedef:
+        return abstractify_single_value(self._value)
+
+
+class export_global_tree(GlobalsDef, Abstractifiable):
+    """Exports a tree of globals into a CompiledModule.
+
+    Leaves are named by their path: ``{"a": [t0, t1], "b": t2}`` gives ``a.0``, ``a.1`` and ``b``.
+
+    Args:
+        tree: A pytree (dict/list/tuple) whose leaves are what ``export_global`` accepts.
+        Other args: as for ``export_global``.
+    """
+
+    __slots__ = ["_names", "_schema", "_tree", "_values"]
+
+    def __init__(
+        self,
+        tree: Any,
+        *,
+        initialize: bool = True,
+        mutable: bool = False,
+        external: bool | None = None,
+        external_scope: str | None = None,
+        name_mapper: NameMapCallback | None = None,
+        noinline: bool = False,
+        uninitialized: bool | None = None,
+        attrs: GlobalAttributes | None = None,
+    ):
+        super().__init__(
+            _make_attrs(
+                attrs,
+                mutable=mutable,
+                external=external,
+                external_scope=external_scope,
+                name_mapper=name_mapper,
+                noinline=noinline,
+                uninitialized=uninitialized,
+                initialize=initialize,
+            )
+        )
+        self._tree = tree
+        self._values, self._schema = tree_flatten(tree)
+        self._names = _leaf_names(tree)
+
+    def items(self) -> Generator[tuple[str, Any], None, None]:
+        """Yields tuples of name/value exports."""
+        yield from zip(self._names, self._values)
+
+    def schema(self) -> TreeSpec:
+        """A schema used to unflatten for access from Python."""
+        return self._schema
+
+    def abstractify(self) -> Any:  # type: ignore[override]
+        return abstractify(self._tree)
+
+
+def _leaf_names(tree: Any) -> list[str]:
+    from torch.utils._pytree import tree_flatten_with_path
+
+    names = []
+    for path, _ in tree_flatten_with_path(tree)[0]:
+        parts = []
+        for entry in path:
+            for attr in ("key", "idx", "name"):
+                if hasattr(entry, attr):
+                    parts.append(str(getattr(entry, attr)))
+                    break
+            else:
+                parts.append(str(entry))
+        names.append(".".join(parts) if parts else "global")
+    return names
+
+
+class _ModuleTensorsDef(GlobalsDef, TreeAbstractifiable):
+    __slots__ = ["_param_list", "_schema", "_tree"]
+
+    def __init__(self, named: list[tuple[str, torch.Tensor]], attrs: GlobalAttributes):
+        super().__init__(attrs)
+        self._param_list = named
+        self._tree = dict(named)
+        _, self._schema = tree_flatten(self._tree)
+
+    def items(self) -> Generator[tuple[str, Any], None, None]:
+        """Yields tuples of name/value exports."""
+        yield from self._param_list
+
+    def schema(self) -> TreeSpec:
+        """A schema used to unflatten for access from Python."""
+        return self._schema
+
+    def abstractify_tree(self) -> Any:
+        return tree_map(abstractify_single_value, self._tree)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._tree[key]
+
+
+class export_parameters(_ModuleTensorsDef):
+    """Exports parameters from an nn.Module.
+
+    These are exposed to procedural programs as a dictionary of param/values (keys are
+    ``named_parameters()`` names; the global of ``fc.weight`` exported as ``params`` is
+    ``@_params.fc.weight``).
+
+    Args:
+        nn_module: The module whose parameters to export.
+        Other args: as for ``export_global``.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        nn_module: torch.nn.Module,
+        *,
+        mutable: bool = False,
+        external: bool | None = None,
+        external_scope: str | None = None,
+        name_mapper: NameMapCallback | None = None,
+        noinline: bool = False,
+        uninitialized: bool | None = None,
+        attrs: GlobalAttributes | None = None,
+    ):
+        _check_module(nn_module, "export_parameters")
+        super().__init__(
+            list(nn_module.named_parameters()),
+            _make_attrs(
+                attrs,
+                mutable=mutable,
+                external=external,
+                external_scope=external_scope,
+                name_mapper=name_mapper,
+                noinline=noinline,
+                uninitialized=uninitialized,
+            ),
+        )
+
+
+class export_buffers(_ModuleTensorsDef):
+    """Exports buffers from an nn.Module.
+
+    These are exposed to procedural programs as a dictionary of param/values.
+
+    Args:
+        nn_module: The module whose (persistent and non-persistent) buffers to export.
+        Other args: as for ``export_global``.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        nn_module: torch.nn.Module,
+        *,
+        mutable: bool = False,
+        external: bool | None = None,
+        external_scope: str | None = None,
+        name_mapper: NameMapCallback | None = None,
+        noinline: bool = False,
+        uninitialized: bool | None = None,
+        attrs: GlobalAttributes | None = None,
+    ):
+        _check_module(nn_module, "export_buffers")
+        super().__init__(
+            list(nn_module.named_buffers()),
+            _make_attrs(
+                attrs,
+                mutable=mutable,
+                external=external,
+                external_scope=external_scope,
+                name_mapper=name_mapper,
+                noinline=noinline,
+                uninitialized=uninitialized,
+            ),
+        )
+
+
+def _check_module(m: Any, what: str) -> None:
+    if not isinstance(m, torch.nn.Module):
+        raise GlobalsDefError(f"{what} needs a torch.nn.Module, got {type(m).__name__}")
+
+
+# --------------------------------------------------------------------------------------------
+# Global intrinsics
+# --------------------------------------------------------------------------------------------
+
+
+def _check_assignable(g: IrGlobalTensor | IrGlobalScalar, trace: IrTrace) -> None:
+    if not g.info.attrs.mutable:
+        raise ProcedureTraceError(
+            f"procedure {trace.name!r}: cannot assign to global {g.export_name!r} "
+            f"(@{g.symbol_name}): it is not mutable; export it with mutable=True "
+            "(e.g. export_global(..., mutable=True))"
+        )
+
+
+def _single(g: Any, trace: IrTrace, ir_values: Sequence[Value]) -> Value:
+    if len(ir_values) != 1:
+        raise ProcedureTraceError(
+            f"procedure {trace.name!r}: global {g.export_name!r} takes one value, got "
+            f"{len(ir_values)}"
+        )
+    return ir_values[0]
+
+
+class IrGlobalScalar(IrScalar, MaterializedGlobal):
+    """An IrScalar that is loaded from a global and associated with its aggregate.
+
+    Each use loads the global (``util.global.load``); ``set()`` or assignment through the owning
+    module/collection stores it (``util.global.store``) and requires a mutable global.
+    """
+
+    __slots__ = ["export_name", "global_op", "global_type", "info", "symbol_name"]
+
+    def __init__(
+        self,
+        export_name: str,
+        info: GlobalsDef,
+        *,
+        symbol_name: str,
+        global_op: Any,
+        global_type: Type,
+    ):
+        super().__init__(global_type)
+        self.export_name = export_name
+        self.info = info
+        self.symbol_name = symbol_name
+        self.global_op = global_op
+        self.global_type = global_type
+
+    def resolve_ir_values(self, trace: IrTrace) -> Sequence[Value]:
+        return (util.GlobalLoadOp(self.global_type, self.symbol_name).result,)
+
+    def resolve_assignment(self, proc_trace: IrTrace, ir_values: Sequence[Value]) -> None:
+        _check_assignable(self, proc_trace)
+        value = _single(self, proc_trace, ir_values)
+        value = _scalars.cast_scalar(
+            value, self.global_type, what=f"value for {self.export_name!r}"
+        )
+        util.GlobalStoreOp(value, self.symbol_name)
+
+    def __repr__(self) -> str:
+        return f"IrGlobalScalar(@{self.symbol_name} : {self.global_type})"
+
+
+class IrGlobalTensor(IrTensor, MaterializedGlobal):
+    """An IrTensor that is loaded from a global and associated with its aggregate.
+
+    Each use loads the global; dynamic dimension sizes are not cached across uses (a mutable
+    global may change shape). Assignment stores a tensor of a compatible type (a static shape
+    is cast to the global's dynamic one).
+    """
+
+    __slots__ = ["export_name", "global_op", "global_type", "info", "symbol_name"]
+    _caches_dims = False
+
+    def __init__(
+        self,
+        export_name: str,
+        info: GlobalsDef,
+        *,
+        symbol_name: str,
+        global_op: Any,
+        global_type: Type,
+        dtype: torch.dtype | None,
+    ):
+        super().__init__(global_type, dtype)
+        self.export_name = export_name
+        self.info = info
+        self.symbol_name = symbol_name
+        self.global_op = global_op
+        self.global_type = global_type
+
+    def resolve_ir_values(self, trace: IrTrace) -> Sequence[Value]:
+        return (util.GlobalLoadOp(self.global_type, self.symbol_name).result,)
+
+    def resolve_assignment(self, proc_trace: IrTrace, ir_values: Sequence[Value]) -> None:
+        _check_assignable(self, proc_trace)
+        value = _single(self, proc_trace, ir_values)
+        if value.type != self.global_type:
+            value = _cast_tensor_for_global(self, proc_trace, value)
+        util.GlobalStoreOp(value, self.symbol_name)
+
+    def __repr__(self) -> str:
+        return f"IrGlobalTensor(@{self.symbol_name} : {self.global_type})"
+
+
+def _cast_tensor_for_global(g: IrGlobalTensor, trace: IrTrace, value: Value) -> Value:
+    """``tensor.cast`` between compatible shapes (same rank and element type, ``?`` vs static)."""
+    problem = None
+    if not _scalars.isa(RankedTensorType, value.type):
+        problem = "it is not a ranked tensor"
+    else:
+        src = RankedTensorType(value.type)
+        dst = RankedTensorType(g.global_type)
+        if src.element_type != dst.element_type:
+            problem = f"element type {src.element_type} differs from {dst.element_type}"
+        elif src.rank != dst.rank:
+            problem = f"rank {src.rank} differs from {dst.rank}"
+        else:
+            for i in range(src.rank):
+                if dst.is_dynamic_dim(i) or src.is_dynamic_dim(i):
+                    continue
+                if src.get_dim_size(i) != dst.get_dim_size(i):
+                    problem = f"dimension {i} is {src.get_dim_size(i)}, not {dst.get_dim_size(i)}"
+                    break
+    if problem:
+        raise ProcedureTraceError(
+            f"procedure {trace.name!r}: cannot assign a value of type {value.type} to global "
+            f"{g.export_name!r} of type {g.global_type}: {problem}"
+        )
+    return tensor.CastOp(g.global_type, value).result
+
+
+class LiveGlobalCollectionProxy:
+    """Proxy object around a collection which knows how to redirect setitem.
+
+    ``proxy[key] = value`` inside a procedure becomes an assignment to the global at ``key``
+    (through ``current_ir_trace().handle_assignment``); reading returns the global intrinsic, or
+    a proxy for a nested collection.
+    """
+
+    __slots__ = ["_raw_collection"]
+
+    def __init__(self, raw_collection: Any):
+        self._raw_collection = raw_collection
+
+    @property
+    def raw_collection(self) -> Any:
+        return self._raw_collection
+
+    def __getitem__(self, key: Any) -> Any:
+        return _wrap_live(self._raw_collection[key])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        try:
+            target = self._raw_collection[key]
+        except (KeyError, IndexError):
+            raise ProcedureTraceError(
+                f"procedure {current_ir_trace().name!r}: no global {key!r} in this collection; "
+                f"available: {_keys_text(self._raw_collection)}"
+            ) from None
+        current_ir_trace().handle_assignment(self, target, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Read-only mapping API (keys/items/values/get) of the underlying collection.
+        if name in ("keys", "values", "items", "get", "index", "count"):
+            return getattr(self._raw_collection, name)
+        raise AttributeError(name)
+
+    def __len__(self) -> int:
+        return len(self._raw_collection)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._raw_collection)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._raw_collection
+
+    def __repr__(self) -> str:
+        return f"LiveGlobalCollectionProxy({self._raw_collection!r})"
+
+
+def _wrap_live(value: Any) -> Any:
+    if isinstance(value, (dict, list, tuple)):
+        return LiveGlobalCollectionProxy(value)
+    return value
+
+
+def _keys_text(collection: Any) -> str:
+    if isinstance(collection, dict):
+        return ", ".join(repr(k) for k in collection) or "(none)"
+    return f"indices 0..{len(collection) - 1}"

@@ -1,0 +1,240 @@
+"""``ProcedureTrace``: traces a Python function over intrinsics into a ``func.func``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import keystr, tree_flatten_with_path
+
+from turbine_ir.ir import StringAttr, Value
+
+from . import _scalars
+from ._abstract import AbstractIntrinsic, abstractify_single_value
+from ._base import Intrinsic, IrTrace, new_ir_trace_scope
+from ._errors import ProcedureTraceError
+from ._globals import LiveGlobalCollectionProxy
+from ._primitives import IrScalar, IrTensor, convert_py_value_to_ir
+from ._tree import tree_flatten, tree_unflatten, treespec_dumps
+
+if TYPE_CHECKING:
+    from turbine_ir import ModuleBuilder
+    from turbine_ir.ir import Location
+    from turbine_params import DeviceAffinity
+
+__all__ = ["ProcedureTrace"]
+
+
+class ProcedureTrace(IrTrace):
+    """Captures execution of a Python func into IR.
+
+    Build one with ``define_func`` (declares the ``func.func`` from abstract argument types),
+    then ``trace_py_func`` (runs the Python function on proxies of the arguments and emits the
+    return).
+
+    Example:
+        >>> trace = ProcedureTrace.define_func(
+        ...     mb, symbol_name="double", posargs=(AbstractTensor(None, dtype=torch.float32),),
+        ...     kwargs={}, loc=loc)
+        >>> trace.trace_py_func(lambda x: IREE.tensor_update(x, x, 0))
+
+    Args:
+        module_builder: The module under construction.
+        func_op: The function whose entry block receives the IR.
+        proxy_posargs: Positional argument intrinsics passed to the traced function.
+        proxy_kwargs: Keyword argument intrinsics passed to the traced function.
+    """
+
+    def __init__(
+        self,
+        *,
+        module_builder: ModuleBuilder,
+        func_op: Any,
+        proxy_posargs: Sequence[Any],
+        proxy_kwargs: dict[str, Any],
+    ):
+        super().__init__(module_builder=module_builder, func_op=func_op)
+        self.proxy_posargs = proxy_posargs
+        self.proxy_kwargs = proxy_kwargs
+
+    @staticmethod
+    def define_func(
+        module_builder: ModuleBuilder,
+        *,
+        symbol_name: str,
+        posargs: Sequence[Any],
+        kwargs: dict[str, Any],
+        loc: Location,
+        arg_device: dict[int, DeviceAffinity] | None = None,
+    ) -> ProcedureTrace:
+        """Declares a public ``func.func`` whose arguments are the flattened abstract args.
+
+        Args:
+            module_builder: Where to create the function.
+            symbol_name: The requested function name.
+            posargs: Abstract positional arguments (``AbstractTensor``, ``AbstractScalar``,
+                trees of them; a ``torch.Tensor`` is taken as its ``AbstractTensor``).
+            kwargs: Abstract keyword arguments.
+            loc: The location of the function.
+            arg_device: Device affinity per flattened argument index
+                (``iree.abi.affinity`` argument attributes).
+
+        Returns:
+            A trace whose ``proxy_posargs``/``proxy_kwargs`` mirror the given trees with
+            ``IrImmediateTensor``/``IrImmediateScalar`` leaves.
+
+        Raises:
+            ProcedureTraceError: an argument leaf is not an abstract type.
+        """
+        from turbine_ir import attributes_from_argument_device_affinities
+
+        arguments_flat, arguments_tree_def = tree_flatten((list(posargs), dict(kwargs)))
+        paths = [p for p, _ in tree_flatten_with_path((list(posargs), dict(kwargs)))[0]]
+        abstract_flat = []
+        for path, arg in zip(paths, arguments_flat):
+            if isinstance(arg, torch.Tensor):
+                arg = abstractify_single_value(arg)
+            if not isinstance(arg, AbstractIntrinsic):
+                raise ProcedureTraceError(
+                    f"procedure {symbol_name!r}: argument {_arg_label(path)} is "
+                    f"{type(arg).__name__} ({arg!r:.60}); procedure arguments must be abstract "
+                    "types (AbstractTensor(...), AbstractI64, AbstractF32, ...) or trees of them"
+                )
+            abstract_flat.append(arg)
+        argument_ir_types = [a.get_ir_type(module_builder) for a in abstract_flat]
+        with loc:
+            argument_attributes = None
+            if arg_device:
+                argument_attributes = attributes_from_argument_device_affinities(
+                    arg_device, len(argument_ir_types), module_builder.context
+                )
+            _, func_op = module_builder.create_func_op(
+                symbol_name,
+                argument_ir_types,
+                argument_attributes=argument_attributes,
+            )
+        entry_block = func_op.regions[0].blocks[0]
+        proxies = [
+            abstract.create_intrinsic(ir_value)
+            for ir_value, abstract in zip(entry_block.arguments, abstract_flat)
+        ]
+        proxy_posargs, proxy_kwargs = tree_unflatten(proxies, arguments_tree_def)
+        if arguments_flat:
+            with module_builder.context:
+                func_op.attributes["torch.args_schema"] = StringAttr.get(
+                    treespec_dumps(arguments_tree_def)
+                )
+        return ProcedureTrace(
+            module_builder=module_builder,
+            func_op=func_op,
+            proxy_posargs=proxy_posargs,
+            proxy_kwargs=proxy_kwargs,
+        )
+
+    def trace_py_func(self, py_f: Callable[..., Any]) -> None:
+        """Runs ``py_f(*proxy_posargs, **proxy_kwargs)`` and emits its result as the return.
+
+        The result may be ``None`` (no results), an intrinsic, an MLIR ``Value``, a Python
+        scalar or a tree (tuple/list/dict) of those.
+
+        Raises:
+            ProcedureTraceError: a returned leaf cannot be converted to IR (the message names the
+                procedure and the position of the leaf in the result).
+        """
+        with new_ir_trace_scope(self):
+            result = _unproxy(py_f(*self.proxy_posargs, **self.proxy_kwargs))
+            if result is None:
+                self.emit_return()
+                return
+            leaves_with_paths, schema = tree_flatten_with_path(result)
+            flat_ir_values: list[Value] = []
+            for path, leaf in leaves_with_paths:
+                try:
+                    flat_ir_values.extend(convert_py_value_to_ir(self, leaf))
+                except ProcedureTraceError as e:
+                    where = f"return value{keystr(path)}" if path else "the return value"
+                    raise ProcedureTraceError(
+                        f"procedure {self.name!r}: {where}: {_strip_prefix(e.message, self.name)}"
+                    ) from None
+            with self.context:
+                self.func_op.attributes["torch.return_schema"] = StringAttr.get(
+                    treespec_dumps(schema)
+                )
+            self.emit_return(*flat_ir_values)
+
+    def handle_call(self, target: Intrinsic, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Implements calls to jittable functions (``target.resolve_call(self, *args, **kwargs)``)."""
+        with self.loc, self.ip:
+            return target.resolve_call(self, *args, **kwargs)
+
+    def handle_assignment(self, scope: Any, target: Any, updated_value: Any) -> None:
+        """Assigns ``updated_value`` to ``target`` (a global intrinsic, or a tree of them).
+
+        Python numbers are converted to the scalar global's type; a tree target takes a tree
+        value of the same structure, leaf by leaf.
+
+        Raises:
+            ProcedureTraceError: the target is not assignable (e.g. an immutable global), or the
+                value does not fit it.
+        """
+        updated_value = _unproxy(updated_value)
+        target = _unproxy(target)
+        if isinstance(target, Intrinsic):
+            self._assign_leaf(target, updated_value)
+            return
+        targets, target_spec = tree_flatten(target)
+        if not targets or not all(isinstance(t, Intrinsic) for t in targets):
+            raise ProcedureTraceError(
+                f"procedure {self.name!r}: cannot assign to {target!r:.80}: only globals "
+                "(export_global(..., mutable=True) and friends) can be assigned in a procedure"
+            )
+        values, value_spec = tree_flatten(updated_value)
+        if value_spec != target_spec:
+            raise ProcedureTraceError(
+                f"procedure {self.name!r}: the assigned value's structure {value_spec} does not "
+                f"match the globals' structure {target_spec}"
+            )
+        for t, v in zip(targets, values):
+            self._assign_leaf(t, v)
+
+    def _assign_leaf(self, target: Intrinsic, value: Any) -> None:
+        with self.loc, self.ip:
+            if isinstance(target, IrScalar) and isinstance(value, (bool, int, float)):
+                ir_values: Sequence[Value] = (_scalars.constant(target.ir_type, value),)
+            elif isinstance(target, IrTensor) and not isinstance(value, (Intrinsic, Value)):
+                raise ProcedureTraceError(
+                    f"procedure {self.name!r}: cannot assign {type(value).__name__} "
+                    f"({value!r:.60}) to tensor global {target!r}; assign an IR tensor"
+                )
+            else:
+                ir_values = convert_py_value_to_ir(self, value)
+            target.resolve_assignment(self, ir_values)
+
+
+def _unproxy(value: Any) -> Any:
+    if isinstance(value, LiveGlobalCollectionProxy):
+        return _unproxy(value.raw_collection)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_unproxy(v) for v in value)
+    if isinstance(value, list):
+        return [_unproxy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unproxy(v) for k, v in value.items()}
+    return value
+
+
+def _arg_label(path: tuple[Any, ...]) -> str:
+    """Names an argument from its pytree path within ``(posargs, kwargs)``."""
+    if len(path) < 2:
+        return keystr(path)
+    head = path[1]
+    rest = keystr(path[2:])
+    if getattr(path[0], "idx", None) == 0:
+        return f"#{head.idx}{rest}"
+    return f"{getattr(head, 'key', head)!r}{rest}"
+
+
+def _strip_prefix(message: str, name: str) -> str:
+    prefix = f"procedure {name!r}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message
