@@ -15,6 +15,7 @@ from ._errors import ParameterArchiveError
 from ._format import EntryType
 from ._index import ParameterIndex, ParameterIndexEntry
 from ._module import externalize_module_parameters, save_module_parameters
+from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
 
 __all__ = [
@@ -30,12 +31,16 @@ __all__ = [
     "ParameterIndex",
     "ParameterIndexEntry",
     "TensorMetadata",
+    "convert_parameters",
+    "describe_archive",
     "dtype_info",
     "externalize_module_parameters",
     "irpa_to_safetensors",
     "known_dtype_names",
     "safetensors_to_irpa",
     "save_module_parameters",
+    "strip_archive",
     "torch_checkpoint_to_irpa",
+    "verify_archive",
 ]
 __version__ = "0.1.0"
