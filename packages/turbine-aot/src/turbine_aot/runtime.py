@@ -11,6 +11,7 @@ See ``docs/running.md``.
 
 from __future__ import annotations
 
+from turbine_aot._bundle import Bundle, BundleError, load_bundle, read_bundle, save_bundle
 from turbine_aot._compile_cache import (
     CacheStats,
     CompileCache,
@@ -41,6 +42,8 @@ from turbine_aot._runtime_numerics import (
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",
+    "Bundle",
+    "BundleError",
     "CacheStats",
     "CompileCache",
     "CompileError",
@@ -59,6 +62,9 @@ __all__ = [
     "default_compile_cache",
     "default_tolerance",
     "device_compile_flags",
+    "load_bundle",
     "load_module",
     "parse_abi_declaration",
+    "read_bundle",
+    "save_bundle",
 ]

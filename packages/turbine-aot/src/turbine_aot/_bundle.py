@@ -1,0 +1,428 @@
+"""Deployable bundles: one directory (or ``.tar``/``.tar.gz``) with a ``.vmfb``, its parameter
+archives and a manifest.
+
+Layout::
+
+    my_bundle/
+      manifest.json            what is inside, how to run it, which versions built it
+      module.vmfb              the compiled module
+      params/<scope>[-N].<ext> the parameter archives, one or more per scope
+      iree-run-module.flags    a flag file: iree-run-module --flagfile=iree-run-module.flags ...
+
+The manifest records the entry points with argument/result shapes (``null`` for dynamic dims)
+and dtypes, the parameter scopes, the target devices, the compile flags and the versions of IREE,
+torch and turbine used; :func:`load_bundle` refuses a bundle built for another device kind or
+another IREE release with a message saying what to rebuild or install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turbine_aot._runtime import (
+    DEFAULT_PARAMETER_SCOPE,
+    FunctionSignature,
+    LoadedModule,
+    TurbineRuntimeError,
+    _module_bytes_or_path,
+    load_module,
+    parse_abi_declaration,
+)
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "BUNDLE_FORMAT_VERSION",
+    "Bundle",
+    "BundleError",
+    "load_bundle",
+    "read_bundle",
+    "save_bundle",
+]
+
+BUNDLE_FORMAT = "turbine-bundle"
+BUNDLE_FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MODULE_FILE = "module.vmfb"
+FLAGFILE = "iree-run-module.flags"
+
+# Runtime drivers that can run modules built for each HAL device kind.
+_DRIVERS_FOR_HAL_DEVICE = {
+    "local": ("local-task", "local-sync"),
+    "vulkan": ("vulkan",),
+    "cuda": ("cuda",),
+    "hip": ("hip",),
+    "metal": ("metal",),
+}
+
+
+class BundleError(TurbineRuntimeError):
+    """A bundle is missing, malformed, or does not fit this machine."""
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    try:
+        from iree.runtime import version as rv
+
+        out["iree_runtime"] = rv.VERSION
+    except Exception:
+        out["iree_runtime"] = None
+    try:
+        from iree.compiler import version as cv
+
+        out["iree_compiler"] = cv.VERSION
+    except Exception:
+        out["iree_compiler"] = None
+    try:
+        import torch
+
+        out["torch"] = torch.__version__.split("+")[0]
+    except Exception:
+        out["torch"] = None
+    try:
+        import turbine_aot
+
+        out["turbine_aot"] = turbine_aot.__version__
+    except Exception:
+        out["turbine_aot"] = None
+    return out
+
+
+def _release(version: str | None) -> str | None:
+    """``3.13.0rc20261016`` -> ``3.13`` (IREE's bytecode is compatible within a release)."""
+    if not version:
+        return None
+    parts = version.split(".")
+    return ".".join(parts[:2])
+
+
+def _signatures_of(vmfb: bytes) -> tuple[str, dict[str, FunctionSignature]]:
+    import iree.runtime as rt
+
+    instance = rt.VmInstance()
+    try:
+        mod = rt.VmModule.copy_buffer(instance, vmfb)
+    except Exception as e:
+        raise BundleError(f"the module to bundle is not a loadable .vmfb: {e}") from e
+    sigs = {}
+    for name in mod.function_names:
+        if name.startswith("__"):
+            continue
+        decl = (mod.lookup_function(name).reflection or {}).get("iree.abi.declaration", "")
+        sigs[name] = parse_abi_declaration(name, decl) if decl else FunctionSignature(name, (), ())
+    return mod.name, sigs
+
+
+def _device_records(devices: Sequence[str]) -> list[dict[str, Any]]:
+    from turbine_aot._targets import resolve_target
+
+    out = []
+    for uri in devices:
+        driver = uri.split("://", 1)[0].split(":", 1)[0]
+        try:
+            t = resolve_target(driver)
+            out.append({"uri": uri, "driver": driver, "target": t.name, "hal_device": t.hal_device})
+        except Exception:
+            out.append({"uri": uri, "driver": driver, "target": None, "hal_device": driver})
+    return out
+
+
+def _normalize_parameters(parameters: Any) -> dict[str, list[Path]]:
+    if parameters is None:
+        return {}
+    if isinstance(parameters, (str, os.PathLike)):
+        parameters = {DEFAULT_PARAMETER_SCOPE: parameters}
+    out: dict[str, list[Path]] = {}
+    for scope, src in parameters.items():
+        paths = [src] if isinstance(src, (str, os.PathLike)) else list(src)
+        out[scope] = []
+        for p in paths:
+            path = Path(p)
+            if not path.is_file():
+                raise BundleError(
+                    f"parameter archive {str(path)!r} (scope {scope!r}) does not exist; bundles "
+                    "hold parameter files (.irpa, .safetensors, .gguf), not in-memory tensors"
+                )
+            out[scope].append(path)
+    return out
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # same filesystem: no copy of large weights
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle on disk (a directory; archives are unpacked to one) and its manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def module_path(self) -> Path:
+        return self.path / self.manifest["module"]
+
+    @property
+    def functions(self) -> dict[str, FunctionSignature]:
+        return {k: FunctionSignature.from_json(k, v) for k, v in self.manifest["functions"].items()}
+
+    @property
+    def devices(self) -> list[str]:
+        return [d["uri"] for d in self.manifest["devices"]]
+
+    def parameters(self) -> dict[str, list[Path]]:
+        return {s: [self.path / p for p in ps] for s, ps in self.manifest["parameters"].items()}
+
+    def iree_run_module_args(self) -> list[str]:
+        """``iree-run-module`` flags (paths relative to the bundle) that load this bundle."""
+        return list(self.manifest["iree_run_module"]["flags"])
+
+
+def save_bundle(
+    path: str | os.PathLike,
+    module: Any,
+    *,
+    parameters: Any = None,
+    device: str | Sequence[str] = "local-task",
+    compile_flags: Sequence[str] | None = None,
+    overwrite: bool = False,
+    cache: Any = True,
+) -> Bundle:
+    """Writes a deployable bundle.
+
+    Args:
+        path: a directory to create, or a file ending in ``.tar`` / ``.tar.gz`` / ``.tgz``.
+        module: ``.vmfb`` bytes or path, a compiler ``Output``, or an ``ExportOutput`` (compiled
+            here for ``device``).
+        parameters: a parameter file (scope ``"model"``) or a mapping scope -> path(s).
+        device: the device URI(s) the module is built for (recorded; used to compile an
+            ``ExportOutput``).
+        compile_flags: the flags the module was (or is to be) compiled with, recorded.
+        overwrite: replace an existing bundle at ``path``.
+        cache: compile cache setting when compiling an ``ExportOutput``.
+
+    Returns:
+        The :class:`Bundle` (for an archive, the manifest and the archive path).
+
+    Raises:
+        BundleError: ``path`` exists (without ``overwrite``), a parameter file is missing, or
+            the module is not a ``.vmfb``.
+    """
+    from turbine_aot._compile_cache import device_compile_flags
+
+    devices = [device] if isinstance(device, str) else list(device)
+    dest = Path(path)
+    archive = dest.name.endswith((".tar", ".tar.gz", ".tgz"))
+    if dest.exists() and not overwrite:
+        raise BundleError(
+            f"{str(dest)!r} already exists; pass overwrite=True (--force) to replace it"
+        )
+    is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
+    data, mpath = _module_bytes_or_path(
+        module, device=devices, compile_flags=compile_flags, cache=cache
+    )
+    vmfb = data if data is not None else Path(mpath).read_bytes()  # type: ignore[arg-type]
+    module_name, sigs = _signatures_of(vmfb)
+    params = _normalize_parameters(parameters)
+    recorded_flags = (
+        device_compile_flags(devices, compile_flags) if is_export else list(compile_flags or [])
+    ) or None
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        (work / MODULE_FILE).write_bytes(vmfb)
+        param_rel: dict[str, list[str]] = {}
+        if params:
+            (work / "params").mkdir()
+        for scope, files in params.items():
+            param_rel[scope] = []
+            for i, f in enumerate(files):
+                safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in scope) or "default"
+                rel = f"params/{safe}{'' if i == 0 else f'-{i}'}{''.join(f.suffixes) or '.irpa'}"
+                _link_or_copy(f, work / rel)
+                param_rel[scope].append(rel)
+        run_flags = [f"--module={MODULE_FILE}"]
+        run_flags += [f"--device={d}" for d in devices]
+        run_flags += [f"--parameters={s}={p}" for s, ps in param_rel.items() for p in ps]
+        manifest = {
+            "format": BUNDLE_FORMAT,
+            "format_version": BUNDLE_FORMAT_VERSION,
+            "module": MODULE_FILE,
+            "module_name": module_name,
+            "module_sha256": hashlib.sha256(vmfb).hexdigest(),
+            "functions": {k: s.to_json() for k, s in sigs.items()},
+            "parameters": param_rel,
+            "devices": _device_records(devices),
+            "compile_flags": recorded_flags,
+            "versions": _versions(),
+            "iree_run_module": {
+                "flags": run_flags,
+                "flagfile": FLAGFILE,
+                "example": (
+                    f"cd <bundle> && iree-run-module --flagfile={FLAGFILE} "
+                    f"--function={next(iter(sigs), 'main')} --input=..."
+                ),
+            },
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (work / FLAGFILE).write_text("\n".join(run_flags) + "\n")
+        for f in (work / MODULE_FILE, work / MANIFEST):
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
+        if archive:
+            fd, tmp_tar = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+            os.close(fd)
+            mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
+            with tarfile.open(tmp_tar, mode) as tf:
+                for p in sorted(work.rglob("*")):
+                    tf.add(p, arcname=str(p.relative_to(work)), recursive=False)
+            os.replace(tmp_tar, dest)
+            shutil.rmtree(work)
+        else:
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(work, dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Bundle(dest, manifest)
+
+
+def read_bundle(path: str | os.PathLike, *, extract_to: str | os.PathLike | None = None) -> Bundle:
+    """Reads and validates a bundle's manifest (unpacking an archive first).
+
+    Args:
+        path: the bundle directory or ``.tar``/``.tar.gz`` file.
+        extract_to: where to unpack an archive (default: a new temporary directory).
+
+    Raises:
+        BundleError: not a bundle, an unknown format version, a missing or altered file.
+    """
+    src = Path(path)
+    if not src.exists():
+        raise BundleError(
+            f"bundle {str(src)!r} does not exist; create it with `turbine-aot bundle`"
+        )
+    if src.is_file():
+        if not tarfile.is_tarfile(src):
+            raise BundleError(f"{str(src)!r} is neither a bundle directory nor a .tar archive")
+        out = Path(extract_to) if extract_to else Path(tempfile.mkdtemp(prefix="turbine-bundle-"))
+        with tarfile.open(src) as tf:
+            try:
+                tf.extractall(out, filter="data")
+            except TypeError:  # Python without extraction filters
+                tf.extractall(out)
+        src = out
+    mpath = src / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise BundleError(f"{str(src)!r} has no {MANIFEST}; it is not a turbine bundle") from None
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{str(mpath)!r} is not valid JSON: {e}") from e
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{str(mpath)!r} is not a {BUNDLE_FORMAT} manifest")
+    if manifest.get("format_version", 0) > BUNDLE_FORMAT_VERSION:
+        raise BundleError(
+            f"bundle format version {manifest.get('format_version')} is newer than this "
+            f"turbine-aot reads ({BUNDLE_FORMAT_VERSION}); upgrade turbine-aot"
+        )
+    bundle = Bundle(src, manifest)
+    if not bundle.module_path.is_file():
+        raise BundleError(f"bundle {str(src)!r} is missing {manifest['module']}")
+    if _sha256_file(bundle.module_path) != manifest.get("module_sha256"):
+        raise BundleError(
+            f"{str(bundle.module_path)!r} does not match the manifest's sha256; the bundle was "
+            "altered or truncated: rebuild it"
+        )
+    for scope, files in bundle.parameters().items():
+        for f in files:
+            if not f.is_file():
+                raise BundleError(
+                    f"bundle {str(src)!r} is missing parameter file {f.name} ({scope})"
+                )
+    return bundle
+
+
+def _check_compatible(bundle: Bundle, devices: list[str]) -> None:
+    recorded = bundle.manifest.get("versions", {})
+    built = recorded.get("iree_compiler") or recorded.get("iree_runtime")
+    here = _versions()["iree_runtime"]
+    if _release(built) and _release(here) and _release(built) != _release(here):
+        raise BundleError(
+            f"bundle {str(bundle.path)!r} was built with IREE {built} but this runtime is IREE "
+            f"{here}; rebuild it with `turbine-aot bundle` under IREE {_release(here)} or install "
+            f"iree-base-runtime=={built}"
+        )
+    records = bundle.manifest.get("devices", [])
+    if len(devices) != len(records):
+        raise BundleError(
+            f"bundle {str(bundle.path)!r} is built for {len(records)} device(s) "
+            f"({', '.join(r['uri'] for r in records)}); got {len(devices)}: {', '.join(devices)}"
+        )
+    for uri, rec in zip(devices, records):
+        driver = uri.split("://", 1)[0].split(":", 1)[0]
+        ok = _DRIVERS_FOR_HAL_DEVICE.get(rec.get("hal_device"), (rec.get("driver"),))
+        if driver not in ok:
+            raise BundleError(
+                f"bundle {str(bundle.path)!r} is built for {rec.get('target') or rec['driver']} "
+                f"(runs on {', '.join(ok)}), not for device {uri!r}; rebuild it with "
+                f"`turbine-aot bundle --device {uri}` or load it with device={ok[0]!r}"
+            )
+
+
+def load_bundle(
+    path: str | os.PathLike,
+    *,
+    device: str | Sequence[str] | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    copy_results: bool = False,
+) -> LoadedModule:
+    """Loads a bundle with one call.
+
+    Args:
+        path: bundle directory or archive.
+        device: device URI(s); default: those recorded in the manifest.
+        parameters: scope -> path(s) replacing the bundle's archives for those scopes.
+        copy_results: see :func:`~turbine_aot.runtime.load_module`.
+
+    Returns:
+        The loaded module; its functions are attributes.
+
+    Raises:
+        BundleError: see :func:`read_bundle`, and a bundle built for another device kind or IREE
+            release.
+    """
+    bundle = read_bundle(path)
+    devices = (
+        bundle.devices
+        if device is None
+        else ([device] if isinstance(device, str) else list(device))
+    )
+    _check_compatible(bundle, devices)
+    params: dict[str, Any] = {s: [str(p) for p in ps] for s, ps in bundle.parameters().items()}
+    params.update(parameters or {})
+    return load_module(
+        bundle.module_path, device=devices, parameters=params or None, copy_results=copy_results
+    )

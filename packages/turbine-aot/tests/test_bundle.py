@@ -1,0 +1,139 @@
+"""Deployable bundles: save, load with one call, run with iree-run-module, refuse misfits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from turbine_aot import runtime as R
+
+MLIR = """
+module @bundled {
+util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<4xf32>
+util.global private @s = #flow.parameter.named<"extra"::"s"> : tensor<4xf32>
+func.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  %w = util.global.load @w : tensor<4xf32>
+  %s = util.global.load @s : tensor<4xf32>
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x4xf32>
+  %init = tensor.empty(%n) : tensor<?x4xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>,
+                                        affine_map<(i, j) -> (j)>, affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%x, %w, %s : tensor<?x4xf32>, tensor<4xf32>, tensor<4xf32>) outs(%init : tensor<?x4xf32>) {
+    ^bb0(%a: f32, %b: f32, %c: f32, %o: f32):
+      %m = arith.mulf %a, %b : f32
+      %t = arith.addf %m, %c : f32
+      linalg.yield %t : f32
+  } -> tensor<?x4xf32>
+  return %r : tensor<?x4xf32>
+}
+}
+"""
+W = torch.tensor([1.0, 2.0, 3.0, 4.0])
+S = torch.tensor([0.5, 0.5, -1.0, 0.0])
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    import iree.runtime as rt
+
+    d = tmp_path_factory.mktemp("parts")
+    rt.save_archive_file({"w": W.numpy()}, str(d / "weights.irpa"))
+    rt.save_archive_file({"s": S.numpy()}, str(d / "extra.irpa"))
+    flags = R.device_compile_flags(["local-task"])
+    vmfb = R.compile_mlir(MLIR, flags, cache=R.CompileCache(d / "cache"))
+    return d, vmfb, flags
+
+
+def _params(d: Path) -> dict:
+    return {"model": d / "weights.irpa", "extra": [d / "extra.irpa"]}
+
+
+def test_round_trip_directory(parts, tmp_path):
+    d, vmfb, flags = parts
+    b = R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d), compile_flags=flags)
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert man["format"] == "turbine-bundle" and man["module_name"] == "bundled"
+    assert man["functions"]["main"]["inputs"] == [{"shape": [None, 4], "dtype": "f32"}]
+    assert man["parameters"] == {"model": ["params/model.irpa"], "extra": ["params/extra.irpa"]}
+    assert man["devices"][0]["target"] == "llvm-cpu" and man["compile_flags"] == flags
+    assert man["versions"]["iree_runtime"].startswith("3.13")
+    assert b.functions["main"].outputs[0].shape == (None, 4)
+    m = R.load_bundle(tmp_path / "b")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(m.main(x), x * W + S)
+    # A later device choice of the same kind works.
+    torch.testing.assert_close(
+        R.load_bundle(tmp_path / "b", device="local-sync").main(x), x * W + S
+    )
+
+
+@pytest.mark.parametrize("name", ["b.tar", "b.tar.gz"])
+def test_round_trip_archive(parts, tmp_path, name):
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / name, vmfb, parameters=_params(d))
+    assert (tmp_path / name).is_file()
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(R.load_bundle(tmp_path / name).main(x), x * W + S)
+
+
+def test_runs_with_iree_run_module(parts, tmp_path):
+    d, vmfb, _ = parts
+    b = R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    exe = shutil.which("iree-run-module") or str(Path(sys.executable).parent / "iree-run-module")
+    if not Path(exe).exists():
+        pytest.skip("iree-run-module is not installed (it comes with iree-base-runtime)")
+    for args in (
+        b.iree_run_module_args(),
+        [f"--flagfile={b.manifest['iree_run_module']['flagfile']}"],
+    ):
+        out = subprocess.run(
+            [exe, *args, "--function=main", "--input=2x4xf32=1,1,1,1,2,2,2,2"],
+            cwd=b.path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "2x4xf32=[1.5 2.5 2 4][2.5 4.5 5 8]" in out.stdout.replace("\n", ""), out.stdout
+
+
+def test_refuses_other_device_and_version(parts, tmp_path):
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    with pytest.raises(R.BundleError, match=r"built for llvm-cpu .*not for device 'vulkan'"):
+        R.load_bundle(tmp_path / "b", device="vulkan")
+    with pytest.raises(R.BundleError, match=r"built for 1 device"):
+        R.load_bundle(tmp_path / "b", device=["local-task", "local-task"])
+    man_path = tmp_path / "b" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    man["versions"]["iree_compiler"] = "2.9.0"
+    man_path.write_text(json.dumps(man))
+    with pytest.raises(R.BundleError, match=r"built with IREE 2.9.0 but this runtime is IREE 3.13"):
+        R.load_bundle(tmp_path / "b")
+
+
+def test_bundle_errors(parts, tmp_path):
+    d, vmfb, _ = parts
+    with pytest.raises(R.BundleError, match="does not exist"):
+        R.load_bundle(tmp_path / "nope")
+    with pytest.raises(R.BundleError, match=r"parameter archive .* does not exist"):
+        R.save_bundle(tmp_path / "b", vmfb, parameters=tmp_path / "missing.irpa")
+    assert not (tmp_path / "b").exists()  # nothing half-written
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    with pytest.raises(R.BundleError, match="already exists"):
+        R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d), overwrite=True)
+    (tmp_path / "b" / "module.vmfb").write_bytes(vmfb[:-10])
+    with pytest.raises(R.BundleError, match="does not match the manifest's sha256"):
+        R.load_bundle(tmp_path / "b")
+    (tmp_path / "nb").mkdir()
+    with pytest.raises(R.BundleError, match="not a turbine bundle"):
+        R.load_bundle(tmp_path / "nb")
