@@ -222,17 +222,17 @@ class GeneratorPool:
             self._closed = True
             threads = list(self._threads)
             workers = list(self._workers)
-        for _ in threads:
-            self._jobs.put(None)
-        for worker in workers:
-            worker.kill()
-        while True:
+        while True:  # Fail what never started...
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 break
             if job is not None and job.future.set_running_or_notify_cancel():
                 job.future.set_exception(RuntimeError("GeneratorPool was shut down"))
+        for worker in workers:  # ...stop what runs...
+            worker.kill()
+        for _ in threads:  # ...and wake the handler threads so that they return.
+            self._jobs.put(None)
         for thread in threads:
             thread.join(5.0)
 
