@@ -190,9 +190,9 @@ def _parse_one(
     fields = HEADER_V0.unpack(read(base, HEADER_V0.size))
     entry_count = fields[6]
     seg = {
-        "entry": (fields[7], fields[8], base + 48),
-        "metadata": (fields[9], fields[10], base + 64),
-        "storage": (fields[11], fields[12], base + 80),
+        "entry": (fields[7], fields[8], base + 40),
+        "metadata": (fields[9], fields[10], base + 56),
+        "storage": (fields[11], fields[12], base + 72),
     }
     avail = file_size - base
     for name, (off, length, where) in seg.items():
@@ -224,7 +224,7 @@ def _parse_one(
     if entry_count > max_entries:
         raise _err(
             path,
-            base + 40,
+            base + 32,
             f"entry_count {entry_count} cannot fit in an entry segment of {entry_len} bytes "
             f"(at most {max_entries} entries of >= {ENTRY_HEADER.size} bytes)",
         )

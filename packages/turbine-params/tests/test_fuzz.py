@@ -1,0 +1,103 @@
+"""Property-based fuzzing: mutated archives either read or raise ParameterArchiveError.
+
+Bounded: a fixed number of examples with a per-example deadline (a few seconds in all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from turbine_params import (  # noqa: E402
+    ParameterArchive,
+    ParameterArchiveBuilder,
+    ParameterArchiveError,
+    TensorMetadata,
+    dtype_info,
+)
+
+
+def _seed_archive() -> bytes:
+    import os
+    import tempfile
+
+    b = ParameterArchiveBuilder()
+    b.add_tensor("w", np.arange(12, dtype=np.float32).reshape(3, 4))
+    b.add_splat("s", np.int16(3), shape=(5,))
+    b.add_skip("gone")
+    b.add_blob("raw", b"0123456789")
+    b.add_blob("bf", bytes(8), metadata=TensorMetadata(dtype_info("bfloat16"), (2, 2)).encode())
+    b.add_tensor("w", np.ones(2, np.int64))  # duplicate key
+    with tempfile.TemporaryDirectory() as d:
+        path = b.save(os.path.join(d, "seed.irpa"))
+        return path.read_bytes()
+
+
+SEED = _seed_archive()
+HEAD = struct.unpack_from("<Q", SEED, 64)[0] + struct.unpack_from("<Q", SEED, 56)[0]
+
+
+def _read_everything(path) -> None:
+    with ParameterArchive(path) as archive:
+        for _, e in archive.items():
+            e.as_flat_array()
+            try:
+                md = e.tensor_metadata
+            except ParameterArchiveError:
+                continue
+            if md is not None:
+                with contextlib.suppress(ParameterArchiveError):
+                    e.as_array()
+
+
+mutation = st.tuples(st.integers(0, HEAD + 64), st.integers(0, 255))
+field_write = st.tuples(
+    st.integers(0, HEAD // 4).map(lambda i: i * 4),
+    st.sampled_from([0, 1, 7, 16, 60, 64, 85, 4095, 4096, 2**31, 2**63, 2**64 - 1]),
+)
+
+
+@settings(
+    max_examples=250,
+    deadline=500,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    mutations=st.lists(mutation, max_size=8),
+    fields=st.lists(field_write, max_size=3),
+    truncate=st.one_of(st.none(), st.integers(0, len(SEED))),
+)
+def test_mutated_archives_never_crash(tmp_path_factory, mutations, fields, truncate):
+    data = bytearray(SEED)
+    for pos, val in mutations:
+        data[pos] = val
+    for pos, val in fields:
+        if pos + 8 <= len(data):
+            struct.pack_into("<Q", data, pos, val)
+    if truncate is not None:
+        del data[truncate:]
+    path = tmp_path_factory.mktemp("fuzz") / "m.irpa"
+    path.write_bytes(bytes(data))
+    try:
+        _read_everything(path)
+    except ParameterArchiveError as e:
+        assert str(path) in str(e)
+
+
+def test_seed_reads():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "seed.irpa"
+        p.write_bytes(SEED)
+        _read_everything(p)
+        assert [k for k, _ in ParameterArchive(p).items()] == ["w", "s", "raw", "bf", "w"]
