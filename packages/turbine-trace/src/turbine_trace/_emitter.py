@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from turbine_ir import element_type_to_torch_dtype
-from turbine_ir.dialects import flow, tensor
+from turbine_ir.dialects import flow, util
 from turbine_ir.ir import IndexType, RankedTensorType, ShapedType, Type, Value
 
 from . import _scalars
@@ -273,37 +273,26 @@ class IREEEmitter:
         update_dims = update.get_dynamic_dim_values(
             constant_cache=cache, resolved_ir_value=update_value
         )
-        dynamic_marker = ShapedType.get_dynamic_size()
-        offsets: list[Value] = []
-        static_offsets: list[int] = []
+        starts = []
         for i, start in enumerate(start_indices):
             if isinstance(start, int) and not isinstance(start, bool):
-                _index_value(start, f"start index {i}")  # validates (non-negative)
-                static_offsets.append(start)
-                static = target.shape[i]
-                size = update.shape[i]
+                static, size = target.shape[i], update.shape[i]
                 if static is not None and size is not None and start + size > static:
                     raise _OpError(
                         f"start index {i}: update of size {size} at offset {start} does not fit "
                         f"in dimension {i} of size {static}"
                     )
-            else:
-                offsets.append(_index_value(start, f"start index {i}", cache))
-                static_offsets.append(dynamic_marker)
-        static_sizes = [dynamic_marker if d is None else d for d in update.shape]
-        # tensor.insert_slice rather than flow.tensor.update: IREE 3.x turns the latter into an
-        # in-place copy that fails at run time ("source and target ranges overlap") when the
-        # update is a slice of the target itself (e.g. shifting rows of a cache); IREE lowers
-        # insert_slice to flow.tensor.update itself where that is safe.
-        value = tensor.InsertSliceOp(
-            update_value,
-            target_value,
-            offsets,
-            update_dims,
-            [],
-            static_offsets,
-            static_sizes,
-            [1] * target.rank,
+            starts.append(_index_value(start, f"start index {i}", cache))
+        if _may_alias(update_value, target_value):
+            # IREE 3.13 performs an update whose source is a view of the target's own buffer
+            # (e.g. shifting rows of a cache: update = slice of target) as an in-place copy of
+            # overlapping ranges, which the runtime rejects ("source and target ranges must not
+            # overlap"). An optimization barrier makes IREE materialize the update first.
+            update_value = util.OptimizationBarrierOp([update_value.type], [update_value]).results[
+                0
+            ]
+        value = flow.TensorUpdateOp(
+            target_value, target_dims, starts, update_value, update_dims
         ).result
         result = IrImmediateTensor(value, target.dtype)
         result.set_dynamic_dim_values(target_dims)
@@ -404,3 +393,51 @@ def _element_type(trace: IrTrace, dtype: Any) -> tuple[Type, torch.dtype | None]
     except Exception:
         torch_dtype = None
     return element_type, torch_dtype
+
+
+# Ops whose tensor result views (or is tied to) their first tensor operand's buffer.
+_VIEW_OPS = frozenset(
+    {
+        "flow.tensor.slice",
+        "flow.tensor.reshape",
+        "flow.tensor.update",
+        "flow.tensor.bitcast",
+        "tensor.extract_slice",
+        "tensor.insert_slice",
+        "tensor.cast",
+        "tensor.expand_shape",
+        "tensor.collapse_shape",
+        "tensor.reshape",
+        "util.optimization_barrier",
+    }
+)
+
+
+def _buffer_roots(value: Value, limit: int = 64) -> set[Any]:
+    """Where a tensor value's storage may come from: block arguments and globals, through views."""
+    roots: set[Any] = set()
+    pending = [value]
+    while pending and limit > 0:
+        limit -= 1
+        v = pending.pop()
+        owner = v.owner
+        if not hasattr(owner, "name"):  # a block argument
+            roots.add(("arg", v.arg_number if hasattr(v, "arg_number") else str(v)))
+            continue
+        op = owner
+        if op.name == "util.global.load":
+            roots.add(("global", str(op.attributes["global"])))
+        elif op.name in _VIEW_OPS:
+            if op.name == "flow.tensor.update":
+                pending.append(op.operands[0])  # the target
+            elif op.name == "tensor.insert_slice":
+                pending.append(op.operands[1])  # the dest
+            else:
+                pending.append(op.operands[0])
+    return roots
+
+
+def _may_alias(a: Value, b: Value) -> bool:
+    if a == b:
+        return True
+    return bool(_buffer_roots(a) & _buffer_roots(b))
