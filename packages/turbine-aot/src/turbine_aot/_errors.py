@@ -1,0 +1,76 @@
+"""Exception types of turbine_aot's export and compile API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "CompileError",
+    "CompiledModuleError",
+    "Diagnostic",
+    "ExportError",
+    "TurbineAotError",
+]
+
+
+class TurbineAotError(Exception):
+    """Root of the errors raised by turbine_aot's export/compile API."""
+
+
+class ExportError(TurbineAotError, ValueError):
+    """An export could not be performed (bad arguments, torch.export failure, bad IR)."""
+
+
+class CompiledModuleError(TurbineAotError):
+    """A ``CompiledModule`` class or instance is malformed or used incorrectly."""
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One diagnostic reported by the IREE compiler.
+
+    Attributes:
+        severity: ``"error"``, ``"warning"``, ``"note"`` or ``"remark"``.
+        message: the full text IREE printed for it (location, message and attached notes).
+    """
+
+    severity: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+class CompileError(TurbineAotError):
+    """IREE failed to run a pipeline (import phase, pass pipeline or full compile).
+
+    Attributes:
+        diagnostics: every diagnostic IREE reported during the failed step, in order.
+        stage: what was being done (e.g. ``"compile for llvm-cpu"``).
+        flags: the compiler flags in effect.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        diagnostics: Sequence[Diagnostic],
+        *,
+        flags: Sequence[str] = (),
+        hint: str = "",
+    ):
+        self.stage = stage
+        self.diagnostics = list(diagnostics)
+        self.flags = list(flags)
+        errors = [d for d in self.diagnostics if d.severity == "error"] or self.diagnostics
+        shown = "\n".join(str(d) for d in errors[:5])
+        more = f"\n... and {len(errors) - 5} more" if len(errors) > 5 else ""
+        body = shown + more if shown else "(IREE reported no diagnostic)"
+        flag_line = f"\nflags: {' '.join(self.flags)}" if self.flags else ""
+        hint_line = f"\n{hint}" if hint else ""
+        super().__init__(f"IREE failed during {stage}:\n{body}{flag_line}{hint_line}")
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        """The error diagnostics only."""
+        return [d for d in self.diagnostics if d.severity == "error"]

@@ -1,0 +1,421 @@
+"""``export()`` and ``ExportOutput``: from an ``nn.Module`` / ``ExportedProgram`` / ``FxPrograms`` /
+``CompiledModule`` to an imported MLIR module in a compiler session, and on to a ``.vmfb``."""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from iree.compiler.api import Output, Session
+
+from ._errors import ExportError
+from ._iree_session import CapturedInvocation, new_session, output_to_file, session_context
+
+if TYPE_CHECKING:
+    from ._compiled_module import CompiledModule, ImportPhase
+
+__all__ = ["ExportOutput", "compile_flags_for", "export"]
+
+
+def _as_list(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def compile_flags_for(
+    *,
+    target_backends: str | Sequence[str] | None = ("llvm-cpu",),
+    target_device: str | Sequence[str] | None = None,
+    host_cpu: bool = True,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
+
+    ``target_device`` (one name or several, for multi-device programs) wins over
+    ``target_backends``. Each known target (``llvm-cpu``, ``vmvx``, ``vulkan-spirv``, ``cuda``,
+    ``rocm``, ...) gets turbine's default flags from ``turbine_aot._targets`` (for ``llvm-cpu``:
+    tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
+    ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
+    """
+    from ._targets import TARGETS, default_compile_flags, merge_flags, resolve_target
+
+    devices = _as_list(target_device)
+    backends = _as_list(target_backends) if not devices else []
+    flags: list[str] = []
+    if devices:
+        targets = [resolve_target(d) for d in devices]
+        if len(targets) == 1:
+            flags = default_compile_flags(targets[0].name, host=host_cpu, use_env=False)
+        else:
+            # Several devices: one --iree-hal-target-device per device (IREE names them
+            # __device_0, __device_1, ... in order), one set of backend/optimization flags.
+            flags = [f"--iree-hal-target-device={t.hal_device}" for t in targets]
+            backends_local = sorted({t.local_backend for t in targets if t.local_backend})
+            if backends_local:
+                flags.append("--iree-hal-local-target-device-backends=" + ",".join(backends_local))
+            for t in dict.fromkeys(t.name for t in targets):
+                flags = merge_flags(
+                    flags,
+                    [
+                        f
+                        for f in default_compile_flags(t, host=host_cpu, use_env=False)
+                        if not f.startswith(
+                            (
+                                "--iree-hal-target-device=",
+                                "--iree-hal-local-target-device-backends=",
+                            )
+                        )
+                    ],
+                )
+    elif backends:
+        known = [b for b in backends if b in TARGETS or b in ("cpu", "host")]
+        unknown = [b for b in backends if b not in known]
+        if len(known) == 1 and not unknown:
+            flags = default_compile_flags(known[0], host=host_cpu, use_env=False)
+        else:
+            flags = [f"--iree-hal-target-backends={','.join(backends)}"]
+            if "llvm-cpu" in backends:
+                flags.append(
+                    "--iree-llvmcpu-target-cpu=host"
+                    if host_cpu
+                    else "--iree-llvmcpu-target-cpu=generic"
+                )
+    env_flags = os.environ.get("TURBINE_COMPILE_FLAGS", "").split()
+    return merge_flags(merge_flags(flags, env_flags), list(extra_args))
+
+
+class ExportOutput:
+    """Wrapper around a CompiledModule produced by :func:`turbine_aot.export`.
+
+    Gives access to the imported MLIR (``mlir_module``, ``print_readable``, ``save_mlir``), moves
+    it through the import phases (``import_to``) and compiles it to an IREE VM module
+    (``compile``).
+
+    Args:
+        session: the ``iree.compiler.api.Session`` whose context holds the module. Flags set on it
+            (``session.set_flags(...)``) are honoured by :meth:`compile`.
+        compiled_module: the imported :class:`CompiledModule` instance.
+        importer_uses_session: kept for API compatibility with the reference.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        compiled_module: CompiledModule,
+        *,
+        importer_uses_session: bool = False,
+    ):
+        self.session = session
+        self.compiled_module = compiled_module
+        self.importer_uses_session = importer_uses_session
+
+    # ---- the IR ---------------------------------------------------------------------------
+    @property
+    def mlir_module(self) -> Any:
+        """Gets the MLIR module (an ``Operation``) resulting from the last import phase."""
+        from ._compiled_module import CompiledModule
+
+        return CompiledModule.get_mlir_module(self.compiled_module)
+
+    def verify(self) -> None:
+        """Runs the verifier on the module, raising :class:`ExportError` on failure."""
+        from ._compiled_module import verify_module
+
+        verify_module(self.mlir_module, what="the exported module")
+
+    def print_readable(self, large_elements_limit: int = 50) -> None:
+        """Prints a human readable version of the current IR (large constants elided)."""
+        print(self.mlir_module.get_asm(large_elements_limit=large_elements_limit))
+
+    def save_mlir(self, file_path: str | Path) -> None:
+        """Saves the current IR to ``file_path`` (bytecode for ``.mlirbc``, else text), atomically."""
+        from ._compiled_module import save_module
+
+        save_module(self.mlir_module, file_path)
+
+    def import_to(self, import_to: ImportPhase | str) -> None:
+        """Moves the module to an import phase (``torch``, ``import``/``custom_op_expansion``,
+        ``iree_internal``/``full``). A no-op if already there."""
+        from ._compiled_module import CompiledModule
+
+        CompiledModule.run_import(self.compiled_module, import_to)
+
+    # ---- compilation ---------------------------------------------------------------------------
+    def compile(
+        self,
+        save_to: str | Path | Output | None = None,
+        *,
+        target_backends: str | Sequence[str] | None = ("llvm-cpu",),
+        target_device: str | Sequence[str] | None = None,
+        extra_args: Sequence[str] = (),
+        host_cpu: bool = True,
+    ) -> Output | None:
+        """Compiles the exported program to an IREE VM module (``.vmfb``).
+
+        Compilation runs in-process in a fresh compiler session (flags set on :attr:`session`
+        are carried over), so the exported IR is left unchanged and can be compiled again for
+        another target.
+
+        Args:
+            save_to: ``None`` to compile to memory and return the compiler ``Output`` (read it
+                with ``output.map_memory()``); a path to write the ``.vmfb`` atomically; or an
+                ``Output`` to write into.
+            target_backends: a comma separated string or sequence of IREE backends (the legacy
+                way to pick a target). ``None`` specifies no target: then set one with
+                ``export_output.session.set_flags("--iree-hal-target-device=...")`` or
+                ``extra_args``.
+            target_device: one target device name (``"llvm-cpu"``, ``"vmvx"``, ``"vulkan"``,
+                ``"cuda"``, ``"rocm"``, ...) or several for a multi-device program (arguments
+                placed with ``DeviceAffinity(i)`` go to the i-th). Overrides ``target_backends``.
+            extra_args: more ``iree-compile`` flags; each replaces a default of the same name
+                (e.g. ``"--iree-llvmcpu-target-cpu=generic"``).
+            host_cpu: for CPU targets, tune for this machine's CPU (default). ``False`` builds a
+                portable module.
+
+        Returns:
+            The compiler ``Output`` when ``save_to`` is ``None``; otherwise ``None``.
+
+        Raises:
+            CompileError: IREE failed; ``.diagnostics`` holds its messages.
+        """
+        from ._compiled_module import CompiledModule, ImportPhase
+
+        flags = compile_flags_for(
+            target_backends=target_backends,
+            target_device=target_device,
+            host_cpu=host_cpu,
+            extra_args=[*self._session_flags(), *extra_args],
+        )
+        info = CompiledModule.get_info(self.compiled_module)
+        compile_from = "input" if info.current_import_phase >= ImportPhase.FULL else None
+        module_bytes = _module_bytecode(self.mlir_module)
+        session = new_session(flags)
+        stage = f"compile ({' '.join(_as_list(target_device) or _as_list(target_backends)) or 'session flags'})"
+        with CapturedInvocation(session, stage=stage, flags=flags) as inv:
+            inv.parse_bytes(module_bytes)
+            inv.run_pipeline(compile_from=compile_from)
+            if save_to is None:
+                out = Output.open_membuffer()
+                inv.inv.output_vm_bytecode(out)
+                return out
+            if isinstance(save_to, Output):
+                inv.inv.output_vm_bytecode(save_to)
+                return None
+            output_to_file(inv, Path(save_to))
+            return None
+
+    def _session_flags(self) -> list[str]:
+        flags = [f for f in self.session.get_flags(non_default_only=True)]
+        return [f for f in flags if not f.startswith("--iree-input-type=")]
+
+
+def _module_bytecode(module_op: Any) -> bytes:
+    buf = io.BytesIO()
+    try:
+        module_op.write_bytecode(buf)
+    except Exception as e:  # e.g. the module does not verify
+        raise ExportError(
+            f"cannot serialize the exported module for compilation: {e}. "
+            "Run export_output.verify() to see what is wrong."
+        ) from e
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# export()
+# ---------------------------------------------------------------------------------------------
+_ACCEPTED = (
+    "an nn.Module (with args=/kwargs=/dynamic_shapes=), a CompiledModule subclass, a "
+    "torch.export.ExportedProgram, or FxPrograms"
+)
+
+
+def export(
+    mdl: Any,
+    *example_args: Any,
+    args: tuple[Any, ...] | list[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: dict[str, Any] | tuple[Any, ...] | list[Any] | None = None,
+    module_name: str | None = None,
+    function_name: str | None = None,
+    strict_export: bool = True,
+    import_symbolic_shape_expressions: bool = False,
+    arg_device: dict[int, Any] | None = None,
+) -> ExportOutput:
+    """Generic export of supported entities.
+
+    Behaves according to the type of ``mdl``:
+
+    * ``nn.Module``: traced with ``torch.export.export(mdl, args, kwargs,
+      dynamic_shapes=dynamic_shapes, strict=strict_export)``, then imported like an
+      ``ExportedProgram``.
+    * ``torch.export.ExportedProgram``: imported as the single entry point ``function_name``
+      (default ``main``) of ``module @<module_name>`` (default ``module``). The current AOT
+      decompositions are applied; parameters and buffers become globals named
+      ``__auto.<state_dict name>`` (external when they carry an ``ExternalTensorTrait``).
+    * ``FxPrograms``: every program becomes a function named after it; shared state is shared.
+    * ``CompiledModule`` subclass: instantiated and imported. No other argument is allowed.
+
+    Args:
+        mdl: what to export.
+        *example_args: example tensors (deprecated: use ``args=``).
+        args: example positional arguments for ``torch.export``.
+        kwargs: example keyword arguments.
+        dynamic_shapes: dynamic shape specs for ``torch.export`` (``torch.export.Dim``).
+        module_name: the module's symbol name (default ``"module"``).
+        function_name: the entry point's name (default ``"main"``).
+        strict_export: ``torch.export``'s ``strict`` mode.
+        import_symbolic_shape_expressions: import the symbolic shape relations as
+            ``torch.symbolic_int``/``torch.bind_symbolic_shape`` ops.
+        arg_device: device affinities for the flattened arguments, by index
+            (``{0: DeviceAffinity(0)}``).
+
+    Returns:
+        An :class:`ExportOutput` wrapping the imported module and its compiler session.
+
+    Raises:
+        TypeError: ``mdl`` is none of the accepted kinds.
+        ValueError: inconsistent arguments (example tensors both positionally and as ``args``,
+            extra arguments with a ``CompiledModule``).
+        ExportError: ``torch.export`` failed (the message says what to try).
+    """
+    import torch
+
+    from ._compiled_module import CompiledModule, CompiledModuleMeta, ExportedProgramDef
+
+    if example_args:
+        if args is not None:
+            raise ValueError(
+                "export(): example arguments were given both positionally and as args=; pass "
+                "them only as args=(...)"
+            )
+        warnings.warn(
+            "export(): passing example tensors positionally is deprecated; use args=(...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        args = tuple(example_args)
+
+    if isinstance(mdl, CompiledModuleMeta):
+        extras = {
+            "args": args,
+            "kwargs": kwargs,
+            "dynamic_shapes": dynamic_shapes,
+            "function_name": function_name,
+            "arg_device": arg_device,
+        }
+        given = [k for k, v in extras.items() if v is not None]
+        if given:
+            raise ValueError(
+                f"export() of the CompiledModule {mdl.__name__}: arguments {given} are not "
+                "allowed (a CompiledModule declares its own procedures and signatures)"
+            )
+        cm_class = mdl
+        if module_name is not None:
+            cm_class = CompiledModuleMeta(mdl.__name__, (mdl,), {}, export_name=module_name)
+        return _instantiate(cm_class)
+
+    if isinstance(mdl, CompiledModule):
+        raise TypeError(
+            f"export() takes a CompiledModule subclass, not an instance ({type(mdl).__name__}()); "
+            "pass the class, or wrap an instance's IR with ExportOutput(session, instance)"
+        )
+
+    fx_programs_type = _fx_programs_type()
+    programs: dict[str, Any]
+    if isinstance(mdl, torch.nn.Module):
+        program = _torch_export(mdl, args, kwargs, dynamic_shapes, strict_export)
+        programs = {function_name or "main": program}
+    elif isinstance(mdl, torch.export.ExportedProgram):
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            raise ValueError(
+                "export() of an ExportedProgram: args/kwargs/dynamic_shapes are already fixed by "
+                "the program; do not pass them"
+            )
+        programs = {function_name or "main": mdl}
+    elif fx_programs_type is not None and isinstance(mdl, fx_programs_type):
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            raise ValueError(
+                "export() of FxPrograms: the programs are already exported; args/kwargs/"
+                "dynamic_shapes are not allowed"
+            )
+        if function_name is not None:
+            raise ValueError(
+                "export() of FxPrograms: function_name is not allowed (each program keeps its name)"
+            )
+        programs = dict(mdl.programs)
+    else:
+        raise TypeError(
+            f"export() accepts {_ACCEPTED}; got {type(mdl).__module__}.{type(mdl).__qualname__}"
+        )
+
+    dct: dict[str, Any] = {}
+    for i, (name, program) in enumerate(programs.items()):
+        device = arg_device
+        if device is None:
+            device = getattr(program, "_turbine_arg_device", None)
+        dct[f"_program_{i}"] = ExportedProgramDef(
+            program,
+            name,
+            arg_device=device,
+            import_symbolic_shape_expressions=import_symbolic_shape_expressions,
+        )
+    cm_class = CompiledModule.create_from_dict(
+        "ExportedModule", dct, export_name=module_name or "module"
+    )
+    return _instantiate(cm_class)
+
+
+def _instantiate(cm_class: Any) -> ExportOutput:
+    from ._compiled_module import CompiledModule
+
+    session = new_session()
+    inst = cm_class(context=session_context(session), import_to=None)
+    CompiledModule.get_info(inst).session = session
+    CompiledModule.run_import(inst, "import")
+    return ExportOutput(session, inst, importer_uses_session=True)
+
+
+def _fx_programs_type() -> type | None:
+    try:
+        from turbine_fx import FxPrograms
+    except ImportError:  # turbine_fx without FxPrograms
+        return None
+    return FxPrograms
+
+
+def _torch_export(
+    mdl: Any,
+    args: Any,
+    kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+    strict: bool,
+) -> Any:
+    import torch
+
+    if args is None:
+        args = ()
+    elif not isinstance(args, tuple):
+        args = tuple(args) if isinstance(args, list) else (args,)
+    try:
+        return torch.export.export(
+            mdl, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict
+        )
+    except Exception as e:
+        hints = []
+        if strict:
+            hints.append("try strict_export=False")
+        if dynamic_shapes is not None:
+            hints.append("check dynamic_shapes against forward()'s parameter names")
+        hint = f" ({'; '.join(hints)})" if hints else ""
+        raise ExportError(
+            f"torch.export.export of {type(mdl).__name__} failed: {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}{hint}"
+        ) from e

@@ -1,0 +1,238 @@
+"""Thin helpers over ``iree.compiler.api`` (the in-process compiler): invocations whose
+diagnostics are captured into Python (so errors carry IREE's messages instead of "see stderr"),
+compile-to / compile-from phases, and atomic output files.
+
+``iree.compiler.api`` exposes console diagnostics only; the embedding C API also has
+``ireeCompilerInvocationEnableCallbackDiagnostics`` and ``ireeCompilerInvocationSetCompile{To,From}
+Phase``, which we bind here with ctypes (a ctypes callback takes the GIL itself, unlike an MLIR
+Python diagnostic handler, which crashes when IREE calls it from a GIL-released pipeline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from iree.compiler.api import Invocation, Output, Session
+
+from ._errors import CompileError, Diagnostic
+
+__all__ = [
+    "CapturedInvocation",
+    "atomic_output_file",
+    "atomic_write_bytes",
+    "new_session",
+    "session_context",
+]
+
+_SEVERITY = {0: "note", 1: "warning", 2: "error", 3: "remark"}
+_DIAG_CALLBACK = ctypes.CFUNCTYPE(
+    None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p
+)
+_bound = False
+
+
+def _dylib() -> Any:
+    """The compiler shared library, with the extra entry points typed."""
+    global _bound
+    from iree.compiler.api import ctypes_dl
+
+    dl = ctypes_dl._dylib
+    if dl is None:  # pragma: no cover - the API initializes it on import
+        raise RuntimeError("the IREE compiler library is not loaded")
+    if not _bound:
+        f = dl.ireeCompilerInvocationEnableCallbackDiagnostics
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int, _DIAG_CALLBACK, ctypes.c_void_p]
+        f.restype = None
+        for name in (
+            "ireeCompilerInvocationSetCompileToPhase",
+            "ireeCompilerInvocationSetCompileFromPhase",
+        ):
+            g = getattr(dl, name)
+            g.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+            g.restype = None
+        _bound = True
+    return dl
+
+
+def new_session(flags: Sequence[str] = ()) -> Session:
+    """A compiler session for torch-dialect input with ``flags`` applied.
+
+    Raises:
+        CompileError: a flag is unknown or malformed (IREE's message is included).
+    """
+    session = Session()
+    all_flags = ["--iree-input-type=torch", *flags]
+    try:
+        session.set_flags(*all_flags)
+    except ValueError as e:
+        raise CompileError(
+            "flag parsing",
+            [Diagnostic("error", str(e))],
+            flags=all_flags,
+            hint="Check the flag names with `iree-compile --help`.",
+        ) from None
+    return session
+
+
+def session_context(session: Session) -> Any:
+    """The session's MLIR context, ready for building IR from Python.
+
+    A session's context has IREE's dialects registered but not loaded; the Python op builders
+    (e.g. ``util.GlobalOp``) crash on a dialect that is not loaded, so load them all once.
+    """
+    context = session.context
+    if not getattr(session, "_turbine_dialects_loaded", False):
+        context.load_all_available_dialects()
+        session._turbine_dialects_loaded = True  # type: ignore[attr-defined]
+    return context
+
+
+class CapturedInvocation:
+    """An ``Invocation`` whose diagnostics are collected into :attr:`diagnostics`.
+
+    Use as a context manager; call :meth:`check` after each step to raise a
+    :class:`CompileError` carrying the diagnostics when the step failed.
+    """
+
+    def __init__(self, session: Session, *, stage: str, flags: Sequence[str] = ()):
+        self.session = session
+        self.stage = stage
+        self.flags = list(flags)
+        self.diagnostics: list[Diagnostic] = []
+        self.inv: Invocation = session.invocation()
+        dl = _dylib()
+
+        def _on_diag(severity: int, message: int, size: int, _user: int) -> None:
+            text = ctypes.string_at(message, size).decode("utf-8", errors="replace")
+            self.diagnostics.append(Diagnostic(_SEVERITY.get(severity, "error"), text.strip()))
+
+        # Keep the callback alive as long as the invocation.
+        self._callback = _DIAG_CALLBACK(_on_diag)
+        dl.ireeCompilerInvocationEnableCallbackDiagnostics(self.inv._inv_p, 0, self._callback, None)
+
+    def __enter__(self) -> CapturedInvocation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.inv.close()
+
+    def set_compile_to(self, phase: str) -> None:
+        _dylib().ireeCompilerInvocationSetCompileToPhase(self.inv._inv_p, phase.encode())
+
+    def set_compile_from(self, phase: str) -> None:
+        _dylib().ireeCompilerInvocationSetCompileFromPhase(self.inv._inv_p, phase.encode())
+
+    def check(self, ok: bool, *, hint: str = "") -> None:
+        """Raises :class:`CompileError` when ``ok`` is false (or an error was reported)."""
+        if not ok or any(d.severity == "error" for d in self.diagnostics):
+            raise CompileError(self.stage, self.diagnostics, flags=self.flags, hint=hint)
+
+    def parse_bytes(self, data: bytes, *, name: str = "module.mlirbc") -> None:
+        from iree.compiler.api import Source
+
+        source = Source.wrap_buffer(self.session, _aligned_copy(data), buffer_name=name)
+        self.check(self.inv.parse_source(source))
+
+    def run_pipeline(
+        self, *, compile_to: str | None = None, compile_from: str | None = None
+    ) -> None:
+        if compile_to:
+            self.set_compile_to(compile_to)
+        if compile_from:
+            self.set_compile_from(compile_from)
+        self.check(self.inv.execute())
+
+    def run_text_pipeline(self, pipeline: str) -> None:
+        self.check(
+            self.inv.execute_text_pass_pipeline(pipeline),
+            hint="Check the pipeline text (pass names: `iree-opt --help`).",
+        )
+
+
+def _aligned_copy(data: bytes, alignment: int = 64) -> Any:
+    """``data`` copied into memory aligned to ``alignment`` bytes: MLIR bytecode with resources
+    must be parsed from memory aligned like its sections (64 bytes for dense resources).
+
+    The result is a uint8 numpy array (so ``memoryview`` works) that ctypes also accepts as a
+    ``char *`` argument (through ``_as_parameter_``).
+    """
+    import numpy as np
+
+    n = len(data)
+    raw = np.empty(n + alignment, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    buf = raw[offset : offset + n].view(_char_buffer_type())
+    buf[:] = np.frombuffer(data, dtype=np.uint8)
+    return buf
+
+
+def _char_buffer_type() -> type:
+    import numpy as np
+
+    class CharBuffer(np.ndarray):
+        @property
+        def _as_parameter_(self) -> Any:
+            return ctypes.cast(self.ctypes.data, ctypes.POINTER(ctypes.c_char))
+
+    return CharBuffer
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform can fsync a directory
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output_file(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yields a temporary path in ``path``'s directory; on success it is fsynced and renamed
+    over ``path``, on failure removed (so ``path`` is never left half written)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
+    """Writes ``data`` to ``path`` atomically (temp file in the same directory, fsync, rename)."""
+    with atomic_output_file(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def output_to_file(inv: CapturedInvocation, path: Path, *, bytecode: str = "vm") -> None:
+    """Writes the invocation's result to ``path`` through IREE's file output, atomically."""
+    with atomic_output_file(path) as tmp:
+        out = Output.open_file(str(tmp))
+        try:
+            if bytecode == "vm":
+                inv.inv.output_vm_bytecode(out)
+            elif bytecode == "mlirbc":
+                inv.inv.output_ir_bytecode(out)
+            else:
+                inv.inv.output_ir(out)
+            out.keep()
+        finally:
+            out.close()

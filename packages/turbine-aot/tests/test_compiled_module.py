@@ -1,0 +1,262 @@
+"""CompiledModule: exports, naming, inheritance, procedures calling each other, kwargs/pytrees,
+scalars, import phases, pass pipelines, save_mlir, errors. Compiled with IREE and run."""
+
+# Procedures declare their signatures with abstract-type defaults (the API's design):
+# ruff: noqa: B008
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+import torch
+
+from turbine_aot import CompiledModule, CompiledModuleError, CompileError, ImportPhase, export
+from turbine_aot.builtins import IREE, AbstractF32, AbstractI64, AbstractIndex, AbstractTensor
+from turbine_aot.support.procedural import DeviceAffinity, export_global
+from turbine_ir.ir import Module
+
+
+def _ir(inst) -> str:
+    return str(CompiledModule.get_mlir_module(inst))
+
+
+class BasicModule(CompiledModule):
+    def identity(self, x=AbstractTensor(None, 4)):
+        return x
+
+
+class StatefulModule(CompiledModule):
+    state = export_global(torch.zeros(4), mutable=True)
+
+    def accumulate(self, x=AbstractTensor(4)):
+        self.state = self._add(self.state, x)
+        return self.state
+
+    def _add(self, a, b):  # a helper: not exported, sees the procedure's `self`
+        return IREE.tensor_update(a, b, 0)
+
+
+def test_naming_from_class_and_export_name():
+    assert re.search(r"module @basic\b", _ir(BasicModule(import_to="torch")))
+
+    class MyHTTPServerModule(CompiledModule):
+        def f(self, x=AbstractTensor(2)):
+            return x
+
+    assert CompiledModule.get_class_info(MyHTTPServerModule).export_name == "my_http_server"
+
+    class Renamed(CompiledModule, export_name="bar"):
+        def f(self, x=AbstractTensor(2)):
+            return x
+
+    assert re.search(r"module @bar\b", _ir(Renamed()))
+    assert "func.func @f(" in _ir(Renamed())
+
+
+def test_create_from_dict_matches_class_form():
+    def f(self, x=AbstractTensor(3)):
+        return x
+
+    cls = CompiledModule.create_from_dict("FooModule", {"f": f}, export_name="foo_x")
+    inst = cls()
+    assert re.search(r"module @foo_x\b", _ir(inst))
+    assert "func.func @f(%arg0: tensor<3xf32>) -> tensor<3xf32>" in _ir(inst)
+    info = CompiledModule.get_class_info(cls)
+    assert list(info.all_exports) == ["f"]
+
+
+def test_static_accessors():
+    inst = BasicModule()
+    info = CompiledModule.get_info(inst)
+    assert info.current_import_phase == ImportPhase.IMPORT
+    assert CompiledModule.get_module_builder(inst).module_op is CompiledModule.get_mlir_module(
+        inst
+    ) or str(CompiledModule.get_module_builder(inst).module_op) == _ir(inst)
+    assert CompiledModule.get_class_info(BasicModule) is info.class_info
+    with pytest.raises(CompiledModuleError, match="not a CompiledModule instance"):
+        CompiledModule.get_info(object())
+    with pytest.raises(CompiledModuleError, match="cannot be called from Python"):
+        _ = inst.identity
+
+
+def test_mutable_global_state_persists_across_calls(iree_device):
+    out = export(StatefulModule)
+    ir = str(out.mlir_module)
+    assert "util.global private mutable" in ir and "util.global.store" in ir
+    vmfb = out.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+    m = iree_device.load(bytes(vmfb.map_memory()))
+    x = torch.arange(4, dtype=torch.float32)
+    for _ in range(3):
+        got = torch.from_numpy(m.accumulate(x.numpy()).to_host())
+    torch.testing.assert_close(got, x)  # tensor_update replaces: last write wins
+
+
+class Base(CompiledModule):
+    def shared(self, x=AbstractTensor(None, 2)):
+        return x
+
+    def overridden(self, x=AbstractTensor(None, 2)):
+        return x
+
+
+class Derived(Base):
+    def overridden(self, x=AbstractTensor(None, 2)):
+        return self.shared(x), x
+
+    def extra(self, n=AbstractIndex):
+        return n
+
+
+def test_inheritance_and_override(iree_device):
+    info = CompiledModule.get_class_info(Derived)
+    assert list(info.all_exports) == ["shared", "overridden", "extra"]
+    assert list(CompiledModule.get_class_info(Base).all_exports) == ["shared", "overridden"]
+    out = export(Derived)
+    ir = str(out.mlir_module)
+    assert re.search(r"module @derived\b", ir)
+    assert "call @shared" in ir  # the override's body, not the base's
+    vmfb = out.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+    m = iree_device.load(bytes(vmfb.map_memory()))
+    x = torch.randn(3, 2)
+    a, b = m.overridden(x.numpy())
+    torch.testing.assert_close(torch.from_numpy(a.to_host()), x)
+    torch.testing.assert_close(torch.from_numpy(b.to_host()), x)
+
+
+class Calls(CompiledModule):
+    def pair(self, ab=(AbstractTensor(None, 4), AbstractTensor(None, 4)), *, scale=AbstractF32):
+        a, b = ab
+        return {"b": b, "a": a, "scale": scale}
+
+    def main(self, a=AbstractTensor(None, 4), *, b=AbstractTensor(None, 4), k=AbstractI64):
+        d = self.pair((a, b), scale=2.0)
+        return d["b"], d["a"], k, IREE.tensor_dim(a, 0)
+
+
+def test_kwargs_pytrees_scalars_and_calls():
+    out = export(Calls)
+    ir = str(out.mlir_module)
+    assert "call @pair(" in ir
+    main_sig = re.search(r"func.func @main\(([^)]*)\) -> \(([^)]*)\)", ir)
+    assert main_sig is not None
+    assert main_sig.group(1).count("tensor<?x4xf32>") == 2 and "i64" in main_sig.group(1)
+    from turbine_aot.runtime import load_module
+
+    m = load_module(out.compile(None))
+    a, b = torch.randn(5, 4), torch.randn(5, 4)
+    rb, ra, k, dim = m.main(a, b, 7)
+    torch.testing.assert_close(rb, b)
+    torch.testing.assert_close(ra, a)
+    assert int(k) == 7 and int(dim) == 5
+
+
+def test_recursion_is_an_error():
+    class Loop(CompiledModule):
+        def f(self, x=AbstractTensor(2)):
+            return self.f(x)
+
+    with pytest.raises(CompiledModuleError, match="calls itself"):
+        Loop()
+
+
+def test_procedure_argument_without_abstract_default_is_an_error():
+    with pytest.raises(CompiledModuleError, match=r"argument 'x' needs a default"):
+
+        class Bad(CompiledModule):
+            def f(self, x):
+                return x
+
+
+def test_assigning_a_non_global_is_an_error():
+    class Assign(CompiledModule):
+        def f(self, x=AbstractTensor(2)):
+            self.y = x
+            return x
+
+    with pytest.raises(CompiledModuleError, match="only exported globals"):
+        Assign()
+
+
+def test_signature_info_arg_device():
+    class Placed(CompiledModule):
+        @CompiledModule.signature_info(arg_device={0: DeviceAffinity(0), 1: DeviceAffinity(1)})
+        def f(self, x=AbstractTensor(2), y=AbstractTensor(2)):
+            return x
+
+    ir = _ir(Placed())
+    assert "iree.abi.affinity = #hal.device.promise<@__device_0>" in ir
+    assert "iree.abi.affinity = #hal.device.promise<@__device_1>" in ir
+
+
+def test_import_phases_and_deferred_import(iree_device):
+    inst = StatefulModule(import_to=None)
+    info = CompiledModule.get_info(inst)
+    assert info.current_import_phase is None
+    assert "func.func" not in _ir(inst)
+    CompiledModule.run_import(inst, "torch")
+    assert info.current_import_phase == ImportPhase.TORCH and "func.func @accumulate" in _ir(inst)
+    CompiledModule.run_import(inst, ImportPhase.CUSTOM_OP_EXPANSION)
+    assert info.current_import_phase == ImportPhase.IMPORT
+    CompiledModule.run_import(inst, "iree_internal")
+    assert info.current_import_phase == ImportPhase.FULL
+    ir = _ir(inst)
+    assert "util.func public @accumulate" in ir and "!hal.buffer_view" in ir
+    CompiledModule.run_import(inst, "torch")  # going back is a no-op
+    assert info.current_import_phase == ImportPhase.FULL
+    with pytest.raises(ValueError, match="unknown import phase 'bogus'"):
+        CompiledModule.run_import(inst, "bogus")
+
+
+def test_full_phase_of_export_compiles_and_runs(iree_device):
+    out = export(StatefulModule)
+    out.import_to("full")
+    assert "util.func public @accumulate" in str(out.mlir_module)
+    vmfb = out.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+    m = iree_device.load(bytes(vmfb.map_memory()))
+    x = torch.arange(4, dtype=torch.float32)
+    torch.testing.assert_close(torch.from_numpy(m.accumulate(x.numpy()).to_host()), x)
+
+
+def test_run_pass_pipeline(capfd):
+    class Foldable(CompiledModule):
+        def f(self, x=AbstractTensor(4)):
+            y = IREE.tensor_reshape(x, 2, 2)
+            return IREE.tensor_reshape(y, 4)
+
+    inst = Foldable()
+    CompiledModule.run_pass_pipeline(inst, "builtin.module(canonicalize)", enable_ir_printing=True)
+    assert "IR Dump" in capfd.readouterr().err
+    with pytest.raises(CompileError, match="no-such-pass"):
+        CompiledModule.run_pass_pipeline(inst, "builtin.module(no-such-pass)")
+
+
+def test_save_mlir_text_and_bytecode(tmp_path):
+    inst = BasicModule()
+    CompiledModule.save_mlir(inst, tmp_path / "m.mlir")
+    CompiledModule.save_mlir(inst, tmp_path / "m.mlirbc")
+    text = (tmp_path / "m.mlir").read_text()
+    assert "func.func @identity" in text
+    data = (tmp_path / "m.mlirbc").read_bytes()
+    assert data[:4] == b"ML\xefR"
+    from iree.compiler.tools.binaries import find_tool
+
+    printed = subprocess.run(
+        [find_tool("iree-opt"), str(tmp_path / "m.mlirbc")], capture_output=True, text=True
+    )
+    assert "func.func @identity" in printed.stdout, printed.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mlir", "m.mlirbc"]  # no temp files
+
+
+def test_given_context_and_module_op():
+    from turbine_ir.ir import Context, Location
+
+    ctx = Context()
+    with ctx, Location.unknown():
+        module = Module.create()
+    inst = BasicModule(context=ctx, module_op=module.operation)
+    assert CompiledModule.get_mlir_module(inst).context is ctx
+    assert "func.func @identity" in str(module)
+    CompiledModule.run_import(inst, "full")  # no session of ours: round trip through bytecode
+    assert "util.func public @identity" in str(CompiledModule.get_mlir_module(inst))
