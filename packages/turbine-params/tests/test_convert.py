@@ -1,0 +1,253 @@
+"""Converters (safetensors <-> irpa, torch checkpoint -> irpa) and the turbine-params CLI."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from turbine_params import (
+    ParameterArchive,
+    ParameterArchiveBuilder,
+    ParameterArchiveError,
+    TensorMetadata,
+    dtype_info,
+    irpa_to_safetensors,
+    safetensors_to_irpa,
+    strip_archive,
+    verify_archive,
+)
+from turbine_params._cli import main as cli
+
+
+def _write_safetensors(path, tensors: dict[str, np.ndarray], extra: dict | None = None):
+    """A minimal safetensors writer (the format is public), so this runs without the library."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    names = {"float32": "F32", "int64": "I64", "float16": "F16", "uint8": "U8", "bool": "BOOL"}
+    off = 0
+    for k, v in tensors.items():
+        header[k] = {
+            "dtype": names[v.dtype.name],
+            "shape": list(v.shape),
+            "data_offsets": [off, off + v.nbytes],
+        }
+        off += v.nbytes
+    header.update(extra or {})
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for v in tensors.values():
+            f.write(v.tobytes())
+
+
+TENSORS = {
+    "layer.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "layer.bias": np.array([1, 2, 3], np.int64),
+    "half": np.ones((2, 2), np.float16),
+    "mask": np.array([True, False]),
+    "empty": np.zeros((0, 3), np.float32),
+}
+
+
+def test_safetensors_to_irpa_and_back(tmp_path):
+    src = tmp_path / "m.safetensors"
+    _write_safetensors(src, TENSORS)
+    out = safetensors_to_irpa(src, tmp_path / "m")
+    assert out.name == "m.irpa"
+    with ParameterArchive(out) as archive:
+        for k, v in TENSORS.items():
+            np.testing.assert_array_equal(archive[k].as_array(), v)
+            assert archive[k].raw.offset % 64 == 0
+    assert verify_archive(out, against=src) == (
+        len(TENSORS),
+        sum(v.nbytes for v in TENSORS.values()),
+    )
+    back = irpa_to_safetensors(out, tmp_path / "back.safetensors")
+    # The round trip reproduces the tensor data exactly.
+    out2 = safetensors_to_irpa(back, tmp_path / "again.irpa")
+    verify_archive(out2, against=out)
+
+
+def test_irpa_to_safetensors_with_splats_and_bf16(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_splat("z", np.float32(0.5), shape=(1000,))
+    b.add_blob(
+        "bf", bytes(range(8)), metadata=TensorMetadata(dtype_info("bfloat16"), (4,)).encode()
+    )
+    b.add_blob("raw", b"xyz")
+    st = irpa_to_safetensors(b.save(tmp_path / "s.irpa"), tmp_path / "s.safetensors")
+    (n,) = struct.unpack("<Q", st.read_bytes()[:8])
+    header = json.loads(st.read_bytes()[8 : 8 + n])
+    assert header["bf"]["dtype"] == "BF16" and header["bf"]["shape"] == [4]
+    assert header["raw"] == {"dtype": "U8", "shape": [3], "data_offsets": [4008, 4011]}
+    back = safetensors_to_irpa(st, tmp_path / "back.irpa")
+    with ParameterArchive(back) as archive:
+        assert (archive["z"].as_array() == 0.5).all()
+        assert archive["bf"].as_flat_array().tobytes() == bytes(range(8))
+        assert archive["raw"].as_flat_array().tobytes() == b"xyz"
+
+
+def test_safetensors_library_reads_our_output(tmp_path):
+    st = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed")
+    b = ParameterArchiveBuilder()
+    for k, v in TENSORS.items():
+        b.add_tensor(k, v)
+    out = irpa_to_safetensors(b.save(tmp_path / "x.irpa"), tmp_path / "x.safetensors")
+    loaded = st.load_file(str(out))
+    for k, v in TENSORS.items():
+        np.testing.assert_array_equal(loaded[k], v)
+    st.save_file(TENSORS, str(tmp_path / "lib.safetensors"))
+    verify_archive(
+        safetensors_to_irpa(tmp_path / "lib.safetensors", tmp_path / "lib.irpa"),
+        against=tmp_path / "lib.safetensors",
+    )
+
+
+def test_irpa_to_safetensors_rejects_duplicates_and_unsupported(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_tensor("k", np.zeros(1, np.int8))
+    b.add_tensor("k", np.zeros(1, np.int8))
+    with pytest.raises(ParameterArchiveError, match="appears more than once"):
+        irpa_to_safetensors(b.save(tmp_path / "d.irpa"), tmp_path / "d.safetensors")
+    b = ParameterArchiveBuilder()
+    b.add_tensor("c", np.zeros(2, np.complex128))
+    with pytest.raises(ParameterArchiveError, match="safetensors cannot store"):
+        irpa_to_safetensors(b.save(tmp_path / "c.irpa"), tmp_path / "c.safetensors")
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    "header, match",
+    [
+        (
+            {"x": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}},
+            "unknown safetensors dtype",
+        ),
+        ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, "do not hold 8 bytes"),
+        ({"x": {"dtype": "F32"}}, "malformed header entry"),
+    ],
+)
+def test_bad_safetensors(tmp_path, header, match):
+    p = tmp_path / "bad.safetensors"
+    blob = json.dumps(header).encode()
+    p.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(4))
+    with pytest.raises(ParameterArchiveError, match=match):
+        safetensors_to_irpa(p, tmp_path / "o.irpa")
+    p.write_bytes(struct.pack("<Q", 10**9) + b"{}")
+    with pytest.raises(ParameterArchiveError, match="header length"):
+        safetensors_to_irpa(p, tmp_path / "o.irpa")
+
+
+def test_torch_checkpoint_to_irpa(tmp_path):
+    torch = pytest.importorskip("torch")
+    from turbine_params import torch_checkpoint_to_irpa
+
+    w = torch.randn(8, 8)
+    ckpt = {
+        "model": {"w": w, "tied": w, "b": torch.arange(3, dtype=torch.bfloat16)},
+        "step": 12,
+        "opt": [torch.ones(2)],
+    }
+    torch.save(ckpt, tmp_path / "c.pt")
+    out = torch_checkpoint_to_irpa(tmp_path / "c.pt", tmp_path / "c.irpa")
+    with ParameterArchive(out) as archive:
+        assert archive.keys() == ["model.w", "model.tied", "model.b", "opt.0"]
+        torch.testing.assert_close(archive["model.w"].as_tensor(), w)
+        torch.testing.assert_close(archive["model.b"].as_tensor(), ckpt["model"]["b"])
+        assert archive["model.w"].raw.offset == archive["model.tied"].raw.offset
+
+
+def test_strip(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_tensor("w", np.arange(1 << 16, dtype=np.float32))
+    b.add_tensor("keep", np.arange(4, dtype=np.float32))
+    b.add_blob("odd", b"abc")
+    src = b.save(tmp_path / "full.irpa")
+    out = strip_archive(src, tmp_path / "stripped.irpa", keep=("keep",))
+    assert out.stat().st_size < src.stat().st_size
+    with ParameterArchive(out) as archive:
+        assert archive["w"].is_splat and (archive["w"].as_array() == 0).all()
+        assert archive["w"].shape == (1 << 16,) and archive["w"].raw.splat_pattern == bytes(4)
+        np.testing.assert_array_equal(archive["keep"].as_array(), np.arange(4, dtype=np.float32))
+        assert archive["odd"].as_flat_array().tobytes() == bytes(3)
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_tensor("fc.weight", np.ones((2, 3), np.float32))
+    b.add_splat("fc.bias", np.float32(0), shape=(2,))
+    b.add_skip("old")
+    return b.save(tmp_path / "small.irpa")
+
+
+def test_cli_inspect(small, capsys):
+    assert cli(["inspect", str(small)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["KEY", "DTYPE", "SHAPE", "BYTES", "OFFSET", "TYPE"]
+    row = out[1].split()
+    assert row[:4] == ["fc.weight", "float32", "[2,3]", "24"] and row[5] == "data"
+    assert int(row[4]) == ParameterArchive(small)["fc.weight"].raw.offset
+    assert out[2].split() == ["fc.bias", "float32", "[2]", "8", "-", "splat"]
+    assert out[-1] == "2 entries, 32 bytes"
+    assert cli(["inspect", "--all", "--json", str(small)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["type"] for r in rows] == ["data", "splat", "skip"]
+
+
+def test_cli_convert_strip_verify(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    _write_safetensors(src, TENSORS)
+    assert cli(["convert", str(src), str(tmp_path / "m.irpa")]) == 0
+    assert cli(["verify", str(tmp_path / "m.irpa"), "--against", str(src)]) == 0
+    assert "identical to" in capsys.readouterr().out
+    assert cli(["convert", str(tmp_path / "m.irpa"), str(tmp_path / "r.safetensors")]) == 0
+    assert (tmp_path / "r.safetensors").exists()
+    assert (
+        cli(
+            [
+                "convert",
+                str(tmp_path / "m.irpa"),
+                str(tmp_path / "repacked.irpa"),
+                "--alignment",
+                "4096",
+            ]
+        )
+        == 0
+    )
+    with ParameterArchive(tmp_path / "repacked.irpa") as archive:
+        assert all(e.raw.offset % 4096 == 0 for _, e in archive.items() if e.length)
+    assert cli(["strip", str(tmp_path / "m.irpa"), str(tmp_path / "s.irpa")]) == 0
+    assert cli(["verify", str(tmp_path / "s.irpa")]) == 0
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.irpa"
+    bad.write_bytes(b"NOTANARCHIVE" * 10)
+    for argv in (
+        ["inspect", str(bad)],
+        ["verify", str(bad)],
+        ["convert", str(bad), str(tmp_path / "x.safetensors")],
+        ["inspect", str(tmp_path / "missing.irpa")],
+        ["convert", str(tmp_path / "a.txt"), str(tmp_path / "b.irpa")],
+    ):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("turbine-params: error: ") and err.count("\n") == 1, err
+
+
+def test_cli_verify_detects_difference(tmp_path, capsys):
+    src = tmp_path / "m.safetensors"
+    _write_safetensors(src, TENSORS)
+    out = safetensors_to_irpa(src, tmp_path / "m.irpa")
+    changed = dict(TENSORS)
+    changed["layer.bias"] = np.array([1, 2, 4], np.int64)
+    _write_safetensors(src, changed)
+    assert cli(["verify", str(out), "--against", str(src)]) == 2
+    assert "'layer.bias' differs" in capsys.readouterr().err
