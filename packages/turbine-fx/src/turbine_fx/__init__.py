@@ -19,9 +19,11 @@ from ._errors import (
     TurbineFxError,
     UnsupportedOpError,
 )
+from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 from ._program_prep import PreparedProgram, prepare_program
 
 __all__ = [
+    "CONSTANT_RESULTS_ATTR",
     "DEFAULT_DECOMPOSITION_OPS",
     "DecompositionError",
     "FxImportError",
@@ -32,6 +34,7 @@ __all__ = [
     "UnsupportedOpError",
     "current_aot_decompositions",
     "extend_aot_decompositions",
+    "import_exported_program",
     "prepare_program",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,274 @@
+"""import_exported_program: golden IR and end-to-end runs on IREE compared with eager."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fx_helpers import Built, run_module
+
+from turbine_fx import CONSTANT_RESULTS_ATTR, UnsupportedOpError, import_exported_program
+from turbine_ir.ir import StringAttr
+from turbine_params import externalize_module_parameters, save_module_parameters
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def _import(module, args, **kw):
+    ep = torch.export.export(module, args, dynamic_shapes=kw.pop("dynamic_shapes", None))
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep, **kw)
+    return b, ep
+
+
+def test_inline_weights_golden_ir():
+    torch.manual_seed(0)
+    b, _ = _import(MLP(), (torch.randn(2, 8),))
+    asm = b.asm()
+    assert re.search(
+        r"util.global private @__auto.fc1.weight = dense_resource<.*> : tensor<16x8xf32>", asm
+    )
+    assert "util.global private @__auto.fc2.bias" in asm
+    assert "func.func @main(%arg0: !torch.vtensor<[2,8],f32>) -> !torch.vtensor<[2,4],f32>" in asm
+    assert "util.global.load @__auto.fc1.weight : tensor<16x8xf32>" in asm
+    assert "torch_c.from_builtin_tensor" in asm
+
+
+def test_inline_weights_run(iree_device):
+    torch.manual_seed(0)
+    m = MLP()
+    x = torch.randn(2, 8)
+    b, _ = _import(m, (x,))
+    (got,) = run_module(iree_device, b.asm(), "main", [(x,)])
+    torch.testing.assert_close(got[0], m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_external_weights_golden_and_run(iree_device, tmp_path):
+    torch.manual_seed(0)
+    m = MLP()
+    x = torch.randn(2, 8)
+    expected = m(x)
+    externalize_module_parameters(m)
+    b, _ = _import(m, (x,))
+    asm = b.asm()
+    assert (
+        'util.global private @__auto.fc1.weight = #flow.parameter.named<"model"::"fc1.weight"> '
+        ": tensor<16x8xf32>" in asm
+    )
+    assert "dense_resource" not in asm
+    irpa = tmp_path / "weights.irpa"
+    save_module_parameters(irpa, m)
+    (got,) = run_module(iree_device, asm, "main", [(x,)], parameters={"model": irpa})
+    torch.testing.assert_close(got[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_meta_weights_need_externalizing():
+    with torch.device("meta"):
+        m = MLP()
+    ep = torch.export.export(m, (torch.randn(2, 8, device="meta"),))
+    b = Built()
+    with b, pytest.raises(Exception, match="externalize_module_parameters"):
+        import_exported_program(b.mb, ep)
+    externalize_module_parameters(m)
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep)
+    assert "#flow.parameter.named" in b.asm()
+
+
+class KVCache(nn.Module):
+    """Writes one row of a cache per call at a position given as a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(3, 4))
+
+    def forward(self, x, pos):
+        self.cache.index_put_((pos,), self.proj(x))
+        return self.cache.sum(0)
+
+
+def test_mutable_buffer_golden_ir():
+    b, _ = _import(KVCache(), (torch.randn(1, 4), torch.tensor([0])))
+    asm = b.asm()
+    assert "util.global private mutable @__auto.cache" in asm
+    assert re.search(r"util.global.store %\d+, @__auto.cache : tensor<3x4xf32>", asm)
+    # Weights stay immutable.
+    assert "util.global private @__auto.proj.weight" in asm
+    # The old value is loaded before the new one is stored.
+    assert asm.index("util.global.load @__auto.cache") < asm.index("util.global.store")
+
+
+def test_kv_cache_state_persists_over_three_calls(iree_device):
+    torch.manual_seed(0)
+    m = KVCache()
+    eager = KVCache()
+    eager.load_state_dict(m.state_dict())
+    b, _ = _import(m, (torch.randn(1, 4), torch.tensor([0])))
+    calls = [(torch.randn(1, 4), torch.tensor([i])) for i in range(3)]
+    results = run_module(iree_device, b.asm(), "main", calls)
+    for (x, pos), got in zip(calls, results):
+        torch.testing.assert_close(got[0], eager(x, pos), rtol=1e-5, atol=1e-5)
+    # The third result depends on all three writes.
+    assert torch.count_nonzero(eager.cache.abs().sum(-1)) == 3
+
+
+class TinyAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.norm = nn.RMSNorm(16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).split(16, -1)
+        q, k, v = (z.view(b, t, 2, 8).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return a.transpose(1, 2).reshape(b, t, 16) + x
+
+
+def test_dynamic_batch_and_sequence(iree_device):
+    torch.manual_seed(0)
+    m = TinyAttention()
+    batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=64)
+    b, _ = _import(m, (torch.randn(2, 5, 16),), dynamic_shapes={"x": {0: batch, 1: seq}})
+    asm = b.asm()
+    assert "!torch.vtensor<[?,?,16],f32>" in asm
+    calls = [(torch.randn(1, 3, 16),), (torch.randn(4, 7, 16),)]
+    for (x,), got in zip(calls, run_module(iree_device, asm, "main", calls)):
+        torch.testing.assert_close(got[0], m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_shape_expressions_golden():
+    m = TinyAttention()
+    seq = torch.export.Dim("seq", max=64)
+    b, _ = _import(
+        m,
+        (torch.randn(2, 5, 16),),
+        dynamic_shapes={"x": {1: seq}},
+        import_symbolic_shape_expressions=True,
+    )
+    asm = b.asm()
+    assert re.search(r'torch.symbolic_int "s\d+" \{min_val = \d+, max_val = 64\}', asm)
+    assert "torch.bind_symbolic_shape" in asm
+
+
+class Structured(nn.Module):
+    def forward(self, x, n: int, flag: bool):
+        y = x[:n] * n
+        return {"y": y, "pair": (y.sum(), None), "k": 3, "list": [x + 1 if flag else x - 1]}
+
+
+def test_scalar_inputs_and_nested_outputs(iree_device):
+    x = torch.randn(8)
+    # A dynamic int is a runtime argument (!torch.int); a bool is specialized by torch.export.
+    ep = torch.export.export(
+        Structured(),
+        (x, 3, True),
+        dynamic_shapes={"x": None, "n": torch.export.Dim.DYNAMIC, "flag": None},
+    )
+    b = Built()
+    with b:
+        func = import_exported_program(b.mb, ep)
+        consts = json.loads(StringAttr(func.attributes[CONSTANT_RESULTS_ATTR]).value)
+    asm = b.asm()
+    assert "%arg1: !torch.int" in asm
+    assert consts == {"2": None, "3": 3}  # None and 3 are not returned by the function
+    for n in (2, 5):
+        results = run_module(iree_device, asm, "main", [(x, n)])[0]
+        flat, it = [], iter(results)
+        for i in range(len(results) + len(consts)):
+            flat.append(consts[str(i)] if str(i) in consts else next(it))
+        rebuilt = ep.call_spec.out_spec.unflatten(flat)
+        expected = Structured()(x, n, True)
+        torch.testing.assert_close(rebuilt["y"], expected["y"])
+        torch.testing.assert_close(rebuilt["pair"][0], expected["pair"][0])
+        assert rebuilt["pair"][1] is None and rebuilt["k"] == 3
+        torch.testing.assert_close(rebuilt["list"][0], expected["list"][0])
+
+
+def test_same_tensor_is_one_global_across_programs():
+    m = MLP()
+    ep1 = torch.export.export(m, (torch.randn(2, 8),))
+    ep2 = torch.export.export(m, (torch.randn(5, 8),))
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep1, symbol_name="a")
+        import_exported_program(b.mb, ep2, symbol_name="b")
+    asm = b.asm()
+    assert asm.count("util.global private @__auto.fc1.weight") == 1
+    assert "func.func @a(" in asm and "func.func @b(" in asm
+
+
+def test_program_is_not_modified():
+    m = TinyAttention()
+    ep = torch.export.export(m, (torch.randn(2, 5, 16),))
+    before = str(ep.graph)
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep)
+    assert str(ep.graph) == before
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        return torch.histc(x, bins=4) + 1  # the user's line
+
+
+def test_unsupported_op_error_names_op_node_line_and_dump(tmp_path, monkeypatch):
+    monkeypatch.setenv("TURBINE_DUMP_DIR", str(tmp_path))
+    ep = torch.export.export(Unsupported(), (torch.randn(8),))
+    b = Built()
+    with b, pytest.raises(UnsupportedOpError) as info:
+        import_exported_program(b.mb, ep)
+    e = info.value
+    msg = str(e)
+    assert e.op == "aten.histc.default"
+    assert e.node in msg
+    assert "test_import.py" in msg and "the user's line" in msg
+    assert "extend_aot_decompositions(add_ops=" in msg and "strict_export=False" in msg
+    assert e.dump_dir and str(tmp_path) in e.dump_dir
+    dumped = (tmp_path / e.dump_dir).glob("*")
+    names = {p.name for p in dumped}
+    assert {"module.mlir", "fx_graph.txt"} <= names
+    assert "torch.operator" in (tmp_path / e.dump_dir / "module.mlir").read_text()
+    # The failed function is not left in the module.
+    assert "func.func" not in b.asm()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_low_precision_weights(iree_device, dtype):
+    torch.manual_seed(0)
+
+    class Cast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 8).to(dtype), requires_grad=False)
+
+        def forward(self, x):
+            return x @ self.w.to(torch.float32).T
+
+    m = Cast()
+    x = torch.randn(2, 8)
+    b, _ = _import(m, (x,))
+    asm = b.asm()
+    elt = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "f8E4M3FN"}[dtype]
+    assert f"tensor<4x8x{elt}>" in asm
+    if dtype != torch.bfloat16 and iree_device.name not in ("llvm-cpu", "llvm-cpu-sync"):
+        pytest.skip(f"fp8 arithmetic is not supported by IREE's {iree_device.name} backend")
+    (got,) = run_module(iree_device, asm, "main", [(x,)])
+    torch.testing.assert_close(got[0], m(x), rtol=1e-3, atol=1e-3)
