@@ -101,7 +101,7 @@ def test_uninitialized_globals(mb, check_ir):
     check_ir(
         str(mb.module_op),
         r"^  util\.global private @__auto\.u = #util\.uninitialized : tensor<2x2xf32>$",
-        r"^  util\.global private mutable @__auto\.dyn = #util\.uninitialized : tensor<\?x8xf16>$",
+        r"^  util\.global private mutable @__auto\.dyn : tensor<\?x8xf16>$",  # IREE cannot size it
         r"^  util\.global private mutable @__auto\.plain : index$",
     )
 

@@ -406,7 +406,12 @@ class ModuleBuilder:
             self.context,
         )
 
-    def _uninitialized(self, typ: ir.Type) -> ir.Attribute:
+    def _uninitialized(self, typ: ir.Type) -> ir.Attribute | None:
+        rtt = _as_ranked_tensor(typ)
+        if rtt is not None and not rtt.has_static_shape:
+            # IREE 3.13 cannot size `#util.uninitialized` for a dynamically shaped tensor
+            # ("stream.tensor.sizeof ... 0 dimension values"); no initial value means the same.
+            return None
         return ir.Attribute.parse(f"#util.uninitialized : {typ}", self.context)
 
     def create_typed_global(
@@ -421,7 +426,8 @@ class ModuleBuilder:
 
         ``attrs.external=True`` → initialized from ``#flow.parameter.named<scope::key>`` where
         key = ``attrs.map_name(logical_name or symbol_name)``; ``uninitialized`` →
-        ``#util.uninitialized``; otherwise no initial value (the program stores first).
+        ``#util.uninitialized`` (no initial value for dynamically shaped tensors, which IREE
+        cannot size); otherwise no initial value (the program stores first).
 
         Returns:
             ``(actual_symbol_name, global_op)``.
