@@ -82,3 +82,61 @@ def test_two_cpu_devices():
     # Loading a two-device program on one device is refused with the fix in the message.
     with pytest.raises(R.TurbineRuntimeError, match=r"device"):
         R.load_module(vmfb, device="local-task").main(x, y)
+
+
+GLOBAL_ON_DEVICE_1 = """
+module @placed {
+util.global private @w {stream.affinity.default = #hal.device.promise<@__device_1>}
+    = #flow.parameter.named<"model"::"w"> : tensor<4xf32>
+func.func @main(%x: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__device_0>},
+                %y: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__device_1>})
+    -> tensor<4xf32> {
+  %w = util.global.load @w : tensor<4xf32>
+  %b = arith.mulf %y, %w : tensor<4xf32>
+  %bt = flow.tensor.transfer %b : tensor<4xf32> to #hal.device.promise<@__device_0>
+  %r = arith.addf %x, %bt : tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+}
+"""
+
+
+def test_global_affinity_attribute_crash_workaround():
+    """A weight placed on device 1 (parameter archive) with two CPU devices.
+
+    IREE 3.13 segfaults on ``{stream.affinity = ...}`` on a util.global (NOTES-runtime.md);
+    ``stream.affinity.default`` compiles and runs.
+    """
+    vmfb = R.compile_mlir(
+        GLOBAL_ON_DEVICE_1, R.device_compile_flags(["local-task", "local-sync"]), cache=False
+    )
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    m = R.load_module(vmfb, device=["local-task", "local-sync"], parameters={"model": {"w": w}})
+    x, y = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(m.main(x, y), x + y * w)
+
+
+def test_exported_two_device_program_matches_eager():
+    import turbine_aot
+
+    export = getattr(turbine_aot, "export", None)
+    if export is None:
+        pytest.skip("turbine_aot.export is not available in this checkout yet")
+    from turbine_params import DeviceAffinity
+
+    class TwoDevices(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Linear(8, 8)
+
+        def forward(self, x, y):
+            return torch.relu(self.a(x)) + self.b(y)
+
+    model = TwoDevices()
+    x, y = torch.randn(2, 8), torch.randn(2, 8)
+    eo = export(model, args=(x, y), arg_device={0: DeviceAffinity(0), 1: DeviceAffinity(1)})
+    m = R.load_module(eo, device=["local-task", "local-task"], cache=False)
+    assert [s.device for s in m.main.signature.inputs] == ["__device_0", "__device_1"]
+    report = R.check_numerics(m.main, model, x, y)
+    assert report.ok, str(report)

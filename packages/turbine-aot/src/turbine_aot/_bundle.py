@@ -36,6 +36,7 @@ from turbine_aot._runtime import (
     _module_bytes_or_path,
     load_module,
     parse_abi_declaration,
+    signatures_from_mlir,
 )
 
 __all__ = [
@@ -115,7 +116,7 @@ def _signatures_of(vmfb: bytes) -> tuple[str, dict[str, FunctionSignature]]:
         raise BundleError(f"the module to bundle is not a loadable .vmfb: {e}") from e
     sigs = {}
     for name in mod.function_names:
-        if name.startswith("__"):
+        if name.startswith("__") or "$" in name:
             continue
         decl = (mod.lookup_function(name).reflection or {}).get("iree.abi.declaration", "")
         sigs[name] = parse_abi_declaration(name, decl) if decl else FunctionSignature(name, (), ())
@@ -207,6 +208,7 @@ def save_bundle(
     compile_flags: Sequence[str] | None = None,
     overwrite: bool = False,
     cache: Any = True,
+    signatures: Mapping[str, FunctionSignature] | None = None,
 ) -> Bundle:
     """Writes a deployable bundle.
 
@@ -220,6 +222,8 @@ def save_bundle(
         compile_flags: the flags the module was (or is to be) compiled with, recorded.
         overwrite: replace an existing bundle at ``path``.
         cache: compile cache setting when compiling an ``ExportOutput``.
+        signatures: entry-point signatures for modules without ABI reflection (taken from an
+            ``ExportOutput``'s IR automatically).
 
     Returns:
         The :class:`Bundle` (for an archive, the manifest and the archive path).
@@ -243,6 +247,11 @@ def save_bundle(
     )
     vmfb = data if data is not None else Path(mpath).read_bytes()  # type: ignore[arg-type]
     module_name, sigs = _signatures_of(vmfb)
+    if signatures is None and is_export:
+        signatures = signatures_from_mlir(module)
+    for name, sig in (signatures or {}).items():
+        if name in sigs and not sigs[name].inputs and not sigs[name].outputs:
+            sigs[name] = sig
     params = _normalize_parameters(parameters)
     recorded_flags = (
         device_compile_flags(devices, compile_flags) if is_export else list(compile_flags or [])
@@ -424,5 +433,9 @@ def load_bundle(
     params: dict[str, Any] = {s: [str(p) for p in ps] for s, ps in bundle.parameters().items()}
     params.update(parameters or {})
     return load_module(
-        bundle.module_path, device=devices, parameters=params or None, copy_results=copy_results
+        bundle.module_path,
+        device=devices,
+        parameters=params or None,
+        copy_results=copy_results,
+        signatures=bundle.functions,
     )

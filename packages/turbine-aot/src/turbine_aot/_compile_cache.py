@@ -329,13 +329,40 @@ def compile_export_output(
     compile_flags: Sequence[str] | None = None,
     cache: Any = True,
 ) -> bytes:
-    """Compiles an ``ExportOutput`` for the given device(s) through the cache; returns the vmfb."""
+    """Compiles an ``ExportOutput`` for the given device URI(s) through the compile cache.
+
+    The flags are those ``ExportOutput.compile(target_device=..., extra_args=compile_flags)``
+    uses; on a miss the module is compiled by ``ExportOutput.compile`` itself (so import phases
+    and session flags are honoured), and the result is stored under the key of the module's
+    bytecode, the flags, the compiler version and the devices.
+
+    Returns:
+        The ``.vmfb`` bytes.
+    """
+    from turbine_aot._targets import resolve_target
+
     devices = [device] if isinstance(device, str) else list(device)
-    flags = device_compile_flags(devices, compile_flags)
-    return compile_mlir(
-        export_output_ir(export_output),
-        flags,
-        input_type="torch",
-        target=",".join(devices),
-        cache=cache,
-    )
+    targets = [resolve_target(d.split("://", 1)[0].split(":", 1)[0]).name for d in devices]
+    target_device: str | list[str] = targets[0] if len(targets) == 1 else targets
+    extra = list(compile_flags or ())
+    flags: list[str] = list(extra)
+    try:
+        from turbine_aot._exporter import compile_flags_for
+
+        session_flags = getattr(export_output, "_session_flags", lambda: [])()
+        flags = compile_flags_for(target_device=target_device, extra_args=[*session_flags, *extra])
+    except ImportError:  # pragma: no cover - exporter not installed
+        pass
+    c = _resolve_cache(cache)
+    key = ""
+    if c:
+        key = CompileCache.key(export_output_ir(export_output), flags, target=",".join(devices))
+        hit = c.get(key)
+        if hit is not None:
+            logger.info("compile cache hit %s", key[:16])
+            return hit
+    out = export_output.compile(save_to=None, target_device=target_device, extra_args=extra)
+    vmfb = bytes(out.map_memory())
+    if c:
+        c.put(key, vmfb)
+    return vmfb

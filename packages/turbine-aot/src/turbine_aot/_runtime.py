@@ -33,6 +33,7 @@ __all__ = [
     "TurbineRuntimeError",
     "load_module",
     "parse_abi_declaration",
+    "signatures_from_mlir",
 ]
 
 logger = logging.getLogger("turbine.aot.runtime")
@@ -137,6 +138,9 @@ def _split_top_level(text: str) -> list[str]:
 
 
 _TENSOR_RE = re.compile(r"^tensor<(.*)>$")
+_VTENSOR_RE = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],\s*(.+)>$")
+# torch-dialect dtype spellings that differ from the builtin ones at the ABI
+_TORCH_DTYPE_TO_ABI = {"si8": "i8", "si16": "i16", "si32": "i32", "si64": "i64", "ui8": "ui8"}
 _AFFINITY_RE = re.compile(
     r"iree\.abi\.affinity\s*=\s*#hal\.device\.(?:promise|affinity)<@([\w.$-]+)"
 )
@@ -152,6 +156,15 @@ def _parse_value(decl: str) -> TensorSpec:
         body, attrs = body[:idx].strip(), body[idx:]
     m = _AFFINITY_RE.search(attrs)
     device = m.group(1) if m else None
+    vm = _VTENSOR_RE.match(body)
+    if vm:
+        dims = tuple(
+            None if d.strip() in ("?", "-1") else int(d)
+            for d in vm.group(1).split(",")
+            if d.strip()
+        )
+        dtype = vm.group(2).strip()
+        return TensorSpec(dims, _TORCH_DTYPE_TO_ABI.get(dtype, dtype), device=device)
     tm = _TENSOR_RE.match(body)
     if not tm:
         return TensorSpec((), body, is_tensor=False, device=device)
@@ -201,6 +214,47 @@ def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
         res = res[1:-1]
     outs = tuple(_parse_value(p) for p in _split_top_level(res)) if res else ()
     return FunctionSignature(name, ins, outs)
+
+
+def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
+    """Signatures of the public functions of an MLIR module (an ``Operation`` or an object with
+    ``mlir_module``, e.g. ``ExportOutput``), for modules whose ``.vmfb`` carries no ABI
+    reflection (torch-dialect input). Argument affinities come from ``iree.abi.affinity``.
+    """
+    op = getattr(module_op, "mlir_module", module_op)
+    op = getattr(op, "operation", op)
+    out: dict[str, FunctionSignature] = {}
+    try:
+        ops = list(op.regions[0].blocks[0].operations)
+    except Exception:
+        return out
+    for f in ops:
+        f = getattr(f, "operation", f)
+        if f.name != "func.func":
+            continue
+        attrs = f.attributes
+        if "sym_visibility" in attrs and str(attrs["sym_visibility"]).strip('"') != "public":
+            continue
+        name = str(attrs["sym_name"]).strip('"')
+        ftype = str(attrs["function_type"])
+        arg_attrs = [str(a) for a in attrs["arg_attrs"]] if "arg_attrs" in attrs else []
+        m = re.match(r"^\((.*)\)\s*->\s*(.*)$", ftype, re.S)
+        if not m:
+            continue
+        arg_types = _split_top_level(m.group(1))
+        decl_args = [
+            f"{t} {arg_attrs[i]}" if i < len(arg_attrs) and arg_attrs[i] != "{}" else t
+            for i, t in enumerate(arg_types)
+        ]
+        res = m.group(2).strip()
+        if res.startswith("(") and res.endswith(")"):
+            res = res[1:-1]
+        out[name] = FunctionSignature(
+            name,
+            tuple(_parse_value(a) for a in decl_args),
+            tuple(_parse_value(r) for r in _split_top_level(res)) if res else (),
+        )
+    return out
 
 
 def _module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | None, Path | None]:
@@ -459,6 +513,7 @@ class LoadedModule:
         context: Any,
         keep_alive: list[Any],
         copy_results: bool,
+        signatures: Mapping[str, FunctionSignature] | None = None,
     ) -> None:
         self._vm_module = vm_module
         self._instance = instance
@@ -471,11 +526,16 @@ class LoadedModule:
         self._device_names: dict[str, int] = {}
         self.functions: dict[str, LoadedFunction] = {}
         for fname in vm_module.function_names:
-            if fname.startswith("__"):
-                continue  # __init and other internal entry points
+            if fname.startswith("__") or "$" in fname:
+                continue  # __init, and main$async (takes fences: not a plain call)
             fn = vm_module.lookup_function(fname)
             decl = (fn.reflection or {}).get("iree.abi.declaration", "")
-            sig = parse_abi_declaration(fname, decl) if decl else FunctionSignature(fname, (), ())
+            if decl:
+                sig = parse_abi_declaration(fname, decl)
+            elif signatures and fname in signatures:
+                sig = signatures[fname]
+            else:
+                sig = FunctionSignature(fname, (), ())
             self.functions[fname] = LoadedFunction(self, fn, sig, copy_results)
 
     def _device_index(self, name: str | None) -> int:
@@ -531,6 +591,7 @@ def load_module(
     copy_results: bool = False,
     compile_flags: Sequence[str] | None = None,
     cache: Any = True,
+    signatures: Mapping[str, FunctionSignature] | None = None,
 ) -> LoadedModule:
     """Loads a compiled module on one or more IREE devices.
 
@@ -550,6 +611,9 @@ def load_module(
         compile_flags: only for an ``ExportOutput``: flags replacing turbine's defaults.
         cache: only for an ``ExportOutput``: True (default cache), False, or a
             :class:`~turbine_aot.runtime.CompileCache`.
+        signatures: function signatures to use where the module has no ABI reflection
+            (modules compiled from torch-dialect IR); taken from an ``ExportOutput``'s IR
+            automatically.
 
     Returns:
         The loaded module.
@@ -561,6 +625,8 @@ def load_module(
     import iree.runtime as rt
 
     uris = _normalize_devices(device)
+    if signatures is None and hasattr(module, "mlir_module"):
+        signatures = signatures_from_mlir(module)
     if runtime_flags:
         rt.flags.parse_flags(*runtime_flags)
     data, path = _module_bytes_or_path(
@@ -607,6 +673,7 @@ def load_module(
         context=context,
         keep_alive=[data, *keep],
         copy_results=copy_results,
+        signatures=signatures,
     )
 
 

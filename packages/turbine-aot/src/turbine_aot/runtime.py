@@ -31,6 +31,7 @@ from turbine_aot._runtime import (
     TurbineRuntimeError,
     load_module,
     parse_abi_declaration,
+    signatures_from_mlir,
 )
 from turbine_aot._runtime_numerics import (
     NumericsError,
@@ -67,4 +68,5 @@ __all__ = [
     "parse_abi_declaration",
     "read_bundle",
     "save_bundle",
+    "signatures_from_mlir",
 ]
