@@ -1,0 +1,176 @@
+"""Measurement helpers shared by the benchmarks: export, compile, load, and interleaved timing.
+
+Timings on a shared machine are noisy: every comparison measures the candidates interleaved in
+the same process (round-robin, one call each per round) and reports medians and ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+@dataclass
+class Exported:
+    mlir: str
+    export_s: float
+    import_s: float
+    rss_mb: float
+
+
+def export_mlir(module, args, *, dynamic_shapes=None, decompositions=None) -> Exported:
+    """torch.export + FX import to torch-dialect MLIR text.
+
+    Uses ``turbine_aot.export`` when it exists, else ``iree.compiler.extras.fx_importer`` directly.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    prog = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    if decompositions is not None:
+        prog = prog.run_decompositions(decompositions)
+    t1 = time.perf_counter()
+    from iree.compiler.extras.fx_importer import FxImporter
+
+    importer = FxImporter()
+    importer.import_frozen_program(prog, func_name="main")
+    text = str(importer.module)
+    t2 = time.perf_counter()
+    return Exported(text, t1 - t0, t2 - t1, peak_rss_mb())
+
+
+@dataclass
+class Compiled:
+    vmfb: bytes
+    compile_s: float
+    rss_mb: float
+    flags: list[str] = field(default_factory=list)
+
+
+def compile_mlir(mlir: str, flags: Sequence[str], *, input_type: str = "torch") -> Compiled:
+    """Runs ``iree-compile`` as a child process, measuring wall time and its peak RSS."""
+    from iree.compiler.tools.binaries import find_tool
+
+    tool = find_tool("iree-compile")
+    with tempfile.TemporaryDirectory(prefix="turbine-bench-") as td:
+        src = Path(td, "in.mlir")
+        src.write_text(mlir)
+        out = Path(td, "out.vmfb")
+        cmd = [tool, str(src), f"--iree-input-type={input_type}", *flags, "-o", str(out)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        peak = [0.0]
+        stop = threading.Event()
+
+        def _poll() -> None:
+            try:
+                import psutil
+
+                p = psutil.Process(proc.pid)
+                while not stop.is_set():
+                    try:
+                        peak[0] = max(peak[0], p.memory_info().rss / 2**20)
+                    except psutil.Error:
+                        return
+                    stop.wait(0.02)
+            except ImportError:
+                return
+
+        th = threading.Thread(target=_poll, daemon=True)
+        th.start()
+        _, err = proc.communicate()
+        stop.set()
+        th.join()
+        dt = time.perf_counter() - t0
+        if proc.returncode != 0:
+            msg = err.decode(errors="replace")
+            raise RuntimeError(f"iree-compile failed ({' '.join(flags)}):\n{msg[-3000:]}")
+        return Compiled(out.read_bytes(), dt, peak[0], list(flags))
+
+
+class IreeCallable:
+    """A compiled module's ``main`` loaded on a driver; called with numpy arrays."""
+
+    def __init__(self, vmfb: bytes, driver: str = "local-task", *, function: str = "main"):
+        import iree.runtime as rt
+
+        self.config = rt.Config(driver)
+        vm_module = rt.VmModule.copy_buffer(self.config.vm_instance, vmfb)
+        self.ctx = rt.SystemContext(vm_modules=[vm_module], config=self.config)
+        self.fn = self.ctx.modules.module[function]
+
+    def __call__(self, *args: np.ndarray) -> np.ndarray:
+        res = self.fn(*args)
+        if isinstance(res, (list, tuple)):
+            res = res[0]
+        return res.to_host()
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], object]], *, calls: int = 20, warmup: int = 2, budget_s: float = 30
+) -> dict[str, dict]:
+    """Median wall and CPU seconds per call of each function, measured round-robin.
+
+    One call of each function per round, so that load from other processes hits every candidate
+    alike. Stops early (after at least 5 rounds) when ``budget_s`` is spent. CPU time is this
+    process's (all threads): on a busy machine it shows the work done, free of waiting.
+
+    Returns:
+        name -> {"wall": median s, "cpu": median s, "all": [wall s, ...]}.
+    """
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    t_start = time.perf_counter()
+    for i in range(calls):
+        for k, f in fns.items():
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            f()
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+        if i >= 4 and time.perf_counter() - t_start > budget_s:
+            break
+    return {
+        k: {"wall": statistics.median(wall[k]), "cpu": statistics.median(cpu[k]), "all": wall[k]}
+        for k in fns
+    }
+
+
+def set_runtime_flags(flags: Sequence[str]) -> None:
+    """Applies IREE runtime flags (e.g. ``--task_topology_max_group_count=2``) process-wide.
+
+    Must run before the first driver of that kind is created.
+    """
+    if flags:
+        import iree.runtime as rt
+
+        rt.flags.parse_flags(*flags)
+
+
+def python() -> str:
+    return sys.executable
+
+
+def env_threads() -> int:
+    return len(os.sched_getaffinity(0))

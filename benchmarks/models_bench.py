@@ -1,0 +1,398 @@
+"""Model benchmark: turbine (export -> IREE compile -> run) against eager PyTorch and AOTInductor.
+
+Models are built in code with random weights (``benchmarks/_models.py``): an MLP 3×1024 (batch 8),
+the ResNet-18 shape (1×3×224×224), a GPT-2-small shape (6 layers, d 512, seq 128) with static and
+dynamic sequence. Each model runs in its own child process (so peak RSS figures are per model) and
+is measured in one run: export time and peak RSS, compile time and peak RSS, module size, IREE
+latency per compile variant, eager latency, AOTInductor latency, max abs error against eager.
+Latencies are medians of calls interleaved round-robin with eager in the same process, so the
+ratios hold on a busy machine even when absolute figures do not.
+
+Compile variants (``--variants``):
+
+* ``generic`` — portable CPU build, no data tiling (what a reference user gets by default);
+* ``host`` — ``--iree-llvmcpu-target-cpu=host`` only;
+* ``host-dt-uk`` — host + data tiling + ukernels;
+* ``turbine`` — turbine's defaults: ``ExportOutput.compile()`` with no arguments
+  (``turbine_aot._targets.default_compile_flags``).
+
+Usage::
+
+    python benchmarks/models_bench.py                       # all models, CPU, default variants
+    python benchmarks/models_bench.py --models gpt --variants turbine --threads 1
+    python benchmarks/models_bench.py --device cuda --json out.json
+
+It is a benchmark, not a test: nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
+ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine")
+# gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
+DEFAULT_VARIANTS = {"gpt-dyn": ("turbine",)}
+# AOTInductor costs 30-100 s of compile per model on 2 cores: not for the dynamic GPT by default.
+DEFAULT_AOTI = ("mlp", "resnet18", "gpt")
+
+
+# ------------------------------------------------------------------------------------------ child
+class _PeakRss:
+    """Peak RSS (MiB) of this process while the ``with`` block runs (polled every 10 ms)."""
+
+    def __enter__(self) -> _PeakRss:
+        import psutil
+
+        self._p = psutil.Process()
+        self.base = self._p.memory_info().rss / 2**20
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._poll, daemon=True)
+        self._t.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._p.memory_info().rss / 2**20)
+            self._stop.wait(0.01)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self._p.memory_info().rss / 2**20)
+
+
+def _variant_flags(variant: str, target: str) -> tuple[bool, list[str]]:
+    """(host_cpu, extra_args) for ``ExportOutput.compile`` giving this variant."""
+    from turbine_aot._targets import default_compile_flags
+
+    if variant == "turbine" or target != "llvm-cpu":
+        return True, []
+    if variant == "generic":
+        return False, default_compile_flags(target, host=False, fast_matmul=False, use_env=False)
+    if variant == "host":
+        return True, default_compile_flags(target, host=True, fast_matmul=False, use_env=False)
+    if variant == "host-dt-uk":
+        return True, default_compile_flags(target, host=True, fast_matmul=True, use_env=False)
+    raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(ALL_VARIANTS)}")
+
+
+def _build_case(model: str):
+    import _models
+
+    if model == "mlp":
+        return _models.mlp()
+    if model == "resnet18":
+        return _models.resnet18()
+    if model == "gpt":
+        return _models.gpt()
+    if model == "gpt-dyn":
+        return _models.gpt(dynamic=True)
+    raise SystemExit(f"unknown model {model!r}; choose from {', '.join(ALL_MODELS)}")
+
+
+def _max_err(a: Any, b: Any) -> float:
+    return float((a.detach().float().cpu() - b.detach().float().cpu()).abs().max())
+
+
+def _aoti(case, device: str, td: str, row: dict) -> Any:
+    """Builds an AOTInductor package; returns a callable or None (reason in ``row``)."""
+    import torch
+
+    try:
+        t0 = time.perf_counter()
+        ep = torch.export.export(case.module, case.args, dynamic_shapes=case.dynamic_shapes)
+        path = torch._inductor.aoti_compile_and_package(ep, package_path=str(Path(td, "m.pt2")))
+        row["aoti_compile_s"] = time.perf_counter() - t0
+        return torch._inductor.aoti_load_package(path)
+    except Exception as e:  # report why AOTI could not build
+        row["aoti_note"] = f"AOTInductor did not build: {type(e).__name__}: {str(e)[:300]}"
+        return None
+
+
+def run_child(args: argparse.Namespace) -> dict:
+    import _harness
+    import torch
+
+    import turbine_aot
+    from turbine_aot import runtime
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    on_cuda = args.device == "cuda"
+    target = "cuda" if on_cuda else "llvm-cpu"
+    driver = "cuda" if on_cuda else ("local-sync" if threads == 1 else "local-task")
+    if not on_cuda and threads > 1:
+        runtime_flags = [f"--task_topology_max_group_count={threads}"]
+    else:
+        runtime_flags = []
+
+    case = _build_case(args.child)
+    dev = torch.device("cuda" if on_cuda else "cpu")
+    module = case.module.to(dev)
+    inputs = tuple(a.to(dev) for a in case.args)
+    result: dict[str, Any] = {
+        "model": case.name,
+        "device": args.device,
+        "threads": threads,
+        "driver": driver,
+        "params": sum(p.numel() for p in module.parameters()),
+        "dtype": "float32",
+        "variants": {},
+    }
+    with torch.no_grad():
+        ref = module(*inputs)
+
+    # Export (turbine's path). Parameters stay inline: the module is self-contained.
+    export_case = case  # exported from CPU tensors; the target decides where it runs
+    with _PeakRss() as rss:
+        t0 = time.perf_counter()
+        eo = turbine_aot.export(
+            export_case.module.cpu(),
+            args=export_case.args,
+            dynamic_shapes=export_case.dynamic_shapes,
+        )
+        result["export_s"] = time.perf_counter() - t0
+    result["export_peak_rss_mb"] = rss.peak
+    result["export_rss_delta_mb"] = rss.peak - rss.base
+    module = module.to(dev)
+
+    variants = args.variants or DEFAULT_VARIANTS.get(args.child, ALL_VARIANTS)
+    if on_cuda:
+        variants = ["turbine"]
+    calls: dict[str, Any] = {}
+    td = tempfile.mkdtemp(prefix="turbine-bench-")
+    for v in variants:
+        row: dict[str, Any] = {}
+        result["variants"][v] = row
+        host_cpu, extra = _variant_flags(v, target)
+        path = Path(td, f"{v}.vmfb")
+        try:
+            with _PeakRss() as rss:
+                t0 = time.perf_counter()
+                eo.compile(save_to=path, target_device=target, host_cpu=host_cpu, extra_args=extra)
+                row["compile_s"] = time.perf_counter() - t0
+            row["compile_peak_rss_mb"] = rss.peak
+            row["module_bytes"] = path.stat().st_size
+            m = runtime.load_module(path, device=driver, runtime_flags=runtime_flags)
+            out = m.main(*inputs)
+            row["max_abs_err"] = _max_err(out, ref)
+            fn = m.main
+            calls[v] = lambda fn=fn: fn(*inputs)
+        except Exception as e:  # a failed variant is a figure too
+            row["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+
+    def eager() -> None:
+        with torch.no_grad():
+            module(*inputs)
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    calls["eager"] = eager
+    if args.aoti and (args.child in DEFAULT_AOTI or args.models_explicit):
+        row = {}
+        fn = _aoti(case if not on_cuda else _on(case, dev), args.device, td, row)
+        result["aoti"] = row
+        if fn is not None:
+            with torch.no_grad():
+                row["max_abs_err"] = _max_err(fn(*inputs), ref)
+
+            def aoti(fn=fn) -> None:
+                with torch.no_grad():
+                    fn(*inputs)
+
+            calls["aoti"] = aoti
+    else:
+        result["aoti"] = {"aoti_note": "skipped (not requested for this model)"}
+
+    timings = _harness.time_interleaved(calls, calls=args.calls, budget_s=args.budget_s)
+    for k, v in timings.items():
+        entry = result["variants"].get(k) if k in result["variants"] else None
+        if k == "eager":
+            result["eager_ms"] = v["wall"] * 1e3
+            result["eager_cpu_ms"] = v["cpu"] * 1e3
+        elif k == "aoti":
+            result["aoti"]["ms"] = v["wall"] * 1e3
+            result["aoti"]["cpu_ms"] = v["cpu"] * 1e3
+        elif entry is not None:
+            entry["ms"] = v["wall"] * 1e3
+            entry["cpu_ms"] = v["cpu"] * 1e3
+    result["rounds"] = min(len(x["all"]) for x in timings.values())
+    result["loadavg_1m"] = os.getloadavg()[0]
+    return result
+
+
+def _on(case, dev):
+    import _models
+
+    return _models.ModelCase(
+        case.name,
+        case.module.to(dev),
+        tuple(a.to(dev) for a in case.args),
+        case.dynamic_shapes,
+        case.atol,
+    )
+
+
+# ----------------------------------------------------------------------------------------- parent
+def _fmt_ms(x: float | None) -> str:
+    return "–" if x is None else (f"{x:.2f}" if x < 100 else f"{x:.0f}")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "–" if not a or not b else f"{a / b:.2f}×"
+
+
+def print_table(results: list[dict], file=sys.stdout) -> None:
+    """Prints one line per model: latency per variant and its ratio to eager (and AOTI)."""
+    variants = [v for v in ALL_VARIANTS if any(v in r.get("variants", {}) for r in results)]
+    head = ["model", "thr", *[f"{v} ms (×eager)" for v in variants], "eager ms", "AOTI ms"]
+    head += ["turbine/AOTI", "max err"]
+    rows = [head]
+    for r in results:
+        if "error" in r:
+            rows.append([r.get("model", "?"), "", f"ERROR: {r['error'][:80]}"])
+            continue
+        eager = r.get("eager_ms")
+        aoti = r.get("aoti", {}).get("ms")
+        cells = [r["model"], str(r["threads"])]
+        for v in variants:
+            row = r["variants"].get(v)
+            if row is None:
+                cells.append("")
+            elif "error" in row:
+                cells.append("failed")
+            else:
+                cells.append(f"{_fmt_ms(row.get('ms'))} ({_ratio(row.get('ms'), eager)})")
+        t = r["variants"].get("turbine", {})
+        cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(t.get("ms"), aoti)]
+        cells.append(f"{t.get('max_abs_err', float('nan')):.1e}" if t else "")
+        rows.append(cells)
+    widths = [
+        max(len(str(row[i])) if i < len(row) else 0 for row in rows) for i in range(len(head))
+    ]
+    for row in rows:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths)), file=file)
+    print(file=file)
+    for r in results:
+        if "error" in r:
+            continue
+        extra = [
+            f"export {r['export_s']:.1f}s peak {r['export_peak_rss_mb']:.0f}MiB",
+        ]
+        t = r["variants"].get("turbine")
+        if t and "compile_s" in t:
+            extra.append(
+                f"compile(turbine) {t['compile_s']:.1f}s peak {t['compile_peak_rss_mb']:.0f}MiB"
+                f" vmfb {t['module_bytes'] / 2**20:.1f}MiB"
+            )
+        if t and "cpu_ms" in t:
+            extra.append(
+                f"cpu-time/call turbine {t['cpu_ms']:.1f}ms eager {r['eager_cpu_ms']:.1f}ms"
+            )
+        a = r.get("aoti", {})
+        if "aoti_compile_s" in a:
+            extra.append(f"AOTI compile {a['aoti_compile_s']:.0f}s")
+        if "aoti_note" in a:
+            extra.append(a["aoti_note"][:100])
+        for v, row in r["variants"].items():
+            if "error" in row:
+                extra.append(f"{v} failed: {row['error'][:160]}")
+        extra.append(f"load {r['loadavg_1m']:.1f}, {r['rounds']} rounds")
+        print(f"  {r['model']}: " + "; ".join(extra), file=file)
+
+
+def _child_cmd(model: str, args: argparse.Namespace, out: str) -> list[str]:
+    cmd = [sys.executable, str(Path(__file__)), "--child", model, "--child-json", out]
+    cmd += ["--calls", str(args.calls), "--budget-s", str(args.budget_s), "--device", args.device]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.variants:
+        cmd += ["--variants", ",".join(args.variants)]
+    if not args.aoti:
+        cmd.append("--no-aoti")
+    if args.models_explicit:
+        cmd.append("--models-explicit")
+    return cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(ALL_MODELS), help="comma list of models")
+    p.add_argument("--variants", default=None, help=f"comma list of {', '.join(ALL_VARIANTS)}")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=0, help="0: all cores; 1: local-sync + 1 thread")
+    p.add_argument("--calls", type=int, default=20, help="timed calls per candidate")
+    p.add_argument("--budget-s", type=float, default=20.0, help="timing budget per model")
+    p.add_argument("--no-aoti", dest="aoti", action="store_false", help="skip AOTInductor")
+    p.add_argument("--timeout-s", type=float, default=420.0, help="per-model child timeout")
+    p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--models-explicit", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.variants = args.variants.split(",") if args.variants else None
+    if args.child:
+        res = run_child(args)
+        Path(args.child_json).write_text(json.dumps(res, indent=1))
+        return 0
+
+    models = [m for m in args.models.split(",") if m]
+    args.models_explicit = args.models != ",".join(ALL_MODELS)
+    results: list[dict] = []
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="turbine-bench-") as td:
+        for model in models:
+            out = str(Path(td, f"{model}.json"))
+            t0 = time.perf_counter()
+            print(f"[models_bench] {model} ...", flush=True)
+            try:
+                proc = subprocess.run(
+                    _child_cmd(model, args, out),
+                    timeout=args.timeout_s,
+                    capture_output=True,
+                    text=True,
+                )
+                if proc.returncode != 0:
+                    results.append({"model": model, "error": proc.stderr.strip()[-1500:]})
+                else:
+                    results.append(json.loads(Path(out).read_text()))
+            except subprocess.TimeoutExpired:
+                results.append({"model": model, "error": f"timed out after {args.timeout_s}s"})
+            results[-1]["wall_s"] = time.perf_counter() - t0
+            print(f"[models_bench] {model} done in {results[-1]['wall_s']:.0f}s", flush=True)
+    print()
+    print_table(results)
+    print(f"\n[models_bench] total {time.perf_counter() - t_all:.0f}s")
+    if args.json:
+        _write_json(Path(args.json), {"benchmark": "models", "results": results})
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomic write: temp file in the same directory, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
