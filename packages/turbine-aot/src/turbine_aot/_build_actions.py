@@ -56,6 +56,7 @@ from ._build_actions_pool import (
     default_worker_count,
     get_generator_pool,
 )
+from ._errors import TurbineAotError
 
 __all__ = [
     "BuildActionError",
@@ -78,7 +79,7 @@ _METADATA_FINGERPRINT = "turbine_generate.fingerprint"
 _METADATA_SHA256 = "turbine_generate.sha256"
 
 
-class BuildActionError(Exception):
+class BuildActionError(TurbineAotError):
     """Root of the errors raised by turbine's build actions."""
 
 
