@@ -19,6 +19,7 @@ from ._errors import (
     TurbineFxError,
     UnsupportedOpError,
 )
+from ._fx_programs import FxPrograms, FxProgramsBuilder
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 from ._program_prep import PreparedProgram, prepare_program
 
@@ -27,6 +28,8 @@ __all__ = [
     "DEFAULT_DECOMPOSITION_OPS",
     "DecompositionError",
     "FxImportError",
+    "FxPrograms",
+    "FxProgramsBuilder",
     "FxProgramsError",
     "JittableError",
     "PreparedProgram",

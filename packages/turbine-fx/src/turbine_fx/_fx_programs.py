@@ -1,0 +1,465 @@
+"""FxPrograms: a named set of ExportedPrograms that share state; FxProgramsBuilder makes one.
+
+torch gives every ExportedProgram its own ``state_dict`` and ``constants``; several entry points
+of one model (prefill and decode) then look like several copies of the weights. Here the programs
+of a set keep referring to the *same* tensor objects, so importing them into one module yields one
+set of globals (the ModuleBuilder dedupes by identity), and saving stores each tensor once.
+
+On disk (``save(path)``), next to the descriptor ``path`` (JSON):
+
+* ``<stem>.<program>.ep.json``: each program's graph, serialized by torch's ExportedProgram
+  serializer (JSON) with its tensors replaced by meta-device stand-ins;
+* ``<stem>.tensors.safetensors``: every distinct tensor that has data, once;
+* the descriptor: format/version, programs (file, argument device affinities), tensors (dtype,
+  shape, kind, traits, where the data is) and, per program, which tensor each state_dict /
+  constants entry is.
+
+``load(path)`` reads JSON and safetensors only — it never unpickles anything — and rebinds every
+program's state to the shared tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.export import ExportedProgram
+
+from ._decompositions import current_aot_decompositions
+from ._errors import FxProgramsError
+
+__all__ = ["FxPrograms", "FxProgramsBuilder"]
+
+_FORMAT = "turbine-fx-programs"
+_VERSION = 1
+
+
+class FxPrograms:
+    """Represents a named set of ExportedPrograms whose lifted tensors are shared.
+
+    Attributes:
+        programs: Program name → ``ExportedProgram`` (insertion ordered).
+        arg_devices: Program name → ``{flat argument index: DeviceAffinity}``.
+    """
+
+    def __init__(self) -> None:
+        self.programs: dict[str, ExportedProgram] = {}
+        self.arg_devices: dict[str, dict[int, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(programs={list(self.programs)})"
+
+    # Saving ---------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> int:
+        """Saves the set of exported programs to a descriptor file (plus files beside it).
+
+        Each tensor shared by several programs (or several names) is stored once.
+
+        Args:
+            path: The descriptor file to write (JSON); sibling files share its stem.
+
+        Returns:
+            The number of tensor references deduplicated (references minus distinct tensors).
+
+        Raises:
+            FxProgramsError: The set is empty or holds state that cannot be saved.
+        """
+        if not self.programs:
+            raise FxProgramsError("FxPrograms.save: the set has no programs to save")
+        path = Path(path)
+        stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+        tensor_ids: dict[int, str] = {}
+        tensors: dict[str, torch.Tensor] = {}
+        tensor_meta: dict[str, dict[str, Any]] = {}
+        bindings: dict[str, dict[str, dict[str, str]]] = {}
+        references = 0
+
+        def key_for(t: torch.Tensor, owner: str) -> str:
+            nonlocal references
+            references += 1
+            key = tensor_ids.get(id(t))
+            if key is None:
+                key = f"t{len(tensor_ids)}"
+                tensor_ids[id(t)] = key
+                tensors[key] = t
+                tensor_meta[key] = _describe_tensor(t, owner)
+            return key
+
+        descriptor_programs: dict[str, Any] = {}
+        for name, ep in self.programs.items():
+            _check_name(name)
+            sd_keys = {k: key_for(v, f"{name}:{k}") for k, v in ep.state_dict.items()}
+            const_keys = {}
+            for k, v in ep.constants.items():
+                if not isinstance(v, torch.Tensor):
+                    raise FxProgramsError(
+                        f"program '{name}' has constant '{k}' of type {type(v).__name__}; only "
+                        "tensor constants can be saved (script objects are not supported)"
+                    )
+                const_keys[k] = key_for(v, f"{name}:{k}")
+            bindings[name] = {"state_dict": sd_keys, "constants": const_keys}
+            graph_file = f"{stem}.{name}.ep.json"
+            _atomic_write(path.parent / graph_file, _serialize_graph(ep))
+            descriptor_programs[name] = {
+                "file": graph_file,
+                "arg_device": {
+                    str(i): [a.ordinal, a.queues] for i, a in self.arg_devices.get(name, {}).items()
+                },
+            }
+
+        data_file = f"{stem}.tensors.safetensors"
+        _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
+        descriptor = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "data_file": data_file,
+            "programs": descriptor_programs,
+            "tensors": tensor_meta,
+            "bindings": bindings,
+        }
+        _atomic_write(path, json.dumps(descriptor, indent=1).encode())
+        return references - len(tensors)
+
+    # Loading --------------------------------------------------------------------------------
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> FxPrograms:
+        """Loads a set saved by :meth:`save`, with tensor sharing re-established.
+
+        Only JSON and safetensors are read; no code from the files is executed.
+
+        Raises:
+            FxProgramsError: The descriptor is missing, of another format, or inconsistent.
+        """
+        path = Path(path)
+        try:
+            descriptor = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise FxProgramsError(f"cannot read FxPrograms descriptor {path}: {e}") from e
+        if descriptor.get("format") != _FORMAT or descriptor.get("version") != _VERSION:
+            raise FxProgramsError(
+                f"{path} is not a turbine FxPrograms descriptor (format "
+                f"{descriptor.get('format')!r} version {descriptor.get('version')!r}; expected "
+                f"{_FORMAT!r} version {_VERSION}); write it with FxPrograms.save"
+            )
+        tensors = _load_tensors(path.parent / descriptor["data_file"], descriptor["tensors"])
+        result = FxPrograms()
+        from turbine_params import DeviceAffinity
+
+        for name, info in descriptor["programs"].items():
+            binding = descriptor["bindings"][name]
+            try:
+                state_dict = {k: tensors[v] for k, v in binding["state_dict"].items()}
+                constants = {k: tensors[v] for k, v in binding["constants"].items()}
+            except KeyError as e:
+                raise FxProgramsError(
+                    f"{path}: program '{name}' refers to tensor {e} which is not in the descriptor"
+                ) from None
+            graph_bytes = (path.parent / info["file"]).read_bytes()
+            result.programs[name] = _deserialize_graph(graph_bytes, state_dict, constants, name)
+            if info.get("arg_device"):
+                result.arg_devices[name] = {
+                    int(i): DeviceAffinity(o, q) for i, (o, q) in info["arg_device"].items()
+                }
+        return result
+
+
+class _EntryModule(nn.Module):
+    """Presents ``f(root, *args)`` as ``forward`` while sharing root's parameters/buffers by name.
+
+    The wrapper's parameter/buffer/submodule dicts *are* the root's, so state_dict names stay
+    the root's (``fc1.weight``, not ``root.fc1.weight``) and tensors stay the same objects.
+    """
+
+    def __init__(self, root: nn.Module, f: Callable):
+        super().__init__()
+        self.__dict__["_parameters"] = root._parameters
+        self.__dict__["_buffers"] = root._buffers
+        self.__dict__["_modules"] = root._modules
+        self.__dict__["_non_persistent_buffers_set"] = root._non_persistent_buffers_set
+        self.__dict__["_turbine_root"] = root
+        self.__dict__["_turbine_f"] = f
+
+    def forward(self, *args, **kwargs):
+        return self._turbine_f(self._turbine_root, *args, **kwargs)
+
+
+class FxProgramsBuilder(FxPrograms):
+    """Builds a set of exported programs that are all variations of the same root nn.Module.
+
+    Usage::
+
+        fxb = FxProgramsBuilder(model)
+
+        @fxb.export_program(args=(prefill_tokens,))
+        def prefill(m, tokens):
+            return m.prefill(tokens)
+
+        @fxb.export_program(args=(token, position), name="decode")
+        def _(m, token, position):
+            return m.decode(token, position)
+
+        fxb.save("model.json")
+
+    Args:
+        root_module: The module whose state every program shares.
+    """
+
+    def __init__(self, root_module: nn.Module):
+        super().__init__()
+        if not isinstance(root_module, nn.Module):
+            raise FxProgramsError(
+                f"FxProgramsBuilder needs an nn.Module, got {type(root_module).__name__}"
+            )
+        self.root_module = root_module
+
+    def export_program(
+        self,
+        f: Callable | None = None,
+        *,
+        args: Any = None,
+        kwargs: Mapping[str, Any] | None = None,
+        dynamic_shapes: Any = None,
+        strict: bool = True,
+        name: str | None = None,
+        arg_device: Mapping[int, Any] | None = None,
+    ):
+        """Exports ``f(root_module, *args, **kwargs)`` as a program of this set (a decorator).
+
+        The current AOT decompositions are applied (see :func:`current_aot_decompositions`)
+        when the program holds an op of the table or must be functionalized; otherwise the
+        program is kept as exported.
+
+        Args:
+            f: The function; its first parameter receives the root module.
+            args: Example positional arguments (a tuple).
+            kwargs: Example keyword arguments.
+            dynamic_shapes: As for ``torch.export.export`` (for the arguments after the module).
+            strict: ``torch.export`` strict mode (TorchDynamo); ``False`` traces with Python.
+            name: Program name (default: ``f.__name__``).
+            arg_device: Flat argument index → ``DeviceAffinity``.
+
+        Returns:
+            The ExportedProgram when called with ``f``, else a decorator returning it.
+        """
+
+        def export(fn: Callable) -> ExportedProgram:
+            program_name = name or getattr(fn, "__name__", None)
+            if not program_name or program_name == "<lambda>":
+                raise FxProgramsError("export_program: give a name= for a lambda or callable")
+            _check_name(program_name)
+            if program_name in self.programs:
+                raise FxProgramsError(
+                    f"export_program: a program named '{program_name}' already exists in this "
+                    f"set ({', '.join(self.programs)}); pass another name="
+                )
+            example_args = tuple(args) if args is not None else ()
+            shapes = dynamic_shapes
+            if isinstance(shapes, dict) and shapes:
+                shapes = _dynamic_shapes_for(fn, shapes)
+            program = torch.export.export(
+                _EntryModule(self.root_module, fn),
+                example_args,
+                kwargs=dict(kwargs) if kwargs else None,
+                dynamic_shapes=shapes,
+                strict=strict,
+            )
+            program = _apply_aot_decompositions(program)
+            self.programs[program_name] = program
+            if arg_device:
+                self.arg_devices[program_name] = dict(arg_device)
+            return program
+
+        if f is not None:
+            return export(f)
+        return export
+
+
+def _dynamic_shapes_for(fn: Callable, shapes: dict) -> Any:
+    """Maps ``dynamic_shapes`` keyed by ``fn``'s parameter names to the wrapper's ``forward``.
+
+    The wrapper takes ``*args, **kwargs``; torch.export wants the specs in that form then.
+    """
+    import inspect
+
+    params = list(inspect.signature(fn).parameters)[1:]  # skip the module
+    if not set(shapes) <= set(params):
+        return shapes
+    positional = tuple(shapes.get(p) for p in params if p in shapes)
+    return {"args": positional}
+
+
+def _apply_aot_decompositions(program: ExportedProgram) -> ExportedProgram:
+    from ._program_prep import program_needs_functionalization
+
+    table = current_aot_decompositions()
+    if program_needs_functionalization(program) or any(
+        n.op == "call_function" and n.target in table for n in program.graph.nodes
+    ):
+        return program.run_decompositions(table)
+    return program
+
+
+def _check_name(name: str) -> None:
+    if not name or any(c in name for c in "/\\\0") or name.startswith("."):
+        raise FxProgramsError(
+            f"program name {name!r} cannot name a file; use letters, digits, '_' and '.'"
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Tensor descriptions and data
+
+
+def _describe_tensor(t: torch.Tensor, owner: str) -> dict[str, Any]:
+    from turbine_params import DeviceTensorTrait, ExternalTensorTrait
+
+    ext = ExternalTensorTrait.get(t)
+    dev = DeviceTensorTrait.get(t)
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "parameter": isinstance(t, nn.Parameter),
+        "requires_grad": bool(t.requires_grad),
+        "meta": bool(t.is_meta),
+        "external": [ext.external_scope, ext.external_name] if ext is not None else None,
+        "device_trait": [dev.ordinal, dev.queues] if dev is not None else None,
+        "first_use": owner,
+    }
+
+
+def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    payload: dict[str, torch.Tensor] = {}
+    seen_storage: set[int] = set()
+    for key, t in tensors.items():
+        if t.is_meta:
+            continue  # shape/dtype only: a meta tensor has no data
+        data = t.detach().cpu().contiguous()
+        storage = data.untyped_storage().data_ptr()
+        if storage in seen_storage:
+            data = data.clone()  # safetensors refuses tensors that share memory
+        seen_storage.add(data.untyped_storage().data_ptr())
+        payload[key] = data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(payload, tmp, metadata={"format": _FORMAT})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise FxProgramsError(f"unknown tensor dtype {name!r} in FxPrograms descriptor")
+    return dtype
+
+
+def _load_tensors(data_path: Path, meta: dict[str, dict]) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    from turbine_params import DeviceTensorTrait, ExternalTensorTrait
+
+    out: dict[str, torch.Tensor] = {}
+    try:
+        handle = safe_open(str(data_path), framework="pt")
+    except Exception as e:
+        raise FxProgramsError(f"cannot open FxPrograms tensor data {data_path}: {e}") from e
+    with handle as f:
+        available = set(f.keys())
+        for key, info in meta.items():
+            dtype = _dtype(info["dtype"])
+            shape = tuple(info["shape"])
+            if info["meta"]:
+                t = torch.empty(shape, dtype=dtype, device="meta")
+            elif key in available:
+                t = f.get_tensor(key)
+                if t.dtype != dtype or tuple(t.shape) != shape:
+                    raise FxProgramsError(
+                        f"{data_path}: tensor {key} is {t.dtype}{list(t.shape)}, the descriptor "
+                        f"says {dtype}{list(shape)}"
+                    )
+            else:
+                raise FxProgramsError(f"{data_path}: tensor {key} ({info['first_use']}) is missing")
+            if info["parameter"]:
+                t = nn.Parameter(t, requires_grad=info["requires_grad"])
+            if info.get("external"):
+                ExternalTensorTrait(*info["external"]).set(t)
+            if info.get("device_trait"):
+                DeviceTensorTrait(*info["device_trait"]).set(t)
+            out[key] = t
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Graph serialization (JSON via torch's serializer, tensors as meta stand-ins)
+
+
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    m = torch.empty(t.shape, dtype=t.dtype, device="meta")
+    return nn.Parameter(m, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else m
+
+
+def _serialize_graph(ep: ExportedProgram) -> bytes:
+    from torch._export.serde.serialize import serialize
+
+    stand_in = ExportedProgram(
+        root=ep.graph_module,
+        graph=ep.graph,
+        graph_signature=ep.graph_signature,
+        state_dict={k: _meta_like(v) for k, v in ep.state_dict.items()},
+        range_constraints=ep.range_constraints,
+        module_call_graph=ep.module_call_graph,
+        example_inputs=None,
+        constants={
+            k: _meta_like(v) if isinstance(v, torch.Tensor) else v for k, v in ep.constants.items()
+        },
+        verifiers=ep.verifiers,
+    )
+    artifact = serialize(stand_in)
+    return artifact.exported_program
+
+
+def _deserialize_graph(
+    graph_bytes: bytes, state_dict: dict, constants: dict, name: str
+) -> ExportedProgram:
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+
+    # Passing already-built dicts means torch's deserializer never unpickles anything.
+    artifact = SerializedArtifact(graph_bytes, dict(state_dict), dict(constants), ((), {}))
+    try:
+        return deserialize(artifact)
+    except Exception as e:
+        raise FxProgramsError(f"cannot deserialize program '{name}': {e}") from e
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+_ = dataclasses  # kept for readers: descriptors are plain JSON dicts

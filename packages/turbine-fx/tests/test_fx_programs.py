@@ -1,0 +1,121 @@
+"""FxPrograms / FxProgramsBuilder: shared state, save/load without pickle, import and run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+from fx_helpers import Built, run_module
+
+from turbine_fx import FxPrograms, FxProgramsBuilder, FxProgramsError, import_exported_program
+from turbine_params import ExternalTensorTrait
+
+
+class Decoder(nn.Module):
+    """Prefill computes a projection; decode also writes a cache row (shared weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(3, 4))
+        self.scale = torch.tensor([0.5, 1.0, 1.5, 2.0])  # a lifted constant
+
+    def forward(self, x):
+        return self.proj(x) * self.scale
+
+    def decode(self, x, pos):
+        self.cache.index_put_((pos,), self.proj(x))
+        return self.cache.sum(0)
+
+
+def _builder(model):
+    fxb = FxProgramsBuilder(model)
+
+    @fxb.export_program(
+        args=(torch.randn(2, 4),), dynamic_shapes={"x": {0: torch.export.Dim("batch", max=16)}}
+    )
+    def prefill(m, x):
+        return m(x)
+
+    @fxb.export_program(args=(torch.randn(1, 4), torch.tensor([0])), name="decode")
+    def _decode(m, x, pos):
+        return m.decode(x, pos)
+
+    return fxb
+
+
+def test_programs_share_the_root_tensors():
+    model = Decoder()
+    fxb = _builder(model)
+    assert list(fxb.programs) == ["prefill", "decode"]
+    prefill, decode = fxb.programs["prefill"], fxb.programs["decode"]
+    assert prefill.state_dict["proj.weight"] is model.proj.weight
+    assert decode.state_dict["proj.weight"] is model.proj.weight
+    # The mutating program was functionalized (decompositions applied where needed).
+    assert "cache" in decode.graph_signature.buffers_to_mutate.values()
+
+
+def test_save_load_dedupes_and_restores_sharing(tmp_path):
+    model = Decoder()
+    ExternalTensorTrait("model", "proj.weight").set(model.proj.weight)
+    fxb = _builder(model)
+    deduped = fxb.save(tmp_path / "set.json")
+    assert deduped >= 2  # proj.weight and proj.bias at least are shared by both programs
+    descriptor = json.loads((tmp_path / "set.json").read_text())
+    assert descriptor["format"] == "turbine-fx-programs"
+    assert not list(tmp_path.glob("*.pt*"))  # no pickle files
+    loaded = FxPrograms.load(tmp_path / "set.json")
+    a, b = loaded.programs["prefill"], loaded.programs["decode"]
+    assert a.state_dict["proj.weight"] is b.state_dict["proj.weight"]
+    torch.testing.assert_close(a.state_dict["proj.weight"], model.proj.weight.detach())
+    trait = ExternalTensorTrait.get(a.state_dict["proj.weight"])
+    assert trait is not None and trait.external_name == "proj.weight"
+
+
+def test_load_rejects_other_formats(tmp_path):
+    (tmp_path / "x.json").write_text('{"format": "something-else"}')
+    with pytest.raises(FxProgramsError, match="not a turbine FxPrograms descriptor"):
+        FxPrograms.load(tmp_path / "x.json")
+
+
+def test_duplicate_program_name_is_an_error():
+    fxb = FxProgramsBuilder(Decoder())
+    fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="p")
+    with pytest.raises(FxProgramsError, match="already exists"):
+        fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="p")
+
+
+def test_two_entry_points_saved_loaded_and_exported_again(iree_device, tmp_path):
+    torch.manual_seed(0)
+    model = Decoder()
+    eager = Decoder()
+    eager.load_state_dict(model.state_dict())
+    _builder(model).save(tmp_path / "set.json")
+    loaded = FxPrograms.load(tmp_path / "set.json")
+
+    b = Built()
+    with b:
+        for name, program in loaded.programs.items():
+            import_exported_program(b.mb, program, symbol_name=name)
+    asm = b.asm()
+    # One set of globals for both entry points; the cache is mutable.
+    assert asm.count("util.global private @__auto.proj.weight") == 1
+    assert asm.count("util.global private mutable @__auto.cache") == 1
+    assert "func.func @prefill(" in asm and "func.func @decode(" in asm
+
+    vmfb = iree_device.compile(asm, extra_args=["--iree-input-type=torch"])
+    module = iree_device.load(vmfb)
+    x = torch.randn(5, 4)
+    got = module.prefill(x.numpy()).to_host()
+    torch.testing.assert_close(torch.from_numpy(got), eager(x), rtol=1e-5, atol=1e-5)
+    for i in range(3):
+        xi = torch.randn(1, 4)
+        got = module.decode(xi.numpy(), torch.tensor([i]).numpy()).to_host()
+        torch.testing.assert_close(
+            torch.from_numpy(got), eager.decode(xi, torch.tensor([i])), rtol=1e-5, atol=1e-5
+        )
+
+
+_ = run_module
