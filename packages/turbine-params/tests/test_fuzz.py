@@ -92,6 +92,49 @@ def test_mutated_archives_never_crash(tmp_path_factory, mutations, fields, trunc
         assert str(path) in str(e)
 
 
+def _parse(data: bytes, fast: bool):
+    from turbine_params._format import EntryTable, parse_archive
+
+    def read(off: int, n: int) -> bytes:
+        return data[off : off + n]
+
+    try:
+        items, _ = parse_archive(read, len(data), "mem.irpa", fast=fast)
+    except ParameterArchiveError as e:
+        return ("error", e.offset, e.reason)
+    raws = []
+    for item in items:
+        raws.extend(item.raw_entries() if isinstance(item, EntryTable) else [item])
+    return [
+        (r.type, r.key, r.metadata, r.entry_offset, r.length, r.data_offset, r.splat_pattern)
+        for r in raws
+    ]
+
+
+@settings(max_examples=200, deadline=500, derandomize=True)
+@given(
+    mutations=st.lists(mutation, max_size=6),
+    fields=st.lists(field_write, max_size=3),
+)
+def test_vectorized_parser_agrees_with_exact_parser(mutations, fields):
+    """The fast numpy path accepts exactly what the per-entry parser accepts, with equal results
+    (on any doubt it defers to the exact parser, so errors are identical too)."""
+    data = bytearray(SEED)
+    for pos, val in mutations:
+        data[pos] = val
+    for pos, val in fields:
+        if pos + 8 <= len(data):
+            struct.pack_into("<Q", data, pos, val)
+    assert _parse(bytes(data), True) == _parse(bytes(data), False)
+
+
+def test_fast_path_is_used_for_well_formed_archives():
+    from turbine_params._format import EntryTable, parse_archive
+
+    items, _ = parse_archive(lambda o, n: SEED[o : o + n], len(SEED), "seed", fast=True)
+    assert len(items) == 1 and isinstance(items[0], EntryTable) and items[0].count == 6
+
+
 def test_seed_reads():
     import tempfile
     from pathlib import Path

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ParameterArchiveError
-from ._format import EntryType, RawEntry, parse_archive
+from ._format import EntryTable, EntryType, RawEntry, parse_archive
 
 __all__ = ["MappedFile", "ParameterIndex", "ParameterIndexEntry"]
 
@@ -198,13 +198,29 @@ class ParameterIndex:
     """
 
     def __init__(self) -> None:
-        self._entries: list[ParameterIndexEntry] = []
+        self._done: list[ParameterIndexEntry] = []
+        # Entry tables parsed but not yet turned into entry objects (done on first access, so
+        # that opening a large archive costs only the vectorized parse).
+        self._pending: list[tuple[MappedFile, EntryTable]] = []
         self._files: list[MappedFile] = []
-        self._skipped: list[RawEntry] = []
-        self._raw: list[tuple[MappedFile, RawEntry]] = []
+        self._raw: list[tuple[MappedFile, RawEntry | EntryTable]] = []
+
+    def _materialize(self) -> None:
+        if self._pending:
+            for f, table in self._pending:
+                self._done.extend(_entries_from_table(f, table))
+            self._pending.clear()
+
+    @property
+    def _entries(self) -> list[ParameterIndexEntry]:
+        self._materialize()
+        return self._done
 
     def __len__(self) -> int:
-        return len(self._entries)
+        n = len(self._done)
+        for _, t in self._pending:
+            n += int((t.type != EntryType.SKIP).sum())
+        return n
 
     def __iter__(self) -> Iterator[ParameterIndexEntry]:
         return iter(self._entries)
@@ -216,7 +232,13 @@ class ParameterIndex:
     @property
     def raw_entries(self) -> list[tuple[str, RawEntry]]:
         """Every entry table record loaded from files, SKIP entries included: (path, record)."""
-        return [(f.path, r) for f, r in self._raw]
+        out: list[tuple[str, RawEntry]] = []
+        for f, r in self._raw:
+            if isinstance(r, EntryTable):
+                out.extend((f.path, x) for x in r.raw_entries())
+            else:
+                out.append((f.path, r))
+        return out
 
     def add(self, entry: ParameterIndexEntry) -> None:
         self._entries.append(entry)
@@ -296,7 +318,7 @@ class ParameterIndex:
             )
         f = MappedFile(file_path, mmap=mmap, writable=writable)
         try:
-            raw, _ = parse_archive(f.read, f.size, f.path)
+            raw, _ = parse_archive(f.read, f.size, f.path, fast=True)
         except BaseException:
             f.close()
             raise
@@ -304,8 +326,12 @@ class ParameterIndex:
         base_dir = Path(f.path).parent
         for r in raw:
             self._raw.append((f, r))
+            if isinstance(r, EntryTable):
+                self._pending.append((f, r))
+                continue
+            self._materialize()  # keep file order: earlier tables first
             if r.type == EntryType.SKIP:
-                self._skipped.append(r)
+                continue
             elif r.type == EntryType.SPLAT:
                 self.add(
                     ParameterIndexEntry(
@@ -385,6 +411,50 @@ class ParameterIndex:
             else:
                 out.add_buffer(e.key, e.flat_array(), metadata=md)
         return out
+
+
+def _entries_from_table(f: MappedFile, t: EntryTable) -> list[ParameterIndexEntry]:
+    md = t.metadata
+    out = []
+    keys = t.keys()
+    types = t.type.tolist()
+    lengths = t.length.tolist()
+    offsets = t.data_offset.tolist()
+    entry_offsets = t.entry_offset.tolist()
+    md_off = t.md_off.tolist()
+    md_len = t.md_len.tolist()
+    aligns = t.min_align.tolist()
+    for i, key in enumerate(keys):
+        et = types[i]
+        if et == EntryType.SKIP:
+            continue
+        meta = md[md_off[i] : md_off[i] + md_len[i]]
+        if et == EntryType.DATA:
+            out.append(
+                ParameterIndexEntry(
+                    key,
+                    meta,
+                    lengths[i],
+                    entry_type="data",
+                    file=f,
+                    offset=offsets[i],
+                    entry_offset=entry_offsets[i],
+                    minimum_alignment=aligns[i],
+                )
+            )
+        else:
+            assert t.pattern is not None
+            out.append(
+                ParameterIndexEntry(
+                    key,
+                    meta,
+                    lengths[i],
+                    entry_type="splat",
+                    splat_pattern=bytes(t.pattern[i, : int(t.plen[i])]),
+                    entry_offset=entry_offsets[i],
+                )
+            )
+    return out
 
 
 def _md(metadata: bytes | str | None) -> bytes:
