@@ -45,7 +45,7 @@ def test_abstract_tensor_repr_eq_and_validation():
     assert len({t, AbstractTensor(3, 2, dtype=torch.float16)}) == 1
     with pytest.raises(AbstractifyError, match=r"dimension 1 is -1"):
         AbstractTensor(2, -1)
-    with pytest.raises(AbstractifyError, match="must be a torch.dtype"):
+    with pytest.raises(AbstractifyError, match=r"must be a torch\.dtype"):
         AbstractTensor(2, dtype="float32")
 
 

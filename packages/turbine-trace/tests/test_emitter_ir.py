@@ -121,10 +121,10 @@ def test_tensor_slice_dynamic_offsets_and_lengths(harness):
 
     harness.check(
         r"(%\d+) = arith.index_cast %arg2 : i64 to index",
-        r"flow.tensor.slice %arg0\[%arg1, %c1 for %0, %c1\] : tensor<\?x\?xf32>\{%dim, %dim_0\} "
-        r"-> tensor<\?x1xf32>\{%0\}",
-        r"flow.tensor.slice %1\[%c0\w*, %c0\w* for %c1\w*, %c1\w*\] : tensor<\?x1xf32>\{%0\} "
-        r"-> tensor<1x1xf32>",
+        r"%extracted_slice = tensor.extract_slice %arg0\[%arg1, 1\] \[%0, 1\] \[1, 1\] : "
+        r"tensor<\?x\?xf32> to tensor<\?x1xf32>",
+        r"tensor.extract_slice %extracted_slice\[0, 0\] \[1, 1\] \[1, 1\] : tensor<\?x1xf32> to "
+        r"tensor<1x1xf32>",
     )
 
 
@@ -137,8 +137,8 @@ def test_tensor_update_dynamic_offsets(harness):
         r"%dim = tensor.dim %arg0, %c0",
         r"%dim_0 = tensor.dim %arg0, %c1",
         r"%dim_1 = tensor.dim %arg1, %c0",
-        r"flow.tensor.update %arg1, %arg0\[%arg2, %c0\] : tensor<\?x4xf32>\{%dim_1\} -> "
-        r"%arg0 as tensor<\?x\?xf32>\{%dim, %dim_0\}",
+        r"tensor.insert_slice %arg1 into %arg0\[%arg2, 0\] \[%dim_1, 4\] \[1, 1\] : "
+        r"tensor<\?x4xf32> into tensor<\?x\?xf32>",
     )
     assert "optimization_barrier" not in text
 
@@ -151,9 +151,9 @@ def test_tensor_update_of_own_slice_gets_barrier(harness):
         return IREE.tensor_update(x, tail, 0, 0)
 
     harness.check(
-        r"(%\d+) = flow.tensor.slice %arg0",
-        r"(%\d+) = util.optimization_barrier %1 : tensor<\?x4xf32>",
-        r"flow.tensor.update %2, %arg0",
+        r"%extracted_slice = tensor.extract_slice %arg0\[1, 0\] \[%0, 4\]",
+        r"(%\d+) = util.optimization_barrier %extracted_slice : tensor<\?x4xf32>",
+        r"tensor.insert_slice %1 into %arg0\[0, 0\] \[%0, 4\] \[1, 1\]",
     )
 
 
@@ -251,4 +251,4 @@ def test_emitter_accepts_raw_values(harness):
         assert isinstance(t, IrImmediateTensor)
         return t
 
-    harness.check(r"flow.tensor.slice %arg0\[%c0\w* for %dim\]")
+    harness.check(r"tensor.extract_slice %arg0\[0\] \[%dim\] \[1\]")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from turbine_ir import element_type_to_torch_dtype
-from turbine_ir.dialects import flow, util
+from turbine_ir.dialects import flow, tensor, util
 from turbine_ir.ir import IndexType, RankedTensorType, ShapedType, Type, Value
 
 from . import _scalars
@@ -156,13 +156,8 @@ class IREEEmitter:
             )
         source_value = source.ir_value
         cache: dict[int, Value] = {}
-        source_dims = source.get_dynamic_dim_values(
-            constant_cache=cache, resolved_ir_value=source_value
-        )
-        starts: list[Value] = []
-        lengths: list[Value] = []
-        shape: list[int] = []
-        dynamic: list[Value] = []
+        offsets = _MixedIndices(cache)
+        sizes = _MixedIndices(cache)
         for i, index in enumerate(indices):
             if isinstance(index, (tuple, list)):
                 if len(index) not in (1, 2):
@@ -171,29 +166,35 @@ class IREEEmitter:
                 length = index[1] if len(index) == 2 else 1
             else:
                 start, length = index, 1
-            starts.append(_index_value(start, f"start of index {i}", cache))
-            lengths.append(_index_value(length, f"length of index {i}", cache))
-            if isinstance(length, int):
-                static_dim = source.shape[i]
-                if (
-                    isinstance(start, int)
-                    and static_dim is not None
-                    and not 0 <= start <= start + length <= static_dim
-                ):
-                    raise _OpError(
-                        f"index {i}: [{start}, {start + length}) is out of bounds for dimension "
-                        f"{i} of size {static_dim}"
-                    )
-                shape.append(length)
-            else:
-                shape.append(ShapedType.get_dynamic_size())
-                dynamic.append(lengths[-1])
-        result_type = RankedTensorType.get(shape, source.element_type)
-        value = flow.TensorSliceOp(
-            result_type, source_value, source_dims, starts, lengths, dynamic
+            offsets.add(start, f"start of index {i}")
+            sizes.add(length, f"length of index {i}")
+            static_dim = source.shape[i]
+            if (
+                _is_int(start)
+                and _is_int(length)
+                and static_dim is not None
+                and start + length > static_dim
+            ):
+                raise _OpError(
+                    f"index {i}: [{start}, {start + length}) is out of bounds for dimension "
+                    f"{i} of size {static_dim}"
+                )
+        result_type = RankedTensorType.get(sizes.static, source.element_type)
+        # tensor.extract_slice, not flow.tensor.slice: IREE 3.13 lowers a flow.tensor.slice of
+        # dynamic shape as one contiguous copy, which is wrong unless the slice spans whole
+        # inner dimensions; from extract_slice IREE picks a copy or a dispatch as appropriate.
+        value = tensor.ExtractSliceOp(
+            result_type,
+            source_value,
+            offsets.values,
+            sizes.values,
+            [],
+            offsets.static,
+            sizes.static,
+            [1] * source.rank,
         ).result
         result = IrImmediateTensor(value, source.dtype)
-        result.set_dynamic_dim_values(dynamic)
+        result.set_dynamic_dim_values(sizes.values)
         return result
 
     @_emitter
@@ -273,16 +274,15 @@ class IREEEmitter:
         update_dims = update.get_dynamic_dim_values(
             constant_cache=cache, resolved_ir_value=update_value
         )
-        starts = []
+        offsets = _MixedIndices(cache)
         for i, start in enumerate(start_indices):
-            if isinstance(start, int) and not isinstance(start, bool):
-                static, size = target.shape[i], update.shape[i]
-                if static is not None and size is not None and start + size > static:
-                    raise _OpError(
-                        f"start index {i}: update of size {size} at offset {start} does not fit "
-                        f"in dimension {i} of size {static}"
-                    )
-            starts.append(_index_value(start, f"start index {i}", cache))
+            offsets.add(start, f"start index {i}")
+            static, size = target.shape[i], update.shape[i]
+            if _is_int(start) and static is not None and size is not None and start + size > static:
+                raise _OpError(
+                    f"start index {i}: update of size {size} at offset {start} does not fit "
+                    f"in dimension {i} of size {static}"
+                )
         if _may_alias(update_value, target_value):
             # IREE 3.13 performs an update whose source is a view of the target's own buffer
             # (e.g. shifting rows of a cache: update = slice of target) as an in-place copy of
@@ -291,8 +291,18 @@ class IREEEmitter:
             update_value = util.OptimizationBarrierOp([update_value.type], [update_value]).results[
                 0
             ]
-        value = flow.TensorUpdateOp(
-            target_value, target_dims, starts, update_value, update_dims
+        # tensor.insert_slice, not flow.tensor.update: IREE 3.13 lowers a dynamically shaped
+        # flow.tensor.update as one contiguous copy (wrong for an update narrower than the
+        # target's inner dimensions); from insert_slice it picks a copy or a dispatch.
+        value = tensor.InsertSliceOp(
+            update_value,
+            target_value,
+            offsets.values,
+            update_dims,
+            [],
+            offsets.static,
+            [_DYNAMIC if d is None else d for d in update.shape],
+            [1] * target.rank,
         ).result
         result = IrImmediateTensor(value, target.dtype)
         result.set_dynamic_dim_values(target_dims)
@@ -300,6 +310,31 @@ class IREEEmitter:
 
 
 IREE = IREEEmitter()
+
+
+_DYNAMIC = ShapedType.get_dynamic_size()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _MixedIndices:
+    """Offsets/sizes of a tensor slice op: static ints, or ``index`` values marked dynamic."""
+
+    def __init__(self, cache: dict[int, Value]):
+        self.static: list[int] = []
+        self.values: list[Value] = []
+        self._cache = cache
+
+    def add(self, value: Any, what: str) -> None:
+        if _is_int(value):
+            if value < 0:
+                raise _OpError(f"{what} is {value}; sizes and offsets must be non-negative")
+            self.static.append(value)
+        else:
+            self.values.append(_index_value(value, what, self._cache))
+            self.static.append(_DYNAMIC)
 
 
 def _tensor_arg(value: Any, what: str) -> IrTensor:

@@ -184,6 +184,10 @@ def binary_op(op: str, lhs: Value | Any, rhs: Value | Any) -> Value:
             f"operator {op!r} is not supported on {kind} scalars of type {t}; "
             f"supported: {', '.join(sorted(table))}"
         )
+    if table is _INT_OPS and op == "mod":
+        # Python's floor modulo (sign of the divisor): ((a rem b) + b) rem b.
+        rem = arith.RemSIOp(lhs, rhs).result
+        return arith.RemSIOp(arith.AddIOp(rem, rhs).result, rhs).result
     return table[op](lhs, rhs).result
 
 
