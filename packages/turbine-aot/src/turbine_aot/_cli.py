@@ -1,57 +1,502 @@
-"""The ``turbine-aot`` command line."""
+"""The ``turbine-aot`` command line: export, compile, run, bundle, demo.
+
+Errors a user can fix (missing file, bad shape string, unknown device, compile failure) print one
+line ``turbine-aot: error: ...`` and exit with status 2, without a traceback (``--debug`` shows
+it). ``--json`` prints one JSON object on stdout instead of text; progress goes to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import json
+import re
 import sys
-import time
+from pathlib import Path
+from typing import Any
 
-_DEMO_MLIR = """
-func.func @main(%x: tensor<4x8xf32>, %w: tensor<8x3xf32>) -> tensor<4x3xf32> {
-  %zero = arith.constant 0.0 : f32
-  %init = tensor.empty() : tensor<4x3xf32>
-  %fill = linalg.fill ins(%zero : f32) outs(%init : tensor<4x3xf32>) -> tensor<4x3xf32>
-  %mm = linalg.matmul ins(%x, %w : tensor<4x8xf32>, tensor<8x3xf32>)
-                      outs(%fill : tensor<4x3xf32>) -> tensor<4x3xf32>
-  return %mm : tensor<4x3xf32>
+from turbine_aot._cli_progress import Stages
+
+__all__ = ["CliError", "main", "parse_input_spec"]
+
+
+class CliError(Exception):
+    """A user error on the command line; printed as one line, exit status 2."""
+
+
+# ----------------------------------------------------------------------------- parsing helpers
+_DTYPE_ALIASES = {
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "bf16": "bfloat16",
+    "i1": "bool",
+    "i8": "int8",
+    "si8": "int8",
+    "ui8": "uint8",
+    "u8": "uint8",
+    "i16": "int16",
+    "i32": "int32",
+    "si32": "int32",
+    "i64": "int64",
+    "si64": "int64",
+    "f8e4m3fn": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "long": "int64",
+    "int": "int32",
 }
-"""
 
 
-def _demo(args: argparse.Namespace) -> int:
-    import iree.compiler as ic
-    import iree.runtime as rt
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    key = _DTYPE_ALIASES.get(name.lower(), name)
+    dt = getattr(torch, key, None)
+    if not isinstance(dt, torch.dtype):
+        raise CliError(
+            f"unknown dtype {name!r}; use an MLIR or torch name such as f32, bf16, f16, i64, i32, "
+            "i8, i1, float32, int64"
+        )
+    return dt
+
+
+def parse_input_spec(spec: str) -> tuple[tuple[int, ...], Any]:
+    """``"2x8xf32"`` -> ((2, 8), torch.float32); ``"f32"`` is a scalar tensor.
+
+    Raises:
+        CliError: the string is not dims separated by ``x`` followed by a dtype.
+    """
+    parts = spec.strip().split("x")
+    *dims, dtype = parts
+    # dtypes never start with a digit; "2x8" (no dtype) or "2xx8" are errors.
+    if not dtype or dtype[0].isdigit() or any(not re.fullmatch(r"\d+", d) for d in dims):
+        raise CliError(
+            f"bad shape string {spec!r}: expected dimensions separated by 'x' and a dtype, "
+            "e.g. 2x8xf32, 1x128xi64, f32"
+        )
+    return tuple(int(d) for d in dims), _torch_dtype(dtype)
+
+
+def _make_input(spec: str, generator: Any) -> Any:
     import numpy as np
     import torch
 
-    t0 = time.perf_counter()
-    vmfb = ic.compile_str(
-        _DEMO_MLIR, target_backends=["llvm-cpu"], extra_args=["--iree-llvmcpu-target-cpu=host"]
+    if spec.endswith(".npy"):
+        path = Path(spec)
+        if not path.is_file():
+            raise CliError(f"input file {spec!r} does not exist")
+        return torch.from_numpy(np.load(path))
+    shape, dtype = parse_input_spec(spec)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).to(torch.bool)
+    return torch.randint(0, 10, shape, generator=generator).to(dtype)
+
+
+def _load_source(spec: str) -> Any:
+    """``file.py[:attr]`` or ``package.module:attr`` -> the object (instantiated if a class)."""
+    path_part, _, attr = (
+        spec.partition(":") if not re.match(r"^[A-Za-z]:\\", spec) else (spec, "", "")
     )
-    t1 = time.perf_counter()
-    config = rt.Config("local-task")
-    module = rt.load_vm_module(rt.VmModule.copy_buffer(config.vm_instance, vmfb), config)
-    x = torch.randn(4, 8)
-    w = torch.randn(8, 3)
-    got = torch.from_numpy(np.asarray(module.main(x.numpy(), w.numpy()).to_host()))
-    want = x @ w
-    t2 = time.perf_counter()
-    err = (got - want).abs().max().item()
-    print(f"compile {1e3 * (t1 - t0):.1f} ms, load+run {1e3 * (t2 - t1):.1f} ms")
-    print("IREE :", got[0].tolist())
-    print("eager:", want[0].tolist())
-    print(f"max abs error {err:.3g}")
-    return 0 if err < 1e-4 else 1
+    if path_part.endswith(".py"):
+        path = Path(path_part)
+        if not path.is_file():
+            raise CliError(f"source file {path_part!r} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(f"_turbine_cli_src_{path.stem}", path)
+        assert mod_spec and mod_spec.loader
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_spec.name] = module  # torch.export resolves classes by module name
+        sys.path.insert(0, str(path.parent.resolve()))
+        try:
+            mod_spec.loader.exec_module(module)
+        finally:
+            sys.path.pop(0)
+    else:
+        try:
+            module = importlib.import_module(path_part)
+        except ImportError as e:
+            raise CliError(f"cannot import {path_part!r}: {e}") from e
+    import torch
+
+    if not attr:
+        found = [
+            k
+            for k, v in vars(module).items()
+            if not k.startswith("_") and isinstance(v, torch.nn.Module)
+        ]
+        if "model" in vars(module):
+            attr = "model"
+        elif len(found) == 1:
+            attr = found[0]
+        else:
+            raise CliError(
+                f"{spec!r}: name the object to export as {path_part}:NAME "
+                f"(nn.Module instances found: {', '.join(found) or 'none'})"
+            )
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise CliError(f"{path_part!r} has no attribute {attr!r}") from None
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        obj = obj()
+    elif callable(obj) and not isinstance(obj, (torch.nn.Module, type)):
+        obj = obj()  # a factory function
+    return obj
+
+
+def _devices(args: argparse.Namespace) -> list[str]:
+    import iree.runtime as rt
+
+    devs = args.device or ["local-task"]
+    available = rt.query_available_drivers()
+    for d in devs:
+        driver = d.split("://", 1)[0].split(":", 1)[0]
+        if driver not in available:
+            raise CliError(f"unknown device {d!r}; available IREE drivers: {', '.join(available)}")
+    return devs
+
+
+def _parameters(values: list[str] | None) -> dict[str, list[str]] | None:
+    if not values:
+        return None
+    out: dict[str, list[str]] = {}
+    for v in values:
+        scope, sep, path = v.partition("=")
+        if not sep:
+            scope, path = "model", v
+        if not Path(path).is_file():
+            raise CliError(f"parameter file {path!r} does not exist")
+        out.setdefault(scope, []).append(path)
+    return out
+
+
+# ----------------------------------------------------------------------------- commands
+def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
+    import torch
+
+    import turbine_aot
+
+    with st("load source"):
+        obj = _load_source(args.source)
+    gen = torch.Generator().manual_seed(args.seed)
+    inputs = [_make_input(s, gen) for s in args.input or []]
+    is_cm = isinstance(obj, type) and issubclass(obj, turbine_aot.CompiledModule)
+    if not is_cm and not inputs:
+        raise CliError("give example inputs with --input SHAPExDTYPE (e.g. --input 1x128xi64)")
+    if args.external_params:
+        if not isinstance(obj, torch.nn.Module):
+            raise CliError("--external-params needs an nn.Module")
+        from turbine_params import externalize_module_parameters, save_module_parameters
+
+        with st("save params"):
+            externalize_module_parameters(obj)
+            save_module_parameters(args.external_params, obj)
+    dynamic = None
+    if args.dynamic:
+        dynamic = [dict() for _ in inputs]
+        for spec in args.dynamic:
+            m = re.fullmatch(r"(\d+):(\d+)(?::(\d+))?", spec)
+            if not m or int(m.group(1)) >= len(inputs):
+                raise CliError(
+                    f"bad --dynamic {spec!r}: expected ARG:DIM[:MAX] with ARG < {len(inputs)}, "
+                    "e.g. 0:1:512 makes dimension 1 of input 0 dynamic up to 512"
+                )
+            a, d = int(m.group(1)), int(m.group(2))
+            kw = {"max": int(m.group(3))} if m.group(3) else {}
+            dynamic[a][d] = torch.export.Dim(f"arg{a}_dim{d}", **kw)
+    with st("export"):
+        if is_cm:
+            eo = turbine_aot.export(obj)
+        else:
+            eo = turbine_aot.export(
+                obj,
+                args=tuple(inputs),
+                dynamic_shapes=tuple(dynamic) if dynamic else None,
+                function_name=args.function_name,
+            )
+    out = Path(args.output or (Path(args.source.split(":")[0]).stem + ".mlir"))
+    with st("save mlir"):
+        eo.save_mlir(out)
+    return {"mlir": str(out), "external_params": args.external_params, "timings": st.timings}
+
+
+def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
+    from turbine_aot import runtime as R
+
+    src = Path(args.input)
+    if not src.is_file():
+        raise CliError(f"input file {args.input!r} does not exist")
+    devices = _devices(args)
+    flags = R.device_compile_flags(devices, list(args.flag or []))
+    cache: Any = False if args.no_cache else (args.cache_dir or True)
+    with st("compile"):
+        vmfb = R.compile_mlir(
+            src.read_bytes(),
+            flags,
+            input_type=args.input_type,
+            target=",".join(devices),
+            cache=cache,
+        )
+    out = Path(args.output or src.with_suffix(".vmfb").name)
+    _atomic_write(out, vmfb)
+    return {"vmfb": str(out), "bytes": len(vmfb), "flags": flags, "timings": st.timings}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    from turbine_aot import runtime as R
+
+    target = Path(args.module)
+    if not target.exists():
+        raise CliError(f"module {args.module!r} does not exist")
+    with st("load"):
+        if target.is_dir() or (target.is_file() and not target.name.endswith(".vmfb")):
+            m = R.load_bundle(
+                target, device=args.device or None, parameters=_parameters(args.parameters)
+            )
+        else:
+            m = R.load_module(
+                target, device=_devices(args), parameters=_parameters(args.parameters)
+            )
+    fn = m[args.function]
+    gen = torch.Generator().manual_seed(args.seed)
+    specs = list(args.input or [])
+    if not specs and fn.signature.inputs:
+        if any(None in s.shape for s in fn.signature.inputs):
+            raise CliError(
+                f"{args.function} has dynamic dimensions: give --input for each argument"
+            )
+        specs = [str(s).removeprefix("tensor<").removesuffix(">") for s in fn.signature.inputs]
+    inputs = [_make_input(s, gen) for s in specs]
+    with st("run"):
+        results = fn(*inputs)
+    outs = list(results) if isinstance(results, tuple) else [results]
+    written = []
+    if args.output_dir:
+        d = Path(args.output_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        for i, r in enumerate(outs):
+            t = r.float() if r.dtype in (torch.bfloat16,) or "float8" in str(r.dtype) else r
+            p = d / f"{args.function}_{i}.npy"
+            np.save(p, t.numpy())
+            written.append(str(p))
+    result: dict[str, Any] = {
+        "function": args.function,
+        "inputs": [f"{list(x.shape)} {str(x.dtype).removeprefix('torch.')}" for x in inputs],
+        "outputs": [
+            {"shape": list(r.shape), "dtype": str(r.dtype).removeprefix("torch.")} for r in outs
+        ],
+        "written": written,
+    }
+    if args.check_eager:
+        with st("eager check"):
+            eager = _load_source(args.check_eager)
+            report = R.check_numerics(fn, eager, *inputs)
+        result["numerics"] = report.to_json()
+        result["report"] = str(report)
+        result["ok"] = report.ok
+    result["timings"] = st.timings
+    return result
+
+
+def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
+    from turbine_aot import runtime as R
+
+    src = Path(args.module)
+    if not src.is_file():
+        raise CliError(f"module {args.module!r} does not exist")
+    devices = _devices(args)
+    module: Any = src
+    flags = None
+    if src.suffix in (".mlir", ".mlirbc"):
+        flags = R.device_compile_flags(devices, list(args.flag or []))
+        with st("compile"):
+            module = R.compile_mlir(src.read_bytes(), flags, target=",".join(devices))
+    with st("bundle"):
+        b = R.save_bundle(
+            args.output,
+            module,
+            parameters=_parameters(args.parameters),
+            device=devices,
+            compile_flags=flags,
+            overwrite=args.force,
+        )
+    return {
+        "bundle": str(b.path),
+        "functions": list(b.manifest["functions"]),
+        "iree_run_module": b.manifest["iree_run_module"],
+        "timings": st.timings,
+    }
+
+
+def _cmd_demo(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
+    from turbine_aot._demo import run_demo
+
+    cache: Any = False if args.no_cache else True
+    return run_demo(
+        stages=st, device=args.device, workdir=args.workdir, repeat=args.repeat, cache=cache
+    ) | {"timings": st.timings}
+
+
+def _print_text(command: str, result: dict[str, Any], st: Stages) -> None:
+    if command == "demo":
+        print()
+        print(
+            "turbine-aot demo: tiny GPT exported with external weights, compiled for the host CPU"
+        )
+        print()
+        print(st.table())
+        print()
+        print(result["report"])
+        lat = result["latency_ms"]
+        print()
+        print(
+            f"latency (median): IREE {lat['iree']:.3f} ms   eager {lat['eager']:.3f} ms   "
+            f"IREE/eager {lat['ratio']:.2f}x"
+        )
+        print("result: " + ("OK, IREE matches eager" if result["ok"] else "MISMATCH against eager"))
+        return
+    for k, v in result.items():
+        if k == "timings":
+            continue
+        if k == "report":
+            print(v)
+        else:
+            print(f"{k}: {v}")
+
+
+# ----------------------------------------------------------------------------- parser
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="turbine-aot",
+        description="Export PyTorch programs, compile them with IREE, run and bundle them.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+
+    e = sub.add_parser("export", help="export an nn.Module or CompiledModule to MLIR")
+    e.add_argument(
+        "source", help="file.py[:NAME] or package.module:NAME (nn.Module, class or factory)"
+    )
+    e.add_argument("--input", "-i", action="append", help="example input SHAPExDTYPE or file.npy")
+    e.add_argument("--dynamic", action="append", help="ARG:DIM[:MAX] dynamic dimension")
+    e.add_argument("--external-params", metavar="FILE.irpa", help="externalize weights to FILE")
+    e.add_argument("--function-name", default=None)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("-o", "--output", help="output .mlir / .mlirbc (default: <source>.mlir)")
+    common(e)
+
+    c = sub.add_parser("compile", help="compile MLIR to a .vmfb for one or more devices")
+    c.add_argument("input", help="a .mlir or .mlirbc file")
+    c.add_argument("--device", "-d", action="append", help="device URI (repeat for multi-device)")
+    c.add_argument("--flag", "-X", action="append", help="extra iree-compile flag (repeatable)")
+    c.add_argument("--input-type", default="auto", help="--iree-input-type (auto, torch, ...)")
+    c.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
+    c.add_argument("--cache-dir", default=None)
+    c.add_argument("-o", "--output")
+    common(c)
+
+    r = sub.add_parser("run", help="run a .vmfb or a bundle")
+    r.add_argument("module", help="a .vmfb, or a bundle directory / archive")
+    r.add_argument("--function", "-f", default="main")
+    r.add_argument("--input", "-i", action="append", help="SHAPExDTYPE (random) or file.npy")
+    r.add_argument("--parameters", "-p", action="append", help="[SCOPE=]FILE (repeatable)")
+    r.add_argument("--device", "-d", action="append", help="device URI (repeat for multi-device)")
+    r.add_argument("--output-dir", help="write each result as <function>_<i>.npy here")
+    r.add_argument("--check-eager", metavar="SOURCE", help="compare with this eager model")
+    r.add_argument("--seed", type=int, default=0)
+    common(r)
+
+    b = sub.add_parser("bundle", help="make a deployable bundle (vmfb + params + manifest)")
+    b.add_argument("module", help="a .vmfb, or a .mlir to compile")
+    b.add_argument("-o", "--output", required=True, help="directory, or .tar / .tar.gz")
+    b.add_argument("--parameters", "-p", action="append", help="[SCOPE=]FILE (repeatable)")
+    b.add_argument("--device", "-d", action="append", help="device URI it is built for")
+    b.add_argument("--flag", "-X", action="append", help="extra iree-compile flag")
+    b.add_argument("--force", action="store_true", help="replace an existing bundle")
+    common(b)
+
+    d = sub.add_parser("demo", help="export, compile, run and compare an embedded transformer")
+    d.add_argument("--device", default="local-task")
+    d.add_argument("--workdir", default=None, help="keep the .irpa/.vmfb here")
+    d.add_argument("--repeat", type=int, default=20)
+    d.add_argument("--no-cache", action="store_true")
+    common(d)
+    return p
+
+
+_COMMANDS = {
+    "export": _cmd_export,
+    "compile": _cmd_compile,
+    "run": _cmd_run,
+    "bundle": _cmd_bundle,
+    "demo": _cmd_demo,
+}
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [CliError, FileNotFoundError]
+    from turbine_aot._compile_cache import CompileError as CacheCompileError
+    from turbine_aot._runtime import TurbineRuntimeError
+    from turbine_aot._targets import TargetError
+
+    types += [TurbineRuntimeError, CacheCompileError, TargetError]
+    try:
+        from turbine_aot._errors import TurbineAotError
+
+        types.append(TurbineAotError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="turbine-aot")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="export, compile, run and compare an embedded example with eager")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        return _demo(args)
-    return 2
+    """Entry point of ``turbine-aot``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    st = Stages(quiet=args.json)
+    try:
+        result = _COMMANDS[args.command](args, st)
+    except _user_error_types() as e:
+        if args.debug:
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if args.json:
+            print(json.dumps({"ok": False, "error": first}))
+        print(f"turbine-aot: error: {first}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("turbine-aot: interrupted", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        _print_text(args.command, result, st)
+    return 0 if result.get("ok", True) else 1
 
 
 if __name__ == "__main__":

@@ -274,8 +274,13 @@ def compile_mlir(
     try:
         vmfb = ic.compile_str(data, input_type=input_type, extra_args=list(flags))
     except ic.CompilerToolError as e:
+        text = str(e).strip()
+        first = next((ln.strip() for ln in text.splitlines() if "error:" in ln), "")
+        if not first:
+            code = next((ln.strip() for ln in text.splitlines() if "Error code" in ln), "")
+            first = f"the compiler crashed ({code or 'no diagnostic'})"
         raise CompileError(
-            f"iree-compile failed with flags {' '.join(flags)}:\n{str(e).strip()[:4000]}"
+            f"iree-compile failed: {first}\nflags: {' '.join(flags)}\n{text[:4000]}"
         ) from e
     logger.info("compiled in %.2fs (%d bytes)", time.perf_counter() - t0, len(vmfb))
     if c:
