@@ -211,7 +211,8 @@ class ParameterArchive:
     ):
         self._index = ParameterIndex()
         self._items: list[tuple[str, ParameterArchiveEntry]] | None = None
-        self._by_key: dict[str, ParameterArchiveEntry] | None = None
+        self._by_key: dict[str, int] | None = None
+        self._cache: dict[int, ParameterArchiveEntry] = {}
         if file_path is not None:
             self.load(file_path, mmap=mmap, readable=readable, writable=writable)
 
@@ -231,6 +232,7 @@ class ParameterArchive:
         self._index.load(os.fspath(file_path), mmap=mmap, readable=readable, writable=writable)
         self._items = None
         self._by_key = None
+        self._cache = {}
 
     @property
     def index(self) -> ParameterIndex:
@@ -246,11 +248,13 @@ class ParameterArchive:
             self._items = [(e.key, ParameterArchiveEntry(e)) for e in self._index]
         return list(self._items)
 
-    def _lookup(self) -> dict[str, ParameterArchiveEntry]:
+    def _lookup(self) -> dict[str, int]:
+        # key -> position of its first entry; built from the keys alone (no entry objects), so
+        # a lookup in a freshly opened large archive stays cheap.
         if self._by_key is None:
-            d: dict[str, ParameterArchiveEntry] = {}
-            for k, e in self.items():
-                d.setdefault(k, e)
+            d: dict[str, int] = {}
+            for i, k in enumerate(self._index.keys()):
+                d.setdefault(k, i)
             self._by_key = d
         return self._by_key
 
@@ -260,16 +264,22 @@ class ParameterArchive:
 
     def __getitem__(self, key: str) -> ParameterArchiveEntry:
         try:
-            return self._lookup()[key]
+            pos = self._lookup()[key]
         except KeyError:
             keys = self.keys()
             shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
             raise KeyError(
                 f"no parameter {key!r} in the archive ({len(keys)} keys: {shown})"
             ) from None
+        if self._items is not None:
+            return self._items[pos][1]
+        entry = self._cache.get(pos)
+        if entry is None:
+            entry = self._cache[pos] = ParameterArchiveEntry(self._index.entry(pos))
+        return entry
 
     def get(self, key: str, default: Any = None) -> ParameterArchiveEntry | Any:
-        return self._lookup().get(key, default)
+        return self[key] if key in self._lookup() else default
 
     def __contains__(self, key: object) -> bool:
         return key in self._lookup()

@@ -225,6 +225,28 @@ class ParameterIndex:
     def __iter__(self) -> Iterator[ParameterIndexEntry]:
         return iter(self._entries)
 
+    def keys(self) -> list[str]:
+        """Every key in order (duplicates included), without creating entry objects."""
+        out = [e.key for e in self._done]
+        for _, t in self._pending:
+            keys = t.keys()
+            out.extend(k for k, ty in zip(keys, t.type.tolist()) if ty != EntryType.SKIP)
+        return out
+
+    def entry(self, position: int) -> ParameterIndexEntry:
+        """The entry at ``position`` (as in :meth:`keys`), created alone if not yet built."""
+        if position < len(self._done):
+            return self._done[position]
+        position -= len(self._done)
+        for f, t in self._pending:
+            rows = np.flatnonzero(t.type != EntryType.SKIP)
+            if position < len(rows):
+                i = int(rows[position])
+                o, n = int(t.name_off[i]), int(t.name_len[i])
+                return _entry_from_row(f, t, i, t.metadata[o : o + n].decode("ascii"))
+            position -= len(rows)
+        raise IndexError(position)
+
     def items(self) -> list[tuple[str, ParameterIndexEntry]]:
         """``(key, entry)`` pairs in insertion (file) order, duplicates included."""
         return [(e.key, e) for e in self._entries]
@@ -411,6 +433,31 @@ class ParameterIndex:
             else:
                 out.add_buffer(e.key, e.flat_array(), metadata=md)
         return out
+
+
+def _entry_from_row(f: MappedFile, t: EntryTable, i: int, key: str) -> ParameterIndexEntry:
+    mo, mn = int(t.md_off[i]), int(t.md_len[i])
+    meta = t.metadata[mo : mo + mn]
+    if int(t.type[i]) == EntryType.DATA:
+        return ParameterIndexEntry(
+            key,
+            meta,
+            int(t.length[i]),
+            entry_type="data",
+            file=f,
+            offset=int(t.data_offset[i]),
+            entry_offset=int(t.entry_offset[i]),
+            minimum_alignment=int(t.min_align[i]),
+        )
+    assert t.pattern is not None
+    return ParameterIndexEntry(
+        key,
+        meta,
+        int(t.length[i]),
+        entry_type="splat",
+        splat_pattern=bytes(t.pattern[i, : int(t.plen[i])]),
+        entry_offset=int(t.entry_offset[i]),
+    )
 
 
 def _entries_from_table(f: MappedFile, t: EntryTable) -> list[ParameterIndexEntry]:
