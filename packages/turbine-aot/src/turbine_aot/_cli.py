@@ -352,7 +352,7 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 def _cmd_demo(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot._demo import run_demo
 
-    cache: Any = False if args.no_cache else True
+    cache: Any = not args.no_cache
     return run_demo(
         stages=st, device=args.device, workdir=args.workdir, repeat=args.repeat, cache=cache
     ) | {"timings": st.timings}

@@ -152,9 +152,9 @@ def run_demo(
             report = R.check_numerics(m.main, model, ids)
         stages.note("run + check", "ok" if report.ok else "MISMATCH")
         with stages("benchmark"):
-            t_iree = _median_seconds(m.main, ids, repeat=repeat)
             with torch.no_grad():
                 t_eager = _median_seconds(model, ids, repeat=repeat)
+            t_iree = _median_seconds(m.main, ids, repeat=repeat)
         stages.note("benchmark", f"median of {repeat} calls each")
         return {
             "model": {
