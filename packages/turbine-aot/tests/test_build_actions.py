@@ -232,6 +232,14 @@ def test_outputs_parallel_workers_and_reuse(tmp_path: Path) -> None:
     assert "turbine_generate.sha256" in metadata["paths"]["gen/good/v2.mlir"]
     _no_temp_files(gen)
 
+    # A corrupt metadata file (iree.build rewrites it in place) costs a regeneration, not a
+    # failed build.
+    (tmp_path / "out" / ".metadata.json").write_text('{"paths": {"gen/good/v0.ml')
+    fourth = _run_build(build_file, "good", "--turbine-generate-jobs", "2")
+    assert fourth.returncode == 0, fourth.stderr
+    assert sorted(n for n, _ in _calls(build_file)[5:]) == [0, 1, 2, 3]
+    json.loads((tmp_path / "out" / ".metadata.json").read_text())
+
 
 def test_in_process_runs_in_build_process(tmp_path: Path) -> None:
     build_file = _write_build_file(tmp_path, "in_process")

@@ -563,9 +563,7 @@ class TurbineBuilderAction(BuildAction):
         for (_, output), path in zip(self.return_marshallers, self._output_paths()):
             path.parent.mkdir(parents=True, exist_ok=True)
             _remove_stale_temps(path)
-            # A corrupt metadata file (ValueError) holds nothing to trust anyway.
-            with contextlib.suppress(ValueError):
-                output.access_metadata(drop)
+            _access_metadata(output, drop)
 
     def _commit(self) -> None:
         if self._fingerprint is None:
@@ -578,7 +576,7 @@ class TurbineBuilderAction(BuildAction):
                 meta[_METADATA_SHA256] = digest
                 return True
 
-            output.access_metadata(record)
+            _access_metadata(output, record)
 
     def _wrap_failure(self, e: BaseException) -> GenerationError:
         """The action's failure: what failed, which outputs, and the worker's traceback."""
@@ -665,6 +663,20 @@ class TurbineBuilderAction(BuildAction):
             self._job.add_done_callback(job_done)
 
         future.add_done_callback(invoked)
+
+
+def _access_metadata(output: BuildFile, mutate: Callable[[dict], bool]) -> None:
+    """``output.access_metadata(mutate)``, starting afresh if the metadata file is corrupt.
+
+    ``iree.build`` rewrites ``.metadata.json`` in place; a build killed mid-write leaves invalid
+    JSON that would otherwise fail every later build. Dropping it only costs a regeneration.
+    """
+    try:
+        output.access_metadata(mutate)
+    except ValueError:
+        with output.executor.metadata_lock:
+            (output.executor.output_dir / ".metadata.json").unlink(missing_ok=True)
+        output.access_metadata(mutate)
 
 
 def _not_picklable_message(action: TurbineBuilderAction, e: Exception) -> str:
