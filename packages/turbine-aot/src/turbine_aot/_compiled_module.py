@@ -693,6 +693,8 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
         )
     results = list(call_op.results)
     ret = info.proc_returns.get(call.key)
+    if ret is None and not results:
+        return None
     ret_leaves, ret_spec = tree_flatten(ret)
     proxies = []
     for leaf, value in zip(ret_leaves, results, strict=False):
