@@ -307,6 +307,18 @@ def _table(title: str, rows: dict[str, dict[str, float]]) -> None:
         )
 
 
+def _write_json(path: Path, data: dict) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-gb", type=float, default=1.0, help="state dict size (default 1 GB)")
@@ -314,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     p.add_argument("--entries", type=int, default=10_000, help="entries for the open benchmark")
     p.add_argument("--dir", default=None, help="directory for the files (default: a temp dir)")
+    p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     try:
         import psutil  # noqa: F401
@@ -358,6 +371,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if r['ratio'] >= 0.8 else 'NOT met'}"
         )
         print(f"  zero-copy: {zero_copy}")
+        if args.json:
+            _write_json(
+                Path(args.json),
+                {
+                    "size_gb": args.size_gb,
+                    "tensors": args.tensors,
+                    "rounds": args.rounds,
+                    "write": writes,
+                    "open_ms": opened,
+                    "read": reads,
+                    "zero_copy": zero_copy,
+                },
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
