@@ -6,6 +6,7 @@ Public surface: the AOT decomposition table, program import into a ``ModuleBuild
 
 from __future__ import annotations
 
+from . import passes
 from ._decompositions import (
     DEFAULT_DECOMPOSITION_OPS,
     current_aot_decompositions,
@@ -21,6 +22,7 @@ from ._errors import (
 )
 from ._fx_programs import FxPrograms, FxProgramsBuilder
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
+from ._jittable import jittable
 from ._program_prep import PreparedProgram, prepare_program
 
 __all__ = [
@@ -38,6 +40,8 @@ __all__ = [
     "current_aot_decompositions",
     "extend_aot_decompositions",
     "import_exported_program",
+    "jittable",
+    "passes",
     "prepare_program",
 ]
 __version__ = "0.1.0"

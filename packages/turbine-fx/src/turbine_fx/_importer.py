@@ -63,6 +63,7 @@ def import_exported_program(
     arg_device: Mapping[int, Any] | None = None,
     import_symbolic_shape_expressions: bool = False,
     decomposition_table: dict[Any, Callable] | None = None,
+    constants_as_globals: bool = False,
 ) -> Operation:
     """Imports ``program`` as a function of ``module_builder``'s module.
 
@@ -82,6 +83,9 @@ def import_exported_program(
             ``torch.bind_symbolic_shape`` ops for dynamic dimensions.
         decomposition_table: Decompositions to apply first; ``None`` uses
             :func:`current_aot_decompositions`.
+        constants_as_globals: Make every lifted tensor constant a global (deduplicated across
+            programs by identity); by default constants of at most ``inline_constant_limit``
+            elements are inlined as literals.
 
     Returns:
         The ``func.func`` operation.
@@ -103,7 +107,7 @@ def import_exported_program(
         prepared = _prepare_with_auto_decompositions(program, table, context)
         constant_results = _drop_constant_outputs(prepared)
         unknown = _unregistered_op_nodes(prepared, context)
-        hooks = _GlobalsHooks(module_builder, prepared)
+        hooks = _GlobalsHooks(module_builder, prepared, constants_as_globals=constants_as_globals)
         importer = _fxi.FxImporter(
             module=_ModuleView(module_builder),
             config_check=False,
@@ -362,8 +366,15 @@ class _NodeImporter(_fxi.GraphNodeImporter):
 class _GlobalsHooks(_fxi.FxImporterHooks):
     """Resolves lifted tensors to ModuleBuilder globals."""
 
-    def __init__(self, module_builder: ModuleBuilder, prepared: PreparedProgram):
+    def __init__(
+        self,
+        module_builder: ModuleBuilder,
+        prepared: PreparedProgram,
+        *,
+        constants_as_globals: bool = False,
+    ):
         self.mb = module_builder
+        self.constants_as_globals = constants_as_globals
         self.prepared = prepared
         # Buffers the program writes (by state name).
         sig = prepared.graph_signature
@@ -439,7 +450,7 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
         if not isinstance(literal, torch.Tensor):
             return None
         name = self.constant_names.get(id(literal))
-        small = literal.numel() <= inline_constant_limit
+        small = literal.numel() <= inline_constant_limit and not self.constants_as_globals
         if name is None or (small and not literal.is_meta):
             if literal.numel() >= 1 and not literal.is_meta:
                 return _inline_literal(self.mb, literal, gni)

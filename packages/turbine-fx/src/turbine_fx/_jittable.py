@@ -1,0 +1,316 @@
+"""jittable: call a PyTorch function from a procedural trace.
+
+Inside a procedure (``turbine_trace.ProcedureTrace``), calling a ``jittable`` function exports it
+with ``torch.export`` on stand-in tensors of the arguments' shapes and dtypes (dynamic IR
+dimensions become dynamic export dimensions), imports the program once per distinct signature as
+a private function of the module, and emits a ``func.call`` to it. Tensors the function captures
+become globals (the same tensor captured by several functions is one global).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from turbine_ir.ir import FlatSymbolRefAttr, Operation, StringAttr
+from turbine_trace import (
+    CallableIntrinsic,
+    IrImmediateScalar,
+    IrImmediateTensor,
+    IrScalar,
+    IrTensor,
+    current_ir_trace,
+)
+
+from ._decompositions import current_aot_decompositions, resolve_decomposition_ops
+from ._errors import JittableError
+from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
+
+__all__ = ["jittable"]
+
+_KNOWN_PASSES = ("functorch_functionalize",)
+
+
+class _FlatModule(torch.nn.Module):
+    """``forward(*tensors)`` rebuilds the original call (constants baked in) and calls ``f``."""
+
+    def __init__(self, f: Callable, flat: list[Any], tensor_positions: list[int], spec: Any):
+        super().__init__()
+        self._f = f
+        self._flat = flat
+        self._positions = tensor_positions
+        self._spec = spec
+
+    def forward(self, *tensors):
+        flat = list(self._flat)
+        for p, t in zip(self._positions, tensors):
+            flat[p] = t
+        args, kwargs = pytree.tree_unflatten(flat, self._spec)
+        return self._f(*args, **kwargs)
+
+
+class jittable(CallableIntrinsic):
+    """Decorator which takes a PyTorch function and makes it callable from tracing.
+
+    It will be internally exported (``torch.export``) and imported into the module as needed:
+    once per distinct argument signature (shapes with dynamic dimensions, dtypes, structure and
+    constant arguments) per module.
+
+    Outside a trace, calling it calls the function eagerly.
+
+    Args:
+        wrapped_f: The torch function.
+        decompose_ops: Extra ops to decompose (added to the current AOT table).
+        decomposition_table: A table to use instead of the current AOT table.
+        dynamic_shapes: ``torch.export`` dynamic shapes by argument name, added to the dynamic
+            dimensions the traced arguments already have.
+        function_name: Name of the private function(s) (default: ``wrapped_f.__name__``).
+        passes: Pass names to apply; ``"functorch_functionalize"`` is what the import always does
+            for programs that mutate (``torch.export`` + functionalization), so it is accepted.
+
+    Example:
+        >>> @jittable
+        ... def scale_add(x, y):
+        ...     return x * 2 + y
+    """
+
+    def __init__(
+        self,
+        wrapped_f: Callable,
+        *,
+        decompose_ops: list[Any] | None = None,
+        decomposition_table: dict[Any, Callable] | None = None,
+        dynamic_shapes: dict[str, Any] | None = None,
+        function_name: str | None = None,
+        passes: Sequence[str] = ("functorch_functionalize",),
+    ):
+        if not callable(wrapped_f):
+            raise JittableError(f"jittable needs a callable, got {type(wrapped_f).__name__}")
+        unknown = [p for p in passes if p not in _KNOWN_PASSES]
+        if unknown:
+            raise JittableError(
+                f"jittable({getattr(wrapped_f, '__name__', wrapped_f)!r}): unknown passes "
+                f"{unknown}; valid: {list(_KNOWN_PASSES)}"
+            )
+        self.wrapped_f = wrapped_f
+        self.decompose_ops = list(decompose_ops or [])
+        self.decomposition_table = decomposition_table
+        self.dynamic_shapes = dict(dynamic_shapes or {})
+        self.function_name = function_name or getattr(wrapped_f, "__name__", "jittable")
+        self.passes = tuple(passes)
+        # (id(module_builder), signature key) -> (symbol name, result info)
+        self._imported: dict[tuple, tuple[str, list, dict[int, Any], Any]] = {}
+        self.__doc__ = getattr(wrapped_f, "__doc__", None)
+
+    def __repr__(self) -> str:
+        return f"jittable({self.function_name})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            trace = current_ir_trace()
+        except Exception:
+            return self.wrapped_f(*args, **kwargs)
+        return trace.handle_call(self, args, kwargs)
+
+    # ---------------------------------------------------------------------------------------
+
+    def _table(self) -> dict[Any, Callable]:
+        table = (
+            dict(self.decomposition_table)
+            if self.decomposition_table is not None
+            else current_aot_decompositions()
+        )
+        if self.decompose_ops:
+            table.update(resolve_decomposition_ops(self.decompose_ops))
+        return table
+
+    def resolve_call(
+        self,
+        proc_trace: Any,
+        *py_args: Any,
+        dynamic_shapes: dict[str, Any] | None = None,
+        **py_kwargs: Any,
+    ) -> Any:
+        """Exports (once per signature), imports and calls the function from ``proc_trace``.
+
+        Returns:
+            The function's result tree with ``IrImmediateTensor``/``IrImmediateScalar`` leaves.
+        """
+        mb = proc_trace.module_builder
+        flat, spec = pytree.tree_flatten((list(py_args), dict(py_kwargs)))
+        positions: list[int] = []
+        examples: list[torch.Tensor] = []
+        dyn_specs: list[dict[int, Any] | None] = []
+        ir_leaves: list[IrTensor] = []
+        named_dims = self._named_dynamic_dims(py_args, py_kwargs, dynamic_shapes)
+        for i, leaf in enumerate(flat):
+            if isinstance(leaf, IrTensor):
+                if leaf.dtype is None:
+                    raise JittableError(
+                        f"{self!r}: argument {i} has element type {leaf.element_type}, which has "
+                        "no torch dtype"
+                    )
+                dims = {d: torch.export.Dim.DYNAMIC for d in leaf.dynamic_dim_indices}
+                dims.update(named_dims.get(id(leaf), {}))
+                shape = [7 + d if s is None else s for d, s in enumerate(leaf.shape)]
+                examples.append(torch.empty(shape, dtype=leaf.dtype))
+                dyn_specs.append(dims or None)
+                positions.append(i)
+                ir_leaves.append(leaf)
+            elif isinstance(leaf, IrScalar):
+                raise JittableError(
+                    f"{self!r}: argument {i} is an IR scalar ({leaf!r}); pass scalars to a "
+                    "jittable as Python constants or 0-d tensors"
+                )
+            elif isinstance(leaf, torch.Tensor):
+                raise JittableError(
+                    f"{self!r}: argument {i} is a concrete torch.Tensor; capture it in the "
+                    "function (it becomes a global) or pass an IR tensor"
+                )
+        constants = [None if i in positions else leaf for i, leaf in enumerate(flat)]
+        key = (
+            id(mb),
+            str(spec),
+            tuple((tuple(t.shape), str(t.dtype), tuple(t.dynamic_dim_indices)) for t in ir_leaves),
+            repr(constants),
+            repr(sorted((k, repr(v)) for k, v in named_dims.items())),
+        )
+        cached = self._imported.get(key)
+        if cached is None:
+            cached = self._export_and_import(
+                mb, flat, positions, spec, examples, dyn_specs, constants
+            )
+            self._imported[key] = cached
+        symbol, arg_types, result_info, out_spec = cached
+        return self._emit_call(proc_trace, symbol, arg_types, ir_leaves, result_info, out_spec)
+
+    def _named_dynamic_dims(self, py_args, py_kwargs, extra) -> dict[int, dict[int, Any]]:
+        """Maps id(IR tensor argument) → {dim: Dim} from ``dynamic_shapes`` keyed by name."""
+        shapes = {**self.dynamic_shapes, **(extra or {})}
+        if not shapes:
+            return {}
+        try:
+            bound = inspect.signature(self.wrapped_f).bind(*py_args, **py_kwargs)
+        except TypeError as e:
+            raise JittableError(f"{self!r}: {e}") from None
+        out: dict[int, dict[int, Any]] = {}
+        for name, dims in shapes.items():
+            if name not in bound.arguments:
+                raise JittableError(
+                    f"{self!r}: dynamic_shapes names argument {name!r}, but the function's "
+                    f"arguments are {list(bound.arguments)}"
+                )
+            value = bound.arguments[name]
+            if isinstance(value, IrTensor) and dims:
+                out[id(value)] = dict(dims)
+        return out
+
+    def _export_and_import(self, mb, flat, positions, spec, examples, dyn_specs, constants):
+        module = _FlatModule(self.wrapped_f, constants, positions, spec)
+        try:
+            program = torch.export.export(
+                module,
+                tuple(examples),
+                dynamic_shapes=(tuple(dyn_specs),) if any(dyn_specs) else None,
+                strict=False,
+            )
+        except Exception as e:
+            raise JittableError(
+                f"{self!r}: torch.export failed for argument shapes "
+                f"{[tuple(t.shape) for t in examples]}: {type(e).__name__}: {e}"
+            ) from e
+        with mb.context:
+            func_op = import_exported_program(
+                mb,
+                program,
+                symbol_name=self.function_name,
+                symbol_visibility="private",
+                decomposition_table=self._table(),
+                constants_as_globals=True,
+            )
+            symbol = StringAttr(func_op.attributes["sym_name"]).value
+            ftype = func_op.type
+            arg_types = list(ftype.inputs)
+            result_types = list(ftype.results)
+            constant_results: dict[int, Any] = {}
+            if CONSTANT_RESULTS_ATTR in func_op.attributes:
+                raw = json.loads(StringAttr(func_op.attributes[CONSTANT_RESULTS_ATTR]).value)
+                constant_results = {int(k): v for k, v in raw.items()}
+        dtypes = _user_output_dtypes(program)
+        result_info = {"types": result_types, "dtypes": dtypes, "constants": constant_results}
+        return symbol, arg_types, result_info, program.call_spec.out_spec
+
+    def _emit_call(self, proc_trace, symbol, arg_types, ir_leaves, result_info, out_spec):
+        mb = proc_trace.module_builder
+        conv = mb.native_type_converter
+        with proc_trace.context, proc_trace.loc, proc_trace.ip:
+            operands = []
+            for leaf, arg_type in zip(ir_leaves, arg_types):
+                value = leaf.ir_value
+                builtin_type = conv.torch_type_to_native(arg_type)
+                if str(value.type) != str(builtin_type):
+                    value = Operation.create(
+                        "tensor.cast", results=[builtin_type], operands=[value]
+                    ).result
+                operands.append(
+                    Operation.create(
+                        "torch_c.from_builtin_tensor", results=[arg_type], operands=[value]
+                    ).result
+                )
+            call = Operation.create(
+                "func.call",
+                results=result_info["types"],
+                operands=operands,
+                attributes={"callee": FlatSymbolRefAttr.get(symbol)},
+            )
+            results = []
+            for value, dtype in zip(call.results, result_info["dtypes"]):
+                asm = str(value.type)
+                if asm.startswith("!torch.vtensor"):
+                    native = conv.torch_type_to_native(value.type)
+                    builtin = Operation.create(
+                        "torch_c.to_builtin_tensor", results=[native], operands=[value]
+                    ).result
+                    results.append(IrImmediateTensor(builtin, dtype))
+                elif asm == "!torch.int":
+                    i64 = Operation.create(
+                        "torch_c.to_i64",
+                        results=[conv.torch_type_to_native(value.type)],
+                        operands=[value],
+                    ).result
+                    results.append(IrImmediateScalar(i64))
+                elif asm == "!torch.float":
+                    f64 = Operation.create(
+                        "torch_c.to_f64",
+                        results=[conv.torch_type_to_native(value.type)],
+                        operands=[value],
+                    ).result
+                    results.append(IrImmediateScalar(f64))
+                else:
+                    raise JittableError(f"{self!r}: cannot return a value of type {asm}")
+        constants = result_info["constants"]
+        flat, it = [], iter(results)
+        for i in range(len(results) + len(constants)):
+            flat.append(constants[i] if i in constants else next(it))
+        if out_spec is None:
+            return flat[0] if len(flat) == 1 else tuple(flat)
+        return pytree.tree_unflatten(flat, out_spec)
+
+
+def _user_output_dtypes(program) -> list[torch.dtype | None]:
+    """dtypes of the program's non-constant user outputs, in order."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    nodes = {n.name: n for n in program.graph.nodes}
+    out = []
+    for s in program.graph_signature.output_specs:
+        if s.kind != OutputKind.USER_OUTPUT or isinstance(s.arg, ConstantArgument):
+            continue
+        val = nodes[s.arg.name].meta.get("val")
+        out.append(getattr(val, "dtype", None))
+    return out

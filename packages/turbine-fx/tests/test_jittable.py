@@ -1,0 +1,92 @@
+"""jittable called from procedural traces: export once per signature, globals, run on IREE."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from fx_helpers import Built
+
+from turbine_fx import JittableError, jittable
+from turbine_fx.passes import functorch_functionalize
+from turbine_ir.ir import Location
+from turbine_trace import AbstractTensor, ProcedureTrace
+
+WEIGHT = torch.randn(8, 8)
+
+
+@jittable
+def project(x, *, scale=2.0):
+    return {"y": (x @ WEIGHT) * scale, "n": None}
+
+
+@jittable
+def project_again(x):
+    return x @ WEIGHT
+
+
+def _procedure(b, name, args, fn):
+    trace = ProcedureTrace.define_func(
+        b.mb, symbol_name=name, posargs=args, kwargs={}, loc=Location.unknown(b.context)
+    )
+    trace.trace_py_func(fn)
+
+
+def test_called_twice_with_different_shapes(iree_device):
+    b = Built()
+    with b:
+        # Static [2, 8] and dynamic [?, 8]: two signatures -> two private functions; the same
+        # signature again reuses the first; the captured WEIGHT is one global for all.
+        _procedure(
+            b,
+            "main",
+            (AbstractTensor(2, 8), AbstractTensor(None, 8)),
+            lambda a, c: (
+                project(a)["y"],
+                project(c, scale=3.0)["y"],
+                project(a)["y"],
+                project_again(c),
+            ),
+        )
+    asm = b.asm()
+    # (2,8,scale=2) and (?,8,scale=3)
+    assert len(re.findall(r"func.func private @project(_\d+)?\(", asm)) == 2
+    assert len(re.findall(r"func.func private @project_again(_\d+)?\(", asm)) == 1
+    assert asm.count("util.global private @__auto.constant.") == 1  # WEIGHT, deduplicated
+    assert len(re.findall(r"call @project(_\d+)?\(", asm)) == 3
+
+    vmfb = iree_device.compile(asm, extra_args=["--iree-input-type=torch"])
+    module = iree_device.load(vmfb)
+    a, c = torch.randn(2, 8), torch.randn(5, 8)
+    results = module.main(a.numpy(), c.numpy())
+    got = [torch.from_numpy(r.to_host()) for r in results]
+    torch.testing.assert_close(got[0], a @ WEIGHT * 2.0, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[1], c @ WEIGHT * 3.0, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[2], got[0])
+    torch.testing.assert_close(got[3], c @ WEIGHT, rtol=1e-4, atol=1e-4)
+
+
+def test_eager_call_outside_a_trace():
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(project_again(x), x @ WEIGHT)
+
+
+def test_unknown_pass_is_an_error():
+    with pytest.raises(JittableError, match="unknown passes"):
+        jittable(lambda x: x, passes=("nope",))
+
+
+def test_functorch_functionalize_removes_mutation():
+    def f(x):
+        y = x.clone()
+        y.mul_(2)
+        x.add_(1)
+        return y
+
+    gm = functorch_functionalize(f, torch.zeros(3))
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert "aten.mul_.Tensor" not in targets and "aten.add_.Tensor" not in targets
+    x = torch.ones(3)
+    torch.testing.assert_close(gm(x), torch.full((3,), 2.0))
+    torch.testing.assert_close(x, torch.full((3,), 2.0))  # input mutation still applied
