@@ -324,3 +324,57 @@ def test_import_to_full_then_compile(mlp_output):
     torch.testing.assert_close(
         load_module(out.compile(None)).main(x), model(x), rtol=1e-4, atol=1e-4
     )
+
+
+def test_multi_device_compile_and_run():
+    from turbine_aot import DeviceAffinity
+
+    class Axpy(nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b
+
+    a, b = torch.randn(3), torch.randn(3)
+    out = export(Axpy(), args=(a, b), arg_device={0: DeviceAffinity(0), 1: DeviceAffinity(1)})
+    vmfb = out.compile(None, target_device=["llvm-cpu", "llvm-cpu"])
+    loaded = load_module(vmfb, device=["local-task", "local-task"])
+    torch.testing.assert_close(loaded.main(a, b), a * 2 + b)
+
+
+def test_external_parameters_resolve_at_run_time(tmp_path):
+    model = MLP().eval()
+    aot.externalize_module_parameters(model)
+    aot.save_module_parameters(tmp_path / "mlp.irpa", model)
+    out = export(model, args=(torch.randn(2, 16),))
+    ir = str(out.mlir_module)
+    assert '#flow.parameter.named<"model"::"l1.weight">' in ir
+    assert "dense_resource" not in ir  # no weight data in the module
+    loaded = load_module(out.compile(None), parameters=tmp_path / "mlp.irpa")
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(loaded.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_symbolic_shape_expressions():
+    class Concat(nn.Module):
+        def forward(self, x):
+            return torch.cat([x, x], dim=0)
+
+    dim = torch.export.Dim("n", min=2, max=32)
+    kwargs = {"args": (torch.randn(4, 3),), "dynamic_shapes": {"x": {0: dim}}}
+    plain = str(export(Concat(), **kwargs).mlir_module)
+    out = export(Concat(), import_symbolic_shape_expressions=True, **kwargs)
+    ir = str(out.mlir_module)
+    assert "torch.bind_symbolic_shape" in ir and "torch.bind_symbolic_shape" not in plain
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(load_module(out.compile(None)).main(x), torch.cat([x, x]))
+
+
+def test_verify_reports_broken_ir():
+    out = export(MLP(), args=(torch.randn(2, 16),))
+    module = out.mlir_module
+    func = next(
+        op for op in module.regions[0].blocks[0].operations if op.operation.name == "func.func"
+    )
+    block = func.regions[0].blocks[0]
+    list(block.operations)[-1].erase()  # drop the terminator
+    with pytest.raises(ExportError, match="failed verification"):
+        out.verify()
