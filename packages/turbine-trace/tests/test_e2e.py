@@ -27,7 +27,7 @@ def _host(result):
     return torch.from_numpy(np.asarray(result.to_host()))
 
 
-def test_dynamic_slice_update_reshape_splat(harness, iree_device):
+def test_dynamic_slice_update_reshape_splat(harness, iree_device, capfd):
     @harness.proc("slice_rows", (AbstractTensor(None, None), AbstractIndex, AbstractI64))
     def _(x, start, length):
         return IREE.tensor_slice(x, (start, length), (0, IREE.tensor_dim(x, 1)))
@@ -55,6 +55,11 @@ def test_dynamic_slice_update_reshape_splat(harness, iree_device):
         flat = IREE.tensor_reshape(x, rows * cols)
         return flat, IREE.tensor_reshape(flat, cols, rows)
 
+    @harness.proc("traced", (AbstractTensor(None, 2),))
+    def _(x):
+        IREE.tensor_trace("traced_rows", x)
+        return x
+
     @harness.proc("splat", (AbstractIndex, AbstractF32))
     def _(n, value):
         return IREE.tensor_splat(n, 3, value=value, dtype=torch.float32)
@@ -81,6 +86,10 @@ def test_dynamic_slice_update_reshape_splat(harness, iree_device):
     shifted[:4] = x4[2:]
     assert_close(_host(m.shift_up(x4.numpy(), 2)), shifted)
     assert_close(_host(m.splat(4, 2.5)), torch.full((4, 3), 2.5))
+    capfd.readouterr()
+    m.traced(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=np.float32))
+    printed = "".join(capfd.readouterr())
+    assert "traced_rows" in printed and "3x2xf32=[1 2][3 4][5 6]" in printed
     d0, d2 = m.dims(np.zeros((2, 5, 9), dtype=np.float32))
     assert (int(d0.to_host()), int(d2.to_host())) == (2, 9)
 

@@ -252,3 +252,19 @@ def test_emitter_accepts_raw_values(harness):
         return t
 
     harness.check(r"tensor.extract_slice %arg0\[0\] \[%dim\] \[1\]")
+
+
+def test_meta_tensor_and_dim_bookkeeping(harness):
+    @harness.proc("meta", (AbstractTensor(None, 3, dtype=torch.float16), AbstractIndex))
+    def _(x, n):
+        meta = x.to_meta_tensor(dynamic_size=5)
+        assert meta.device.type == "meta" and meta.shape == (5, 3) and meta.dtype == torch.float16
+        assert x.element_type == ir.F16Type.get()
+        x.set_dynamic_dim_values([n.ir_value])
+        assert x.get_dim_value(0) == n.ir_value
+        with pytest.raises(ProcedureTraceError, match="has 1 dynamic dimensions but 2"):
+            x.set_dynamic_dim_values([n.ir_value, n.ir_value])
+        return IREE.tensor_dim(x, 0)
+
+    text = harness.check(r"return %arg1 : index")
+    assert "tensor.dim" not in text

@@ -9,6 +9,8 @@ work with static and dynamic shapes; ``export_global`` and friends describe glob
 
 from __future__ import annotations
 
+from turbine_ir.ir import Type
+
 from ._abstract import (
     AbstractBool,
     AbstractF32,
@@ -51,6 +53,8 @@ from ._primitives import (
 from ._procedure import ProcedureTrace
 from ._tree import TreeSpec, tree_flatten, tree_map, tree_unflatten, treespec_dumps
 
+IrType = Type
+
 __all__ = [
     "IREE",
     "AbstractBool",
@@ -77,6 +81,7 @@ __all__ = [
     "IrScalar",
     "IrTensor",
     "IrTrace",
+    "IrType",
     "LiveGlobalCollectionProxy",
     "MaterializedGlobal",
     "ProcedureTrace",
