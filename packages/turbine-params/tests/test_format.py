@@ -347,3 +347,15 @@ def test_empty_archive(tmp_path):
 
 def test_entry_header_struct_sizes(irpa):
     assert irpa.HEADER.size == 88 and irpa.ENTRY_HEADER.size == 60
+
+
+def test_progress_line(capsys):
+    from turbine_params._progress import Progress
+
+    p = Progress(1 << 30, "writing x.irpa", enabled=True)
+    p.advance(1 << 29)
+    p.advance(1 << 29)
+    p.close()
+    err = capsys.readouterr().err
+    assert "writing x.irpa: 100.0% 1.00/1.00 GB" in err
+    assert not Progress(1 << 30, "quiet").enabled  # stderr is not a terminal under pytest

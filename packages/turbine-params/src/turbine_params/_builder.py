@@ -23,6 +23,7 @@ from ._format import (
     layout_archive,
 )
 from ._index import MappedFile, ParameterIndex, ParameterIndexEntry
+from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
 
 __all__ = ["ParameterArchiveBuilder", "atomic_writer", "copy_file_range", "write_all"]
@@ -366,19 +367,22 @@ class ParameterArchiveBuilder:
             ],
             file_alignment=self.file_alignment,
         )
-        with atomic_writer(path) as fd:
-            write_all(fd, memoryview(layout.head))
-            pos = len(layout.head)
-            written = 0
-            for sid, rel in layout.placements.items():
-                target = layout.storage_offset + rel
-                if target > pos:
-                    write_all(fd, memoryview(bytes(target - pos)))
-                    pos = target
-                src = self._sources[sid]
-                pos += self._write_source(fd, src)
-                written += src.length
-            os.ftruncate(fd, layout.total_size)
+        progress = Progress(layout.storage_length, f"writing {path.name}")
+        try:
+            with atomic_writer(path) as fd:
+                write_all(fd, memoryview(layout.head))
+                pos = len(layout.head)
+                for sid, rel in layout.placements.items():
+                    target = layout.storage_offset + rel
+                    if target > pos:
+                        write_all(fd, memoryview(bytes(target - pos)))
+                        pos = target
+                    n = self._write_source(fd, self._sources[sid])
+                    pos += n
+                    progress.advance(n)
+                os.ftruncate(fd, layout.total_size)
+        finally:
+            progress.close()
         logger.info(
             "wrote %s: %d entries, %d data bytes", path, len(self._entries), layout.storage_length
         )
