@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variants", type=int, default=6, help="number of variants (default 6)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
-    p.add_argument("--layers", type=int, default=4, help="encoder layers in the model")
+    p.add_argument("--layers", type=int, default=8, help="encoder layers in the model (default 8)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per build")
     args = p.parse_args(argv)
 

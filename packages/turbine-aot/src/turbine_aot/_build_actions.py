@@ -388,7 +388,7 @@ def _declared_return_marshallers(generator: Callable) -> list[ReturnMarshaller]:
             )
     else:
         items = (declared,)
-    marshallers = []
+    marshallers: list[ReturnMarshaller] = []
     for item in items:
         if isinstance(item, type) and callable(getattr(item, "save_mlir", None)):
             marshallers.append(ExportOutputMarshaller())

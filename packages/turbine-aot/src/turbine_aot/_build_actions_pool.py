@@ -126,7 +126,7 @@ class _Job:
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, ctx: multiprocessing.context.BaseContext, name: str):
+    def __init__(self, ctx: Any, name: str):
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         self.conn = parent_conn
         self.process = ctx.Process(target=_worker_main, args=(child_conn,), name=name, daemon=False)
