@@ -30,16 +30,44 @@ from turbine_params import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrai
 
 def test_inline_global(mb, check_ir):
     sym, op, gtype = mb.create_tensor_global(
-        "__auto.w", torch.zeros(2, 3, dtype=torch.bfloat16), attrs=GlobalAttributes()
+        "__auto.w", torch.zeros(2, 3, dtype=torch.int16), attrs=GlobalAttributes()
     )
-    assert (sym, str(gtype)) == ("__auto.w", "tensor<2x3xbf16>")
+    assert (sym, str(gtype)) == ("__auto.w", "tensor<2x3xi16>")
     assert mb.last_global_op == op
     check_ir(
         str(mb.module_op),
-        r"^  util\.global private @__auto\.w = dense_resource<torch_tensor_2x3_bfloat16> : "
-        r"tensor<2x3xbf16>$",
-        r"torch_tensor_2x3_bfloat16: \"0x40000000(0000){6}\"",
+        r"^  util\.global private @__auto\.w = dense_resource<torch_tensor_2x3_int16> : "
+        r"tensor<2x3xi16>$",
+        r"torch_tensor_2x3_int16: \"0x40000000(0000){6}\"",
     )
+
+
+def test_inline_bf16_and_fp8_globals_are_dense(mb, check_ir):
+    # IREE 3.13 miscompiles dense_resource of these types; dense<...> compiles at every size.
+    mb.create_tensor_global(
+        "__auto.h", torch.tensor([1.5, -2.0], dtype=torch.bfloat16), attrs=GlobalAttributes()
+    )
+    mb.create_tensor_global(
+        "__auto.q",
+        torch.tensor([0.5, 448.0]).to(torch.float8_e4m3fn),
+        attrs=GlobalAttributes(),
+    )
+    mb.create_tensor_global("__auto.e", torch.empty(0, 2), attrs=GlobalAttributes())
+    check_ir(
+        str(mb.module_op),
+        r"@__auto\.h <inlining_policy = #util\.inline\.never> = "
+        r"dense<\[1\.500000e\+00, -2\.000000e\+00\]> : tensor<2xbf16>$",
+        r"@__auto\.q = dense<\[5\.000000e-01, 4\.480000e\+02\]> : tensor<2xf8E4M3FN>$",
+        r"@__auto\.e = dense<> : tensor<0x2xf32>$",
+    )
+
+
+def test_bf16_noinline_workaround_can_be_turned_off(ctx, check_ir):
+    mb = ModuleBuilder(ir.Module.create(), options=ModuleBuilderOptions(bf16_noinline=False))
+    mb.create_tensor_global(
+        "__auto.h", torch.ones(3, dtype=torch.bfloat16), attrs=GlobalAttributes()
+    )
+    check_ir(str(mb.module_op), r"@__auto\.h = dense<1\.000000e\+00> : tensor<3xbf16>$")
 
 
 def test_external_global_from_trait_empty_scope_is_model(mb, check_ir):

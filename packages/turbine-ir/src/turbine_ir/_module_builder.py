@@ -153,10 +153,13 @@ class ModuleBuilderOptions:
             ``torch.bind_symbolic_shape`` ops (used by the FX importer).
         dump_dir: Parent directory for per-run IR dumps on errors (default: ``$TURBINE_DUMP_DIR``
             or the system temp directory).
+        bf16_noinline: Mark inline bf16 globals ``#util.inline.never`` (works around IREE 3.13
+            miscompiling small bf16 constants inlined into SPIR-V dispatches).
     """
 
     import_symbolic_shape_expressions: bool = False
     dump_dir: str | os.PathLike | None = None
+    bf16_noinline: bool = True
 
 
 class TypeCache:
@@ -379,6 +382,7 @@ class ModuleBuilder:
         attrs: GlobalAttributes,
         initial_value: ir.Attribute | None,
         affinity: Any = None,
+        noinline: bool = False,
     ) -> tuple[str, ir.Operation]:
         with self.context, _current_loc(self.context) as loc:
             with self._global_ip():
@@ -389,7 +393,7 @@ class ModuleBuilder:
                     is_mutable=bool(attrs.mutable),
                     initial_value=initial_value,
                     inlining_policy=ir.Attribute.parse("#util.inline.never")
-                    if attrs.noinline
+                    if attrs.noinline or noinline
                     else None,
                     loc=loc,
                 )
@@ -453,7 +457,10 @@ class ModuleBuilder:
 
         External (per ``attrs`` or the tensor's ``ExternalTensorTrait``):
         ``= #flow.parameter.named<"scope"::"key">``; uninitialized: ``#util.uninitialized``;
-        otherwise the data inline (``dense_resource``, or a ``dense`` splat for one element).
+        otherwise the data inline (:func:`tensor_to_dense_attr`: ``dense_resource``; ``dense``
+        for bf16/float8 and one-element tensors). Inline bf16 data also gets
+        ``inlining_policy = #util.inline.never`` unless ``options.bf16_noinline`` is off (IREE
+        3.13's SPIR-V backend miscomputes bf16 constants inlined into dispatches).
         A tensor with a ``DeviceTensorTrait`` gets ``stream.affinity``.
 
         Does not consult :attr:`global_ref_tracker`; :meth:`get_or_create_tensor_global` does.
@@ -479,8 +486,22 @@ class ModuleBuilder:
                 initial = self._uninitialized(global_type)
             else:
                 initial = tensor_to_dense_attr(t, self.context)
+        # IREE 3.13 inlines small constant globals into dispatches, and its SPIR-V backend then
+        # computes wrong values from bf16 constants: keep inline bf16 data out of dispatches.
+        bf16_noinline = (
+            self.options.bf16_noinline
+            and t.dtype == torch.bfloat16
+            and not external
+            and not attrs.uninitialized
+            and t.numel() > 1
+        )
         actual, op = self._create_global(
-            symbol_name, global_type, attrs=attrs, initial_value=initial, affinity=device_trait(t)
+            symbol_name,
+            global_type,
+            attrs=attrs,
+            initial_value=initial,
+            affinity=device_trait(t),
+            noinline=bf16_noinline,
         )
         return actual, op, global_type
 

@@ -136,15 +136,39 @@ def tensor_to_dense_resource_attr(
     )
 
 
-def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> ir.Attribute:
-    """The best data attribute for ``t``: a splat ``dense<...>`` for one element, else a resource.
+def _emulated_float_formats() -> dict[torch.dtype, str]:
+    names = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+    out = {torch.bfloat16: "H"}
+    for n in names:
+        d = getattr(torch, n, None)
+        if isinstance(d, torch.dtype):
+            out[d] = "B"
+    return out
 
-    One-element tensors become ``DenseElementsAttr`` splats (better for constant folding;
-    complex ones stay resources because the Python bindings cannot wrap complex splats).
+
+#: dtypes IREE 3.13 cannot compile as ``dense_resource`` in all cases, with the buffer format
+#: used to hand their raw bytes to ``DenseElementsAttr`` (same element size, no conversion).
+_DENSE_ELEMENTS_FORMATS = _emulated_float_formats()
+
+
+def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> ir.Attribute:
+    """The attribute IREE compiles best for ``t``'s data (what globals and literals use).
+
+    * empty → ``dense<>``; one element → a ``dense<…>`` splat (better constant folding);
+    * bf16 and float8 → ``dense<…>`` built from the raw bytes: IREE 3.13 fails on
+      ``dense_resource`` of these types (bf16 up to ~128 elements: "'arith.constant' op failed
+      to verify that all of {value, result} have same type"; float8 from ~1000 elements:
+      "unhandled float element bit width 8"), while ``dense`` compiles at every size;
+    * everything else → ``dense_resource`` (:func:`tensor_to_dense_resource_attr`).
+
+    Complex one-element tensors stay resources: the Python bindings cannot wrap complex splats.
     """
     from iree.compiler import ir
 
     _check_materializable(t, "tensor_to_dense_attr")
+    if t.numel() == 0:
+        ttype = torch_tensor_type(list(t.shape), t.dtype, context)
+        return ir.Attribute.parse(f"dense<> : {ttype}", ttype.context)
     if t.numel() == 1 and not t.dtype.is_complex:
         ttype = torch_tensor_type(list(t.shape), t.dtype, context)
         if t.dtype == torch.bool:
@@ -152,4 +176,12 @@ def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> 
         else:
             lit = '"0x' + bytes(_byte_view(t).tolist()).hex().upper() + '"'
         return ir.Attribute.parse(f"dense<{lit}> : {ttype}", ttype.context)
+    fmt = _DENSE_ELEMENTS_FORMATS.get(t.dtype)
+    if fmt is not None:
+        ttype = torch_tensor_type(list(t.shape), t.dtype, context)
+        buf = _copy_out(t)
+        view = buf.view.cast(fmt, list(t.shape))
+        return ir.DenseElementsAttr.get(
+            view, type=ttype.element_type, shape=list(t.shape), context=ttype.context
+        )
     return tensor_to_dense_resource_attr(t, context=context)
