@@ -146,8 +146,11 @@ def bench_write(sd, workdir: Path, rounds: int) -> dict[str, dict[str, float]]:
         writers["safetensors save_file"] = (_safetensors_save, "model.safetensors")
     times: dict[str, list[float]] = {k: [] for k in writers}
     rss: dict[str, float] = {k: 0.0 for k in writers}
+    order = list(writers)
     for r in range(rounds):
-        for name, (fn, fname) in writers.items():
+        # Rotate the order each round so no writer always follows the same one.
+        for name in order[r % len(order) :] + order[: r % len(order)]:
+            fn, fname = writers[name]
             path = workdir / fname
             if path.exists() and r < rounds - 1:
                 path.unlink()
@@ -273,8 +276,10 @@ def bench_read(workdir: Path, rounds: int) -> tuple[dict[str, dict[str, float]],
     times: dict[str, list[float]] = {k: [] for k in readers}
     rss: dict[str, float] = {k: 0.0 for k in readers}
     sums = {}
-    for _ in range(rounds):
-        for name, fn in readers.items():
+    rorder = list(readers)
+    for r in range(rounds):
+        for name in rorder[r % len(rorder) :] + rorder[: r % len(rorder)]:
+            fn = readers[name]
             with RssSampler() as s:
                 t0 = time.perf_counter()
                 sums[name] = fn()

@@ -1,6 +1,7 @@
 """Property-based fuzzing: mutated archives either read or raise ParameterArchiveError.
 
-Bounded: a fixed number of examples with a per-example deadline (a few seconds in all).
+Bounded by a fixed number of examples (a few seconds in all). No per-example deadline: on a
+loaded CI machine a deadline makes the test flaky without making it any more bounded.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ SEED = _seed_archive()
 HEAD = struct.unpack_from("<Q", SEED, 64)[0] + struct.unpack_from("<Q", SEED, 56)[0]
 
 
-def _read_everything(path) -> None:
-    with ParameterArchive(path) as archive:
+def _read_everything(path, mmap: bool = True) -> None:
+    with ParameterArchive(path, mmap=mmap) as archive:
         for _, e in archive.items():
             e.as_flat_array()
             try:
@@ -66,7 +67,7 @@ field_write = st.tuples(
 
 @settings(
     max_examples=250,
-    deadline=500,
+    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,
 )
@@ -86,10 +87,11 @@ def test_mutated_archives_never_crash(tmp_path_factory, mutations, fields, trunc
         del data[truncate:]
     path = tmp_path_factory.mktemp("fuzz") / "m.irpa"
     path.write_bytes(bytes(data))
-    try:
-        _read_everything(path)
-    except ParameterArchiveError as e:
-        assert str(path) in str(e)
+    for mmap in (True, False):
+        try:
+            _read_everything(path, mmap=mmap)
+        except ParameterArchiveError as e:
+            assert str(path) in str(e)
 
 
 def _parse(data: bytes, fast: bool):
@@ -111,7 +113,7 @@ def _parse(data: bytes, fast: bool):
     ]
 
 
-@settings(max_examples=200, deadline=500, derandomize=True)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     mutations=st.lists(mutation, max_size=6),
     fields=st.lists(field_write, max_size=3),

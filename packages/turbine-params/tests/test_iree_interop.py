@@ -117,7 +117,7 @@ def test_to_iree_index_round_trips(tmp_path):
     rt = _rt()
     b, arrays = _sample_builder()
     path = b.save(tmp_path / "x.irpa")
-    for source in (ParameterArchive(path).index, b.index):
+    for source in (ParameterArchive(path).index, ParameterArchive(path, mmap=False).index, b.index):
         iree_index = source.to_iree()
         assert isinstance(iree_index, rt.ParameterIndex)
         out = tmp_path / "via_iree.irpa"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import mmap as _mmap
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,6 @@ class MappedFile:
             ) from e
         self.size = os.fstat(self.fd).st_size
         self.mapping: _mmap.mmap | None = None
-        self._lock = threading.Lock()
         if mmap and self.size > 0:
             access = _mmap.ACCESS_WRITE if writable else _mmap.ACCESS_COPY
             self.mapping = _mmap.mmap(self.fd, self.size, access=access)
