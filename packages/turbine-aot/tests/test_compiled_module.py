@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from turbine_aot import CompiledModule, CompiledModuleError, CompileError, ImportPhase, export
-from turbine_aot.builtins import IREE, AbstractF32, AbstractI64, AbstractIndex, AbstractTensor
+from turbine_aot.builtins import (
+    IREE,
+    AbstractF32,
+    AbstractI64,
+    AbstractIndex,
+    AbstractTensor,
+    jittable,
+)
 from turbine_aot.support.procedural import DeviceAffinity, export_global
 from turbine_ir.ir import Module
 
@@ -260,3 +267,42 @@ def test_given_context_and_module_op():
     assert "func.func @identity" in str(module)
     CompiledModule.run_import(inst, "full")  # no session of ours: round trip through bytecode
     assert "util.func public @identity" in str(CompiledModule.get_mlir_module(inst))
+
+
+@jittable
+def _scaled_add(a, b):
+    return a * 2.0 + b
+
+
+class JitModule(CompiledModule):
+    total = export_global(torch.zeros(3), mutable=True)
+
+    @jittable
+    def _relu(x):  # a jittable class attribute, called as self._relu(...)
+        return torch.relu(x)
+
+    def accumulate(self, x=AbstractTensor(3)):
+        self.total = _scaled_add(x, self.total)
+        return self._relu(self.total)
+
+    def batch(self, x=AbstractTensor(None, 3)):
+        return _scaled_add(x, x), self._relu(x)
+
+
+def test_jittable_in_procedures_with_state():
+    from turbine_aot.runtime import load_module
+
+    out = export(JitModule)
+    ir = str(out.mlir_module)
+    assert "func.func private" in ir and "call @" in ir
+    m = load_module(out.compile(None))
+    x = torch.tensor([1.0, -2.0, 3.0])
+    want = torch.zeros(3)
+    for _ in range(3):
+        got = m.accumulate(x)
+        want = x * 2.0 + want
+    torch.testing.assert_close(got, torch.relu(want))
+    xb = torch.randn(5, 3)
+    s, r = m.batch(xb)
+    torch.testing.assert_close(s, xb * 3.0)
+    torch.testing.assert_close(r, torch.relu(xb))
