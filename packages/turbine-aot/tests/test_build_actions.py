@@ -448,3 +448,34 @@ def test_remote_generator_writes_atomically_and_checks_arity(tmp_path: Path) -> 
         RemoteGenerator(wrong_type_generator, (4,), {}, [(ExportOutputMarshaller(), target)])()
     assert target.read_text() == "// 4\nmodule {}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.mlir"]
+
+
+def test_signatures_match_the_reference() -> None:
+    import inspect
+
+    def params(fn):
+        return [(p.name, p.kind.name) for p in inspect.signature(fn).parameters.values()]
+
+    assert params(turbine_generate) == [
+        ("generator", "POSITIONAL_OR_KEYWORD"),
+        ("args", "VAR_POSITIONAL"),
+        ("name", "KEYWORD_ONLY"),
+        ("out_of_process", "KEYWORD_ONLY"),
+        ("kwargs", "VAR_KEYWORD"),
+    ]
+    assert inspect.signature(turbine_generate).parameters["out_of_process"].default is True
+    assert [p[0] for p in params(RemoteGenerator.__init__)] == [
+        "self",
+        "generation_thunk",
+        "thunk_args",
+        "thunk_kwargs",
+        "return_info",
+    ]
+    assert [p[0] for p in params(TurbineBuilderAction.__init__)] == [
+        "self",
+        "thunk",
+        "thunk_args",
+        "thunk_kwargs",
+        "concurrency",
+        "kwargs",
+    ]

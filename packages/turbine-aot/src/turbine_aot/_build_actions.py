@@ -57,6 +57,7 @@ from ._build_actions_pool import (
     get_generator_pool,
 )
 from ._errors import TurbineAotError
+from ._exporter import ExportOutput
 
 __all__ = [
     "BuildActionError",
@@ -390,7 +391,9 @@ def _declared_return_marshallers(generator: Callable) -> list[ReturnMarshaller]:
         items = (declared,)
     marshallers: list[ReturnMarshaller] = []
     for item in items:
-        if isinstance(item, type) and callable(getattr(item, "save_mlir", None)):
+        if isinstance(item, type) and (
+            issubclass(item, ExportOutput) or callable(getattr(item, "save_mlir", None))
+        ):
             marshallers.append(ExportOutputMarshaller())
         else:
             raise GeneratorSignatureError(
