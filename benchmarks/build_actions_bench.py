@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import resource
 import subprocess
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
     p.add_argument("--layers", type=int, default=8, help="encoder layers in the model (default 8)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per build")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
 
     try:
@@ -141,7 +143,35 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  worker pool, {jobs} jobs:            {pool_s:7.2f} s  ({pool_cpu:.1f} CPU s)")
     print(f"  speed-up (in process / pool):      {in_process_s / pool_s:7.2f}x")
     print(f"  outputs: {count} .mlir files, identical in both modes: {same}")
+    if args.json is not None:
+        _write_json(
+            args.json,
+            {
+                "variants": args.variants,
+                "layers": args.layers,
+                "cores": cores,
+                "jobs": jobs,
+                "load_average_before": load_before,
+                "in_process_s": in_process_s,
+                "in_process_cpu_s": in_process_cpu,
+                "pool_s": pool_s,
+                "pool_cpu_s": pool_cpu,
+                "speedup": in_process_s / pool_s,
+                "outputs_identical": same,
+            },
+        )
     return 0 if same and count == args.variants else 1
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Atomic write: temp file in the same directory, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -293,9 +293,15 @@ class GeneratorPool:
             job.future.set_exception(e)
             return None
         deadline = None if job.timeout is None else time.monotonic() + job.timeout
-        # A worker that died before reading makes this fail; the wait below reports how it died.
-        with contextlib.suppress(OSError):
-            worker.conn.send_bytes(job.payload)
+
+        # Sent from a helper thread: a large payload blocks until the worker reads it, and a
+        # worker stuck before reading (or dead) must not block this thread past the timeout.
+        # If it dies, the send fails quietly and the wait below reports how the worker died.
+        def send(conn=worker.conn, payload=job.payload) -> None:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send_bytes(payload)
+
+        threading.Thread(target=send, name="turbine-generate-send", daemon=True).start()
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = multiprocessing.connection.wait(
