@@ -93,13 +93,9 @@ for _d, _b, _s in _TABLE:
     TORCH_DTYPE_TO_IREE_TYPE_ASM.setdefault(_d, _b)
     TORCH_DTYPE_TO_SIGNED_MLIR_TYPE_ASM.setdefault(_d, _s)
 # Quantized tensors exist only in the torch dialect (scale/zero point live in the op).
-for _d, _asm in (
-    (getattr(torch, "qint8", None), "!torch.qint8"),
-    (getattr(torch, "quint8", None), "!torch.quint8"),
-    (getattr(torch, "qint32", None), "!torch.qint32"),
-):
-    if isinstance(_d, torch.dtype):
-        TORCH_DTYPE_TO_SIGNED_MLIR_TYPE_ASM[_d] = _asm
+for _qname in ("qint8", "quint8", "qint32"):
+    for _q in _optional(_qname):
+        TORCH_DTYPE_TO_SIGNED_MLIR_TYPE_ASM[_q] = f"!torch.{_qname}"
 
 #: builtin element asm -> torch dtype (``i8 -> torch.int8``, ``i1 -> torch.bool``).
 IREE_TYPE_ASM_TO_TORCH_DTYPE: dict[str, torch.dtype] = {}

@@ -571,7 +571,7 @@ class ModuleBuilder:
 
 
 def _mlir_string(s: str) -> str:
-    out = []
+    out: list[str] = []
     for ch in s:
         if ch in ('"', "\\") or not (0x20 <= ord(ch) < 0x7F):
             out.extend(f"\\{b:02X}" for b in ch.encode("utf-8"))

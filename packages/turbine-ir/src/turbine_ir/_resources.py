@@ -180,7 +180,7 @@ def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> 
     if fmt is not None:
         ttype = torch_tensor_type(list(t.shape), t.dtype, context)
         buf = _copy_out(t)
-        view = buf.view.cast(fmt, list(t.shape))
+        view = buf.view.cast(fmt, list(t.shape))  # type: ignore[call-overload]
         return ir.DenseElementsAttr.get(
             view, type=ttype.element_type, shape=list(t.shape), context=ttype.context
         )
