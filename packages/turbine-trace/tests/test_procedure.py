@@ -107,3 +107,17 @@ def test_convert_py_value_to_ir(harness):
 
     assert out[0][0] == out[1][0]
     assert str(out[2][0].type) == "i64"
+
+
+def test_bad_arg_device_index_names_procedure(harness):
+    with pytest.raises(
+        ProcedureTraceError, match=r"procedure 'placed_wrong': arg_device: .*argument 3"
+    ):
+        ProcedureTrace.define_func(
+            harness.mb,
+            symbol_name="placed_wrong",
+            posargs=(AbstractTensor(2),),
+            kwargs={},
+            loc=harness.loc,
+            arg_device={3: DeviceAffinity(0)},
+        )

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from turbine_ir import FunctionBuilder
+from turbine_ir.ir import StringAttr
 
 from ._errors import ProcedureTraceError
 
@@ -151,7 +152,7 @@ class IrTrace(FunctionBuilder):
     def name(self) -> str:
         """The symbol name of the function being traced (for messages)."""
         try:
-            return str(self.func_op.attributes["sym_name"]).strip('"')
+            return StringAttr(self.func_op.attributes["sym_name"]).value
         except Exception:
             return "<unknown>"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeGuard, TypeVar
 
 import torch
 
@@ -27,8 +27,8 @@ __all__ = ["IREE", "IREEEmitter"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-ElementType = torch.dtype | Type | str
-DimValue = int | IrScalar | Value
+ElementType: TypeAlias = "torch.dtype | Type | str"
+DimValue: TypeAlias = "int | IrScalar | Value"
 
 
 class _OpError(ProcedureTraceError):
@@ -315,7 +315,7 @@ IREE = IREEEmitter()
 _DYNAMIC = ShapedType.get_dynamic_size()
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -106,9 +106,15 @@ class ProcedureTrace(IrTrace):
         with loc:
             argument_attributes = None
             if arg_device:
-                argument_attributes = attributes_from_argument_device_affinities(
-                    arg_device, len(argument_ir_types), module_builder.context
-                )
+                try:
+                    argument_attributes = attributes_from_argument_device_affinities(
+                        arg_device, len(argument_ir_types), module_builder.context
+                    )
+                except ValueError as e:
+                    raise ProcedureTraceError(
+                        f"procedure {symbol_name!r}: arg_device: {e} (indices count flattened "
+                        "arguments)"
+                    ) from None
             _, func_op = module_builder.create_func_op(
                 symbol_name,
                 argument_ir_types,
