@@ -251,3 +251,38 @@ def test_cli_verify_detects_difference(tmp_path, capsys):
     _write_safetensors(src, changed)
     assert cli(["verify", str(out), "--against", str(src)]) == 2
     assert "'layer.bias' differs" in capsys.readouterr().err
+
+
+def test_torch_checkpoint_conversion_keeps_memory_flat(tmp_path):
+    """Tensors mapped from the checkpoint are released after writing: RSS stays flat."""
+    torch = pytest.importorskip("torch")
+    psutil = pytest.importorskip("psutil")
+    import threading
+
+    from turbine_params import torch_checkpoint_to_irpa
+
+    sd = {f"w{i}": torch.rand(4 << 20) for i in range(8)}  # 128 MB
+    torch.save(sd, tmp_path / "big.pt")
+    expected = {k: v[:: 1 << 16].clone() for k, v in sd.items()}
+    del sd
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    peak = [before]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            stop.wait(0.002)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        out = torch_checkpoint_to_irpa(tmp_path / "big.pt", tmp_path / "big.irpa")
+    finally:
+        stop.set()
+        t.join()
+    assert (peak[0] - before) < 64 << 20, f"RSS grew by {(peak[0] - before) >> 20} MB"
+    with ParameterArchive(out) as archive:
+        for k, v in expected.items():
+            assert torch.equal(archive[k].as_tensor()[:: 1 << 16], v)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+import mmap
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +108,10 @@ class ParameterArchiveBuilder:
         self._entries: list[_Entry] = []
         self._sources: list[_Source] = []
         self._tied: dict[tuple, int] = {}
+        # Set by converters whose tensors are views of a read-only file mapping (torch.load with
+        # mmap=True): after writing a tensor its pages are dropped from this process (they are
+        # re-read from the file if touched again), so RSS stays flat however large the model.
+        self._release_file_backed_pages = False
 
     # ---- adding entries -------------------------------------------------------------------
 
@@ -397,6 +404,8 @@ class ParameterArchiveBuilder:
                     f"bytes); add it again"
                 )
             write_all(fd, data.data)
+            if self._release_file_backed_pages and data.nbytes:
+                _release_pages(data)
             return src.length
         assert src.file_path is not None
         mf = MappedFile(src.file_path, mmap=False)
@@ -426,6 +435,24 @@ def _encode_scalar(value: Any, info, key: str) -> bytes:
         ) from e
     t = torch.tensor([value], dtype=info.torch_dtype())
     return t.view(torch.uint8).numpy().tobytes()
+
+
+def _release_pages(data: np.ndarray) -> None:
+    """``madvise(MADV_DONTNEED)`` on the whole pages inside ``data`` (Linux; else a no-op).
+
+    Only for memory mapped from a file and never written by this process: such pages are
+    re-read from the file when touched again, so nothing is lost.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    page = mmap.PAGESIZE
+    start = data.ctypes.data
+    lo = (start + page - 1) // page * page
+    hi = (start + data.nbytes) // page * page
+    if hi <= lo:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
 
 
 def write_all(fd: int, data: memoryview) -> None:

@@ -206,6 +206,7 @@ def torch_checkpoint_to_irpa(
     import torch
 
     p = os.fspath(src)
+    mapped = True
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError as e:
@@ -214,12 +215,14 @@ def torch_checkpoint_to_irpa(
         # Legacy (non-zip) checkpoints cannot be mapped.
         logger.warning("%s is a legacy checkpoint; loading it without mmap", p)
         obj = torch.load(p, map_location="cpu", weights_only=True)
+        mapped = False
     except Exception as e:
         raise ParameterArchiveError(
             f"cannot load torch checkpoint with weights_only=True ({type(e).__name__}: {e})",
             path=p,
         ) from e
     builder = ParameterArchiveBuilder(data_alignment=data_alignment)
+    builder._release_file_backed_pages = mapped
 
     def walk(value: Any, name: str) -> None:
         if isinstance(value, torch.Tensor):
