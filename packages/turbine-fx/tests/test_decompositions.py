@@ -127,3 +127,10 @@ def test_mutating_program_is_functionalized():
         for n in prepared.graph.nodes
         if n.op == "call_function"
     )
+
+
+def test_node_names_that_shadow_builtins_are_kept():
+    # nn.Sequential names its input "input"; FX renames such nodes when copying a graph.
+    ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.randn(1, 2),))
+    prepared = prepare_program(ep, current_aot_decompositions())
+    assert [n.name for n in prepared.graph.nodes] == [n.name for n in ep.graph.nodes]

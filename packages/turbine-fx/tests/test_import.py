@@ -272,3 +272,55 @@ def test_low_precision_weights(iree_device, dtype):
         pytest.skip(f"fp8 arithmetic is not supported by IREE's {iree_device.name} backend")
     (got,) = run_module(iree_device, asm, "main", [(x,)])
     torch.testing.assert_close(got[0], m(x), rtol=1e-3, atol=1e-3)
+
+
+class Variadic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, *args):
+        return sum(a.sum(0) for a in args) * self.w
+
+
+def test_variadic_forward_with_dynamic_shapes(iree_device):
+    torch.manual_seed(0)
+    m = Variadic()
+    dims = {"args": ({0: torch.export.Dim("a", max=32)}, {0: torch.export.Dim("b", max=32)})}
+    b, _ = _import(m, (torch.randn(2, 4), torch.randn(3, 4)), dynamic_shapes=dims)
+    asm = b.asm()
+    assert "%arg0: !torch.vtensor<[?,4],f32>, %arg1: !torch.vtensor<[?,4],f32>" in asm
+    calls = [(torch.randn(5, 4), torch.randn(7, 4))]
+    (got,) = run_module(iree_device, asm, "main", calls)
+    torch.testing.assert_close(got[0], m(*calls[0]), rtol=1e-4, atol=1e-4)
+
+
+def test_device_affinities_golden():
+    from turbine_params import DeviceAffinity, DeviceTensorTrait
+
+    m = MLP()
+    DeviceTensorTrait(1).set(m.fc2.weight)
+    b, _ = _import(m, (torch.randn(2, 8),), arg_device={0: DeviceAffinity(0)})
+    asm = b.asm()
+    assert "iree.abi.affinity = #hal.device.promise<@__device_0>" in asm
+    assert re.search(
+        r"util.global private @__auto.fc2.weight \{stream.affinity = "
+        r"#hal.device.promise<@__device_1>\}",
+        asm,
+    ) or re.search(r"@__auto.fc2.weight.*stream.affinity = #hal.device.promise<@__device_1>", asm)
+
+
+def test_unsupported_dtype_error_names_node_and_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("TURBINE_DUMP_DIR", str(tmp_path))
+
+    class U16(nn.Module):
+        def forward(self, x):
+            return x.to(torch.uint16)  # the user's uint16 line
+
+    ep = torch.export.export(U16(), (torch.ones(4, dtype=torch.int32),))
+    b = Built()
+    with b, pytest.raises(UnsupportedOpError, match=r"unsupported dtype torch\.uint16") as info:
+        import_exported_program(b.mb, ep)
+    assert "the user's uint16 line" in str(info.value)
+    assert "Convert the tensor to a supported dtype" in str(info.value)
+    assert info.value.dump_dir.startswith(str(tmp_path))

@@ -107,6 +107,7 @@ def import_exported_program(
         prepared = _prepare_with_auto_decompositions(program, table, context)
         constant_results = _drop_constant_outputs(prepared)
         unknown = _unregistered_op_nodes(prepared, context)
+        _check_dtypes(module_builder, prepared)
         hooks = _GlobalsHooks(module_builder, prepared, constants_as_globals=constants_as_globals)
         importer = _fxi.FxImporter(
             module=_ModuleView(module_builder),
@@ -243,6 +244,32 @@ def _prepare_with_auto_decompositions(
         table.update(resolve_decomposition_ops(new_ops))
         prepared = prepare_program(program, table)
     return prepared
+
+
+def _check_dtypes(module_builder: ModuleBuilder, prepared: PreparedProgram) -> None:
+    """Raises UnsupportedOpError for the first node whose value has a dtype IREE cannot type."""
+    supported = _fxi.TORCH_DTYPE_TO_MLIR_TYPE_ASM
+    for node in prepared.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        for v in vals:
+            dtype = getattr(v, "dtype", None)
+            if isinstance(v, torch.Tensor) and dtype not in supported:
+                source = _source_line(node)
+                dump_dir = _dump(module_builder, prepared)
+                what = "input" if node.op == "placeholder" else f"result of {node.target}"
+                raise UnsupportedOpError(
+                    f"unsupported dtype {dtype} for the {what} at FX node '{node.name}'"
+                    + (f" (from {source})" if source else "")
+                    + ": IREE's torch frontend has no element type for it. Convert the tensor to "
+                    "a supported dtype before export (supported: "
+                    + ", ".join(sorted(str(d).removeprefix("torch.") for d in supported))
+                    + f"). The FX graph is in {dump_dir}.",
+                    op=str(dtype),
+                    node=node.name,
+                    source_line=source,
+                    dump_dir=str(dump_dir),
+                )
 
 
 # ------------------------------------------------------------------------------------------

@@ -85,6 +85,11 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
         new_graph._codegen = gm.graph._codegen
         # Keep output metadata, the importer does not need it but passes may.
         list(new_graph.nodes)[-1].meta = dict(output_node.meta)
+    # FX renames nodes whose names shadow builtins ("input" -> "input_1") when copying; the
+    # graph signature refers to the original names, so keep them.
+    for old, new in zip(gm.graph.nodes, new_graph.nodes):
+        if new.name != old.name:
+            new.name = old.name
     new_gm = fx.GraphModule(gm, new_graph, class_name=type(gm).__name__)
     new_gm.meta.update(getattr(gm, "meta", {}))
     return new_gm
