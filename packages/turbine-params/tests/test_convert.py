@@ -286,3 +286,24 @@ def test_torch_checkpoint_conversion_keeps_memory_flat(tmp_path):
     with ParameterArchive(out) as archive:
         for k, v in expected.items():
             assert torch.equal(archive[k].as_tensor()[:: 1 << 16], v)
+
+
+def test_cli_module_entry_point(small):
+    import subprocess
+    import sys
+
+    ok = subprocess.run(
+        [sys.executable, "-m", "turbine_params", "inspect", str(small)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0 and "fc.weight" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "turbine_params", "verify", str(small) + ".missing"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("turbine-params: error: ") and bad.stderr.count("\n") == 1
