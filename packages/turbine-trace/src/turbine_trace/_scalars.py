@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from turbine_ir.dialects import arith
-from turbine_ir.ir import (
+from turbine_ir.ir import (  # type: ignore[attr-defined]  # FloatType comes from the `*` import
     F64Type,
     FloatAttr,
     FloatType,
