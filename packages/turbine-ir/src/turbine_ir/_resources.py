@@ -161,12 +161,13 @@ def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> 
       "unhandled float element bit width 8"), while ``dense`` compiles at every size;
     * everything else → ``dense_resource`` (:func:`tensor_to_dense_resource_attr`).
 
-    Complex one-element tensors stay resources: the Python bindings cannot wrap complex splats.
+    Complex empty/one-element tensors stay resources: the Python bindings cannot wrap complex
+    ``dense`` attributes.
     """
     from iree.compiler import ir
 
     _check_materializable(t, "tensor_to_dense_attr")
-    if t.numel() == 0:
+    if t.numel() == 0 and not t.dtype.is_complex:
         ttype = torch_tensor_type(list(t.shape), t.dtype, context)
         return ir.Attribute.parse(f"dense<> : {ttype}", ttype.context)
     if t.numel() == 1 and not t.dtype.is_complex:
