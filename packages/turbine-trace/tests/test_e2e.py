@@ -217,3 +217,44 @@ def test_docs_example_runs():
     with contextlib.redirect_stdout(out):
         exec(compile(code, str(doc), "exec"), {})
     assert out.getvalue().split("\n")[:2] == ["[4. 5. 6. 7.]", "(3, 4)"]
+
+
+def test_random_dynamic_slices_and_updates_match_eager(harness, iree_device):
+    """One module, many shapes: every dynamic offset/size combination agrees with torch."""
+
+    @harness.proc(
+        "slice3", (AbstractTensor(None, None, None, dtype=torch.int32), *[AbstractIndex] * 6)
+    )
+    def _(x, o0, o1, o2, n0, n1, n2):
+        return IREE.tensor_slice(x, (o0, n0), (o1, n1), (o2, n2))
+
+    @harness.proc(
+        "update3",
+        (
+            AbstractTensor(None, None, None, dtype=torch.int32),
+            AbstractTensor(None, None, None, dtype=torch.int32),
+            *[AbstractIndex] * 3,
+        ),
+    )
+    def _(target, update, o0, o1, o2):
+        return IREE.tensor_update(target, update, o0, o1, o2)
+
+    @harness.proc("merge_inner", (AbstractTensor(None, None, None, dtype=torch.int32),))
+    def _(x):
+        d0, d1, d2 = (IREE.tensor_dim(x, i) for i in range(3))
+        return IREE.tensor_reshape(x, d0, d1 * d2)
+
+    m = harness.load(iree_device)
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        shape = [int(s) for s in rng.integers(1, 7, size=3)]
+        x = torch.arange(int(np.prod(shape)), dtype=torch.int32).reshape(shape)
+        size = [int(rng.integers(1, s + 1)) for s in shape]
+        off = [int(rng.integers(0, s - n + 1)) for s, n in zip(shape, size)]
+        region = tuple(slice(o, o + n) for o, n in zip(off, size))
+        assert_close(_host(m.slice3(x.numpy(), *off, *size)), x[region])
+        update = -torch.arange(int(np.prod(size)), dtype=torch.int32).reshape(size) - 1
+        expected = x.clone()
+        expected[region] = update
+        assert_close(_host(m.update3(x.numpy(), update.numpy(), *off)), expected)
+        assert_close(_host(m.merge_inner(x.numpy())), x.reshape(shape[0], -1))
