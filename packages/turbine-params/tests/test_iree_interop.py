@@ -185,3 +185,51 @@ def test_program_runs_with_our_archive(tmp_path, iree_device):
     x = np.arange(4, dtype=np.float32)
     got = np.asarray(module.main(x).to_host())
     np.testing.assert_allclose(got, (x + w) * 2.0)
+
+
+def _iree_tool(name: str) -> str:
+    exe = shutil.which(name) or str(Path(sys.executable).parent / name)
+    if not Path(exe).exists():
+        pytest.skip(f"{name} is not installed (comes with iree-base-runtime)")
+    return exe
+
+
+def test_iree_convert_parameters_round_trip(tmp_path):
+    """IREE's converter reads our archive (and strips it); we read what it writes."""
+    exe = _iree_tool("iree-convert-parameters")
+    b, arrays = _sample_builder()
+    ours = b.save(tmp_path / "ours.irpa")
+    out = tmp_path / "by_iree.irpa"
+    subprocess.run(
+        [exe, f"--parameters={ours}", "--rename=w=renamed", f"--output={out}"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    with ParameterArchive(out) as archive:
+        np.testing.assert_array_equal(archive["renamed"].as_array(), arrays["w"])
+        np.testing.assert_array_equal(archive["big"].as_array(), arrays["big"])
+        assert (archive["splat"].as_array() == 0.25).all()
+    stripped = tmp_path / "stripped_by_iree.irpa"
+    subprocess.run(
+        [exe, f"--parameters={ours}", "--strip", f"--output={stripped}"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    with ParameterArchive(stripped) as archive:
+        assert all(e.is_splat for _, e in archive.items())
+        assert archive["big"].length == arrays["big"].nbytes
+
+
+def test_iree_converts_safetensors_we_verify(tmp_path):
+    exe = _iree_tool("iree-convert-parameters")
+    from turbine_params import irpa_to_safetensors, verify_archive
+
+    b, _ = _sample_builder()
+    st = irpa_to_safetensors(b.save(tmp_path / "src.irpa"), tmp_path / "src.safetensors")
+    out = tmp_path / "from_st.irpa"
+    subprocess.run(
+        [exe, f"--parameters={st}", f"--output={out}"], capture_output=True, timeout=60, check=True
+    )
+    assert verify_archive(out, against=st)[0] == 6
