@@ -143,6 +143,11 @@ class RefTracker:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def __bool__(self) -> bool:
+        # Always truthy: callers write `py_attr_tracker or RefTracker()` (the FX importer does),
+        # which must not replace an empty tracker.
+        return True
+
 
 @dataclass
 class ModuleBuilderOptions:
