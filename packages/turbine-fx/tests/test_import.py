@@ -324,3 +324,39 @@ def test_unsupported_dtype_error_names_node_and_what_to_do(tmp_path, monkeypatch
     assert "the user's uint16 line" in str(info.value)
     assert "Convert the tensor to a supported dtype" in str(info.value)
     assert info.value.dump_dir.startswith(str(tmp_path))
+
+
+class SliceKV(nn.Module):
+    """A KV-cache written at a dynamic offset with a dynamic number of new positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 16, 4))
+
+    def forward(self, x, start: int):
+        t = x.shape[1]
+        self.k[:, start : start + t] = x
+        return self.k[:, : start + t].sum(1)
+
+
+def test_kv_cache_dynamic_offset_and_length_over_three_calls(iree_device):
+    seq = torch.export.Dim("seq", max=8)
+    ep = torch.export.export(
+        SliceKV(),
+        (torch.randn(1, 3, 4), 2),
+        dynamic_shapes={"x": {1: seq}, "start": torch.export.Dim.DYNAMIC},
+        strict=False,
+    )
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep)
+    asm = b.asm()
+    assert "%arg0: !torch.vtensor<[1,?,4],f32>, %arg1: !torch.int" in asm
+    assert "util.global private mutable @__auto.k" in asm
+    eager, pos, calls = SliceKV(), 0, []
+    for t in (3, 1, 2):
+        calls.append((torch.randn(1, t, 4), pos))
+        pos += t
+    results = run_module(iree_device, asm, "main", calls)
+    for (x, start), got in zip(calls, results):
+        torch.testing.assert_close(got[0], eager(x, start))

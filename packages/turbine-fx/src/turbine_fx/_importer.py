@@ -482,7 +482,7 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
             if literal.numel() >= 1 and not literal.is_meta:
                 return _inline_literal(self.mb, literal, gni)
             return None  # the importer's own path (empty tensors)
-        symbol, gtype = self._global_for(f"constant.{name}", literal, mutable=False)
+        symbol, gtype = self._global_for(name, literal, mutable=False)
         vtype = gni._cc.tensor_to_vtensor_type(literal)
         return self._load(symbol, gtype, vtype)
 
