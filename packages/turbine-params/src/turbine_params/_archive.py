@@ -246,6 +246,8 @@ class ParameterArchive:
         """
         if self._items is None:
             self._items = [(e.key, ParameterArchiveEntry(e)) for e in self._index]
+            for pos, entry in self._cache.items():  # keep objects already handed out
+                self._items[pos] = (entry.key, entry)
         return list(self._items)
 
     def _lookup(self) -> dict[str, int]:

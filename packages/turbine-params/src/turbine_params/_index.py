@@ -459,46 +459,45 @@ def _entry_from_row(f: MappedFile, t: EntryTable, i: int, key: str) -> Parameter
 
 
 def _entries_from_table(f: MappedFile, t: EntryTable) -> list[ParameterIndexEntry]:
+    # Hot path when listing a large archive: fill the slots directly (no __init__ call).
     md = t.metadata
-    out = []
     keys = t.keys()
     types = t.type.tolist()
     lengths = t.length.tolist()
     offsets = t.data_offset.tolist()
     entry_offsets = t.entry_offset.tolist()
     md_off = t.md_off.tolist()
-    md_len = t.md_len.tolist()
+    md_end = (t.md_off + t.md_len).tolist()
     aligns = t.min_align.tolist()
+    plens = t.plen.tolist()
+    new = ParameterIndexEntry.__new__
+    data_type = int(EntryType.DATA)
+    splat_type = int(EntryType.SPLAT)
+    out = []
     for i, key in enumerate(keys):
         et = types[i]
-        if et == EntryType.SKIP:
-            continue
-        meta = md[md_off[i] : md_off[i] + md_len[i]]
-        if et == EntryType.DATA:
-            out.append(
-                ParameterIndexEntry(
-                    key,
-                    meta,
-                    lengths[i],
-                    entry_type="data",
-                    file=f,
-                    offset=offsets[i],
-                    entry_offset=entry_offsets[i],
-                    minimum_alignment=aligns[i],
-                )
-            )
-        else:
+        e = new(ParameterIndexEntry)
+        e.key = key
+        e.metadata = md[md_off[i] : md_end[i]]
+        e.length = lengths[i]
+        e.entry_offset = entry_offsets[i]
+        e._buffer = None
+        if et == data_type:
+            e.entry_type = "data"
+            e.file = f
+            e.offset = offsets[i]
+            e.splat_pattern = None
+            e.minimum_alignment = aligns[i]
+        elif et == splat_type:
             assert t.pattern is not None
-            out.append(
-                ParameterIndexEntry(
-                    key,
-                    meta,
-                    lengths[i],
-                    entry_type="splat",
-                    splat_pattern=bytes(t.pattern[i, : int(t.plen[i])]),
-                    entry_offset=entry_offsets[i],
-                )
-            )
+            e.entry_type = "splat"
+            e.file = None
+            e.offset = 0
+            e.splat_pattern = t.pattern[i, : plens[i]].tobytes()
+            e.minimum_alignment = 0
+        else:
+            continue  # SKIP
+        out.append(e)
     return out
 
 
