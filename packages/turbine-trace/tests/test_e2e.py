@@ -64,6 +64,11 @@ def test_dynamic_slice_update_reshape_splat(harness, iree_device, capfd):
     def _(n, value):
         return IREE.tensor_splat(n, 3, value=value, dtype=torch.float32)
 
+    @harness.proc("empty_rows", (AbstractIndex,))
+    def _(n):
+        # Contents are undefined; the dynamic shape is what comes back.
+        return IREE.tensor_empty(n, 3, dtype=torch.int32)
+
     @harness.proc("dims", (AbstractTensor(None, 5, None),))
     def _(x):
         return IREE.tensor_dim(x, 0), IREE.tensor_dim(x, 2, dtype=torch.int32)
@@ -86,6 +91,8 @@ def test_dynamic_slice_update_reshape_splat(harness, iree_device, capfd):
     shifted[:4] = x4[2:]
     assert_close(_host(m.shift_up(x4.numpy(), 2)), shifted)
     assert_close(_host(m.splat(4, 2.5)), torch.full((4, 3), 2.5))
+    empty = _host(m.empty_rows(5))
+    assert empty.shape == (5, 3) and empty.dtype == torch.int32
     capfd.readouterr()
     m.traced(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=np.float32))
     printed = "".join(capfd.readouterr())
