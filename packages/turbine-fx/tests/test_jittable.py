@@ -26,6 +26,12 @@ def project_again(x):
     return x @ WEIGHT
 
 
+@jittable
+def pair_sum(pair, *, bias):
+    a, c = pair
+    return [a.sum(0) + c.sum(0) + bias, (a.shape[0],)]
+
+
 def _procedure(b, name, args, fn):
     trace = ProcedureTrace.define_func(
         b.mb, symbol_name=name, posargs=args, kwargs={}, loc=Location.unknown(b.context)
@@ -90,3 +96,20 @@ def test_functorch_functionalize_removes_mutation():
     x = torch.ones(3)
     torch.testing.assert_close(gm(x), torch.full((3,), 2.0))
     torch.testing.assert_close(x, torch.full((3,), 2.0))  # input mutation still applied
+
+
+def test_pytree_arguments_and_results(iree_device):
+    b = Built()
+    with b:
+        _procedure(
+            b,
+            "main",
+            (AbstractTensor(None, 8), AbstractTensor(3, 8)),
+            lambda a, c: pair_sum((a, c), bias=1.0)[0],
+        )
+    asm = b.asm()
+    assert "func.func private @pair_sum" in asm
+    module = iree_device.load(iree_device.compile(asm, extra_args=["--iree-input-type=torch"]))
+    a, c = torch.randn(4, 8), torch.randn(3, 8)
+    got = torch.from_numpy(module.main(a.numpy(), c.numpy()).to_host())
+    torch.testing.assert_close(got, a.sum(0) + c.sum(0) + 1.0, rtol=1e-5, atol=1e-5)
