@@ -121,3 +121,11 @@ def test_bad_arg_device_index_names_procedure(harness):
             loc=harness.loc,
             arg_device={3: DeviceAffinity(0)},
         )
+
+
+def test_namedtuple_results_are_flattened(harness):
+    import collections
+
+    Pair = collections.namedtuple("Pair", ["a", "b"])
+    harness.proc("nt", (AbstractTensor(2), AbstractI64))(lambda x, n: Pair(x, n))
+    harness.check(r"func.func @nt\(%arg0: tensor<2xf32>, %arg1: i64\) -> \(tensor<2xf32>, i64\)")

@@ -127,10 +127,7 @@ class ProcedureTrace(IrTrace):
         ]
         proxy_posargs, proxy_kwargs = tree_unflatten(proxies, arguments_tree_def)
         if arguments_flat:
-            with module_builder.context:
-                func_op.attributes["torch.args_schema"] = StringAttr.get(
-                    treespec_dumps(arguments_tree_def)
-                )
+            _set_schema_attr(func_op, "torch.args_schema", arguments_tree_def)
         return ProcedureTrace(
             module_builder=module_builder,
             func_op=func_op,
@@ -163,10 +160,7 @@ class ProcedureTrace(IrTrace):
                     raise ProcedureTraceError(
                         f"procedure {self.name!r}: {where}: {_strip_prefix(e.message, self.name)}"
                     ) from None
-            with self.context:
-                self.func_op.attributes["torch.return_schema"] = StringAttr.get(
-                    treespec_dumps(schema)
-                )
+            _set_schema_attr(self.func_op, "torch.return_schema", schema)
             self.emit_return(*flat_ir_values)
 
     def handle_call(self, target: Intrinsic, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -216,6 +210,16 @@ class ProcedureTrace(IrTrace):
             else:
                 ir_values = convert_py_value_to_ir(self, value)
             target.resolve_assignment(self, ir_values)
+
+
+def _set_schema_attr(func_op: Any, name: str, spec: Any) -> None:
+    """Records a pytree schema on the function (skipped for trees torch cannot serialize)."""
+    try:
+        text = treespec_dumps(spec)
+    except Exception:  # e.g. an unregistered namedtuple or custom node in the tree
+        return
+    with func_op.context:
+        func_op.attributes[name] = StringAttr.get(text)
 
 
 def _unproxy(value: Any) -> Any:
