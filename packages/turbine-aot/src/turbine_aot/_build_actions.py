@@ -75,6 +75,7 @@ __all__ = [
 JOBS_ENV = "TURBINE_GENERATE_JOBS"
 TIMEOUT_ENV = "TURBINE_GENERATE_TIMEOUT"
 MP_CONTEXT_ENV = "TURBINE_GENERATE_MP_CONTEXT"
+DASK_ENV = "TURBINE_GENERATE_DASK"
 
 _METADATA_FINGERPRINT = "turbine_generate.fingerprint"
 _METADATA_SHA256 = "turbine_generate.sha256"
@@ -123,6 +124,14 @@ def _define_arguments(p: argparse.ArgumentParser) -> None:
         f"action fails (default ${TIMEOUT_ENV}; 0 or unset: no limit).",
     )
     g.add_argument(
+        "--turbine-generate-dask",
+        default=None,
+        metavar="ADDRESS",
+        help=f"Run out-of-process generators on a Dask cluster: a scheduler address "
+        f"(tcp://host:8786) or 'local' for a LocalCluster of --turbine-generate-jobs workers "
+        f"(default ${DASK_ENV}; needs `pip install distributed`).",
+    )
+    g.add_argument(
         "--turbine-generate-mp-context",
         choices=("spawn", "forkserver", "fork"),
         default=None,
@@ -169,6 +178,10 @@ def _resolve_mp_context() -> str:
             f"${MP_CONTEXT_ENV} or $IREE_BUILD_MP_CONTEXT) is not one of {', '.join(valid)}"
         )
     return ctx
+
+
+def _resolve_dask() -> str | None:
+    return _option("turbine_generate_dask") or os.environ.get(DASK_ENV) or None
 
 
 def _parse_env(name: str, kind: type) -> Any:
@@ -503,6 +516,7 @@ class TurbineBuilderAction(BuildAction):
         self.timeout: float | None = None
         self.jobs = 1
         self.mp_context = "spawn"
+        self.dask_address: str | None = None
         self.reused_outputs = False
         self._payload: bytes | None = None
         self._fingerprint: str | None = None
@@ -625,8 +639,16 @@ class TurbineBuilderAction(BuildAction):
             else:
                 self._invalidate()
                 assert self._payload is not None, "prepare() was not called"
-                pool = get_generator_pool(max_workers=self.jobs, mp_context=self.mp_context)
-                job = pool.submit(self._payload, desc=self.desc, timeout=self.timeout)
+                if self.dask_address:
+                    from ._build_actions_dask import submit_to_dask
+
+                    key = f"turbine-generate-{self._output_paths()[0].stem}-{uuid.uuid4().hex[:8]}"
+                    job = submit_to_dask(
+                        self.dask_address, self.jobs, self._remotable_thunk(), key=key
+                    )
+                else:
+                    pool = get_generator_pool(max_workers=self.jobs, mp_context=self.mp_context)
+                    job = pool.submit(self._payload, desc=self.desc, timeout=self.timeout)
         except Exception as e:
             job = concurrent.futures.Future()
             job.set_exception(e)
@@ -805,5 +827,6 @@ def turbine_generate(
         action.jobs = _resolve_jobs()
         action.timeout = _resolve_timeout()
         action.mp_context = _resolve_mp_context()
+        action.dask_address = _resolve_dask()
     action.prepare()
     return outputs[0] if len(outputs) == 1 else tuple(outputs)
