@@ -522,10 +522,11 @@ class TurbineBuilderAction(BuildAction):
         self._fingerprint: str | None = None
         self._job: concurrent.futures.Future | None = None
 
-    # Paths without get_fs_path(), which creates directories (not wanted at analysis time).
+    # Absolute (workers may run elsewhere), and not through get_fs_path(), which creates
+    # directories (not wanted at analysis time, e.g. for --list).
     def _output_paths(self) -> list[Path]:
         return [
-            self.executor.get_root(output.namespace) / output.path
+            Path(os.path.abspath(self.executor.get_root(output.namespace) / output.path))
             for _, output in self.return_marshallers
         ]
 
