@@ -24,6 +24,10 @@ from turbine_aot.builtins import (
 from turbine_aot.support.procedural import DeviceAffinity, export_global
 from turbine_ir.ir import Module
 
+# Compile flags for tests that check behaviour, not turbine's default optimization flags
+# (data tiling + ukernels triple compile time); the defaults are compiled in test_export.py.
+FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
+
 
 def _ir(inst) -> str:
     return str(CompiledModule.get_mlir_module(inst))
@@ -151,7 +155,7 @@ def test_kwargs_pytrees_scalars_and_calls():
     assert main_sig.group(1).count("tensor<?x4xf32>") == 2 and "i64" in main_sig.group(1)
     from turbine_aot.runtime import load_module
 
-    m = load_module(out.compile(None))
+    m = load_module(out.compile(None, extra_args=FAST))
     a, b = torch.randn(5, 4), torch.randn(5, 4)
     rb, ra, k, dim = m.main(a, b, 7)
     torch.testing.assert_close(rb, b)
@@ -295,7 +299,7 @@ def test_jittable_in_procedures_with_state():
     out = export(JitModule)
     ir = str(out.mlir_module)
     assert "func.func private" in ir and "call @" in ir
-    m = load_module(out.compile(None))
+    m = load_module(out.compile(None, extra_args=FAST))
     x = torch.tensor([1.0, -2.0, 3.0])
     want = torch.zeros(3)
     for _ in range(3):

@@ -18,6 +18,10 @@ from turbine_aot.custom_ops import (
 )
 from turbine_aot.runtime import load_module
 
+# Compile flags for tests that check behaviour, not turbine's default optimization flags
+# (data tiling + ukernels triple compile time); the defaults are compiled in test_export.py.
+FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
+
 
 @torch.library.custom_op("turbine_test::silu_mul", mutates_args=())
 def silu_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -103,7 +107,7 @@ def test_fused_activation_dynamic_batch_matches_eager():
     out = export(model, args=(torch.randn(2, 8),), dynamic_shapes={"x": {0: batch}})
     ir = str(out.mlir_module)
     assert "tensor<?x16xf32>" in ir  # specialized for the dynamic batch
-    loaded = load_module(out.compile(None))
+    loaded = load_module(out.compile(None, extra_args=FAST))
     for n in (1, 6):
         x = torch.randn(n, 8)
         with torch.no_grad():
@@ -119,7 +123,7 @@ def test_one_specialization_per_signature():
     out = export(Twice(), args=(a, b, c))
     ir = str(out.mlir_module)
     assert ir.count("func.func private @__custom_op.turbine_test.silu_mul") == 2
-    loaded = load_module(out.compile(None))
+    loaded = load_module(out.compile(None, extra_args=FAST))
     for got, want in zip(loaded.main(a, b, c), Twice()(a, b, c), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -171,7 +175,7 @@ def test_unexpanded_custom_op_fails_compile_with_diagnostics():
     out = export(UsesBadOp(), args=(torch.randn(2, 2),))  # no expansion registered
     assert 'torch.operator "torch.turbine_test.bad_op"' in str(out.mlir_module)
     with pytest.raises(CompileError, match=r"torch\.turbine_test\.bad_op"):
-        out.compile(None)
+        out.compile(None, extra_args=FAST)
 
 
 def test_bad_op_names():

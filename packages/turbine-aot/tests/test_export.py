@@ -18,6 +18,10 @@ from turbine_aot import CompiledModule, CompileError, ExportError, ExportOutput,
 from turbine_aot.builtins import AbstractTensor
 from turbine_aot.runtime import load_module
 
+# Compile flags for tests that check behaviour, not turbine's default optimization flags
+# (data tiling + ukernels triple compile time); the defaults are compiled in test_export.py.
+FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
+
 torch.manual_seed(0)
 
 
@@ -100,7 +104,7 @@ def test_model_dynamic_batch_matches_eager(model_cls, make_input, tol):
     arg_name = "ids" if model_cls is TinyDecoder else "x"
     out = export(model, args=(make_input(2),), dynamic_shapes={arg_name: {0: _batch_dim()}})
     assert re.search(r"func.func @main\(%arg0: !torch.vtensor<\[\?,", str(out.mlir_module))
-    loaded = load_module(out.compile(None))
+    loaded = load_module(out.compile(None))  # turbine's default flags for the host CPU
     for n in (1, 5):
         x = make_input(n)
         with torch.no_grad():
@@ -117,7 +121,7 @@ def test_export_exported_program_and_names():
     ir = str(out.mlir_module)
     assert re.search(r"module @mlp\b", ir) and "func.func @forward_fn(" in ir
     assert "util.global private @__auto.l1.weight" in ir
-    loaded = load_module(out.compile(None))
+    loaded = load_module(out.compile(None, extra_args=FAST))
     torch.testing.assert_close(loaded.forward_fn(x), model(x), rtol=1e-4, atol=1e-4)
 
 
@@ -158,7 +162,7 @@ def test_export_fx_programs():
     ir = str(out.mlir_module)
     assert "func.func @forward(" in ir and "func.func @doubled(" in ir
     assert ir.count("util.global private @__auto.l1.weight") == 1  # shared, not duplicated
-    loaded = load_module(out.compile(None))
+    loaded = load_module(out.compile(None, extra_args=FAST))
     torch.testing.assert_close(loaded.doubled(x), model(x) * 2, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(loaded.forward(x), model(x), rtol=1e-4, atol=1e-4)
 
@@ -170,7 +174,7 @@ def test_export_kwargs_and_deprecated_positional_args():
 
     x, f = torch.randn(4), torch.randn(4)
     out = export(Scale(), args=(x,), kwargs={"factor": f})
-    torch.testing.assert_close(load_module(out.compile(None)).main(x, f), x * f)
+    torch.testing.assert_close(load_module(out.compile(None, extra_args=FAST)).main(x, f), x * f)
     with pytest.warns(DeprecationWarning, match="positionally is deprecated"):
         export(MLP(), torch.randn(2, 16))
 
@@ -307,7 +311,7 @@ def test_compile_error_carries_iree_diagnostics(mlp_output):
         except Exception as e:  # the importer may already refuse it
             pytest.skip(f"importer rejects the op before compile: {type(e).__name__}")
     with pytest.raises(CompileError) as info:
-        bad.compile(None)
+        bad.compile(None, extra_args=FAST)
     err = info.value
     # IREE's own messages, located at the user's source line of the failing op.
     assert err.errors and "failed to legalize" in str(err)
@@ -322,7 +326,7 @@ def test_import_to_full_then_compile(mlp_output):
     assert "util.func public @main" in str(out.mlir_module)
     x = torch.randn(2, 16)
     torch.testing.assert_close(
-        load_module(out.compile(None)).main(x), model(x), rtol=1e-4, atol=1e-4
+        load_module(out.compile(None, extra_args=FAST)).main(x), model(x), rtol=1e-4, atol=1e-4
     )
 
 
@@ -348,7 +352,7 @@ def test_external_parameters_resolve_at_run_time(tmp_path):
     ir = str(out.mlir_module)
     assert '#flow.parameter.named<"model"::"l1.weight">' in ir
     assert "dense_resource" not in ir  # no weight data in the module
-    loaded = load_module(out.compile(None), parameters=tmp_path / "mlp.irpa")
+    loaded = load_module(out.compile(None, extra_args=FAST), parameters=tmp_path / "mlp.irpa")
     x = torch.randn(2, 16)
     torch.testing.assert_close(loaded.main(x), model(x), rtol=1e-4, atol=1e-4)
 
@@ -365,7 +369,9 @@ def test_symbolic_shape_expressions():
     ir = str(out.mlir_module)
     assert "torch.bind_symbolic_shape" in ir and "torch.bind_symbolic_shape" not in plain
     x = torch.randn(5, 3)
-    torch.testing.assert_close(load_module(out.compile(None)).main(x), torch.cat([x, x]))
+    torch.testing.assert_close(
+        load_module(out.compile(None, extra_args=FAST)).main(x), torch.cat([x, x])
+    )
 
 
 def test_verify_reports_broken_ir():
