@@ -66,7 +66,7 @@ def test_wrong_magic(good, irpa):
 
 
 def test_safetensors_file_gets_a_hint(tmp_path):
-    p = tmp_path / "model.safetensors"
+    p = tmp_path / "model.bin"  # safetensors content under another name
     p.write_bytes(struct.pack("<Q", 2) + b"{}" + bytes(100))
     _expect(p, "turbine-params convert")
 

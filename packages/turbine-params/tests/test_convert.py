@@ -307,3 +307,26 @@ def test_cli_module_entry_point(small):
     )
     assert bad.returncode == 2
     assert bad.stderr.startswith("turbine-params: error: ") and bad.stderr.count("\n") == 1
+
+
+def test_archive_reads_safetensors_directly(tmp_path):
+    src = tmp_path / "direct.safetensors"
+    _write_safetensors(src, TENSORS)
+    with ParameterArchive(src) as archive:
+        assert set(archive.keys()) == set(TENSORS)
+        for k, v in TENSORS.items():
+            np.testing.assert_array_equal(archive[k].as_array(), v)
+        # and it re-saves as an archive
+        b = ParameterArchiveBuilder()
+        for _, e in archive.items():
+            b.add_index_entry(e)
+        out = b.save(tmp_path / "direct.irpa")
+    verify_archive(out, against=src)
+
+
+def test_cli_inspects_safetensors(tmp_path, capsys):
+    src = tmp_path / "i.safetensors"
+    _write_safetensors(src, TENSORS)
+    assert cli(["inspect", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "layer.weight  float32" in out and f"{len(TENSORS)} entries" in out

@@ -329,6 +329,9 @@ class ParameterIndex:
     ) -> None:
         """Parses an .irpa file and appends its entries (SKIP entries are recorded, not listed).
 
+        A ``.safetensors`` file is read too (as IREE's index does): its tensors become
+        file-backed entries with ``PYTORCH:`` metadata.
+
         Raises:
             ParameterArchiveError: the file is missing or malformed.
         """
@@ -336,6 +339,9 @@ class ParameterIndex:
             raise ParameterArchiveError(
                 "an archive must be opened readable, writable or both", path=file_path
             )
+        if os.fspath(file_path).endswith(".safetensors"):
+            self._load_safetensors(file_path, mmap=mmap, writable=writable)
+            return
         f = MappedFile(file_path, mmap=mmap, writable=writable)
         try:
             raw, _ = parse_archive(f.read, f.size, f.path, fast=True)
@@ -407,6 +413,22 @@ class ParameterIndex:
                         entry_offset=r.entry_offset,
                     )
                 )
+
+    def _load_safetensors(
+        self, file_path: str | os.PathLike, *, mmap: bool, writable: bool
+    ) -> None:
+        from ._convert import read_safetensors_header
+
+        base, tensors = read_safetensors_header(file_path)
+        f = MappedFile(file_path, mmap=mmap, writable=writable)
+        self._materialize()
+        self._files.append(f)
+        for name, md, begin, end in tensors:
+            self.add(
+                ParameterIndexEntry(
+                    name, md.encode(), end - begin, entry_type="data", file=f, offset=base + begin
+                )
+            )
 
     def close(self) -> None:
         """Closes the files (mappings with live views close when the views are gone)."""

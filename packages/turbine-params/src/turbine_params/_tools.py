@@ -41,6 +41,21 @@ def describe_archive(path: str | os.PathLike, *, include_skipped: bool = False) 
     """Every entry of an archive in file order (SKIP entries when asked)."""
     rows = []
     with ParameterArchive(os.fspath(path), mmap=False) as archive:
+        if os.fspath(path).endswith(".safetensors"):
+            for key, e in archive.items():
+                md = e.tensor_metadata
+                rows.append(
+                    EntryInfo(
+                        key,
+                        "data",
+                        md.dtype.torch_name if md else None,
+                        md.shape if md else None,
+                        e.length,
+                        e.raw.offset,
+                        0,
+                    )
+                )
+            return rows
         entries = iter(archive.items())
         for _, raw in archive.index.raw_entries:
             if raw.type == EntryType.SKIP:
