@@ -119,7 +119,8 @@ def _worker(args):
 
 
 def test_concurrent_writers_and_readers(tmp_path):
-    ctx = mp.get_context("spawn")
+    # fork: workers start in milliseconds (spawn would re-import torch and IREE in each)
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     with ctx.Pool(2) as pool:
         corrupted = pool.map(_worker, [(str(tmp_path), i) for i in range(4)])
     assert corrupted == [0, 0, 0, 0]
