@@ -61,7 +61,7 @@ DEVICES: dict[str, TestDevice] = {
             "rocm",
             "rocm",
             "hip",
-            ("--iree-hal-target-device=hip", "--iree-hip-target=gfx942"),
+            ("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"),
             gpu=True,
         ),
     )
