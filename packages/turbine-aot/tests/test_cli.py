@@ -199,3 +199,46 @@ def test_demo_json(tmp_path, capsys, monkeypatch):
     assert res["latency_ms"]["iree"] > 0 and res["latency_ms"]["eager"] > 0
     assert (tmp_path / "w" / "tiny_gpt.irpa").is_file()
     assert res["compile_cache_hit"] is False  # a fresh cache (hits: test_runtime_export)
+
+
+CM_SRC = textwrap.dedent(
+    """
+    import torch
+    from turbine_aot import CompiledModule
+    from turbine_aot.support.procedural import AbstractTensor
+
+    class Doubler(CompiledModule):
+        def run(self, x=AbstractTensor(2, 3)):
+            return x
+    """
+)
+
+
+@needs_export
+def test_export_compiled_module_then_run(tmp_path, capsys):
+    src = tmp_path / "cm.py"
+    src.write_text(CM_SRC)
+    mlir = tmp_path / "cm.mlir"
+    rc = main(["--json", "export", f"{src}:Doubler", "-o", str(mlir)])
+    assert rc == 0, capsys.readouterr()
+    assert "@run" in mlir.read_text()
+    capsys.readouterr()
+    vmfb = tmp_path / "cm.vmfb"
+    assert main(["compile", str(mlir), "-o", str(vmfb), "--no-cache"]) == 0
+    capsys.readouterr()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    rc = main(
+        [
+            "run",
+            str(vmfb),
+            "-f",
+            "run",
+            "-i",
+            str(tmp_path / "x.npy"),
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "run_0.npy"), x)
