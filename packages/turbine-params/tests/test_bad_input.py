@@ -237,3 +237,16 @@ def test_error_exposes_path_and_offset(good, irpa):
     with pytest.raises(ParameterArchiveError) as info:
         ParameterArchive(good)
     assert info.value.path == str(good) and info.value.offset == 0
+
+
+def test_bad_metadata_on_splat_names_the_archive(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_splat(
+        "s",
+        b"\0\0\0\0",
+        length=8,
+        metadata=b'PYTORCH:{"type": "Tensor", "dtype": "torch.nope", "shape": [2]}',
+    )
+    p = b.save(tmp_path / "splat_md.irpa")
+    err = _expect(p, "unknown dtype name 'torch.nope'")
+    assert "entry 's'" in str(err) and err.offset is not None

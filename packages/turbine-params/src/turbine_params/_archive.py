@@ -56,8 +56,7 @@ class ParameterArchiveEntry:
         return self.raw.is_splat
 
     def _where(self) -> dict[str, Any]:
-        f = self.raw.file
-        return {"path": f.path if f is not None else None, "offset": self.raw.entry_offset}
+        return {"path": self.raw.origin, "offset": self.raw.entry_offset}
 
     @property
     def tensor_metadata(self) -> TensorMetadata | None:

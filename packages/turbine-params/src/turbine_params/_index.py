@@ -112,6 +112,7 @@ class ParameterIndexEntry:
         "metadata",
         "minimum_alignment",
         "offset",
+        "origin",
         "splat_pattern",
     )
 
@@ -128,6 +129,7 @@ class ParameterIndexEntry:
         buffer: Any = None,
         entry_offset: int | None = None,
         minimum_alignment: int = 0,
+        origin: str | None = None,
     ):
         self.key = key
         self.metadata = bytes(metadata)
@@ -139,6 +141,8 @@ class ParameterIndexEntry:
         self._buffer = buffer
         self.entry_offset = entry_offset
         self.minimum_alignment = minimum_alignment
+        # The archive the entry was read from (for error messages), if any.
+        self.origin = origin if origin is not None else (file.path if file is not None else None)
 
     @property
     def is_file(self) -> bool:
@@ -367,6 +371,7 @@ class ParameterIndex:
                         entry_type="splat",
                         splat_pattern=r.splat_pattern,
                         entry_offset=r.entry_offset,
+                        origin=f.path,
                     )
                 )
             elif r.type == EntryType.DATA:
@@ -379,6 +384,7 @@ class ParameterIndex:
                         file=f,
                         offset=r.data_offset,
                         entry_offset=r.entry_offset,
+                        origin=f.path,
                         minimum_alignment=r.minimum_alignment,
                     )
                 )
@@ -411,6 +417,7 @@ class ParameterIndex:
                         file=ef,
                         offset=r.data_offset,
                         entry_offset=r.entry_offset,
+                        origin=f.path,
                     )
                 )
 
@@ -503,6 +510,7 @@ def _entries_from_table(f: MappedFile, t: EntryTable) -> list[ParameterIndexEntr
         e.metadata = md[md_off[i] : md_end[i]]
         e.length = lengths[i]
         e.entry_offset = entry_offsets[i]
+        e.origin = f.path
         e._buffer = None
         if et == data_type:
             e.entry_type = "data"
