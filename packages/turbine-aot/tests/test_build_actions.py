@@ -132,7 +132,10 @@ def crash_in_save():
     "slow": """
 @entrypoint
 def slow():
-    return [turbine_generate(variant, 0, name="slow", sleep=600.0)]
+    return [
+        turbine_generate(variant, 0, name="slow", sleep=600.0),
+        turbine_generate(variant, 1, name="quick", sleep=0.5),
+    ]
 """,
     "unpicklable": """
 @entrypoint
@@ -296,10 +299,16 @@ def test_crash_while_saving_leaves_no_truncated_output(tmp_path: Path) -> None:
 def test_timeout_kills_a_stuck_generator(tmp_path: Path) -> None:
     build_file = _write_build_file(tmp_path, "slow")
     start = time.monotonic()
-    result = _run_build(build_file, "slow", "--turbine-generate-timeout", "2")
+    result = _run_build(
+        build_file, "slow", "--turbine-generate-timeout", "2", "--turbine-generate-jobs", "2"
+    )
     assert time.monotonic() - start < 60
     assert result.returncode != 0
     assert "did not finish within 2 s" in result.stderr
+    # The limit is on the generator, not on starting its worker (spawn + importing torch takes
+    # about as long as the limit here): the quick one is built.
+    gen = _gen_dir(build_file, "slow")
+    assert sorted(p.name for p in gen.iterdir()) == ["quick.mlir"]
 
 
 def test_build_file_run_by_iree_build_module_runner(tmp_path: Path) -> None:

@@ -47,6 +47,9 @@ __all__ = [
 
 logger = logging.getLogger("turbine.aot")
 
+#: Extra seconds a job's timeout allows for starting its worker process (spawn, imports).
+WORKER_STARTUP_ALLOWANCE_S = 300.0
+
 #: Seconds an idle worker process is kept before it is stopped (it is restarted on demand).
 DEFAULT_IDLE_TIMEOUT_S = 120.0
 
@@ -97,7 +100,9 @@ def _worker_main(conn: multiprocessing.connection.Connection) -> None:
         if message == b"exit":
             return
         try:
+            # Unpickling may import the build file and torch: still worker startup.
             thunk = pickle.loads(message)
+            conn.send_bytes(pickle.dumps(("started",)))
             result = thunk()
             reply: tuple[Any, ...] = ("ok", result)
         except BaseException as e:
@@ -292,7 +297,12 @@ class GeneratorPool:
         except Exception as e:
             job.future.set_exception(e)
             return None
-        deadline = None if job.timeout is None else time.monotonic() + job.timeout
+        # The timeout is for the job, not for starting a worker (imports of torch and the build
+        # file take seconds, more on a loaded machine): until the worker says it has started
+        # the job, the deadline has a startup allowance on top.
+        deadline = None
+        if job.timeout is not None:
+            deadline = time.monotonic() + job.timeout + WORKER_STARTUP_ALLOWANCE_S
 
         # Sent from a helper thread: a large payload blocks until the worker reads it, and a
         # worker stuck before reading (or dead) must not block this thread past the timeout.
@@ -312,6 +322,10 @@ class GeneratorPool:
                     reply = pickle.loads(worker.conn.recv_bytes())
                 except (EOFError, OSError):
                     reply = None  # The worker died; handled below.
+                if reply is not None and reply[0] == "started":
+                    if job.timeout is not None:
+                        deadline = time.monotonic() + job.timeout
+                    continue
                 if reply is not None:
                     if reply[0] == "ok":
                         job.future.set_result(reply[1])
