@@ -111,7 +111,10 @@ def good():
     "in_process": """
 @entrypoint
 def in_process():
-    return [turbine_generate(variant, 9, name="local", out_of_process=False)]
+    return [
+        turbine_generate(variant, 9, name="local", out_of_process=False),
+        turbine_generate(variant, 8, name="local_bad", mode="raise", out_of_process=False),
+    ]
 """,
     "failing": """
 @entrypoint
@@ -247,11 +250,18 @@ def test_outputs_parallel_workers_and_reuse(tmp_path: Path) -> None:
 def test_in_process_runs_in_build_process(tmp_path: Path) -> None:
     build_file = _write_build_file(tmp_path, "in_process")
     result = _run_build(build_file, "in_process")
-    assert result.returncode == 0, result.stderr
-    text = (_gen_dir(build_file, "in_process") / "local.mlir").read_text()
-    ((n, pid),) = _calls(build_file)
-    assert n == 9 and f"from pid {pid}" in text
+    # The raising generator fails its action (and the build), the other one is built.
+    assert result.returncode != 0
+    assert "GenerationError" in result.stderr
+    assert "ValueError: variant 8 cannot be exported" in result.stderr
+    gen = _gen_dir(build_file, "in_process")
+    assert sorted(p.name for p in gen.iterdir()) == ["local.mlir"]
+    text = (gen / "local.mlir").read_text()
+    pid = dict(_calls(build_file))[9]
+    assert f"from pid {pid}" in text
     assert "(in process)" in result.stderr
+    # Same process for both: the build's own.
+    assert len({p for _, p in _calls(build_file)}) == 1
 
 
 @pytest.mark.parametrize("mp_context", ["spawn", "forkserver"])

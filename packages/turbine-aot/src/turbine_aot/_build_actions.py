@@ -620,7 +620,7 @@ class TurbineBuilderAction(BuildAction):
         try:
             with _IN_PROCESS_LOCK:
                 self._remotable_thunk()()
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit() in a generator fails only its action.
             raise self._wrap_failure(e) from e
         self._commit()
 

@@ -285,6 +285,7 @@ class GeneratorPool:
                 raise RuntimeError("GeneratorPool is shut down")
             worker = _Worker(self._ctx, name="turbine-generate-worker")
             self._workers.add(worker)
+        logger.debug("started generator worker pid %s (%s)", worker.pid, self.mp_context)
         return worker
 
     def _run_job(self, worker: _Worker | None, job: _Job) -> _Worker | None:
@@ -344,6 +345,7 @@ class GeneratorPool:
                 worker.process.join(5.0)
                 self._forget(worker)
                 worker.kill()
+                logger.debug("generator worker pid %s died running %s", worker.pid, job.desc)
                 job.future.set_exception(
                     WorkerDiedError(
                         f"{job.desc}: the worker process (pid {worker.pid}) "
