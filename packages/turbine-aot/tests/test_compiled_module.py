@@ -310,3 +310,41 @@ def test_jittable_in_procedures_with_state():
     s, r = m.batch(xb)
     torch.testing.assert_close(s, xb * 3.0)
     torch.testing.assert_close(r, torch.relu(xb))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+
+
+def test_the_four_globals_exporters():
+    from turbine_aot import export_buffers, export_global_tree, export_parameters
+    from turbine_aot.runtime import load_module
+
+    net = _Net()
+    net.bn.running_mean.copy_(torch.tensor([0.5, -0.5]))
+
+    class Globals(CompiledModule):
+        params = export_parameters(net)
+        buffers = export_buffers(net)
+        tree = export_global_tree({"a": torch.ones(2), "b": torch.full((2,), 3.0)}, mutable=True)
+
+        def read(self):
+            return self.params["fc.weight"], self.buffers["bn.running_mean"], self.tree["b"]
+
+        def write_a(self, x=AbstractTensor(2)):
+            self.tree["a"] = x
+
+        def read_a(self):
+            return self.tree["a"]
+
+    out = export(Globals)
+    m = load_module(out.compile(None, extra_args=FAST))
+    w, mean, b = m.read()
+    torch.testing.assert_close(w, net.fc.weight.detach())
+    torch.testing.assert_close(mean, net.bn.running_mean)
+    torch.testing.assert_close(b, torch.full((2,), 3.0))
+    m.write_a(torch.tensor([7.0, 8.0]))
+    torch.testing.assert_close(m.read_a(), torch.tensor([7.0, 8.0]))

@@ -586,7 +586,13 @@ class _ProcSelfProxy:
     def __getattr__(self, name: str) -> Any:
         info: CompiledModuleInstanceInfo = object.__getattribute__(self, "_info")
         if name in info.shadow_dict:
-            return info.shadow_dict[name]
+            value = info.shadow_dict[name]
+            if isinstance(value, (dict, list, tuple)):
+                # `self.tree["key"] = value` must become a global store, not a dict update.
+                from turbine_trace import LiveGlobalCollectionProxy
+
+                return LiveGlobalCollectionProxy(value)
+            return value
         export = info.class_info.all_exports.get(name)
         if isinstance(export, ExportProcDef):
             return _ProcCall(object.__getattribute__(self, "_inst"), info, name)

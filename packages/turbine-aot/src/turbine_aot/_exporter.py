@@ -183,6 +183,7 @@ class ExportOutput:
             The compiler ``Output`` when ``save_to`` is ``None``; otherwise ``None``.
 
         Raises:
+            ExportError: the module does not verify (nothing was compiled).
             CompileError: IREE failed; ``.diagnostics`` holds its messages.
         """
         from ._compiled_module import CompiledModule, ImportPhase
@@ -193,6 +194,8 @@ class ExportOutput:
             host_cpu=host_cpu,
             extra_args=[*self._session_flags(), *extra_args],
         )
+        # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.
+        self.verify()
         info = CompiledModule.get_info(self.compiled_module)
         compile_from = "input" if info.current_import_phase >= ImportPhase.FULL else None
         module_bytes = _module_bytecode(self.mlir_module)
@@ -356,11 +359,11 @@ def export(
             f"export() accepts {_ACCEPTED}; got {type(mdl).__module__}.{type(mdl).__qualname__}"
         )
 
+    # FxProgramsBuilder.export_program(arg_device=...) records placements per program.
+    program_devices: dict[str, Any] = dict(getattr(mdl, "arg_devices", None) or {})
     dct: dict[str, Any] = {}
     for i, (name, program) in enumerate(programs.items()):
-        device = arg_device
-        if device is None:
-            device = getattr(program, "_turbine_arg_device", None)
+        device = arg_device if arg_device is not None else program_devices.get(name)
         dct[f"_program_{i}"] = ExportedProgramDef(
             program,
             name,
