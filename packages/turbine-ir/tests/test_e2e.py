@@ -269,3 +269,43 @@ def test_small_bf16_and_large_fp8_globals_in_arithmetic(iree_device):
     if with_fp8:
         y = torch.randn(1000)
         torch.testing.assert_close(_host(module.mul_q(y.numpy())), y * q.to(torch.float32))
+
+
+def test_module_parameters_through_turbine_params_archive(iree_device, tmp_path):
+    """externalize_module_parameters + save_module_parameters → globals that resolve at run time.
+
+    Tied weights (one Parameter under two names) become one global.
+    """
+    from turbine_params import externalize_module_parameters, save_module_parameters
+
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(4, 4)
+    model = torch.nn.Module()
+    model.a = lin
+    model.b = lin  # tied: the same Parameters under a second name
+    model.register_buffer("scale", torch.randn(4).to(torch.bfloat16))
+    externalize_module_parameters(model)
+    path = tmp_path / "model.irpa"
+    save_module_parameters(path, model)
+    ctx, mb = _new_builder()
+    with ctx, ir.Location.unknown():
+        made = {
+            name: mb.get_or_create_tensor_global(f"__auto.{name}", t, attrs=GlobalAttributes())
+            for name, t in model.state_dict(keep_vars=True).items()
+        }
+        assert made["a.weight"][0] == made["b.weight"][0] == "__auto.a.weight"
+        assert str(mb.module_op).count("util.global") == 3
+        f32 = torch_tensor_type([4], torch.float32)
+
+        def body(_args):
+            bias = _load(*made["b.bias"][::2])
+            scale = arith.ExtFOp(f32, _load(*made["scale"][::2])).result
+            return [arith.MulFOp(bias, scale).result, _load(*made["a.weight"][::2])]
+
+        _define(mb, "main", [], body)
+        text = str(mb.module_op)
+        assert '#flow.parameter.named<"model"::"scale"> : tensor<4xbf16>' in text
+        module = _compile_run(iree_device, mb, parameters={"model": path})
+    out, weight = module.main()
+    torch.testing.assert_close(_host(out), lin.bias.detach() * model.scale.float())
+    torch.testing.assert_close(_host(weight), lin.weight.detach())
