@@ -364,8 +364,9 @@ def test_verification_failure_dumps_to_per_run_dir(tmp_path, ctx):
     assert dump is not None and os.path.dirname(dump) == str(tmp_path)
     assert os.path.basename(dump).startswith("turbine-dump-")
     assert str(info.value).count(dump) >= 1
-    assert "func.func @broken" in Path(dump, "module.mlir").read_text()
+    assert 'sym_name = "broken"' in Path(dump, "module.mlir").read_text()  # generic form
     assert "__missing" in Path(dump, "diagnostics.txt").read_text()
+    assert not Path(dump, "op.mlir").exists()  # the failing op was the module
     # A second failure gets a fresh directory.
     with pytest.raises(IrBuildError) as info2:
         mb.finalize_construct()
@@ -379,3 +380,13 @@ def test_dump_dir_from_environment(tmp_path, ctx, monkeypatch):
         mb.handle_mlir_error(mb.module_op, ir.MLIRError("boom", []), "custom failure")
     assert info.value.dump_dir.startswith(str(tmp_path / "dumps"))
     assert str(info.value).startswith("custom failure")
+
+
+def test_failing_op_dumped_beside_module(tmp_path, ctx):
+    mb = ModuleBuilder(ir.Module.create(), options=ModuleBuilderOptions(dump_dir=tmp_path))
+    _, fop = mb.create_func_op("f", [ir.IndexType.get()])
+    with pytest.raises(IrBuildError, match=r"function f failed") as info:
+        mb.handle_mlir_error(fop.operation, ir.MLIRError("bad", []), "function f failed")
+    dump = Path(info.value.dump_dir)
+    assert '"func.func"' in (dump / "op.mlir").read_text()  # unverified: generic form
+    assert "builtin.module" in (dump / "module.mlir").read_text()

@@ -554,16 +554,19 @@ class ModuleBuilder:
     def handle_mlir_error(self, op: ir.Operation, e: ir.MLIRError, message: str):
         """Writes the failing IR and diagnostics to a per-run dump dir and raises.
 
+        The directory holds ``module.mlir`` (the whole module), ``op.mlir`` (the failing
+        operation, when it is not the module) and ``diagnostics.txt``. Invalid IR is printed in
+        the generic form, which always round-trips through ``iree-opt``.
+
         Raises:
             IrBuildError: Always; its message names the dump directory.
         """
         dump_dir = self.make_dump_dir()
         ir_path = dump_dir / "module.mlir"
-        try:
-            asm = op.get_asm(enable_debug_info=True, assume_verified=True)
-        except Exception as print_error:  # pragma: no cover - printing can fail on broken IR
-            asm = f"// could not print the operation: {print_error}\n"
-        ir_path.write_text(asm)
+        ir_path.write_text(_print_for_dump(self.module_op))
+        op = op.operation
+        if op != self.module_op:
+            (dump_dir / "op.mlir").write_text(_print_for_dump(op))
         diag = str(e)
         (dump_dir / "diagnostics.txt").write_text(diag + "\n")
         logger.error("%s; IR written to %s", message, ir_path)
@@ -573,6 +576,14 @@ class ModuleBuilder:
             "code that built it if this looks like a turbine bug.",
             dump_dir=str(dump_dir),
         ) from e
+
+
+def _print_for_dump(op: ir.Operation) -> str:
+    try:
+        # Not assume_verified: MLIR verifies first and falls back to the generic form.
+        return op.get_asm(enable_debug_info=True)
+    except Exception as print_error:  # pragma: no cover - printing can fail on broken IR
+        return f"// could not print the operation: {print_error}\n"
 
 
 def _mlir_string(s: str) -> str:
