@@ -17,6 +17,7 @@ from turbine_ir import (
     torch_dtype_to_element_type,
     torch_dtype_to_vtensor_element_asm,
     torch_tensor_type,
+    torch_vtensor_type,
     vtensor_type_asm,
 )
 
@@ -117,3 +118,9 @@ def test_tensor_types_with_dynamic_dims(ctx):
     assert str(tt) == "tensor<?x4xi8>"
     assert tt.is_dynamic_dim(0) and not tt.is_dynamic_dim(1)
     assert str(torch_tensor_type(torch.Size([3]), torch.complex64)) == "tensor<3xcomplex<f32>>"
+
+
+def test_vtensor_type_object(ctx):
+    t = torch_vtensor_type([None, 2], torch.uint8)
+    assert str(t) == "!torch.vtensor<[?,2],ui8>"
+    assert str(torch_vtensor_type([], torch.complex64)) == "!torch.vtensor<[],complex<f32>>"

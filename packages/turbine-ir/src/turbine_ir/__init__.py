@@ -28,6 +28,7 @@ from ._dtypes import (
     torch_dtype_to_element_type,
     torch_dtype_to_vtensor_element_asm,
     torch_tensor_type,
+    torch_vtensor_type,
     vtensor_type_asm,
 )
 from ._errors import IrBuildError, TurbineIrError, UnsupportedDtypeError
@@ -91,6 +92,7 @@ __all__ = [
     "torch_dtype_to_element_type",
     "torch_dtype_to_vtensor_element_asm",
     "torch_tensor_type",
+    "torch_vtensor_type",
     "vtensor_type_asm",
 ]
 __version__ = "0.1.0"

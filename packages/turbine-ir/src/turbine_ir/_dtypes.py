@@ -35,6 +35,7 @@ __all__ = [
     "torch_dtype_to_element_type",
     "torch_dtype_to_vtensor_element_asm",
     "torch_tensor_type",
+    "torch_vtensor_type",
     "vtensor_type_asm",
 ]
 
@@ -232,3 +233,12 @@ def torch_tensor_type(
     dims = [dyn if d is None else d for d in _dims(shape)]
     elt = torch_dtype_to_element_type(dtype, context)
     return ir.RankedTensorType.get(dims, elt, loc=ir.Location.unknown(elt.context))
+
+
+def torch_vtensor_type(
+    shape: Sequence[int | None], dtype: torch.dtype, context: ir.Context | None = None
+) -> ir.Type:
+    """The ``!torch.vtensor<[...],elt>`` :class:`Type` (torch dialect; ``None`` = dynamic)."""
+    from iree.compiler import ir
+
+    return ir.Type.parse(vtensor_type_asm(shape, dtype), context)
