@@ -140,3 +140,59 @@ def test_exported_two_device_program_matches_eager():
     assert [s.device for s in m.main.signature.inputs] == ["__device_0", "__device_1"]
     report = R.check_numerics(m.main, model, x, y)
     assert report.ok, str(report)
+
+
+BF16_MLIR = """
+func.func @double_bf16(%x: tensor<?x4xbf16>) -> tensor<?x4xbf16> {
+  %r = arith.addf %x, %x : tensor<?x4xbf16>
+  return %r : tensor<?x4xbf16>
+}
+"""
+
+DTYPES_MLIR = """
+module @dtypes {
+func.func @pass_fp8(%x: tensor<3xf8E4M3FN>) -> tensor<3xf8E4M3FN> {
+  return %x : tensor<3xf8E4M3FN>
+}
+func.func @square_i32(%x: tensor<5xi32>) -> tensor<5xi32> {
+  %r = arith.muli %x, %x : tensor<5xi32>
+  return %r : tensor<5xi32>
+}
+}
+"""
+
+
+def test_bf16_on_backend(iree_device):
+    """bf16 arithmetic with a dynamic dimension through the runner on --device."""
+    if iree_device.name == "vmvx":
+        pytest.skip("vmvx has no bf16 arithmetic in IREE 3.13 ('vm.add.f32' on i32 operands)")
+    m = R.load_module(
+        R.compile_mlir(BF16_MLIR, iree_device.compile_args, cache=False),
+        device=iree_device.driver,
+    )
+    for rows in (1, 3):
+        x = torch.randn(rows, 4).to(torch.bfloat16)
+        torch.testing.assert_close(m.double_bf16(x), x + x)
+
+
+def test_dtypes_on_backend(iree_device):
+    """fp8 and integer tensors through the runner on --device."""
+    vmfb = R.compile_mlir(DTYPES_MLIR, iree_device.compile_args, cache=False)
+    m = R.load_module(vmfb, device=iree_device.driver)
+    a = torch.tensor([0.5, -1.0, 3.0]).to(torch.float8_e4m3fn)
+    assert torch.equal(m.pass_fp8(a).view(torch.uint8), a.view(torch.uint8))
+    i = torch.tensor([1, -2, 3, 4, -5], dtype=torch.int32)
+    assert torch.equal(m.square_i32(i), i * i)
+
+
+def test_bundle_on_backend(iree_device, tmp_path):
+    """A bundle built for --device loads there with one call."""
+    import iree.runtime as rt
+
+    vmfb = R.compile_mlir(PARAM_MLIR, iree_device.compile_args, cache=False)
+    w = torch.randn(8, 3)
+    rt.save_archive_file({"w": w.numpy()}, str(tmp_path / "w.irpa"))
+    R.save_bundle(tmp_path / "b", vmfb, parameters=tmp_path / "w.irpa", device=iree_device.driver)
+    m = R.load_bundle(tmp_path / "b")
+    x, b = torch.randn(4, 8), torch.randn(3)
+    torch.testing.assert_close(m.main(x, b), x @ w + b, atol=1e-4, rtol=1e-4)
