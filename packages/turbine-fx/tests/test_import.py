@@ -142,6 +142,11 @@ class TinyAttention(nn.Module):
 
 
 def test_dynamic_batch_and_sequence(iree_device):
+    if iree_device.name in ("vmvx", "vulkan-spirv"):
+        pytest.skip(
+            f"IREE 3.13's {iree_device.name} backend cannot compile dynamically shaped attention "
+            "(iree_linalg_ext.attention / online_attention codegen fails on dynamic sizes)"
+        )
     torch.manual_seed(0)
     m = TinyAttention()
     batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=64)
@@ -268,8 +273,8 @@ def test_low_precision_weights(iree_device, dtype):
     asm = b.asm()
     elt = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "f8E4M3FN"}[dtype]
     assert f"tensor<4x8x{elt}>" in asm
-    if dtype != torch.bfloat16 and iree_device.name not in ("llvm-cpu", "llvm-cpu-sync"):
-        pytest.skip(f"fp8 arithmetic is not supported by IREE's {iree_device.name} backend")
+    if dtype == torch.float8_e4m3fn and iree_device.name == "vulkan-spirv":
+        pytest.skip("IREE 3.13's baseline SPIR-V target cannot convert f8E4M3FN to f32")
     (got,) = run_module(iree_device, asm, "main", [(x,)])
     torch.testing.assert_close(got[0], m(x), rtol=1e-3, atol=1e-3)
 
