@@ -198,6 +198,8 @@ class ExportOutput:
         self.verify()
         info = CompiledModule.get_info(self.compiled_module)
         compile_from = "input" if info.current_import_phase >= ImportPhase.FULL else None
+        if _tool_only_flags(flags):
+            return _compile_with_tool(self.mlir_module, flags, save_to, compile_from)
         module_bytes = _module_bytecode(self.mlir_module)
         session = new_session(flags)
         stage = f"compile ({' '.join(_as_list(target_device) or _as_list(target_backends)) or 'session flags'})"
@@ -214,9 +216,106 @@ class ExportOutput:
             output_to_file(inv, Path(save_to))
             return None
 
+    def load(
+        self,
+        *,
+        device: str | Sequence[str] = "local-task",
+        parameters: Any = None,
+        compile_flags: Sequence[str] | None = None,
+        cache: Any = True,
+        runtime_flags: Sequence[str] = (),
+    ) -> Any:
+        """Compiles for ``device`` (through the compile cache), loads and returns the module.
+
+        The one-call path from export to Python callables taking and returning torch tensors
+        (see ``turbine_aot.runtime.load_module`` for the arguments).
+
+        Example::
+
+            compiled = turbine_aot.export(model, args=(x,)).load()
+            y = compiled.main(x)
+        """
+        from .runtime import load_module
+
+        return load_module(
+            self,
+            device=device,
+            parameters=parameters,
+            compile_flags=compile_flags,
+            cache=cache,
+            runtime_flags=runtime_flags,
+        )
+
     def _session_flags(self) -> list[str]:
         flags = [f for f in self.session.get_flags(non_default_only=True)]
         return [f for f in flags if not f.startswith("--iree-input-type=")]
+
+
+def _tool_only_flags(flags: Sequence[str]) -> list[str]:
+    """The flags an in-process session rejects (global options of the iree-compile tool, or
+    unknown flags): those need the tool."""
+    probe = Session()
+    try:
+        probe.set_flags(*flags)
+        return []
+    except ValueError:
+        pass
+    rejected = []
+    for flag in flags:
+        try:
+            Session().set_flags(flag)
+        except ValueError:
+            rejected.append(flag)
+    return rejected
+
+
+def _compile_with_tool(
+    module_op: Any, flags: list[str], save_to: Any, compile_from: str | None
+) -> Output | None:
+    """Compiles with the ``iree-compile`` tool in a subprocess (for tool-only flags)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from iree.compiler.tools.binaries import find_tool
+
+    from ._errors import CompileError, Diagnostic
+    from ._iree_session import atomic_write_bytes
+
+    with tempfile.TemporaryDirectory(prefix="turbine-compile-") as tmp:
+        src, dst = Path(tmp) / "module.mlir", Path(tmp) / "module.vmfb"
+        with open(src, "w", encoding="utf-8") as f:
+            module_op.print(file=f, enable_debug_info=True)  # keep the user's locations
+        cmd = [find_tool("iree-compile"), str(src), "--iree-input-type=torch", *flags]
+        if compile_from:
+            cmd.append(f"--compile-from={compile_from}")
+        cmd += ["-o", str(dst)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            blocks = re.split(r"\n(?=\S[^\n]*(?:error|warning|note): )", proc.stderr.strip())
+            diags = [
+                Diagnostic(
+                    "error" if " error: " in b or b.startswith("error") else "warning",
+                    b.strip(),
+                )
+                for b in blocks
+                if b.strip()
+            ]
+            raise CompileError(
+                "compile (iree-compile tool)",
+                diags or [Diagnostic("error", proc.stderr)],
+                flags=flags,
+            )
+        data = dst.read_bytes()
+    if save_to is None:
+        out = Output.open_membuffer()
+        out.write(data)
+        return out
+    if isinstance(save_to, Output):
+        save_to.write(data)
+        return None
+    atomic_write_bytes(save_to, data)
+    return None
 
 
 def _module_bytecode(module_op: Any) -> bytes:
