@@ -35,6 +35,7 @@ from ._errors import IrBuildError, TurbineIrError, UnsupportedDtypeError
 from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes
 from ._module_builder import (
     Empty,
+    EmptyType,
     FunctionBuilder,
     ModuleBuilder,
     ModuleBuilderOptions,
@@ -63,6 +64,7 @@ __all__ = [
     "TORCH_DTYPE_TO_IREE_TYPE_ASM",
     "TORCH_DTYPE_TO_SIGNED_MLIR_TYPE_ASM",
     "Empty",
+    "EmptyType",
     "FunctionBuilder",
     "GlobalAttributes",
     "IrBuildError",

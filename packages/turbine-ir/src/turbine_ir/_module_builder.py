@@ -33,6 +33,7 @@ from ._resources import tensor_to_dense_attr
 
 __all__ = [
     "Empty",
+    "EmptyType",
     "FunctionBuilder",
     "ModuleBuilder",
     "ModuleBuilderOptions",
@@ -51,7 +52,9 @@ logger = logging.getLogger("turbine.ir")
 DUMP_DIR_ENV = "TURBINE_DUMP_DIR"
 
 
-class _EmptyType:
+class EmptyType:
+    """Type of the :data:`Empty` marker (no value associated yet)."""
+
     __slots__ = ()
 
     def __repr__(self) -> str:
@@ -59,7 +62,7 @@ class _EmptyType:
 
 
 #: Marker for "no value yet" in a :class:`RefMapping`.
-Empty: Any = _EmptyType()
+Empty: Any = EmptyType()
 
 
 class RefMapping:
