@@ -119,3 +119,17 @@ def test_two_entry_points_saved_loaded_and_exported_again(iree_device, tmp_path)
 
 
 _ = run_module
+
+
+def test_arg_device_is_kept_through_save_and_load(tmp_path):
+    from turbine_params import DeviceAffinity
+
+    fxb = FxProgramsBuilder(Decoder())
+    fxb.export_program(
+        lambda m, x: m(x), args=(torch.randn(2, 4),), name="p", arg_device={0: DeviceAffinity(1)}
+    )
+    assert fxb.programs["p"]._turbine_arg_device == {0: DeviceAffinity(1)}
+    fxb.save(tmp_path / "s.json")
+    loaded = FxPrograms.load(tmp_path / "s.json")
+    assert loaded.arg_devices == {"p": {0: DeviceAffinity(1)}}
+    assert loaded.programs["p"]._turbine_arg_device == {0: DeviceAffinity(1)}

@@ -169,6 +169,9 @@ class FxPrograms:
                 result.arg_devices[name] = {
                     int(i): DeviceAffinity(o, q) for i, (o, q) in info["arg_device"].items()
                 }
+                result.programs[name]._turbine_arg_device = dict(  # type: ignore[attr-defined]
+                    result.arg_devices[name]
+                )
         return result
 
 
@@ -276,6 +279,8 @@ class FxProgramsBuilder(FxPrograms):
             self.programs[program_name] = program
             if arg_device:
                 self.arg_devices[program_name] = dict(arg_device)
+                # turbine_aot.export(FxPrograms) reads the affinities from the program.
+                program._turbine_arg_device = dict(arg_device)  # type: ignore[attr-defined]
             return program
 
         if f is not None:
