@@ -1,0 +1,226 @@
+"""turbine's default compile flags per target: what they are, that the compile path applies them,
+and that each can be overridden. These check flags and numerics, never timings (timings are in
+``benchmarks/models_bench.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from turbine_aot._targets import (
+    COMPILE_FLAGS_ENV,
+    TARGETS,
+    TargetError,
+    default_compile_flags,
+    default_runtime_flags,
+    merge_flags,
+    resolve_target,
+)
+
+HOST = "--iree-llvmcpu-target-cpu=host"
+GENERIC = "--iree-llvmcpu-target-cpu=generic"
+DATA_TILING = "--iree-opt-data-tiling=true"
+UKERNELS = "--iree-llvmcpu-enable-ukernels=all"
+CHANNELS_LAST = (
+    "--iree-preprocessing-pass-pipeline="
+    "builtin.module(util.func(iree-preprocessing-convert-conv-to-channels-last))"
+)
+CONV_DT = "--iree-dispatch-creation-experimental-set-data-tiling-ops="
+
+
+@pytest.fixture(autouse=True)
+def _no_env_flags(monkeypatch):
+    monkeypatch.delenv(COMPILE_FLAGS_ENV, raising=False)
+
+
+# ------------------------------------------------------------------------- flag lists
+def test_llvm_cpu_defaults_are_tuned_for_the_host():
+    flags = default_compile_flags()
+    assert flags[:2] == [
+        "--iree-hal-target-device=local",
+        "--iree-hal-local-target-device-backends=llvm-cpu",
+    ]
+    for f in (HOST, DATA_TILING, UKERNELS, CHANNELS_LAST):
+        assert f in flags
+    # Data tiling for convolutions must keep matmuls in the list (naming any value replaces
+    # IREE's default set).
+    conv_dt = [f.split("=", 1)[1] for f in flags if f.startswith(CONV_DT)]
+    assert conv_dt == ["matmul", "scaled_matmul", "convolution"]
+    assert not any(f.startswith("--iree-opt-level") for f in flags)
+
+
+def test_portable_build_is_one_flag_away():
+    flags = default_compile_flags(host=False)
+    assert GENERIC in flags and HOST not in flags
+    plain = default_compile_flags(host=False, fast_matmul=False, channels_last_conv=False)
+    assert plain == [
+        "--iree-hal-target-device=local",
+        "--iree-hal-local-target-device-backends=llvm-cpu",
+        GENERIC,
+    ]
+
+
+def test_switches_drop_their_flags():
+    no_fast = default_compile_flags(fast_matmul=False)
+    assert DATA_TILING not in no_fast and UKERNELS not in no_fast
+    assert not any(f.startswith(CONV_DT) for f in no_fast)
+    assert CHANNELS_LAST in no_fast
+    no_cl = default_compile_flags(channels_last_conv=False)
+    assert CHANNELS_LAST not in no_cl and not any(f.startswith(CONV_DT) for f in no_cl)
+
+
+def test_overrides_replace_defaults_of_the_same_name_and_append_others():
+    flags = default_compile_flags(
+        overrides=["--iree-llvmcpu-enable-ukernels=none", "--iree-opt-strip-assertions"]
+    )
+    assert "--iree-llvmcpu-enable-ukernels=none" in flags and UKERNELS not in flags
+    assert flags[-1] == "--iree-opt-strip-assertions"
+    assert flags.count("--iree-llvmcpu-enable-ukernels=none") == 1
+    # A repeated list option given by the user replaces all of turbine's values of it.
+    flags = default_compile_flags(overrides=[CONV_DT + "matmul"])
+    assert [f for f in flags if f.startswith(CONV_DT)] == [CONV_DT + "matmul"]
+
+
+def test_environment_flags_apply_after_defaults(monkeypatch):
+    monkeypatch.setenv(COMPILE_FLAGS_ENV, "--iree-opt-data-tiling=false --iree-foo")
+    flags = default_compile_flags()
+    assert "--iree-opt-data-tiling=false" in flags and DATA_TILING not in flags
+    assert "--iree-foo" in flags
+    # Explicit overrides win over the environment.
+    flags = default_compile_flags(overrides=["--iree-opt-data-tiling=true"])
+    assert DATA_TILING in flags and "--iree-opt-data-tiling=false" not in flags
+    assert DATA_TILING in default_compile_flags(use_env=False)
+
+
+def test_opt_level():
+    flags = default_compile_flags(opt_level="O3")
+    assert "--iree-opt-level=O3" in flags
+    assert "--iree-llvmcpu-stack-allocation-limit=65536" in flags
+    assert "--iree-opt-level=O2" in default_compile_flags(opt_level="O2")
+    with pytest.raises(TargetError, match="opt_level must be one of O0, O1, O2, O3"):
+        default_compile_flags(opt_level="O4")
+
+
+def test_other_targets_get_no_cpu_flags():
+    for name in ("vmvx", "vulkan-spirv", "rocm", "metal-spirv"):
+        flags = default_compile_flags(name)
+        assert not any(f.startswith("--iree-llvmcpu") for f in flags), name
+        assert CHANNELS_LAST not in flags
+    assert default_compile_flags("vmvx") == [
+        "--iree-hal-target-device=local",
+        "--iree-hal-local-target-device-backends=vmvx",
+    ]
+    assert "--iree-hip-target=gfx942" in default_compile_flags("rocm")
+    cuda = default_compile_flags("cuda", host=False)
+    assert cuda == ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]
+
+
+def test_resolve_target_names_and_aliases():
+    assert resolve_target(None).name == "llvm-cpu"
+    assert resolve_target("local-task").driver == "local-task"
+    assert resolve_target("local-sync").driver == "local-sync"
+    assert resolve_target("vulkan").name == "vulkan-spirv"
+    assert resolve_target("hip").driver == "hip"
+    assert set(TARGETS) >= {"llvm-cpu", "vmvx", "vulkan-spirv", "cuda", "rocm"}
+    with pytest.raises(TargetError, match=r"unknown IREE target 'tpu'; choose one of: llvm-cpu"):
+        resolve_target("tpu")
+
+
+def test_merge_flags():
+    assert merge_flags(["--a=1", "--b", "--c=3"], ["--a=2", "--d"]) == [
+        "--b",
+        "--c=3",
+        "--a=2",
+        "--d",
+    ]
+    assert merge_flags(["--a=1"], []) == ["--a=1"]
+
+
+def test_runtime_flags():
+    assert default_runtime_flags() == []
+    assert default_runtime_flags(workers=2) == ["--task_topology_max_group_count=2"]
+    assert default_runtime_flags("vulkan", workers=2) == []
+    with pytest.raises(TargetError, match="workers must be >= 1"):
+        default_runtime_flags(workers=0)
+
+
+# ------------------------------------------------------------------------- the compile path
+class ConvNet(nn.Module):
+    """A conv (channels-last + data tiling path), a BN, a linear (mmt4d path)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.flatten(1))
+
+
+@pytest.fixture(scope="module")
+def exported():
+    import turbine_aot
+
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 6, 6)
+    return model, x, turbine_aot.export(model, args=(x,))
+
+
+def test_export_output_compile_uses_the_defaults(exported):
+    from turbine_aot._exporter import compile_flags_for
+
+    flags = compile_flags_for()
+    assert flags == default_compile_flags(use_env=False)
+    generic = compile_flags_for(host_cpu=False)
+    assert GENERIC in generic and HOST not in generic
+    over = compile_flags_for(extra_args=["--iree-llvmcpu-enable-ukernels=none"])
+    assert "--iree-llvmcpu-enable-ukernels=none" in over and UKERNELS not in over
+
+
+def _executable_sources(eo, tmp_path: Path, **kwargs) -> str:
+    """Compiles and returns the text of the dumped executable sources (target attributes)."""
+    out = tmp_path / "dump"
+    extra = [*kwargs.pop("extra_args", []), f"--iree-hal-dump-executable-sources-to={out}"]
+    eo.compile(save_to=tmp_path / "m.vmfb", extra_args=extra, **kwargs)
+    return "\n".join(p.read_text() for p in sorted(out.glob("*.mlir")))
+
+
+def test_defaults_reach_the_compiler_and_can_be_overridden(exported, tmp_path):
+    _, _, eo = exported
+    text = _executable_sources(eo, tmp_path / "default")
+    assert 'ukernels = "all"' in text
+    assert 'cpu = "generic"' not in text  # tuned for the host
+    text = _executable_sources(
+        eo,
+        tmp_path / "portable",
+        host_cpu=False,
+        extra_args=["--iree-llvmcpu-enable-ukernels=none"],
+    )
+    assert 'cpu = "generic"' in text
+    assert 'ukernels = "none"' in text
+
+
+@pytest.mark.parametrize("variant", ["default", "portable", "no-fast-paths"])
+def test_default_and_portable_builds_match_eager(exported, tmp_path, variant):
+    from turbine_aot import runtime
+
+    model, x, eo = exported
+    kwargs: dict = {}
+    if variant == "portable":
+        kwargs["host_cpu"] = False
+    elif variant == "no-fast-paths":
+        kwargs["extra_args"] = default_compile_flags(
+            fast_matmul=False, channels_last_conv=False, use_env=False
+        )
+    path = tmp_path / "m.vmfb"
+    eo.compile(save_to=path, **kwargs)
+    m = runtime.load_module(path, device="local-task")
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(m.main(x), expected, rtol=1e-4, atol=1e-4)
