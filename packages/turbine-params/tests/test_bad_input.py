@@ -250,3 +250,8 @@ def test_bad_metadata_on_splat_names_the_archive(tmp_path):
     p = b.save(tmp_path / "splat_md.irpa")
     err = _expect(p, "unknown dtype name 'torch.nope'")
     assert "entry 's'" in str(err) and err.offset is not None
+
+
+def test_directory_is_not_an_archive(tmp_path):
+    with pytest.raises(ParameterArchiveError, match="not a regular file"):
+        ParameterArchive(tmp_path)

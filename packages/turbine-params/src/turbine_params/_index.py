@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import mmap as _mmap
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,14 @@ class MappedFile:
             raise ParameterArchiveError(
                 f"cannot open ({e.strerror}); check the path and permissions", path=self.path
             ) from e
-        self.size = os.fstat(self.fd).st_size
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self.fd)
+            self.fd = -1
+            raise ParameterArchiveError(
+                "not a regular file; expected an .irpa (or .safetensors) file", path=self.path
+            )
+        self.size = st.st_size
         self.mapping: _mmap.mmap | None = None
         if mmap and self.size > 0:
             access = _mmap.ACCESS_WRITE if writable else _mmap.ACCESS_COPY
