@@ -132,7 +132,14 @@ class ExportOutput:
 
     def print_readable(self, large_elements_limit: int = 50) -> None:
         """Prints a human readable version of the current IR (large constants elided)."""
-        print(self.mlir_module.get_asm(large_elements_limit=large_elements_limit))
+        # Elide both dense constants with more elements and resource blobs (weights) with more
+        # bytes than the limit.
+        print(
+            self.mlir_module.get_asm(
+                large_elements_limit=large_elements_limit,
+                large_resource_limit=large_elements_limit,
+            )
+        )
 
     def save_mlir(self, file_path: str | Path) -> None:
         """Saves the current IR to ``file_path`` (bytecode for ``.mlirbc``, else text), atomically."""
