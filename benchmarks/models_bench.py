@@ -13,8 +13,11 @@ Compile variants (``--variants``):
 * ``generic`` — portable CPU build, no data tiling (what a reference user gets by default);
 * ``host`` — ``--iree-llvmcpu-target-cpu=host`` only;
 * ``host-dt-uk`` — host + data tiling + ukernels;
-* ``turbine`` — turbine's defaults: ``ExportOutput.compile()`` with no arguments
-  (``turbine_aot._targets.default_compile_flags``).
+* ``turbine`` — turbine's defaults: ``turbine_aot.export`` then ``ExportOutput.compile()`` with
+  no arguments (``turbine_aot._targets.default_compile_flags``);
+* ``turbine-sdpa`` — the same, with ``scaled_dot_product_attention`` decomposed to matmul +
+  softmax before import (the proposal in ``benchmarks/NOTES-decompositions.md``); only for the
+  models that use attention.
 
 Usage::
 
@@ -43,9 +46,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
-ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine")
+ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "turbine-sdpa")
+ATTENTION_MODELS = ("gpt", "gpt-dyn")
 # gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
-DEFAULT_VARIANTS = {"gpt-dyn": ("turbine",)}
+DEFAULT_VARIANTS = {"gpt-dyn": ("turbine", "turbine-sdpa")}
 # AOTInductor costs 30-100 s of compile per model on 2 cores: not for the dynamic GPT by default.
 DEFAULT_AOTI = ("mlp", "resnet18", "gpt")
 
@@ -80,7 +84,7 @@ def _variant_flags(variant: str, target: str) -> tuple[bool, list[str]]:
     """(host_cpu, extra_args) for ``ExportOutput.compile`` giving this variant."""
     from turbine_aot._targets import default_compile_flags
 
-    if variant == "turbine" or target != "llvm-cpu":
+    if variant in ("turbine", "turbine-sdpa") or target != "llvm-cpu":
         return True, []
     if variant == "generic":
         return False, default_compile_flags(target, host=False, fast_matmul=False, use_env=False)
@@ -171,9 +175,24 @@ def run_child(args: argparse.Namespace) -> dict:
     result["export_rss_delta_mb"] = rss.peak - rss.base
     module = module.to(dev)
 
-    variants = args.variants or DEFAULT_VARIANTS.get(args.child, ALL_VARIANTS)
+    variants = list(args.variants or DEFAULT_VARIANTS.get(args.child, ALL_VARIANTS))
     if on_cuda:
-        variants = ["turbine"]
+        variants = [v for v in variants if v in ("turbine", "turbine-sdpa")]
+    if args.child not in ATTENTION_MODELS and "turbine-sdpa" in variants:
+        variants.remove("turbine-sdpa")
+    exports = {"turbine": eo}
+    if "turbine-sdpa" in variants:
+        import torch as _torch
+        from _decomp_proposals import sdpa_table
+
+        with _PeakRss():
+            t0 = time.perf_counter()
+            prog = _torch.export.export(
+                case.module.cpu(), case.args, dynamic_shapes=case.dynamic_shapes, strict=False
+            ).run_decompositions(sdpa_table())
+            exports["turbine-sdpa"] = turbine_aot.export(prog)
+            result["export_sdpa_s"] = time.perf_counter() - t0
+        module = module.to(dev)
     calls: dict[str, Any] = {}
     td = tempfile.mkdtemp(prefix="turbine-bench-")
     for v in variants:
@@ -184,7 +203,9 @@ def run_child(args: argparse.Namespace) -> dict:
         try:
             with _PeakRss() as rss:
                 t0 = time.perf_counter()
-                eo.compile(save_to=path, target_device=target, host_cpu=host_cpu, extra_args=extra)
+                exports.get(v, eo).compile(
+                    save_to=path, target_device=target, host_cpu=host_cpu, extra_args=extra
+                )
                 row["compile_s"] = time.perf_counter() - t0
             row["compile_peak_rss_mb"] = rss.peak
             row["module_bytes"] = path.stat().st_size
@@ -261,7 +282,7 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
     """Prints one line per model: latency per variant and its ratio to eager (and AOTI)."""
     variants = [v for v in ALL_VARIANTS if any(v in r.get("variants", {}) for r in results)]
     head = ["model", "thr", *[f"{v} ms (×eager)" for v in variants], "eager ms", "AOTI ms"]
-    head += ["turbine/AOTI", "max err"]
+    head += ["best turbine/AOTI", "max err"]
     rows = [head]
     for r in results:
         if "error" in r:
@@ -278,7 +299,7 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
                 cells.append("failed")
             else:
                 cells.append(f"{_fmt_ms(row.get('ms'))} ({_ratio(row.get('ms'), eager)})")
-        t = r["variants"].get("turbine", {})
+        t = r["variants"].get("turbine-sdpa") or r["variants"].get("turbine", {})
         cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(t.get("ms"), aoti)]
         cells.append(f"{t.get('max_abs_err', float('nan')):.1e}" if t else "")
         rows.append(cells)
@@ -300,10 +321,13 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
                 f"compile(turbine) {t['compile_s']:.1f}s peak {t['compile_peak_rss_mb']:.0f}MiB"
                 f" vmfb {t['module_bytes'] / 2**20:.1f}MiB"
             )
-        if t and "cpu_ms" in t:
-            extra.append(
-                f"cpu-time/call turbine {t['cpu_ms']:.1f}ms eager {r['eager_cpu_ms']:.1f}ms"
-            )
+        cpu = [
+            f"{v} {row['cpu_ms']:.1f}ms ({row['cpu_ms'] / r['eager_cpu_ms']:.2f}×)"
+            for v, row in r["variants"].items()
+            if "cpu_ms" in row
+        ]
+        if cpu:
+            extra.append(f"cpu-time/call: {', '.join(cpu)}, eager {r['eager_cpu_ms']:.1f}ms")
         a = r.get("aoti", {})
         if "aoti_compile_s" in a:
             extra.append(f"AOTI compile {a['aoti_compile_s']:.0f}s")
