@@ -13,6 +13,7 @@ than the fused ``scaled_dot_product_attention`` op (see PERF-NOTES).
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -82,14 +83,18 @@ def build_demo_model(cfg: DemoConfig = DemoConfig()) -> Any:
     return TinyGpt().eval()
 
 
-def _median_seconds(fn: Any, *args: Any, repeat: int) -> float:
-    fn(*args)  # warm-up
-    times = []
+def _interleaved_medians(fns: list[Any], *args: Any, repeat: int) -> list[float]:
+    """Median seconds per call of each function, timed round-robin (one call of each per round)
+    so that load changes on a shared machine hit all of them alike."""
+    for fn in fns:
+        fn(*args)  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn(*args)
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def run_demo(
@@ -151,11 +156,14 @@ def run_demo(
         with stages("run + check"):
             report = R.check_numerics(m.main, model, ids)
         stages.note("run + check", "ok" if report.ok else "MISMATCH")
-        with stages("benchmark"):
-            with torch.no_grad():
-                t_eager = _median_seconds(model, ids, repeat=repeat)
-            t_iree = _median_seconds(m.main, ids, repeat=repeat)
-        stages.note("benchmark", f"median of {repeat} calls each")
+        with stages("benchmark"), torch.no_grad():
+            t_iree, t_eager = _interleaved_medians([m.main, model], ids, repeat=repeat)
+        load = (
+            f", load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+            if hasattr(os, "getloadavg")
+            else ""
+        )
+        stages.note("benchmark", f"median of {repeat} interleaved calls each{load}")
         return {
             "model": {
                 "name": "tiny-gpt",
