@@ -158,7 +158,7 @@ def test_dynamic_batch_and_sequence(iree_device):
         torch.testing.assert_close(got[0], m(x), rtol=1e-4, atol=1e-4)
 
 
-def test_symbolic_shape_expressions_golden():
+def test_symbolic_shape_expressions_golden_and_run(iree_device):
     m = TinyAttention()
     seq = torch.export.Dim("seq", max=64)
     b, _ = _import(
@@ -170,6 +170,11 @@ def test_symbolic_shape_expressions_golden():
     asm = b.asm()
     assert re.search(r'torch.symbolic_int "s\d+" \{min_val = \d+, max_val = 64\}', asm)
     assert "torch.bind_symbolic_shape" in asm
+    if iree_device.name in ("vmvx", "vulkan-spirv"):
+        pytest.skip(f"dynamically shaped attention does not compile for {iree_device.name}")
+    x = torch.randn(2, 9, 16)
+    (got,) = run_module(iree_device, asm, "main", [(x,)])
+    torch.testing.assert_close(got[0], m(x), rtol=1e-4, atol=1e-4)
 
 
 class Structured(nn.Module):
@@ -365,3 +370,32 @@ def test_kv_cache_dynamic_offset_and_length_over_three_calls(iree_device):
     results = run_module(iree_device, asm, "main", calls)
     for (x, start), got in zip(calls, results):
         torch.testing.assert_close(got[0], eager(x, start))
+
+
+class TransientKVCache(KVCache):
+    def __init__(self):
+        super().__init__()
+        del self.cache
+        self.register_buffer("cache", torch.zeros(3, 4), persistent=False)
+
+
+def test_meta_device_kv_cache_starts_as_zeros(iree_device, tmp_path):
+    torch.manual_seed(0)
+    real = TransientKVCache()
+    with torch.device("meta"):
+        meta = TransientKVCache()
+    externalize_module_parameters(meta)  # weights only: a non-persistent cache is not a parameter
+    ep = torch.export.export(meta, (torch.randn(1, 4, device="meta"), torch.tensor([0])))
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep)
+    asm = b.asm()
+    assert (
+        "util.global private mutable @__auto.cache = dense<0.000000e+00> : tensor<3x4xf32>" in asm
+    )
+    irpa = tmp_path / "w.irpa"
+    save_module_parameters(irpa, real)
+    calls = [(torch.randn(1, 4), torch.tensor([i])) for i in range(2)]
+    results = run_module(iree_device, asm, "main", calls, parameters={"model": irpa})
+    for (x, pos), got in zip(calls, results):
+        torch.testing.assert_close(got[0], real(x, pos), rtol=1e-5, atol=1e-5)

@@ -38,6 +38,7 @@ from turbine_ir.ir import (
     UnitAttr,
     Value,
 )
+from turbine_params import ExternalTensorTrait
 
 from ._decompositions import current_aot_decompositions, resolve_decomposition_ops
 from ._errors import FxImportError, UnsupportedOpError
@@ -414,11 +415,14 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
     # Creating / finding globals ------------------------------------------------------------
 
     def _global_for(self, name: str, tensor: torch.Tensor, *, mutable: bool):
+        # State on the meta device (a KV cache of a model built on "meta") has no data; as a
+        # mutable global it starts as zeros (a splat: nothing is materialized).
+        zero_state = mutable and tensor.is_meta and ExternalTensorTrait.get(tensor) is None
         try:
             symbol, op, gtype = self.mb.get_or_create_tensor_global(
                 f"__auto.{name}",
                 tensor,
-                attrs=GlobalAttributes(mutable=mutable),
+                attrs=GlobalAttributes(mutable=mutable, uninitialized=True if zero_state else None),
                 logical_name=name,
             )
         except Exception as e:
@@ -433,6 +437,13 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
                     else "Convert the tensor to a supported dtype or externalize it."
                 )
             ) from e
+        if zero_state and "#util.uninitialized" in str(op.attributes["initial_value"]):
+            zero = (
+                "false"
+                if tensor.dtype == torch.bool
+                else ("0.0" if tensor.dtype.is_floating_point or tensor.dtype.is_complex else "0")
+            )
+            op.attributes["initial_value"] = Attribute.parse(f"dense<{zero}> : {gtype}")
         if tensor.dtype == torch.bfloat16:
             _bf16_dense_initializer(op, tensor)
         if mutable and "is_mutable" not in op.attributes:
