@@ -390,3 +390,27 @@ def test_failing_op_dumped_beside_module(tmp_path, ctx):
     dump = Path(info.value.dump_dir)
     assert '"func.func"' in (dump / "op.mlir").read_text()  # unverified: generic form
     assert "builtin.module" in (dump / "module.mlir").read_text()
+
+
+def test_parameter_keys_round_trip_and_unprintable_ones_are_rejected(mb):
+    mb.create_tensor_global(
+        "__auto.k",
+        torch.ones(2),
+        attrs=GlobalAttributes(external=True, external_scope="scope/ü"),
+        logical_name="layers.0:w-ü",
+    )
+    mb.finalize_construct()
+    text = str(mb.module_op)
+    with ir.Context():
+        assert str(ir.Module.parse(text)) == text
+    assert '#flow.parameter.named<"scope/ü"::"layers.0:w-ü">' in text
+    for scope, key in (("model", 'a"b'), ("model", "a\\b"), ("s\n", "k")):
+        with pytest.raises(
+            IrBuildError, match=r"IREE prints #flow.parameter.named strings unescaped"
+        ):
+            mb.create_tensor_global(
+                "__auto.bad",
+                torch.ones(1),
+                attrs=GlobalAttributes(external=True, external_scope=scope),
+                logical_name=key,
+            )

@@ -413,6 +413,14 @@ class ModuleBuilder:
 
     def _external_initializer(self, scope: str | None, key: str, typ: ir.Type) -> ir.Attribute:
         scope = scope or DEFAULT_PARAMETER_SCOPE
+        for what, value in (("scope", scope), ("key", key)):
+            bad = sorted({c for c in value if c in '"\\' or ord(c) < 0x20 or ord(c) == 0x7F})
+            if bad:
+                raise IrBuildError(
+                    f"parameter {what} {value!r} contains {', '.join(map(repr, bad))}: IREE prints "
+                    "#flow.parameter.named strings unescaped, so the module would not parse back; "
+                    "rename it (GlobalAttributes(name_mapper=...) or the ExternalTensorTrait name)"
+                )
         return ir.Attribute.parse(
             f"#flow.parameter.named<{_mlir_string(scope)}::{_mlir_string(key)}> : {typ}",
             self.context,
