@@ -201,7 +201,7 @@ def test_signature_info_arg_device():
     assert "iree.abi.affinity = #hal.device.promise<@__device_1>" in ir
 
 
-def test_import_phases_and_deferred_import(iree_device):
+def test_import_phases_and_deferred_import():
     inst = StatefulModule(import_to=None)
     info = CompiledModule.get_info(inst)
     assert info.current_import_phase is None
