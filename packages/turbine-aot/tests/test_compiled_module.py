@@ -348,3 +348,24 @@ def test_the_four_globals_exporters():
     torch.testing.assert_close(b, torch.full((2,), 3.0))
     m.write_a(torch.tensor([7.0, 8.0]))
     torch.testing.assert_close(m.read_a(), torch.tensor([7.0, 8.0]))
+
+
+def test_exported_program_as_class_attribute():
+    from turbine_aot.runtime import load_module
+
+    net = torch.nn.Linear(3, 2)
+    program = torch.export.export(net, (torch.randn(4, 3),))
+
+    class Mixed(CompiledModule):
+        forward = program  # imported as the public function @forward
+
+        def scale(self, x=AbstractTensor(4, 2)):
+            return x
+
+    out = export(Mixed)
+    ir = str(out.mlir_module)
+    assert "func.func @forward(" in ir and "func.func @scale(" in ir
+    assert "util.global private @__auto.weight" in ir
+    m = load_module(out.compile(None, extra_args=FAST))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(m.forward(x), net(x), rtol=1e-5, atol=1e-5)
