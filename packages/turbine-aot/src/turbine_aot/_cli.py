@@ -354,7 +354,12 @@ def _cmd_demo(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 
     cache: Any = not args.no_cache
     return run_demo(
-        stages=st, device=args.device, workdir=args.workdir, repeat=args.repeat, cache=cache
+        stages=st,
+        device=args.device,
+        workdir=args.workdir,
+        repeat=args.repeat,
+        cache=cache,
+        threads=args.threads,
     ) | {"timings": st.timings}
 
 
@@ -446,6 +451,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", default=None, help="keep the .irpa/.vmfb here")
     d.add_argument("--repeat", type=int, default=20)
     d.add_argument("--no-cache", action="store_true")
+    d.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for eager and IREE (default: each's own)",
+    )
     common(d)
     return p
 

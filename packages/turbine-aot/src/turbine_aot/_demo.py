@@ -105,6 +105,7 @@ def run_demo(
     repeat: int = 20,
     cache: Any = True,
     cfg: DemoConfig = DemoConfig(),
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Runs the demo; returns a JSON-able result (the caller prints it).
 
@@ -114,6 +115,10 @@ def run_demo(
         workdir: where the ``.irpa`` and ``.vmfb`` are written (default: a temporary directory).
         repeat: timed calls for the latency medians.
         cache: the compile cache setting.
+        threads: CPU threads for both eager (``torch.set_num_threads``) and IREE's
+            ``local-task`` workers; ``None`` keeps each library's default. On a loaded machine
+            torch's default threads can spin-wait against other processes: ``threads=1``
+            compares like with like.
     """
     import torch
 
@@ -127,6 +132,12 @@ def run_demo(
         workdir = tmp.name
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
+    runtime_flags: list[str] = []
+    if threads is not None:
+        from turbine_aot._targets import default_runtime_flags
+
+        torch.set_num_threads(threads)
+        runtime_flags = default_runtime_flags(device, workers=threads)
     try:
         with stages("build model"):
             model = build_demo_model(cfg)
@@ -151,7 +162,11 @@ def run_demo(
         stages.note("compile", f"{'cache hit' if hit else 'host CPU'}, {len(vmfb) / 1e3:.0f} kB")
         with stages("load"):
             m = R.load_module(
-                vmfb, device=device, parameters=irpa, signatures=R.signatures_from_mlir(eo)
+                vmfb,
+                device=device,
+                parameters=irpa,
+                signatures=R.signatures_from_mlir(eo),
+                runtime_flags=runtime_flags,
             )
         with stages("run + check"):
             report = R.check_numerics(m.main, model, ids)
@@ -172,6 +187,7 @@ def run_demo(
                 "inputs": [f"{cfg.batch}x{cfg.seq}xi64"],
             },
             "device": device,
+            "threads": threads,
             "compile_cache_hit": hit,
             "numerics": report.to_json(),
             "latency_ms": {"iree": 1e3 * t_iree, "eager": 1e3 * t_eager, "ratio": t_iree / t_eager},
