@@ -145,8 +145,6 @@ def _create_global(
         actual_symbol, global_op = module_builder.create_typed_global(
             symbol, global_type, attrs=attrs, logical_name=name
         )
-        if None in value.size:
-            _drop_uninitialized_initializer(global_op)
         return IrGlobalTensor(
             fq_name,
             info,
@@ -196,20 +194,6 @@ def _create_global(
         f"({value!r:.60}) as a global; supported leaves: torch.Tensor, AbstractTensor, "
         "AbstractScalar (e.g. AbstractI64) and Python bool/int/float"
     )
-
-
-def _drop_uninitialized_initializer(global_op: Any) -> None:
-    """Removes ``= #util.uninitialized`` from a dynamically shaped global.
-
-    IREE 3.13 cannot size such a global ("'stream.tensor.sizeof' op type set has 1 dynamic
-    dimensions but only 0 dimension values are attached"); a global without an initial value
-    means the same (the program stores before it loads) and compiles.
-    """
-    attributes = global_op.attributes
-    if "initial_value" in attributes and str(attributes["initial_value"]).startswith(
-        "#util.uninitialized"
-    ):
-        del attributes["initial_value"]
 
 
 def _scalar_attrs(attrs: GlobalAttributes) -> GlobalAttributes:
