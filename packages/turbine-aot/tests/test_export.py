@@ -410,3 +410,13 @@ def test_tool_only_flags_fall_back_to_iree_compile(mlp_output):
     x = torch.randn(2, 16)
     loaded = load_module(out.compile(None, extra_args=[*FAST, flag]))
     torch.testing.assert_close(loaded.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_export_torch_builtin_modules():
+    # nn.Sequential / nn.Linear name their forward parameter `input` (a Python builtin name).
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    out = export(model, args=(torch.randn(3, 4),), dynamic_shapes={"input": {0: batch}})
+    loaded = load_module(out.compile(None, extra_args=FAST))
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(loaded.main(x), model(x), rtol=1e-5, atol=1e-5)
