@@ -183,3 +183,46 @@ def test_bad_op_names():
         register_custom_op_expansion("nonamespace", lambda sig: "")
     with pytest.raises(CustomOpExpansionError, match="is not a torch op"):
         register_custom_op_expansion(object(), lambda sig: "")
+
+
+@torch.library.custom_op("turbine_test::scale_by", mutates_args=())
+def scale_by(x: torch.Tensor, k: int) -> torch.Tensor:
+    return x * k
+
+
+@scale_by.register_fake
+def _(x, k):
+    return torch.empty_like(x)
+
+
+@custom_op_expansion("turbine_test::scale_by")
+def _expand_scale_by(sig: CustomOpSignature) -> str:
+    t, e = sig.arg_types[0], sig.element_type(0)
+    assert sig.arg_types[1] == "i64" and sig.torch_arg_types[1] == "!torch.int"
+    return f"""
+#map = affine_map<(d0) -> (d0)>
+func.func private @{sig.func_name}(%x: {t}, %k: i64) -> {t} {{
+  %kf = arith.sitofp %k : i64 to {e}
+  %empty = tensor.empty() : {t}
+  %r = linalg.generic {{indexing_maps = [#map, #map], iterator_types = ["parallel"]}}
+      ins(%x : {t}) outs(%empty : {t}) {{
+  ^bb0(%a: {e}, %o: {e}):
+    %m = arith.mulf %a, %kf : {e}
+    linalg.yield %m : {e}
+  }} -> {t}
+  return %r : {t}
+}}
+"""
+
+
+def test_scalar_operand_is_converted():
+    class Scale(nn.Module):
+        def forward(self, x):
+            return scale_by(x, 3)
+
+    x = torch.randn(5)
+    out = export(Scale(), args=(x,))
+    ir = str(out.mlir_module)
+    assert "torch_c.to_i64" in ir
+    loaded = load_module(out.compile(None, extra_args=FAST))
+    torch.testing.assert_close(loaded.main(x), x * 3)
