@@ -221,3 +221,30 @@ def test_check_numerics_against_eager(cache):
 def test_default_tolerances_by_dtype():
     assert R.default_tolerance(torch.int32) == (0.0, 0.0)
     assert R.default_tolerance(torch.bfloat16)[0] > R.default_tolerance(torch.float32)[0]
+
+
+def test_zero_copy_inputs_on_local_drivers(cache):
+    m = R.load_module(R.compile_mlir(MATMUL_MLIR, CPU_FLAGS, cache=cache), zero_copy_inputs=True)
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    torch.testing.assert_close(m.main(x, w), x @ w)
+    # Non-contiguous inputs are copied, still correct.
+    xt = torch.randn(8, 4).t()
+    torch.testing.assert_close(m.main(xt, w), xt @ w)
+    # The imported memory is read at call time: a later call sees the caller's new values.
+    x.mul_(2)
+    torch.testing.assert_close(m.main(x, w), x @ w)
+
+
+def test_zero_copy_result_aliasing_an_input_stays_valid(cache):
+    import gc
+
+    m = R.load_module(R.compile_mlir(DTYPES_MLIR, CPU_FLAGS, cache=cache), zero_copy_inputs=True)
+    a = torch.tensor([0.5, -1.0, 3.0]).to(torch.float8_e4m3fn)
+    b = torch.tensor([2.0, -0.25]).to(torch.float8_e5m2)
+    want_a, want_b = a.clone(), b.clone()
+    ra, rb = m.pass_fp8(a, b)
+    del a, b
+    gc.collect()
+    torch.empty(1 << 20).fill_(7.0)  # reuse freed memory, if any was freed
+    assert torch.equal(ra.view(torch.uint8), want_a.view(torch.uint8))
+    assert torch.equal(rb.view(torch.uint8), want_b.view(torch.uint8))

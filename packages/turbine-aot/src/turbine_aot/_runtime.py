@@ -392,13 +392,21 @@ class LoadedFunction:
     Returns one tensor for a single result, a tuple for several, None for none.
     """
 
-    __slots__ = ("_copy_results", "_fn", "_module", "_placement", "signature")
+    __slots__ = ("_copy_results", "_fn", "_module", "_placement", "_zero_copy", "signature")
 
-    def __init__(self, module: LoadedModule, fn: Any, signature: FunctionSignature, copy: bool):
+    def __init__(
+        self,
+        module: LoadedModule,
+        fn: Any,
+        signature: FunctionSignature,
+        copy: bool,
+        zero_copy_inputs: bool = False,
+    ):
         self._module = module
         self._fn = fn
         self.signature = signature
         self._copy_results = copy
+        self._zero_copy = zero_copy_inputs
         # Device index per argument from its ABI affinity (device 0 when none).
         self._placement = [module._device_index(s.device) for s in signature.inputs]
 
@@ -427,7 +435,8 @@ class LoadedFunction:
             if isinstance(arg, torch.Tensor):
                 spec = sig.inputs[i] if i < len(sig.inputs) else None
                 _check_arg(m.name, sig.name, i, arg, spec)
-                inputs.push_ref(tensor_to_buffer_view(device, arg, driver=driver).ref)
+                bv = tensor_to_buffer_view(device, arg, driver=driver, zero_copy=self._zero_copy)
+                inputs.push_ref(bv.ref)
             elif isinstance(arg, bool | int):
                 inputs.push_int(int(arg))
             elif isinstance(arg, float):
@@ -447,6 +456,13 @@ class LoadedFunction:
                 f"calling {m.name}.{sig.name} on {', '.join(m.device_uris)} failed: {e}"
             ) from e
         results = [self._convert(outputs, i) for i in range(len(outputs))]
+        if self._zero_copy and not self._copy_results:
+            # A result may be an imported argument's buffer (a function returning its input):
+            # keep the argument tensors alive as long as the results.
+            keep = tuple(args)
+            for r in results:
+                if isinstance(r, torch.Tensor):
+                    r._turbine_inputs = keep  # type: ignore[attr-defined]
         if len(results) == 1:
             return results[0]
         return tuple(results) if results else None
@@ -514,6 +530,7 @@ class LoadedModule:
         keep_alive: list[Any],
         copy_results: bool,
         signatures: Mapping[str, FunctionSignature] | None = None,
+        zero_copy_inputs: bool = False,
     ) -> None:
         self._vm_module = vm_module
         self._instance = instance
@@ -536,7 +553,7 @@ class LoadedModule:
                 sig = signatures[fname]
             else:
                 sig = FunctionSignature(fname, (), ())
-            self.functions[fname] = LoadedFunction(self, fn, sig, copy_results)
+            self.functions[fname] = LoadedFunction(self, fn, sig, copy_results, zero_copy_inputs)
 
     def _device_index(self, name: str | None) -> int:
         if name is None:
@@ -592,6 +609,7 @@ def load_module(
     compile_flags: Sequence[str] | None = None,
     cache: Any = True,
     signatures: Mapping[str, FunctionSignature] | None = None,
+    zero_copy_inputs: bool = False,
 ) -> LoadedModule:
     """Loads a compiled module on one or more IREE devices.
 
@@ -614,6 +632,10 @@ def load_module(
         signatures: function signatures to use where the module has no ABI reflection
             (modules compiled from torch-dialect IR); taken from an ``ExportOutput``'s IR
             automatically.
+        zero_copy_inputs: on local (CPU) drivers, pass contiguous tensor arguments by
+            importing their memory instead of copying it. Only for programs that do not keep an
+            argument (store it into a global) and callers that do not modify an argument while
+            the module may still read it.
 
     Returns:
         The loaded module.
@@ -674,6 +696,7 @@ def load_module(
         keep_alive=[data, *keep],
         copy_results=copy_results,
         signatures=signatures,
+        zero_copy_inputs=zero_copy_inputs,
     )
 
 

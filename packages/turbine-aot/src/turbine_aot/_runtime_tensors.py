@@ -143,13 +143,17 @@ def _page_aligned_copy(array):
     return out
 
 
-def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str) -> Any:
+def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str, zero_copy: bool = False) -> Any:
     """Uploads a torch tensor (any dtype, any layout) into a new buffer view on ``device``.
 
     Args:
         device: an ``iree.runtime.HalDevice``.
         tensor: a CPU ``torch.Tensor`` (other devices are copied to the CPU first).
         driver: the device's driver name; non-local drivers get a page-aligned upload.
+        zero_copy: on local drivers, import the tensor's memory instead of copying it (the
+            buffer keeps the tensor's storage alive). The program then reads the caller's
+            memory: only safe when the program does not keep the argument (e.g. store it into
+            a global) and the caller does not modify the tensor while the module may read it.
 
     Returns:
         An ``iree.runtime.HalBufferView`` the caller owns.
@@ -170,10 +174,23 @@ def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str) -> Any:
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
+    owned_by_caller = t.is_contiguous()
     t = t.contiguous()
     if carrier != t.dtype:
         t = t.view(carrier)
     array = t.numpy()
+    # Import only memory the caller owns (a temporary contiguous copy would be freed while the
+    # module may still reference it: the imported HAL buffer does not keep numpy alive).
+    if zero_copy and owned_by_caller and driver in LOCAL_DRIVERS and array.nbytes:
+        try:
+            buffer = device.allocator.import_host_allocation(
+                array,
+                int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+                rt.BufferUsage.DEFAULT,
+            )
+            return rt.HalBufferView(buffer, array.shape, element_type)
+        except Exception:  # the allocator refused the import (alignment, usage): copy instead
+            pass
     if driver not in LOCAL_DRIVERS and array.ctypes.data % 4096:
         array = _page_aligned_copy(array)
     return device.allocator.allocate_buffer_copy(
