@@ -73,7 +73,15 @@ _LAZY: dict[str, str] = {
     "extend_aot_decompositions": "turbine_fx",
     "jittable": "turbine_fx",
 }
-_SUBMODULES = ("builtins", "build_actions", "custom_ops", "decompositions", "passes", "support")
+_SUBMODULES = (
+    "builtins",
+    "build_actions",
+    "custom_ops",
+    "decompositions",
+    "passes",
+    "runtime",
+    "support",
+)
 
 # Not in __all__ (not reference names) but public.
 _EXTRA = ["CompileError", "CompiledModuleError", "ExportError", "ImportPhase", "TurbineAotError"]
