@@ -146,3 +146,55 @@ def test_seed_reads():
         p.write_bytes(SEED)
         _read_everything(p)
         assert [k for k, _ in ParameterArchive(p).items()] == ["w", "s", "raw", "bf", "w"]
+
+
+entry_spec = st.one_of(
+    st.tuples(
+        st.just("array"),
+        st.sampled_from(["<f4", "<f8", "<i8", "u1", "?", "<c8", "<u2"]),
+        st.lists(st.integers(0, 5), max_size=3),
+    ),
+    st.tuples(st.just("splat"), st.sampled_from([1, 2, 4, 8, 16]), st.integers(0, 64)),
+    st.tuples(st.just("blob"), st.binary(max_size=100), st.just(None)),
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    entries=st.lists(st.tuples(st.text(max_size=12), entry_spec), max_size=8),
+    alignment=st.sampled_from([1, 8, 64, 4096]),
+)
+def test_random_archives_round_trip(tmp_path_factory, entries, alignment):
+    """Whatever is added (any Unicode keys, duplicates, dtypes, shapes, splats, blobs) reads
+    back identically, through both parsers."""
+    rng = np.random.default_rng(0)
+    b = ParameterArchiveBuilder(data_alignment=alignment)
+    expected = []
+    for key, (kind, a, c) in entries:
+        if kind == "array":
+            arr = rng.integers(0, 255, size=int(np.prod(c)) * np.dtype(a).itemsize, dtype=np.uint8)
+            arr = (
+                arr.view(np.dtype(a)).reshape(c)
+                if np.dtype(a).kind != "b"
+                else (arr % 2).astype("?").reshape(c)
+            )
+            b.add_tensor(key, arr)
+            expected.append((key, arr.tobytes()))
+        elif kind == "splat":
+            pattern = bytes(rng.integers(0, 255, size=a, dtype=np.uint8))
+            b.add_splat(key, pattern, length=a * c)
+            expected.append((key, pattern * c))
+        else:
+            b.add_blob(key, a)
+            expected.append((key, a))
+    path = b.save(tmp_path_factory.mktemp("rt") / "r.irpa")
+    data = path.read_bytes()
+    assert _parse(data, True) == _parse(data, False)
+    with ParameterArchive(path) as archive:
+        got = [(k, e.as_flat_array().tobytes()) for k, e in archive.items()]
+    assert got == expected
