@@ -137,3 +137,36 @@ def test_bundle_errors(parts, tmp_path):
     (tmp_path / "nb").mkdir()
     with pytest.raises(R.BundleError, match="not a turbine bundle"):
         R.load_bundle(tmp_path / "nb")
+
+
+def test_two_device_bundle(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_runtime_devices import TWO_DEVICE_MLIR
+
+    devices = ["local-task", "local-task"]
+    vmfb = R.compile_mlir(TWO_DEVICE_MLIR, R.device_compile_flags(devices), cache=False)
+    b = R.save_bundle(tmp_path / "two", vmfb, device=devices)
+    assert [d["uri"] for d in b.manifest["devices"]] == devices
+    assert b.functions["main"].inputs[1].device == "__device_1"
+    m = R.load_bundle(tmp_path / "two")
+    x, y = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(m.main(x, y), x * x + 2 * y)
+    with pytest.raises(R.BundleError, match=r"built for 2 device"):
+        R.load_bundle(tmp_path / "two", device="local-task")
+    exe = Path(sys.executable).parent / "iree-run-module"
+    if exe.exists():
+        out = subprocess.run(
+            [
+                str(exe),
+                "--flagfile=iree-run-module.flags",
+                "--function=main",
+                "--input=4xf32=1,2,3,4",
+                "--input=4xf32=1,1,1,1",
+            ],
+            cwd=b.path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "4xf32=3 6 11 18" in out.stdout, out.stdout
