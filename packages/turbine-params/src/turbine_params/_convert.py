@@ -21,6 +21,7 @@ from ._builder import ParameterArchiveBuilder, atomic_writer, copy_file_range, w
 from ._dtypes import TensorMetadata, dtype_info_for_safetensors
 from ._errors import ParameterArchiveError
 from ._format import DEFAULT_DATA_ALIGNMENT
+from ._progress import Progress
 
 __all__ = [
     "irpa_to_safetensors",
@@ -165,9 +166,11 @@ def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
             plan.append(entry)
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
         blob += b" " * (-len(blob) % 8)
+        progress = Progress(offset, f"writing {path.name}")
         with atomic_writer(path) as fd:
             write_all(fd, memoryview(struct.pack("<Q", len(blob)) + blob))
             for entry in plan:
+                progress.advance(entry.length)
                 raw = entry.raw
                 if raw.splat_pattern is not None:
                     chunk = np.broadcast_to(
@@ -186,6 +189,7 @@ def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
                     copy_file_range(raw.file.fd, fd, raw.offset, raw.length)
                 else:
                     write_all(fd, raw.flat_array().data)
+        progress.close()
     return path
 
 
