@@ -253,7 +253,7 @@ def test_compile_to_memory_file_and_output(mlp_output, tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.vmfb"]  # no temp left behind
     torch.testing.assert_close(load_module(str(path)).main(x), model(x), rtol=1e-4, atol=1e-4)
     target = Output.open_membuffer()
-    assert out.compile(target) is None
+    assert out.compile(target, extra_args=FAST) is None
     torch.testing.assert_close(
         load_module(bytes(target.map_memory())).main(x), model(x), rtol=1e-4, atol=1e-4
     )
