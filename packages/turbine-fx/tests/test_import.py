@@ -399,3 +399,40 @@ def test_meta_device_kv_cache_starts_as_zeros(iree_device, tmp_path):
     results = run_module(iree_device, asm, "main", calls, parameters={"model": irpa})
     for (x, pos), got in zip(calls, results):
         torch.testing.assert_close(got[0], real(x, pos), rtol=1e-5, atol=1e-5)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, count_calls: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 5)
+        self.count_calls = count_calls
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x):
+        if self.count_calls:
+            self.calls.add_(1)  # a mutation: the program must be functionalized
+        y = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        y = F.interpolate(y, scale_factor=2, mode="bilinear")
+        return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+@pytest.mark.parametrize("count_calls", [False, True], ids=["as-exported", "functionalized"])
+def test_cnn_with_batchnorm_and_bilinear_upsampling(iree_device, count_calls):
+    if iree_device.name == "vmvx":
+        pytest.skip(
+            "IREE 3.13's vmvx backend computes wrong values for batch_norm and bilinear "
+            "upsampling (also with the plain FxImporter); llvm-cpu and vulkan match eager"
+        )
+    torch.manual_seed(0)
+    m = SmallCNN(count_calls).eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 1.5)
+    eager = SmallCNN(count_calls).eval()
+    eager.load_state_dict(m.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    b, _ = _import(m, (x,))
+    (got,) = run_module(iree_device, b.asm(), "main", [(x,)])
+    torch.testing.assert_close(got[0], eager(x), rtol=1e-4, atol=1e-4)
