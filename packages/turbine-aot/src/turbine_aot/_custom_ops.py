@@ -216,7 +216,6 @@ def expand_custom_ops_in_module(module_builder: Any) -> int:
     from turbine_ir.ir import (
         FlatSymbolRefAttr,
         InsertionPoint,
-        Location,
         MLIRError,
         Module,
         Operation,
@@ -284,7 +283,6 @@ def expand_custom_ops_in_module(module_builder: Any) -> int:
                     old.replace_all_uses_with(back)
             op.erase()
             count += 1
-        _ = Location  # (imported for symmetry with other builders)
     return count
 
 
