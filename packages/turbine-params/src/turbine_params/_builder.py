@@ -518,25 +518,32 @@ class atomic_writer:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self.tmp is not None
+        ok = exc_type is None
         try:
-            if exc_type is None:
+            if ok:
                 os.fsync(self.fd)
                 os.fchmod(self.fd, 0o666 & ~_umask())
+                os.close(self.fd)
+                self.fd = -1
+                os.replace(self.tmp, self.path)
+        except BaseException:
+            ok = False
+            raise
         finally:
-            os.close(self.fd)
-            if exc_type is not None:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            if not ok:
                 with contextlib.suppress(OSError):
                     os.unlink(self.tmp)
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
+        if not ok:
+            return
+        with contextlib.suppress(OSError):  # make the rename itself durable
+            dfd = os.open(self.path.parent if str(self.path.parent) else ".", os.O_RDONLY)
             try:
-                dfd = os.open(self.path.parent if str(self.path.parent) else ".", os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-            except OSError:
-                pass
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
 
 
 def _umask() -> int:
