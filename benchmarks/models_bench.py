@@ -15,9 +15,9 @@ Compile variants (``--variants``):
 * ``host-dt-uk`` — host + data tiling + ukernels;
 * ``turbine`` — turbine's defaults: ``turbine_aot.export`` then ``ExportOutput.compile()`` with
   no arguments (``turbine_aot._targets.default_compile_flags``);
-* ``turbine-sdpa`` — the same, with ``scaled_dot_product_attention`` decomposed to matmul +
-  softmax before import (the proposal in ``benchmarks/NOTES-decompositions.md``); only for the
-  models that use attention.
+* ``turbine-proposed`` — the same, with the decompositions proposed in
+  ``benchmarks/NOTES-decompositions.md`` applied before import (``scaled_dot_product_attention``
+  as matmul + softmax, N-d ``linear`` as a 2-d matmul); only for the models they change (GPT).
 
 Usage::
 
@@ -46,10 +46,10 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
-ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "turbine-sdpa")
+ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "turbine-proposed")
 ATTENTION_MODELS = ("gpt", "gpt-dyn")
 # gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
-DEFAULT_VARIANTS = {"gpt-dyn": ("turbine", "turbine-sdpa")}
+DEFAULT_VARIANTS = {"gpt-dyn": ("turbine", "turbine-proposed")}
 # AOTInductor costs 30-100 s of compile per model on 2 cores: not for the dynamic GPT by default.
 DEFAULT_AOTI = ("mlp", "resnet18", "gpt")
 
@@ -84,7 +84,7 @@ def _variant_flags(variant: str, target: str) -> tuple[bool, list[str]]:
     """(host_cpu, extra_args) for ``ExportOutput.compile`` giving this variant."""
     from turbine_aot._targets import default_compile_flags
 
-    if variant in ("turbine", "turbine-sdpa") or target != "llvm-cpu":
+    if variant in ("turbine", "turbine-proposed") or target != "llvm-cpu":
         return True, []
     if variant == "generic":
         return False, default_compile_flags(target, host=False, fast_matmul=False, use_env=False)
@@ -177,21 +177,21 @@ def run_child(args: argparse.Namespace) -> dict:
 
     variants = list(args.variants or DEFAULT_VARIANTS.get(args.child, ALL_VARIANTS))
     if on_cuda:
-        variants = [v for v in variants if v in ("turbine", "turbine-sdpa")]
-    if args.child not in ATTENTION_MODELS and "turbine-sdpa" in variants:
-        variants.remove("turbine-sdpa")
+        variants = [v for v in variants if v in ("turbine", "turbine-proposed")]
+    if args.child not in ATTENTION_MODELS and "turbine-proposed" in variants:
+        variants.remove("turbine-proposed")
     exports = {"turbine": eo}
-    if "turbine-sdpa" in variants:
+    if "turbine-proposed" in variants:
         import torch as _torch
-        from _decomp_proposals import sdpa_table
+        from _decomp_proposals import proposed_table
 
         with _PeakRss():
             t0 = time.perf_counter()
             prog = _torch.export.export(
                 case.module.cpu(), case.args, dynamic_shapes=case.dynamic_shapes, strict=False
-            ).run_decompositions(sdpa_table())
-            exports["turbine-sdpa"] = turbine_aot.export(prog)
-            result["export_sdpa_s"] = time.perf_counter() - t0
+            ).run_decompositions(proposed_table())
+            exports["turbine-proposed"] = turbine_aot.export(prog)
+            result["export_proposed_s"] = time.perf_counter() - t0
         module = module.to(dev)
     calls: dict[str, Any] = {}
     td = tempfile.mkdtemp(prefix="turbine-bench-")
@@ -299,7 +299,7 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
                 cells.append("failed")
             else:
                 cells.append(f"{_fmt_ms(row.get('ms'))} ({_ratio(row.get('ms'), eager)})")
-        t = r["variants"].get("turbine-sdpa") or r["variants"].get("turbine", {})
+        t = r["variants"].get("turbine-proposed") or r["variants"].get("turbine", {})
         cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(t.get("ms"), aoti)]
         cells.append(f"{t.get('max_abs_err', float('nan')):.1e}" if t else "")
         rows.append(cells)

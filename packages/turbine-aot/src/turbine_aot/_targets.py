@@ -169,14 +169,21 @@ _OPT_LEVELS = ("O0", "O1", "O2", "O3")
 _O3_CPU_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-stack-allocation-limit=65536",)
 
 
+# CUDA targets iree-base-compiler 3.13 compiles our models for. It rejects `sm_90`, `sm_90a` and
+# `sm_100` ("missing GPU target in #hal.executable.target"); those GPUs run `sm_80` code (PTX,
+# compiled by the driver), so newer or unknown GPUs get `sm_80`.
+_IREE_CUDA_TARGETS = ("sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_120")
+
+
 def _cuda_arch() -> str:
-    """The compute capability of CUDA device 0 as ``sm_XY``; ``sm_80`` when none is visible."""
+    """The CUDA target for device 0 (``sm_XY``) if IREE accepts it; ``sm_80`` otherwise."""
     try:
         import torch
 
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability(0)
-            return f"sm_{major}{minor}"
+            arch = f"sm_{major}{minor}"
+            return arch if arch in _IREE_CUDA_TARGETS else "sm_80"
     except Exception:  # torch absent or CUDA init failure: fall back to a common target
         pass
     return "sm_80"

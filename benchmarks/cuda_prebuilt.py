@@ -1,0 +1,173 @@
+"""CUDA figures on a machine that has a GPU but no IREE compiler (the runtime alone).
+
+Two steps:
+
+* ``python benchmarks/cuda_prebuilt.py prepare DIR`` (here, with the compiler): exports each model
+  with turbine (parameters externalized, so modules stay small) and compiles it with turbine's
+  default flags for ``cuda`` (``--iree-cuda-target`` from ``--arch``, default ``sm_80``: IREE 3.13 rejects ``sm_90``).
+* ``python benchmarks/cuda_prebuilt.py run DIR --json out.json`` (on the GPU machine, with
+  torch, numpy and iree-base-runtime): rebuilds each model from the same seed, writes its
+  parameters to an ``.irpa`` with ``turbine_params`` (numpy only), loads the module on the
+  ``cuda`` driver and times it interleaved with eager CUDA PyTorch (``torch.cuda.synchronize``
+  after each call; IREE results are read back to the host, eager results are not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "packages/turbine-params/src"))
+
+MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
+
+
+def _case(name: str):
+    import _models
+
+    return {
+        "mlp": _models.mlp,
+        "resnet18": _models.resnet18,
+        "gpt": _models.gpt,
+        "gpt-dyn": lambda: _models.gpt(dynamic=True),
+    }[name]()
+
+
+def prepare(out: Path, arch: str, models: list[str]) -> None:
+    import torch
+    from _decomp_proposals import proposed_table
+
+    import turbine_aot
+    from turbine_aot._targets import default_compile_flags
+
+    out.mkdir(parents=True, exist_ok=True)
+    flags = default_compile_flags("cuda", overrides=[f"--iree-cuda-target={arch}"], use_env=False)
+    for name in models:
+        variants = {"turbine": None}
+        if name.startswith("gpt"):
+            variants["turbine-proposed"] = proposed_table()
+        for variant, table in variants.items():
+            case = _case(name)
+            turbine_aot.externalize_module_parameters(case.module)
+            if table is None:
+                eo = turbine_aot.export(
+                    case.module, args=case.args, dynamic_shapes=case.dynamic_shapes
+                )
+            else:
+                prog = torch.export.export(
+                    case.module, case.args, dynamic_shapes=case.dynamic_shapes, strict=False
+                ).run_decompositions(table)
+                eo = turbine_aot.export(prog)
+            t0 = time.perf_counter()
+            path = out / f"{name}.{variant}.vmfb"
+            eo.compile(save_to=path, target_device="cuda", extra_args=flags)
+            print(
+                f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s"
+            )
+    (out / "flags.json").write_text(json.dumps({"cuda": flags}))
+
+
+def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
+    import _harness
+    import iree.runtime as rt
+    import numpy as np
+    import torch
+
+    from turbine_params import save_module_parameters
+
+    assert torch.cuda.is_available(), "no CUDA device visible to torch"
+    dev = torch.device("cuda")
+    results = []
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"turbine-cuda-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = rt.Config("cuda")
+    for name in models:
+        case = _case(name)
+        irpa = tmp / f"{name}.irpa"
+        save_module_parameters(irpa, case.module)
+        index = rt.ParameterIndex()
+        index.load(str(irpa))
+        model = case.module.to(dev).eval()
+        x_cpu = case.args[0]
+        x = x_cpu.to(dev)
+        with torch.no_grad():
+            ref = model(x).float().cpu()
+        res: dict = {"model": case.name, "device": torch.cuda.get_device_name(0), "variants": {}}
+        fns = {}
+        for vmfb in sorted(src.glob(f"{name}.*.vmfb")):
+            variant = vmfb.name.split(".")[1]
+            row: dict = {"module_bytes": vmfb.stat().st_size}
+            try:
+                params = rt.create_io_parameters_module(
+                    config.vm_instance, index.create_provider(scope="model")
+                )
+                vm = rt.VmModule.mmap(config.vm_instance, str(vmfb))
+                ctx = rt.SystemContext(vm_modules=[params, vm], config=config)
+                fn = ctx.modules.module["main"]
+                x_np = x_cpu.numpy()
+                out = np.asarray(fn(x_np).to_host())
+                row["max_abs_err"] = float(np.abs(out - ref.numpy()).max())
+                # Input already on the device: time the compute, then read back like eager's
+                # synchronize (to_host waits for the result).
+                x_dev = rt.asdevicearray(config.device, x_np)
+                fns[variant] = lambda fn=fn, x_dev=x_dev: fn(x_dev).to_host()
+            except Exception as e:  # the row records why
+                row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            res["variants"][variant] = row
+
+        def eager(model=model, x=x) -> None:
+            with torch.no_grad():
+                model(x)
+            torch.cuda.synchronize()
+
+        fns["eager"] = eager
+        t = _harness.time_interleaved(fns, calls=calls, warmup=3, budget_s=20)
+        for k, v in t.items():
+            if k == "eager":
+                res["eager_ms"] = v["wall"] * 1e3
+            else:
+                res["variants"][k]["ms"] = v["wall"] * 1e3
+        results.append(res)
+        line = [f"{name:9s} eager {res['eager_ms']:7.2f} ms"]
+        for v, row in res["variants"].items():
+            if "ms" in row:
+                line.append(
+                    f"{v} {row['ms']:7.2f} ms ({row['ms'] / res['eager_ms']:.2f}× eager, "
+                    f"err {row['max_abs_err']:.1e})"
+                )
+            else:
+                line.append(f"{v} failed: {row.get('error', '')[:200]}")
+        print(" | ".join(line), flush=True)
+    if json_out:
+        Path(json_out).write_text(json.dumps({"benchmark": "models-cuda", "results": results}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("prepare")
+    a.add_argument("dir")
+    a.add_argument("--arch", default="sm_80")
+    a.add_argument("--models", default=",".join(MODELS))
+    b = sub.add_parser("run")
+    b.add_argument("dir")
+    b.add_argument("--models", default=",".join(MODELS))
+    b.add_argument("--calls", type=int, default=50)
+    b.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if args.cmd == "prepare":
+        prepare(Path(args.dir), args.arch, models)
+        return 0
+    return run(Path(args.dir), models, args.calls, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
