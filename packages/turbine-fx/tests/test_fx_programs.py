@@ -133,3 +133,16 @@ def test_arg_device_is_kept_through_save_and_load(tmp_path):
     loaded = FxPrograms.load(tmp_path / "s.json")
     assert loaded.arg_devices == {"p": {0: DeviceAffinity(1)}}
     assert loaded.programs["p"]._turbine_arg_device == {0: DeviceAffinity(1)}
+
+
+def test_export_program_decomposes_only_needed_nodes():
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.logsumexp(x, -1) + x.sum(-1)
+
+    fxb = FxProgramsBuilder(M())
+    program = fxb.export_program(lambda m, x: m(x), args=(torch.randn(3, 4),), name="p")
+    targets = {n.target for n in program.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.logsumexp.default not in targets
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(program.module()(x), M()(x))

@@ -222,6 +222,9 @@ def test_same_tensor_is_one_global_across_programs():
     asm = b.asm()
     assert asm.count("util.global private @__auto.fc1.weight") == 1
     assert "func.func @a(" in asm and "func.func @b(" in asm
+    with b:
+        again = import_exported_program(b.mb, ep1, symbol_name="a")
+        assert StringAttr(again.attributes["sym_name"]).value == "a_1"  # names stay unique
 
 
 def test_program_is_not_modified():

@@ -303,14 +303,17 @@ def _dynamic_shapes_for(fn: Callable, shapes: dict) -> Any:
 
 
 def _apply_aot_decompositions(program: ExportedProgram) -> ExportedProgram:
-    from ._program_prep import program_needs_functionalization
+    """Applies the current AOT table only where needed (see ``prepare_program``)."""
+    from ._program_prep import prepare_program, prepared_to_exported_program
 
-    table = current_aot_decompositions()
-    if program_needs_functionalization(program) or any(
-        n.op == "call_function" and n.target in table for n in program.graph.nodes
-    ):
-        return program.run_decompositions(table)
-    return program
+    prepared = prepare_program(program, current_aot_decompositions())
+    if prepared.strategy == "retraced":
+        # prepare_program already ran run_decompositions; rebuild over its (copied) graph.
+        return prepared_to_exported_program(prepared)
+    try:
+        return prepared_to_exported_program(prepared)
+    except Exception:  # a verifier torch adds later may reject the spliced graph
+        return program.run_decompositions(current_aot_decompositions())
 
 
 def _check_name(name: str) -> None:

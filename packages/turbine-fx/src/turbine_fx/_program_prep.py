@@ -27,7 +27,12 @@ import torch.fx as fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-__all__ = ["PreparedProgram", "prepare_program", "program_needs_functionalization"]
+__all__ = [
+    "PreparedProgram",
+    "prepare_program",
+    "prepared_to_exported_program",
+    "program_needs_functionalization",
+]
 
 logger = logging.getLogger("turbine.fx")
 
@@ -245,4 +250,22 @@ def _rename_outputs(sig: ExportGraphSignature, renames: dict[str, str]) -> Expor
 
     return ExportGraphSignature(
         input_specs=list(sig.input_specs), output_specs=[fix(s) for s in sig.output_specs]
+    )
+
+
+def prepared_to_exported_program(prepared: PreparedProgram) -> ExportedProgram:
+    """An ExportedProgram over the prepared graph (the original when nothing changed)."""
+    if prepared.strategy == "as-is":
+        return prepared.original
+    source = prepared.original
+    return ExportedProgram(
+        root=prepared.graph_module,
+        graph=prepared.graph,
+        graph_signature=prepared.graph_signature,
+        state_dict=prepared.state_dict,
+        range_constraints=prepared.range_constraints,
+        module_call_graph=source.module_call_graph,
+        example_inputs=source.example_inputs,
+        constants=prepared.constants,
+        verifiers=source.verifiers,
     )
