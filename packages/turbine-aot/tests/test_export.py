@@ -420,3 +420,16 @@ def test_export_torch_builtin_modules():
     loaded = load_module(out.compile(None, extra_args=FAST))
     x = torch.randn(5, 4)
     torch.testing.assert_close(loaded.main(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_written_files_get_the_usual_permissions(mlp_output, tmp_path):
+    import os
+    import stat
+
+    _, out = mlp_output
+    umask = os.umask(0)
+    os.umask(umask)
+    out.save_mlir(tmp_path / "m.mlir")
+    out.compile(tmp_path / "m.vmfb", extra_args=FAST)
+    for name in ("m.mlir", "m.vmfb"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name

@@ -186,6 +186,15 @@ def _char_buffer_type() -> type:
     return CharBuffer
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):  # not every platform can fsync a directory
         fd = os.open(directory, os.O_RDONLY)
@@ -208,6 +217,7 @@ def atomic_output_file(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException:
