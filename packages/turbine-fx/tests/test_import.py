@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -439,3 +440,26 @@ def test_cnn_with_batchnorm_and_bilinear_upsampling(iree_device, count_calls):
     b, _ = _import(m, (x,))
     (got,) = run_module(iree_device, b.asm(), "main", [(x,)])
     torch.testing.assert_close(got[0], eager(x), rtol=1e-4, atol=1e-4)
+
+
+class CrossEntropy(nn.Module):
+    def forward(self, x, t):
+        return F.cross_entropy(x, t)  # the user's loss line
+
+
+def test_verify_lowering_names_the_op_and_source_line(tmp_path, monkeypatch):
+    from turbine_fx import verify_lowering
+
+    monkeypatch.setenv("TURBINE_DUMP_DIR", str(tmp_path))
+    ep = torch.export.export(CrossEntropy(), (torch.randn(3, 4), torch.tensor([0, 1, 3])))
+    b = Built()
+    with b:
+        import_exported_program(b.mb, ep)  # imports: every op is known to the torch dialect
+        with pytest.raises(UnsupportedOpError, match="IREE cannot lower") as info:
+            verify_lowering(b.mb)
+    e = info.value
+    assert e.op and e.op.startswith("torch.")
+    assert "test_import.py" in e.source_line and "the user's loss line" in e.source_line
+    assert (Path(e.dump_dir) / "diagnostics.txt").exists()
+    b2, _ = _import(MLP(), (torch.randn(2, 8),))
+    verify_lowering(b2.mb)  # a supported program passes

@@ -24,6 +24,7 @@ from ._fx_programs import FxPrograms, FxProgramsBuilder
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 from ._jittable import jittable
 from ._program_prep import PreparedProgram, prepare_program
+from ._verify import verify_lowering
 
 __all__ = [
     "CONSTANT_RESULTS_ATTR",
@@ -43,5 +44,6 @@ __all__ = [
     "jittable",
     "passes",
     "prepare_program",
+    "verify_lowering",
 ]
 __version__ = "0.1.0"
