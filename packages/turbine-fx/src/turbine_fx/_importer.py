@@ -127,12 +127,13 @@ def import_exported_program(
                 func_visibility=symbol_visibility,
                 import_symbolic_shape_expressions=import_symbolic_shape_expressions,
             )
-        except UnsupportedOpError:
-            raise
         except FxImportError:
+            _erase_partial_function(module_builder, func_name)
             raise
         except Exception as e:
-            raise _import_failure(module_builder, prepared, e) from e
+            error = _import_failure(module_builder, prepared, e)
+            _erase_partial_function(module_builder, func_name)
+            raise error from e
         if unknown:
             raise _unsupported_op_error(module_builder, prepared, unknown, func_op)
         if arg_device:
@@ -316,7 +317,10 @@ def _unsupported_op_error(
     func_op: Operation,
 ) -> UnsupportedOpError:
     dump_dir = _dump(module_builder, prepared)
-    func_op.operation.erase()
+    try:
+        module_builder.symbol_table.erase(func_op.operation)
+    except Exception:
+        func_op.operation.erase()
     node = nodes[0]
     op = str(node.target)
     source = _source_line(node)
@@ -341,6 +345,14 @@ def _unsupported_op_error(
     return UnsupportedOpError(
         "\n".join(lines), op=op, node=node.name, source_line=source, dump_dir=str(dump_dir)
     )
+
+
+def _erase_partial_function(module_builder: ModuleBuilder, func_name: str) -> None:
+    """Removes the function a failed import left in the module (not yet in the symbol table)."""
+    for op in list(module_builder.body.operations):
+        op = op.operation
+        if op.name == "func.func" and StringAttr(op.attributes["sym_name"]).value == func_name:
+            op.erase()
 
 
 def _import_failure(
