@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from ._compiled_module import CompiledModule, ImportPhase
 
 __all__ = ["ExportOutput", "compile_flags_for", "export"]
+
+_log = logging.getLogger("turbine.aot")
 
 
 def _as_list(value: str | Sequence[str] | None) -> list[str]:
@@ -205,8 +209,12 @@ class ExportOutput:
         self.verify()
         info = CompiledModule.get_info(self.compiled_module)
         compile_from = "input" if info.current_import_phase >= ImportPhase.FULL else None
+        start = time.perf_counter()
         if _tool_only_flags(flags):
-            return _compile_with_tool(self.mlir_module, flags, save_to, compile_from)
+            _log.info("compiling with the iree-compile tool (tool-only flags in %s)", flags)
+            result = _compile_with_tool(self.mlir_module, flags, save_to, compile_from)
+            _log.info("compiled in %.2f s", time.perf_counter() - start)
+            return result
         module_bytes = _module_bytecode(self.mlir_module)
         session = new_session(flags)
         stage = f"compile ({' '.join(_as_list(target_device) or _as_list(target_backends)) or 'session flags'})"
@@ -221,6 +229,7 @@ class ExportOutput:
                 inv.inv.output_vm_bytecode(save_to)
                 return None
             output_to_file(inv, Path(save_to))
+            _log.info("compiled to %s in %.2f s", save_to, time.perf_counter() - start)
             return None
 
     def load(
@@ -440,7 +449,9 @@ def export(
     fx_programs_type = _fx_programs_type()
     programs: dict[str, Any]
     if isinstance(mdl, torch.nn.Module):
+        start = time.perf_counter()
         program = _torch_export(mdl, args, kwargs, dynamic_shapes, strict_export)
+        _log.info("torch.export of %s: %.2f s", type(mdl).__name__, time.perf_counter() - start)
         programs = {function_name or "main": program}
     elif isinstance(mdl, torch.export.ExportedProgram):
         if args is not None or kwargs is not None or dynamic_shapes is not None:
@@ -485,10 +496,12 @@ def export(
 def _instantiate(cm_class: Any) -> ExportOutput:
     from ._compiled_module import CompiledModule
 
+    start = time.perf_counter()
     session = new_session()
     inst = cm_class(context=session_context(session), import_to=None)
     CompiledModule.get_info(inst).session = session
     CompiledModule.run_import(inst, "import")
+    _log.info("imported %s in %.2f s", cm_class.__name__, time.perf_counter() - start)
     return ExportOutput(session, inst, importer_uses_session=True)
 
 
