@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--strict", action="store_true", help="also measure strict (TorchDynamo) export paths"
     )
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
     import torch
@@ -190,6 +191,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:42s} {med:7.2f} s")
     rss = _peak_rss_mb()
     print(f"  peak RSS of the whole run: {rss:.0f} MiB (goal < 1024 MiB)")
+    if args.json:
+        import json
+        import os
+        import tempfile
+
+        data = {
+            "benchmark": "fx_export",
+            "layers": args.layers,
+            "parameters": n_params,
+            "median_s": {n: statistics.median(ts) for n, ts in times.items()},
+            "ratios": {
+                n: statistics.median(ts) / statistics.median(times[baselines[n]])
+                for n, ts in times.items()
+                if baselines.get(n) in times
+            },
+            "peak_rss_mib": rss,
+        }
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.json)), prefix=".fx.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, args.json)
     return 0
 
 
