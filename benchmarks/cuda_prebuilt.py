@@ -39,7 +39,7 @@ def _case(name: str):
     }[name]()
 
 
-def prepare(out: Path, arch: str, models: list[str]) -> None:
+def prepare(out: Path, arch: str, models: list[str], cpu: str | None) -> None:
     import torch
     from _decomp_proposals import proposed_table
 
@@ -47,7 +47,16 @@ def prepare(out: Path, arch: str, models: list[str]) -> None:
     from turbine_aot._targets import default_compile_flags
 
     out.mkdir(parents=True, exist_ok=True)
-    flags = default_compile_flags("cuda", overrides=[f"--iree-cuda-target={arch}"], use_env=False)
+    flags = {
+        "cuda": default_compile_flags(
+            "cuda", overrides=[f"--iree-cuda-target={arch}"], use_env=False
+        )
+    }
+    if cpu:
+        # The GPU machine's CPU: turbine's llvm-cpu defaults with a named CPU instead of `host`.
+        flags["local-task"] = default_compile_flags(
+            "llvm-cpu", overrides=[f"--iree-llvmcpu-target-cpu={cpu}"], use_env=False
+        )
     for name in models:
         variants = {"turbine": None}
         if name.startswith("gpt"):
@@ -64,16 +73,17 @@ def prepare(out: Path, arch: str, models: list[str]) -> None:
                     case.module, case.args, dynamic_shapes=case.dynamic_shapes, strict=False
                 ).run_decompositions(table)
                 eo = turbine_aot.export(prog)
-            t0 = time.perf_counter()
-            path = out / f"{name}.{variant}.vmfb"
-            eo.compile(save_to=path, target_device="cuda", extra_args=flags)
-            print(
-                f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f}s"
-            )
-    (out / "flags.json").write_text(json.dumps({"cuda": flags}))
+            for driver, dflags in flags.items():
+                t0 = time.perf_counter()
+                path = out / f"{name}.{variant}.{driver}.vmfb"
+                target = "cuda" if driver == "cuda" else "llvm-cpu"
+                eo.compile(save_to=path, target_device=target, extra_args=dflags)
+                size = path.stat().st_size / 2**20
+                print(f"{path.name}: {size:.1f} MiB in {time.perf_counter() - t0:.1f}s")
+    (out / "flags.json").write_text(json.dumps(flags))
 
 
-def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
+def run(src: Path, models: list[str], calls: int, json_out: str | None, driver: str) -> int:
     import _harness
     import iree.runtime as rt
     import numpy as np
@@ -81,12 +91,14 @@ def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
 
     from turbine_params import save_module_parameters
 
-    assert torch.cuda.is_available(), "no CUDA device visible to torch"
-    dev = torch.device("cuda")
+    on_cuda = driver == "cuda"
+    if on_cuda:
+        assert torch.cuda.is_available(), "no CUDA device visible to torch"
+    dev = torch.device("cuda" if on_cuda else "cpu")
     results = []
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"turbine-cuda-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
-    config = rt.Config("cuda")
+    config = rt.Config(driver)
     for name in models:
         case = _case(name)
         irpa = tmp / f"{name}.irpa"
@@ -98,9 +110,15 @@ def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
         x = x_cpu.to(dev)
         with torch.no_grad():
             ref = model(x).float().cpu()
-        res: dict = {"model": case.name, "device": torch.cuda.get_device_name(0), "variants": {}}
+        res: dict = {
+            "model": case.name,
+            "driver": driver,
+            "device": torch.cuda.get_device_name(0) if on_cuda else f"cpu x{os.cpu_count()}",
+            "torch_threads": torch.get_num_threads(),
+            "variants": {},
+        }
         fns = {}
-        for vmfb in sorted(src.glob(f"{name}.*.vmfb")):
+        for vmfb in sorted(src.glob(f"{name}.*.{driver}.vmfb")):
             variant = vmfb.name.split(".")[1]
             row: dict = {"module_bytes": vmfb.stat().st_size}
             try:
@@ -124,7 +142,8 @@ def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
         def eager(model=model, x=x) -> None:
             with torch.no_grad():
                 model(x)
-            torch.cuda.synchronize()
+            if on_cuda:
+                torch.cuda.synchronize()
 
         fns["eager"] = eager
         t = _harness.time_interleaved(fns, calls=calls, warmup=3, budget_s=20)
@@ -134,7 +153,7 @@ def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
             else:
                 res["variants"][k]["ms"] = v["wall"] * 1e3
         results.append(res)
-        line = [f"{name:9s} eager {res['eager_ms']:7.2f} ms"]
+        line = [f"{driver} {name:9s} eager {res['eager_ms']:7.2f} ms"]
         for v, row in res["variants"].items():
             if "ms" in row:
                 line.append(
@@ -145,7 +164,7 @@ def run(src: Path, models: list[str], calls: int, json_out: str | None) -> int:
                 line.append(f"{v} failed: {row.get('error', '')[:200]}")
         print(" | ".join(line), flush=True)
     if json_out:
-        Path(json_out).write_text(json.dumps({"benchmark": "models-cuda", "results": results}))
+        Path(json_out).write_text(json.dumps({"benchmark": f"models-{driver}", "results": results}))
     return 0
 
 
@@ -156,17 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("dir")
     a.add_argument("--arch", default="sm_80")
     a.add_argument("--models", default=",".join(MODELS))
+    a.add_argument("--cpu", default=None, help="also build for this LLVM CPU (e.g. x86-64-v4)")
     b = sub.add_parser("run")
     b.add_argument("dir")
     b.add_argument("--models", default=",".join(MODELS))
     b.add_argument("--calls", type=int, default=50)
     b.add_argument("--json", default=None)
+    b.add_argument("--driver", default="cuda", choices=("cuda", "local-task"))
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if args.cmd == "prepare":
-        prepare(Path(args.dir), args.arch, models)
+        prepare(Path(args.dir), args.arch, models, args.cpu)
         return 0
-    return run(Path(args.dir), models, args.calls, args.json)
+    return run(Path(args.dir), models, args.calls, args.json, args.driver)
 
 
 if __name__ == "__main__":
