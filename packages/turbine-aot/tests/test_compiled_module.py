@@ -21,7 +21,7 @@ from turbine_aot.builtins import (
     AbstractTensor,
     jittable,
 )
-from turbine_aot.support.procedural import DeviceAffinity, export_global
+from turbine_aot.support.procedural import DeviceAffinity, export_global, export_global_tree
 from turbine_ir.ir import Module
 
 # Compile flags for tests that check behaviour, not turbine's default optimization flags
@@ -369,3 +369,25 @@ def test_exported_program_as_class_attribute():
     m = load_module(out.compile(None, extra_args=FAST))
     x = torch.randn(4, 3)
     torch.testing.assert_close(m.forward(x), net(x), rtol=1e-5, atol=1e-5)
+
+
+def test_global_trees_returned_and_assigned_through_calls():
+    from turbine_aot.runtime import load_module
+
+    class Trees(CompiledModule):
+        tree = export_global_tree({"a": torch.ones(2), "b": torch.zeros(2)}, mutable=True)
+
+        def all(self):
+            return self.tree  # a whole tree of globals as the result
+
+        def set_b(self, x=AbstractTensor(2)):
+            t = self.all()  # a call returning a tree
+            self.tree = {"a": t["a"], "b": x}  # tree assignment, leaf by leaf
+
+    out = export(Trees)
+    m = load_module(out.compile(None, extra_args=FAST))
+    x = torch.tensor([5.0, 6.0])
+    m.set_b(x)
+    a, b = m.all()
+    torch.testing.assert_close(a, torch.ones(2))
+    torch.testing.assert_close(b, x)

@@ -660,7 +660,7 @@ def _ProcCall(inst: CompiledModule, info: CompiledModuleInstanceInfo, key: str) 
 
 def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> Any:
     from turbine_ir.dialects import func as func_d
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, StringAttr
     from turbine_trace import (
         IrImmediateScalar,
         IrImmediateTensor,
@@ -691,9 +691,11 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
                 f"({', '.join(str(t) for t in input_types)})"
             )
         result_types = list(func_op.type.results)
+        # The symbol may have been uniqued by define_func (e.g. `f` -> `f_0` when taken).
+        callee = StringAttr(func_op.attributes["sym_name"]).value
         call_op = func_d.CallOp(
             result_types,
-            FlatSymbolRefAttr.get(proc.export_name),
+            FlatSymbolRefAttr.get(callee),
             operands,
             ip=InsertionPoint.current,
         )
@@ -701,7 +703,7 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
     ret = info.proc_returns.get(call.key)
     if ret is None and not results:
         return None
-    ret_leaves, ret_spec = tree_flatten(ret)
+    ret_leaves, ret_spec = tree_flatten(_unproxy(ret))
     proxies = []
     for leaf, value in zip(ret_leaves, results, strict=False):
         if isinstance(leaf, IrTensor):
@@ -714,6 +716,21 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
             f"{len(ret_leaves)} values it returned"
         )
     return ret_spec.unflatten(proxies)
+
+
+def _unproxy(value: Any) -> Any:
+    """Replaces ``LiveGlobalCollectionProxy`` wrappers by their collections, recursively."""
+    from turbine_trace import LiveGlobalCollectionProxy
+
+    if isinstance(value, LiveGlobalCollectionProxy):
+        return _unproxy(value.raw_collection)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_unproxy(v) for v in value)
+    if isinstance(value, list):
+        return [_unproxy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unproxy(v) for k, v in value.items()}
+    return value
 
 
 def _scalar_constant(ir_type: Any, value: bool | int | float) -> Any:
