@@ -224,3 +224,17 @@ def test_default_and_portable_builds_match_eager(exported, tmp_path, variant):
     with torch.no_grad():
         expected = model(x)
     torch.testing.assert_close(m.main(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_performance_doc_examples_run(monkeypatch):
+    """The Python examples of docs/performance.md run as written (from the repository root)."""
+    import re
+
+    root = Path(__file__).resolve().parents[3]
+    text = (root / "docs" / "performance.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 3
+    monkeypatch.chdir(root)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/performance.md[python block {i}]", "exec"), {})
