@@ -439,3 +439,11 @@ def test_written_files_get_the_usual_permissions(mlp_output, tmp_path):
     out.compile(tmp_path / "m.vmfb", extra_args=FAST)
     for name in ("m.mlir", "m.vmfb"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_bf16_model_matches_eager():
+    model = MLP().to(torch.bfloat16).eval()
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    out = export(model, args=(x,))
+    loaded = load_module(out.compile(None, extra_args=FAST))
+    torch.testing.assert_close(loaded.main(x), model(x), rtol=3e-2, atol=3e-2)
