@@ -447,3 +447,14 @@ def test_bf16_model_matches_eager():
     out = export(model, args=(x,))
     loaded = load_module(out.compile(None, extra_args=FAST))
     torch.testing.assert_close(loaded.main(x), model(x), rtol=3e-2, atol=3e-2)
+
+
+def test_export_output_over_a_deferred_instance():
+    class Echo(CompiledModule):
+        def run(self, x=AbstractTensor(3)):
+            return x
+
+    inst = Echo(import_to=None)
+    out = ExportOutput(CompiledModule.get_info(inst).session, inst)
+    x = torch.randn(3)
+    torch.testing.assert_close(load_module(out.compile(None, extra_args=FAST)).run(x), x)

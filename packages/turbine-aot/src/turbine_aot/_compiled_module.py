@@ -676,7 +676,7 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
     # Bind the call's arguments like Python would, defaults included.
     bound = _bind_call_args(proc, args, kwargs)
     flat_args, _ = tree_flatten((tuple(bound[0]), dict(bound[1])))
-    operands = []
+    operands: list[Any] = []
     input_types = list(func_op.type.inputs)
     with proc_trace.loc, proc_trace.ip:
         for a in flat_args:

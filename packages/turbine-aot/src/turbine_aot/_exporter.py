@@ -206,9 +206,12 @@ class ExportOutput:
             extra_args=[*self._session_flags(), *extra_args],
         )
         # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.
-        self.verify()
         info = CompiledModule.get_info(self.compiled_module)
-        compile_from = "input" if info.current_import_phase >= ImportPhase.FULL else None
+        if info.current_import_phase is None:  # an instance created with import_to=None
+            CompiledModule.run_import(self.compiled_module, ImportPhase.IMPORT)
+        self.verify()
+        phase = info.current_import_phase
+        compile_from = "input" if phase is not None and phase >= ImportPhase.FULL else None
         start = time.perf_counter()
         if _tool_only_flags(flags):
             _log.info("compiling with the iree-compile tool (tool-only flags in %s)", flags)
@@ -470,7 +473,7 @@ def export(
             raise ValueError(
                 "export() of FxPrograms: function_name is not allowed (each program keeps its name)"
             )
-        programs = dict(mdl.programs)
+        programs = dict(getattr(mdl, "programs", {}))
     else:
         raise TypeError(
             f"export() accepts {_ACCEPTED}; got {type(mdl).__module__}.{type(mdl).__qualname__}"

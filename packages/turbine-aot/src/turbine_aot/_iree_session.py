@@ -170,7 +170,7 @@ def _aligned_copy(data: bytes, alignment: int = 64) -> Any:
     n = len(data)
     raw = np.empty(n + alignment, dtype=np.uint8)
     offset = (-raw.ctypes.data) % alignment
-    buf = raw[offset : offset + n].view(_char_buffer_type())
+    buf: Any = raw[offset : offset + n].view(_char_buffer_type())
     buf[:] = np.frombuffer(data, dtype=np.uint8)
     return buf
 
