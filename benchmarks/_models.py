@@ -5,7 +5,7 @@
   input 1×3×224×224.
 * :func:`gpt` — a GPT-2-small-shaped decoder: 6 layers, d_model 512, 8 heads, MLP 4×, vocab 8192,
   sequence 128, causal ``scaled_dot_product_attention``.
-* :func:`llama_meta` — a ~1.5e9-parameter bf16 Llama shape on the meta device (export/params only).
+* :func:`llama_meta` — a ~1.6e9-parameter bf16 Llama shape on the meta device (export/params only).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def llama_meta(seq: int = 64) -> ModelCase:
     with torch.device("meta"):
         model = Llama(cfg).to(torch.bfloat16).eval()
     ids = torch.zeros(1, seq, dtype=torch.int64, device="meta")
-    return ModelCase("llama-1.5b-meta", model, (ids,))
+    return ModelCase("llama-1.6b-meta", model, (ids,))
 
 
 def param_count(module: nn.Module) -> int:

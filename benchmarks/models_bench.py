@@ -46,6 +46,8 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
+# Export-only cases, run when named in --models: the ~1.6e9-parameter bf16 Llama on meta.
+EXPORT_ONLY_MODELS = ("llama-meta",)
 ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "turbine-proposed")
 ATTENTION_MODELS = ("gpt", "gpt-dyn")
 # gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
@@ -106,6 +108,8 @@ def _build_case(model: str):
         return _models.gpt()
     if model == "gpt-dyn":
         return _models.gpt(dynamic=True)
+    if model == "llama-meta":
+        return _models.llama_meta()
     raise SystemExit(f"unknown model {model!r}; choose from {', '.join(ALL_MODELS)}")
 
 
@@ -126,6 +130,29 @@ def _aoti(case, device: str, td: str, row: dict) -> Any:
     except Exception as e:  # report why AOTI could not build
         row["aoti_note"] = f"AOTInductor did not build: {type(e).__name__}: {str(e)[:300]}"
         return None
+
+
+def run_export_only(model: str) -> dict:
+    """Export time and peak RSS of a model on the meta device (parameters externalized)."""
+    import turbine_aot
+
+    case = _build_case(model)
+    turbine_aot.externalize_module_parameters(case.module)
+    with _PeakRss() as rss:
+        t0 = time.perf_counter()
+        eo = turbine_aot.export(case.module, args=case.args)
+        export_s = time.perf_counter() - t0
+        text_bytes = len(str(eo.mlir_module))
+    return {
+        "model": case.name,
+        "export_only": True,
+        "params": sum(p.numel() for p in case.module.parameters()),
+        "dtype": "bfloat16",
+        "export_s": export_s,
+        "export_peak_rss_mb": rss.peak,
+        "export_rss_delta_mb": rss.peak - rss.base,
+        "mlir_bytes": text_bytes,
+    }
 
 
 def run_child(args: argparse.Namespace) -> dict:
@@ -284,6 +311,8 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
     head = ["model", "thr", *[f"{v} ms (×eager)" for v in variants], "eager ms", "AOTI ms"]
     head += ["best turbine/AOTI", "max err"]
     rows = [head]
+    export_only = [r for r in results if r.get("export_only")]
+    results = [r for r in results if not r.get("export_only")]
     for r in results:
         if "error" in r:
             rows.append([r.get("model", "?"), "", f"ERROR: {r['error'][:80]}"])
@@ -338,6 +367,13 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
                 extra.append(f"{v} failed: {row['error'][:160]}")
         extra.append(f"load {r['loadavg_1m']:.1f}, {r['rounds']} rounds")
         print(f"  {r['model']}: " + "; ".join(extra), file=file)
+    for r in export_only:
+        print(
+            f"  {r['model']} ({r['params'] / 1e9:.2f}e9 {r['dtype']} params, meta device, "
+            f"externalized): export {r['export_s']:.1f}s, peak RSS {r['export_peak_rss_mb']:.0f}MiB "
+            f"(+{r['export_rss_delta_mb']:.0f}), MLIR {r['mlir_bytes'] / 2**20:.1f}MiB",
+            file=file,
+        )
 
 
 def _child_cmd(model: str, args: argparse.Namespace, out: str) -> list[str]:
@@ -356,7 +392,11 @@ def _child_cmd(model: str, args: argparse.Namespace, out: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(ALL_MODELS), help="comma list of models")
+    p.add_argument(
+        "--models",
+        default=",".join(ALL_MODELS),
+        help=f"comma list of {', '.join(ALL_MODELS + EXPORT_ONLY_MODELS)}",
+    )
     p.add_argument("--variants", default=None, help=f"comma list of {', '.join(ALL_VARIANTS)}")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int, default=0, help="0: all cores; 1: local-sync + 1 thread")
@@ -371,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.variants = args.variants.split(",") if args.variants else None
     if args.child:
-        res = run_child(args)
+        res = run_export_only(args.child) if args.child in EXPORT_ONLY_MODELS else run_child(args)
         Path(args.child_json).write_text(json.dumps(res, indent=1))
         return 0
 
