@@ -20,7 +20,6 @@ program's state to the shared tensors.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -468,6 +467,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-_ = dataclasses  # kept for readers: descriptors are plain JSON dicts

@@ -31,8 +31,6 @@ from turbine_ir.ir import (
     Attribute,
     DictAttr,
     FlatSymbolRefAttr,
-    InsertionPoint,
-    Location,
     Operation,
     StringAttr,
     UnitAttr,
@@ -579,7 +577,3 @@ def _set_arg_affinities(func_op: Operation, arg_device: Mapping[int, Any], conte
     count = len(ftype.inputs)
     dicts = attributes_from_argument_device_affinities(dict(arg_device), count, context)
     func_op.arg_attrs = ArrayAttr.get([DictAttr.get(d) for d in dicts])
-
-
-# Keep names referenced for type checkers / readers.
-_ = (InsertionPoint, Location)

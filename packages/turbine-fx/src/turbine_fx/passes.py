@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.fx import GraphModule
 
 __all__ = ["functorch_functionalize"]
@@ -42,6 +41,3 @@ def functorch_functionalize(gm_callable: Any, *args) -> GraphModule:
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
-
-
-_ = torch
