@@ -448,7 +448,12 @@ def _deserialize_graph(
     from torch._export.serde.serialize import SerializedArtifact, deserialize
 
     # Passing already-built dicts means torch's deserializer never unpickles anything.
-    artifact = SerializedArtifact(graph_bytes, dict(state_dict), dict(constants), ((), {}))
+    artifact = SerializedArtifact(
+        graph_bytes,
+        dict(state_dict),  # type: ignore[arg-type]
+        dict(constants),  # type: ignore[arg-type]
+        ((), {}),  # type: ignore[arg-type]
+    )
     try:
         return deserialize(artifact)
     except Exception as e:

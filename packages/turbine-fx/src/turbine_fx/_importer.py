@@ -151,7 +151,7 @@ def import_exported_program(
         func_name = module_builder.unique_auto_symbol(symbol_name)
         try:
             func_op = importer.import_program(
-                prepared,  # type: ignore[arg-type]  (duck-typed ExportedProgram)
+                prepared,  # type: ignore[arg-type]  # a duck-typed ExportedProgram
                 func_name=func_name,
                 func_visibility=symbol_visibility,
                 import_symbolic_shape_expressions=import_symbolic_shape_expressions,

@@ -227,7 +227,7 @@ def _decompose_nodes_locally(
             for user in list(node.users):
                 if user.target is not operator.getitem:
                     raise _LocalDecompositionUnsupported(f"{node.name}: tuple result used whole")
-                replacement = result[user.args[1]]
+                replacement = result[int(user.args[1])]  # type: ignore[arg-type]
                 if user.name in output_names:
                     renames[user.name] = replacement.name
                 user.replace_all_uses_with(replacement)
