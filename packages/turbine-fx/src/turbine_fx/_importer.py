@@ -26,8 +26,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from turbine_ir import GlobalAttributes, ModuleBuilder, attributes_from_argument_device_affinities
+from turbine_ir import ir as _ir
 from turbine_ir.ir import (
-    ArrayAttr,
     Attribute,
     DictAttr,
     FlatSymbolRefAttr,
@@ -576,4 +576,5 @@ def _set_arg_affinities(func_op: Operation, arg_device: Mapping[int, Any], conte
     ftype = func_op.type
     count = len(ftype.inputs)
     dicts = attributes_from_argument_device_affinities(dict(arg_device), count, context)
-    func_op.arg_attrs = ArrayAttr.get([DictAttr.get(d) for d in dicts])
+    array_attr = getattr(_ir, "ArrayAttr")  # noqa: B009  (mypy: only via `import *`)
+    func_op.arg_attrs = array_attr.get([DictAttr.get(d) for d in dicts])
