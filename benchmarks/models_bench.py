@@ -403,6 +403,39 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
         )
 
 
+def markdown_table(results: list[dict], *, cpu: bool = False) -> str:
+    """A markdown table of the results: ms per call (× eager) per variant, eager, AOTI.
+
+    ``cpu=True`` uses CPU time per call instead of wall time.
+    """
+    key = "cpu_ms" if cpu else "ms"
+    ekey = "eager_cpu_ms" if cpu else "eager_ms"
+    variants = [v for v in ALL_VARIANTS if any(v in r.get("variants", {}) for r in results)]
+    head = ["model", *variants, "eager", "AOTI", "turbine ×AOTI", "max abs err"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        if r.get("export_only") or "error" in r:
+            continue
+        eager = r.get(ekey)
+        a = r.get("aoti", {})
+        aoti = a.get(key)
+        cells = [r["model"]]
+        for v in variants:
+            row = r["variants"].get(v)
+            if row is None:
+                cells.append("")
+            elif "error" in row:
+                cells.append("compile failed")
+            else:
+                cells.append(f"{_fmt_ms(row.get(key))} ({_ratio(row.get(key), eager)})")
+        best = r["variants"].get("turbine", {})
+        errs = [row["max_abs_err"] for row in r["variants"].values() if "max_abs_err" in row]
+        cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(best.get(key), aoti)]
+        cells.append(f"{max(errs):.1e}" if errs else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _child_cmd(model: str, args: argparse.Namespace, out: str) -> list[str]:
     cmd = [sys.executable, str(Path(__file__)), "--child", model, "--child-json", out]
     cmd += ["--calls", str(args.calls), "--budget-s", str(args.budget_s), "--device", args.device]
@@ -432,11 +465,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-aoti", dest="aoti", action="store_false", help="skip AOTInductor")
     p.add_argument("--timeout-s", type=float, default=420.0, help="per-model child timeout")
     p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--report", default=None, help="print the tables of a --json file and exit")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     p.add_argument("--models-explicit", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.variants = args.variants.split(",") if args.variants else None
+    if args.report:
+        results = json.loads(Path(args.report).read_text())["results"]
+        print_table(results)
+        print("\nwall time per call:\n" + markdown_table(results))
+        print("\nCPU time per call:\n" + markdown_table(results, cpu=True))
+        return 0
     if args.child:
         res = run_export_only(args.child) if args.child in EXPORT_ONLY_MODELS else run_child(args)
         Path(args.child_json).write_text(json.dumps(res, indent=1))
