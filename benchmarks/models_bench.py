@@ -411,7 +411,7 @@ def markdown_table(results: list[dict], *, cpu: bool = False) -> str:
     key = "cpu_ms" if cpu else "ms"
     ekey = "eager_cpu_ms" if cpu else "eager_ms"
     variants = [v for v in ALL_VARIANTS if any(v in r.get("variants", {}) for r in results)]
-    head = ["model", *variants, "eager", "AOTI", "turbine ×AOTI", "max abs err"]
+    head = ["model", *variants, "eager", "AOTI", "turbine ×AOTI", "proposed ×AOTI", "max abs err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if r.get("export_only") or "error" in r:
@@ -430,7 +430,9 @@ def markdown_table(results: list[dict], *, cpu: bool = False) -> str:
                 cells.append(f"{_fmt_ms(row.get(key))} ({_ratio(row.get(key), eager)})")
         best = r["variants"].get("turbine", {})
         errs = [row["max_abs_err"] for row in r["variants"].values() if "max_abs_err" in row]
+        prop = r["variants"].get("turbine-proposed", {})
         cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(best.get(key), aoti)]
+        cells.append(_ratio(prop.get(key), aoti) if prop else "")
         cells.append(f"{max(errs):.1e}" if errs else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
