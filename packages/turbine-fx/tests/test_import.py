@@ -469,3 +469,18 @@ def test_verify_lowering_names_the_op_and_source_line(tmp_path, monkeypatch):
     assert (Path(e.dump_dir) / "diagnostics.txt").exists()
     b2, _ = _import(MLP(), (torch.randn(2, 8),))
     verify_lowering(b2.mb)  # a supported program passes
+
+
+class Branchy(nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,))  # the cond line
+
+
+def test_unsupported_higher_order_op_names_the_node(tmp_path, monkeypatch):
+    monkeypatch.setenv("TURBINE_DUMP_DIR", str(tmp_path))
+    ep = torch.export.export(Branchy(), (torch.randn(3),))
+    b = Built()
+    with b, pytest.raises(UnsupportedOpError, match="cannot import FX node 'cond'") as info:
+        import_exported_program(b.mb, ep)
+    assert "the cond line" in str(info.value)
+    assert "func.func @main" not in b.asm()

@@ -315,7 +315,10 @@ def _source_line(node: torch.fx.Node) -> str | None:
     frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
     if not frames:
         return None
-    path, line, fn, code = frames[-1]
+    # The innermost frame of the user's own code: not generated (<eval_with_key>), not torch.
+    torch_dir = str(Path(torch.__file__).resolve().parent)
+    user = [f for f in frames if not f[0].startswith("<") and not f[0].startswith(torch_dir)]
+    path, line, fn, code = (user or frames)[-1]
     return f"{path}:{line} in {fn}: {code.strip()}" if code.strip() else f"{path}:{line} in {fn}"
 
 
@@ -423,9 +426,28 @@ class _NodeImporter(_fxi.GraphNodeImporter):
         try:
             return super()._import_torch_op_overload(loc, node, concrete_target)
         except Exception as e:
-            if getattr(e, "_turbine_fx_node", None) is None:
-                e._turbine_fx_node = node  # type: ignore[attr-defined]
+            _tag(e, node)
             raise
+
+    def _import_hop(self, loc, node, hop):
+        try:
+            return super()._import_hop(loc, node, hop)
+        except Exception as e:
+            _tag(e, node)
+            raise
+
+    def _import_symbolic_torch_op(self, loc, node, target):
+        try:
+            return super()._import_symbolic_torch_op(loc, node, target)
+        except Exception as e:
+            _tag(e, node)
+            raise
+
+
+def _tag(e: Exception, node: torch.fx.Node) -> None:
+    """Remembers the innermost FX node an import error came from."""
+    if getattr(e, "_turbine_fx_node", None) is None:
+        e._turbine_fx_node = node  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------------------------
