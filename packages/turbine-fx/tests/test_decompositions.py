@@ -134,3 +134,28 @@ def test_node_names_that_shadow_builtins_are_kept():
     ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.randn(1, 2),))
     prepared = prepare_program(ep, current_aot_decompositions())
     assert [n.name for n in prepared.graph.nodes] == [n.name for n in ep.graph.nodes]
+
+
+def test_repeated_signatures_are_traced_once(monkeypatch):
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+
+    calls = []
+    real_make_fx = proxy_tensor.make_fx
+
+    def counting_make_fx(*args, **kwargs):
+        calls.append(1)
+        return real_make_fx(*args, **kwargs)
+
+    class Layers(torch.nn.Module):
+        def forward(self, x):
+            for _ in range(4):
+                x = x + torch.logsumexp(x, -1, keepdim=True)
+            return x
+
+    ep = torch.export.export(Layers(), (torch.randn(3, 4),))
+    monkeypatch.setattr(proxy_tensor, "make_fx", counting_make_fx)
+    prepared = prepare_program(ep, current_aot_decompositions())
+    assert prepared.strategy == "local" and prepared.decomposed_nodes == 4
+    assert len(calls) == 1
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(prepared.graph_module(x)[0], Layers()(x))

@@ -176,6 +176,7 @@ def _decompose_nodes_locally(
     output_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     output_names = {a.name for a in pytree.tree_leaves(output_node.args) if isinstance(a, fx.Node)}
     renames: dict[str, str] = {}
+    traced: dict[Any, fx.GraphModule] = {}
 
     for node in targets:
         flat_args, spec = pytree.tree_flatten((node.args, node.kwargs))
@@ -196,8 +197,13 @@ def _decompose_nodes_locally(
             args, kwargs = pytree.tree_unflatten(flat, _spec)
             return _target(*args, **kwargs)
 
-        with fake_mode:
-            sub = make_fx(run, decomposition_table=table)(*fake_inputs)
+        # Layers of a model repeat the same op on the same shapes: trace each signature once.
+        key = _signature_key(target, spec, flat_args)
+        sub = traced.get(key)
+        if sub is None:
+            with fake_mode:
+                sub = make_fx(run, decomposition_table=table)(*fake_inputs)
+            traced[key] = sub
 
         env: dict[fx.Node, Any] = {}
         lookup = env.__getitem__
@@ -238,6 +244,22 @@ def _decompose_nodes_locally(
             node.replace_all_uses_with(result)
         graph.erase_node(node)
     return renames
+
+
+def _signature_key(target: Any, spec: Any, flat_args: list[Any]) -> Any:
+    """What a decomposition's trace depends on: the op, constants, and inputs' metadata."""
+    parts: list[Any] = [target, str(spec)]
+    for a in flat_args:
+        if isinstance(a, fx.Node):
+            v = a.meta.get("val")
+            parts.append(
+                ("T", str(tuple(v.shape)), v.dtype, str(tuple(v.stride())), str(v.device))
+                if isinstance(v, torch.Tensor)
+                else ("N", repr(v))
+            )
+        else:
+            parts.append(("C", repr(a)))
+    return tuple(parts)
 
 
 def _rename_outputs(sig: ExportGraphSignature, renames: dict[str, str]) -> ExportGraphSignature:
