@@ -77,11 +77,23 @@ def _args():
     return (torch.randn(3, 4), torch.randn(2, 3, 4, 4))
 
 
-def test_program_without_table_ops_is_not_retraced():
+def test_program_without_table_ops_is_not_retraced_or_copied():
     ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
     prepared = prepare_program(ep, current_aot_decompositions())
     assert prepared.strategy == "as-is"
-    assert prepared.graph is not ep.graph  # the user's graph is never touched
+    # Nothing to change and nothing the importer rewrites: the graph is read in place.
+    assert prepared.graph is ep.graph
+
+
+def test_graph_the_importer_rewrites_is_copied():
+    class Lifted(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.tensor([1.0, 2.0])  # lift_fresh_copy, canonicalized on import
+
+    ep = torch.export.export(Lifted(), (torch.randn(2),))
+    assert any(n.target == torch.ops.aten.lift_fresh_copy.default for n in ep.graph.nodes)
+    prepared = prepare_program(ep, current_aot_decompositions())
+    assert prepared.graph is not ep.graph
 
 
 def test_only_needed_nodes_are_decomposed_locally():

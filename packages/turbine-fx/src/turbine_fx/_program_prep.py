@@ -70,6 +70,26 @@ def _call_function_nodes(gm: fx.GraphModule):
             yield from _call_function_nodes(child)
 
 
+def _importer_rewrites(gm: fx.GraphModule) -> bool:
+    """Whether ``FxImporter`` would rewrite nodes of this graph in place while importing it.
+
+    It canonicalizes a few ops (``NODE_CANONICALIZE``: ``lift_fresh_copy`` → ``clone``, ...) and
+    rewrites ``as_strided`` and int/float symbolic arithmetic; a graph without them is only read.
+    """
+    from iree.compiler.extras.fx_importer import NODE_CANONICALIZE
+
+    rewritten = set(NODE_CANONICALIZE) | {torch.ops.aten.as_strided.default}
+    for n in _call_function_nodes(gm):
+        if n.target in rewritten:
+            return True
+        if not isinstance(n.target, torch._ops.OpOverload) and n.target is not operator.getitem:
+            # Python arithmetic on symbols mixing int and float gets its args rewritten.
+            vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in n.args]
+            if any(isinstance(v, (float, torch.SymFloat)) for v in vals):
+                return True
+    return False
+
+
 def _is_mutating(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     return bool(schema is not None and schema.is_mutable)
@@ -129,18 +149,28 @@ def prepare_program(
         logger.debug("program mutates state in place: functionalizing with run_decompositions")
         return _from_program(program.run_decompositions(dict(table)), "retraced")
 
-    prepared = _from_program(program, "as-is")
-    if not table:
-        return prepared
-    targets = [n for n in prepared.graph.nodes if n.op == "call_function" and n.target in table]
+    targets = [n for n in program.graph.nodes if n.op == "call_function" and n.target in table]
     nested = any(
         n.target in table
-        for child in prepared.graph_module.children()
+        for child in program.graph_module.children()
         if isinstance(child, fx.GraphModule)
         for n in child.graph.nodes
     )
     if not targets and not nested:
-        return prepared
+        if not _importer_rewrites(program.graph_module):
+            # Nothing to change, and the FX importer will not rewrite any node: import the
+            # program's own graph (copying a large graph costs as much as importing it).
+            return PreparedProgram(
+                graph_module=program.graph_module,
+                graph_signature=program.graph_signature,
+                state_dict=program.state_dict,
+                constants=program.constants,
+                range_constraints=program.range_constraints,
+                original=program,
+            )
+        return _from_program(program, "as-is")
+    prepared = _from_program(program, "as-is")
+    targets = [n for n in prepared.graph.nodes if n.op == "call_function" and n.target in table]
     if nested:
         return _from_program(program.run_decompositions(dict(table)), "retraced")
     try:
@@ -150,7 +180,6 @@ def prepare_program(
         return _from_program(program.run_decompositions(dict(table)), "retraced")
     if renames:
         prepared.graph_signature = _rename_outputs(prepared.graph_signature, renames)
-    prepared.graph.lint()
     prepared.graph_module.recompile()
     prepared.strategy = "local"
     prepared.decomposed_nodes = len(targets)
