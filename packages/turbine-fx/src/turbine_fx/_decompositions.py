@@ -20,6 +20,7 @@ import torch
 from torch._decomp import get_decompositions
 
 from ._errors import DecompositionError
+from ._turbine_decompositions import TURBINE_DECOMPOSITIONS
 
 __all__ = [
     "DEFAULT_DECOMPOSITION_OPS",
@@ -83,6 +84,9 @@ def _has_composite_implicit_kernel(op: Any) -> bool:
 def resolve_decomposition_ops(ops: Sequence[Any]) -> dict[Any, Callable]:
     """Builds a decomposition table for ``ops`` from torch's registered decompositions.
 
+    turbine's own decompositions (``TURBINE_DECOMPOSITIONS``: SDPA as matmul + softmax, N-d
+    ``linear`` as 2-d ``mm``, measured faster on IREE's CPU backend) take precedence.
+
     Args:
         ops: ``OpOverload`` or ``OpOverloadPacket`` objects (``torch.ops.aten.gelu``).
 
@@ -100,6 +104,9 @@ def resolve_decomposition_ops(ops: Sequence[Any]) -> dict[Any, Callable]:
                 f"(e.g. torch.ops.aten.gelu or torch.ops.aten.gelu.default)"
             )
         found = get_decompositions([op])
+        for overload in _overloads(op):
+            if overload in TURBINE_DECOMPOSITIONS:
+                found[overload] = TURBINE_DECOMPOSITIONS[overload]
         for overload in _overloads(op):
             if overload not in found and _has_composite_implicit_kernel(overload):
                 # CompositeImplicitAutograd ops decompose through their own kernel.

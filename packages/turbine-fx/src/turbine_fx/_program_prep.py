@@ -224,7 +224,12 @@ def _decompose_nodes_locally(
             for p, t in zip(_pos, tensors):
                 flat[p] = t
             args, kwargs = pytree.tree_unflatten(flat, _spec)
-            return _target(*args, **kwargs)
+            # Call the decomposition itself: a CompositeImplicitAutograd op (SDPA, linear) would
+            # otherwise decompose through its own kernel before make_fx consults the table.
+            result = table[_target](*args, **kwargs)
+            if result is NotImplemented:
+                raise _LocalDecompositionUnsupported(f"{_target}: decomposition declined")
+            return result
 
         # Layers of a model repeat the same op on the same shapes: trace each signature once.
         key = _signature_key(target, spec, flat_args)
