@@ -55,6 +55,9 @@ def test_llvm_cpu_defaults_are_tuned_for_the_host():
 def test_portable_build_is_one_flag_away():
     flags = default_compile_flags(host=False)
     assert GENERIC in flags and HOST not in flags
+    # No data tiling/ukernels by default in the portable build (IREE 3.13 fails on attention).
+    assert DATA_TILING not in flags and UKERNELS not in flags
+    assert DATA_TILING in default_compile_flags(host=False, fast_matmul=True)
     plain = default_compile_flags(host=False, fast_matmul=False, channels_last_conv=False)
     assert plain == [
         "--iree-hal-target-device=local",

@@ -193,7 +193,7 @@ def default_compile_flags(
     target: str = "llvm-cpu",
     *,
     host: bool = True,
-    fast_matmul: bool = True,
+    fast_matmul: bool | None = None,
     channels_last_conv: bool = True,
     opt_level: str | None = None,
     overrides: Sequence[str] = (),
@@ -214,7 +214,9 @@ def default_compile_flags(
             ``False`` gives a portable build (``generic`` CPU) that runs on any CPU of the same
             architecture.
         fast_matmul: for CPU targets, data tiling and ukernels (mmt4d) for matmuls (and, with
-            ``channels_last_conv``, convolutions).
+            ``channels_last_conv``, convolutions). ``None`` (default): on for ``host=True``, off
+            for the portable build, where IREE 3.13 fails to compile a GPT-shaped attention with
+            them ("operations with large vector sizes").
         channels_last_conv: for CPU targets, convert NCHW convolutions to NHWC before global
             optimization (and data-tile them when ``fast_matmul``).
         opt_level: ``"O0"``..``"O3"`` for ``--iree-opt-level``; ``None`` keeps IREE's default.
@@ -241,6 +243,8 @@ def default_compile_flags(
         )
     flags = list(t.device_flags)
     cpu = t.local_backend == "llvm-cpu"
+    if fast_matmul is None:
+        fast_matmul = host
     if cpu:
         flags += _CPU_HOST_FLAGS if host else _CPU_GENERIC_FLAGS
         if fast_matmul:
