@@ -265,3 +265,38 @@ def test_random_dynamic_slices_and_updates_match_eager(harness, iree_device):
         expected[region] = update
         assert_close(_host(m.update3(x.numpy(), update.numpy(), *off)), expected)
         assert_close(_host(m.merge_inner(x.numpy())), x.reshape(shape[0], -1))
+
+
+def test_storing_one_mutable_global_into_another(harness, iree_device):
+    """``b <- a; a <- x`` must leave the old ``a`` in ``b`` (IREE 3.13 aliased them)."""
+    a = harness.track(export_global(torch.ones(2), name="a", mutable=True), "g")
+    b = harness.track(export_global(torch.zeros(2), name="b", mutable=True), "g")
+
+    @harness.proc("shift", (AbstractTensor(2),))
+    def _(x):
+        trace = current_ir_trace()
+        old = IREE.tensor_reshape(a, 2)
+        trace.handle_assignment(None, b, old)
+        trace.handle_assignment(None, a, x)
+
+    @harness.proc("swap")
+    def _():
+        trace = current_ir_trace()
+        old_a = IREE.tensor_reshape(a, 2)
+        trace.handle_assignment(None, a, b)
+        trace.handle_assignment(None, b, old_a)
+
+    @harness.proc("get")
+    def _():
+        return a, b
+
+    m = harness.load(iree_device)
+    x = torch.tensor([3.0, 4.0])
+    m.shift(x.numpy())
+    got_a, got_b = m.get()
+    assert_close(_host(got_a), x)
+    assert_close(_host(got_b), torch.ones(2))
+    m.swap()
+    got_a, got_b = m.get()
+    assert_close(_host(got_a), torch.ones(2))
+    assert_close(_host(got_b), x)

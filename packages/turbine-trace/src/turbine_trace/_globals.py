@@ -17,6 +17,7 @@ from turbine_ir import GlobalAttributes
 from turbine_ir.dialects import tensor, util
 from turbine_ir.ir import (
     F64Type,
+    FlatSymbolRefAttr,
     FloatAttr,
     IntegerAttr,
     IntegerType,
@@ -572,10 +573,52 @@ class IrGlobalTensor(IrTensor, MaterializedGlobal):
         value = _single(self, proc_trace, ir_values)
         if value.type != self.global_type:
             value = _cast_tensor_for_global(self, proc_trace, value)
+        if _may_alias_other_global(value, self.symbol_name):
+            # IREE 3.13 miscompiles storing another mutable global's loaded value (or a view
+            # of it, or a call result that may be one): the two globals end up aliased, so a
+            # later store to the source shows through. A barrier forces a real value.
+            value = util.OptimizationBarrierOp([value.type], [value]).results[0]
         util.GlobalStoreOp(value, self.symbol_name)
 
     def __repr__(self) -> str:
         return f"IrGlobalTensor(@{self.symbol_name} : {self.global_type})"
+
+
+# Ops whose tensor result is a view (or plain copy) of their first operand.
+_VIEW_LIKE_OPS = frozenset(
+    {
+        "tensor.cast",
+        "tensor.reshape",
+        "tensor.expand_shape",
+        "tensor.collapse_shape",
+        "tensor.bitcast",
+        "flow.tensor.reshape",
+        "flow.tensor.bitcast",
+        "torch_c.to_builtin_tensor",
+        "torch_c.from_builtin_tensor",
+    }
+)
+
+
+def _may_alias_other_global(value: Value, symbol_name: str) -> bool:
+    """Whether ``value`` may be the contents of a global other than ``symbol_name``.
+
+    Follows view-like ops back to a ``util.global.load`` of another global; a ``func.call``
+    result is assumed to possibly be one (the callee may return a loaded global).
+    """
+    while True:
+        owner = value.owner
+        op = getattr(owner, "operation", None)
+        if op is None:  # a block argument
+            return False
+        name = op.name
+        if name == "util.global.load":
+            return FlatSymbolRefAttr(op.attributes["global"]).value != symbol_name
+        if name == "func.call":
+            return True
+        if name not in _VIEW_LIKE_OPS or not op.operands:
+            return False
+        value = op.operands[0]
 
 
 def _cast_tensor_for_global(g: IrGlobalTensor, trace: IrTrace, value: Value) -> Value:
