@@ -174,3 +174,27 @@ def test_not_a_tensor():
 def test_sparse_layout_rejected(ctx):
     with pytest.raises(UnsupportedDtypeError, match=r"to_dense"):
         tensor_to_dense_attr(torch.eye(3).to_sparse())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.complex128, torch.int8])
+def test_small_resources_in_bytecode_readable_by_iree_tools(tmp_path, dtype):
+    """iree-opt reads small .mlirbc files into 16-byte-aligned buffers: the alignment a resource
+    declares must not exceed that (64 made these files unreadable)."""
+    import subprocess
+
+    from iree.compiler.tools import binaries
+
+    from turbine_ir import GlobalAttributes, ModuleBuilder, ir
+
+    t = torch.ones(3, dtype=dtype)
+    with ir.Context(), ir.Location.unknown():
+        mb = ModuleBuilder(ir.Module.create().operation)
+        mb.create_tensor_global("__auto.w", t, attrs=GlobalAttributes())
+        path = tmp_path / "m.mlirbc"
+        with open(path, "wb") as f:
+            mb.module_op.write_bytecode(f)
+    proc = subprocess.run(
+        [binaries.find_tool("iree-opt"), str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "util.global private @__auto.w" in proc.stdout

@@ -131,8 +131,13 @@ def tensor_to_dense_resource_attr(
         shape = "x".join(str(d) for d in t.shape) or "scalar"
         name = f"torch_tensor_{shape}_{str(t.dtype).removeprefix('torch.')}"
     buf = _copy_out(t)
+    # The buffer itself is RESOURCE_ALIGNMENT-aligned, but the alignment *declared* on the
+    # resource is the element size: the bytecode writer records it, and a reader then demands
+    # that the whole bytecode buffer be that aligned. iree-compile/iree-opt read small .mlirbc
+    # files into 16-byte-aligned heap buffers, so declaring 64 made those files unreadable.
+    declared = min(16, max(1, t.element_size()))
     return ir.DenseResourceElementsAttr.get_from_buffer(
-        buf.view, name, ttype, alignment=RESOURCE_ALIGNMENT, context=ttype.context
+        buf.view, name, ttype, alignment=declared, context=ttype.context
     )
 
 
