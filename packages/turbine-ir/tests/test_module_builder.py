@@ -38,7 +38,7 @@ def test_inline_global(mb, check_ir):
         str(mb.module_op),
         r"^  util\.global private @__auto\.w = dense_resource<torch_tensor_2x3_int16> : "
         r"tensor<2x3xi16>$",
-        r"torch_tensor_2x3_int16: \"0x40000000(0000){6}\"",
+        r"torch_tensor_2x3_int16: \"0x02000000(0000){6}\"",  # int16: declared alignment 2
     )
 
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from turbine_ir import (
-    RESOURCE_ALIGNMENT,
     GlobalAttributes,
     ModuleBuilder,
     UnsupportedDtypeError,
@@ -17,6 +16,7 @@ from turbine_ir import (
     tensor_to_dense_attr,
     tensor_to_dense_resource_attr,
 )
+from turbine_ir._resources import declared_resource_alignment
 from turbine_ir.dialects import util
 
 
@@ -81,7 +81,9 @@ def test_dense_resource_round_trip(dtype, resource_blobs):
     assert list(blobs["blob"]) == expected
     # The printed alignment header is ours.
     header = text2.split('"0x', 1)[1][:8]
-    assert int.from_bytes(bytes.fromhex(header), "little") == RESOURCE_ALIGNMENT
+    assert int.from_bytes(bytes.fromhex(header), "little") == declared_resource_alignment(
+        t.element_size()
+    )
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")

@@ -53,37 +53,6 @@ inline_constant_limit = 1024
 _fx_importer = _fxi
 
 
-def _stub_missing_dialect_modules() -> None:
-    """Registers empty Python modules for the ``torch``/``torch_c`` MLIR dialects.
-
-    MLIR's Python bindings look up a dialect's Python module every time an op of that dialect is
-    created and cache only a successful lookup. iree-base-compiler ships no Python module for the
-    torch dialects, so each ``Operation.create("torch....")`` re-ran a failing import: about half
-    of the import time of a large program. An empty module (never replacing a real one) makes the
-    lookup succeed once and be cached. Only the module *name* is touched here; no MLIR Python
-    module is imported (layering: that is turbine_ir's).
-    """
-    import importlib.util
-    import sys
-    import types
-
-    for namespace in ("torch", "torch_c"):
-        name = "iree.compiler." + "dialects." + namespace
-        if name in sys.modules:
-            continue
-        try:
-            if importlib.util.find_spec(name) is not None:
-                continue
-        except (ImportError, ValueError):
-            continue
-        sys.modules[name] = types.ModuleType(
-            name, f"turbine_fx placeholder: iree-base-compiler has no Python module for {namespace}"
-        )
-
-
-_stub_missing_dialect_modules()
-
-
 def import_exported_program(
     module_builder: ModuleBuilder,
     program: ExportedProgram,

@@ -288,6 +288,9 @@ class ModuleBuilder:
         self.module_op: ir.Operation = module_op
         self.options = options or ModuleBuilderOptions()
         self.context: ir.Context = module_op.context
+        # A compiler Session's context has IREE's dialects registered but not loaded; creating
+        # util/flow ops in it then crashes the bindings. Loading is idempotent and cheap.
+        self.context.load_all_available_dialects()
         self.body: ir.Block = module_op.regions[0].blocks[0]
         self.symbol_table = ir.SymbolTable(module_op)
         self.ip = ir.InsertionPoint(self.body)

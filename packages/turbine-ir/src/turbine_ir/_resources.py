@@ -135,10 +135,18 @@ def tensor_to_dense_resource_attr(
     # resource is the element size: the bytecode writer records it, and a reader then demands
     # that the whole bytecode buffer be that aligned. iree-compile/iree-opt read small .mlirbc
     # files into 16-byte-aligned heap buffers, so declaring 64 made those files unreadable.
-    declared = min(16, max(1, t.element_size()))
     return ir.DenseResourceElementsAttr.get_from_buffer(
-        buf.view, name, ttype, alignment=declared, context=ttype.context
+        buf.view,
+        name,
+        ttype,
+        alignment=declared_resource_alignment(t.element_size()),
+        context=ttype.context,
     )
+
+
+def declared_resource_alignment(element_size: int) -> int:
+    """The alignment a dense resource of ``element_size``-byte elements declares (1..16)."""
+    return min(16, max(1, element_size))
 
 
 def _emulated_float_formats() -> dict[torch.dtype, str]:
