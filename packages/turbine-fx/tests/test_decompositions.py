@@ -23,8 +23,21 @@ def test_default_table_holds_ops_iree_cannot_lower():
     assert aten._native_batch_norm_legit_no_training.default in table
     assert aten.logsumexp.default in table
     # Ops IREE lowers directly stay undecomposed: that keeps import fast.
-    assert aten.linear.default not in table
-    assert aten.scaled_dot_product_attention.default not in table
+    assert aten.gelu.default not in table
+    assert aten.layer_norm.default not in table
+
+
+def test_default_table_uses_turbine_forms_for_attention_and_linear():
+    """SDPA and linear are decomposed by default for CPU speed, with turbine's own forms."""
+    from turbine_fx._turbine_decompositions import linear_as_2d, sdpa_as_matmul_softmax
+
+    table = current_aot_decompositions()
+    assert table[aten.scaled_dot_product_attention.default] is sdpa_as_matmul_softmax
+    assert table[aten.linear.default] is linear_as_2d
+    with extend_aot_decompositions(remove_ops=[aten.scaled_dot_product_attention, aten.linear]):
+        kept = current_aot_decompositions()
+        assert aten.scaled_dot_product_attention.default not in kept
+        assert aten.linear.default not in kept
 
 
 def test_extend_nests_and_restores():
@@ -77,8 +90,17 @@ def _args():
     return (torch.randn(3, 4), torch.randn(2, 3, 4, 4))
 
 
+class _MatMul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w)
+
+
 def test_program_without_table_ops_is_not_retraced_or_copied():
-    ep = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    ep = torch.export.export(_MatMul(), (torch.randn(2, 4),))
     prepared = prepare_program(ep, current_aot_decompositions())
     assert prepared.strategy == "as-is"
     # Nothing to change and nothing the importer rewrites: the graph is read in place.
@@ -143,9 +165,14 @@ def test_mutating_program_is_functionalized():
 
 def test_node_names_that_shadow_builtins_are_kept():
     # nn.Sequential names its input "input"; FX renames such nodes when copying a graph.
+    # (Linear is in the default table, so this graph is copied for its local decomposition.)
     ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.randn(1, 2),))
     prepared = prepare_program(ep, current_aot_decompositions())
-    assert [n.name for n in prepared.graph.nodes] == [n.name for n in ep.graph.nodes]
+    names = [n.name for n in prepared.graph.nodes]
+    assert "input" in names
+    assert [n.name for n in ep.graph.nodes if n.op == "placeholder"] == [
+        n.name for n in prepared.graph.nodes if n.op == "placeholder"
+    ]
 
 
 def test_repeated_signatures_are_traced_once(monkeypatch):

@@ -486,16 +486,12 @@ def test_unsupported_higher_order_op_names_the_node(tmp_path, monkeypatch):
     assert "func.func @main" not in b.asm()
 
 
-def test_opt_in_cpu_decompositions_of_attention_and_linear(iree_device):
-    """SDPA -> matmul/softmax and N-d linear -> 2-d mm (turbine's own decompositions)."""
-    from turbine_fx import extend_aot_decompositions
-
+def test_default_cpu_decompositions_of_attention_and_linear(iree_device):
+    """SDPA -> matmul/softmax and N-d linear -> 2-d mm (turbine's own, default decompositions)."""
     torch.manual_seed(0)
     m = TinyAttention()
-    aten = torch.ops.aten
     batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=64)
-    with extend_aot_decompositions(add_ops=[aten.scaled_dot_product_attention, aten.linear]):
-        b, _ = _import(m, (torch.randn(2, 5, 16),), dynamic_shapes={"x": {0: batch, 1: seq}})
+    b, _ = _import(m, (torch.randn(2, 5, 16),), dynamic_shapes={"x": {0: batch, 1: seq}})
     asm = b.asm()
     assert "scaled_dot_product_attention" not in asm and "torch.aten.linear" not in asm
     assert "torch.aten.softmax" in asm or "torch.aten._softmax" in asm

@@ -47,6 +47,13 @@ DEFAULT_DECOMPOSITION_OPS: tuple[Any, ...] = (
     # Not registered in IREE's torch dialect (imported as torch.operator); several
     # decompositions (logsumexp, ...) produce it.
     _aten.squeeze.dims,
+    # Performance, not correctness (turbine's own forms, _turbine_decompositions.py): IREE
+    # 3.13's attention op is ~50x slower than eager on CPU, and N-d linear compiles to batched
+    # matmuls; as matmul + softmax and 2-d mm, a GPT-2-shaped model goes from 2.4x eager CPU
+    # time to ~1.0x (docs/performance.md). Targets that want iree_linalg_ext.attention opt
+    # out with extend_aot_decompositions(remove_ops=[aten.scaled_dot_product_attention]).
+    _aten.scaled_dot_product_attention.default,
+    _aten.linear.default,
 )
 
 _DEFAULT_TABLE: dict[Any, Callable] | None = None

@@ -1,14 +1,15 @@
-"""turbine's own decompositions, used when a user asks to decompose these ops.
+"""turbine's own decompositions, preferred over torch's registry for these ops.
 
 torch registers no decomposition for ``scaled_dot_product_attention`` that IREE compiles well,
 and none for ``linear``. These forms were measured by the performance work
 (``benchmarks/NOTES-decompositions.md``, from ``benchmarks/_decomp_proposals.py``) on IREE 3.13's
 llvm-cpu backend: SDPA as matmul + mask + softmax + matmul takes a GPT-2-small-shaped model from
-2.40× to 1.15× eager CPU time, and N-d ``linear`` as a 2-d ``mm`` brings it to 0.97×. They are
-*not* in the default table (GPU targets want ``iree_linalg_ext.attention``); opt in with::
+2.40× to 1.15× eager CPU time, and N-d ``linear`` as a 2-d ``mm`` brings it to 0.97×. Both are in
+the default table (``DEFAULT_DECOMPOSITION_OPS``); a target that prefers IREE's attention op
+(GPUs) opts out with::
 
-    with extend_aot_decompositions(add_ops=[torch.ops.aten.scaled_dot_product_attention,
-                                            torch.ops.aten.linear]):
+    with extend_aot_decompositions(remove_ops=[torch.ops.aten.scaled_dot_product_attention,
+                                               torch.ops.aten.linear]):
         ...
 """
 
