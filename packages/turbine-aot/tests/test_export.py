@@ -355,6 +355,36 @@ def test_multi_device_compile_and_run():
     torch.testing.assert_close(loaded.main(a, b), a * 2 + b)
 
 
+def test_weights_placed_on_a_second_device_never_crash_the_process():
+    """``DeviceTensorTrait(1)`` on a weight: iree-compile 3.13 segfaults on such a global, so
+    these modules compile out of process. Either it compiles and matches eager, or the crash
+    comes back as a CompileError that says so; pytest (this process) survives either way."""
+    from turbine_aot import DeviceAffinity, DeviceTensorTrait
+
+    class Placed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w0 = nn.Parameter(torch.randn(4))
+            self.w1 = nn.Parameter(torch.randn(4))
+
+        def forward(self, x, y):
+            return x * self.w0 + y * self.w1
+
+    model = Placed()
+    DeviceTensorTrait(0).set(model.w0)
+    DeviceTensorTrait(1).set(model.w1)
+    x, y = torch.randn(4), torch.randn(4)
+    out = export(model, args=(x, y), arg_device={0: DeviceAffinity(0), 1: DeviceAffinity(1)})
+    assert "stream.affinity = #hal.device.promise<@__device_1>" in str(out.mlir_module)
+    try:
+        vmfb = out.compile(None, target_device=["llvm-cpu", "llvm-cpu"])
+    except CompileError as e:
+        assert "iree-compile crashed" in str(e) and "compiler bug" in str(e)
+        return
+    loaded = load_module(vmfb, device=["local-task", "local-task"])
+    torch.testing.assert_close(loaded.main(x, y), model(x, y))
+
+
 def test_external_parameters_resolve_at_run_time(tmp_path):
     model = MLP().eval()
     aot.externalize_module_parameters(model)

@@ -84,38 +84,6 @@ def test_two_cpu_devices():
         R.load_module(vmfb, device="local-task").main(x, y)
 
 
-GLOBAL_ON_DEVICE_1 = """
-module @placed {
-util.global private @w {stream.affinity.default = #hal.device.promise<@__device_1>}
-    = #flow.parameter.named<"model"::"w"> : tensor<4xf32>
-func.func @main(%x: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__device_0>},
-                %y: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__device_1>})
-    -> tensor<4xf32> {
-  %w = util.global.load @w : tensor<4xf32>
-  %b = arith.mulf %y, %w : tensor<4xf32>
-  %bt = flow.tensor.transfer %b : tensor<4xf32> to #hal.device.promise<@__device_0>
-  %r = arith.addf %x, %bt : tensor<4xf32>
-  return %r : tensor<4xf32>
-}
-}
-"""
-
-
-def test_global_affinity_attribute_crash_workaround():
-    """A weight placed on device 1 (parameter archive) with two CPU devices.
-
-    IREE 3.13 segfaults on ``{stream.affinity = ...}`` on a util.global (NOTES-runtime.md);
-    ``stream.affinity.default`` compiles and runs.
-    """
-    vmfb = R.compile_mlir(
-        GLOBAL_ON_DEVICE_1, R.device_compile_flags(["local-task", "local-sync"]), cache=False
-    )
-    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    m = R.load_module(vmfb, device=["local-task", "local-sync"], parameters={"model": {"w": w}})
-    x, y = torch.randn(4), torch.randn(4)
-    torch.testing.assert_close(m.main(x, y), x + y * w)
-
-
 def test_exported_two_device_program_matches_eager():
     import turbine_aot
 
@@ -196,45 +164,3 @@ def test_bundle_on_backend(iree_device, tmp_path):
     m = R.load_bundle(tmp_path / "b")
     x, b = torch.randn(4, 8), torch.randn(3)
     torch.testing.assert_close(m.main(x, b), x @ w + b, atol=1e-4, rtol=1e-4)
-
-
-def test_exported_weights_with_device_tensor_trait_on_two_devices():
-    """``DeviceTensorTrait`` on weights + ``arg_device``: compiled for two CPU devices, run with
-    two devices, equal to eager.
-
-    The exporter writes ``{stream.affinity = ...}`` on the weight globals, which crashes
-    iree-compile 3.13 (NOTES-runtime.md); until the exporter emits a form IREE accepts, the test
-    rewrites it to ``stream.affinity.default`` and compiles out of process (a crash of the
-    in-process compiler would take pytest down).
-    """
-    import turbine_aot
-
-    export = getattr(turbine_aot, "export", None)
-    if export is None:
-        pytest.skip("turbine_aot.export is not available in this checkout yet")
-    from turbine_params import DeviceAffinity, DeviceTensorTrait
-
-    class Placed(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w0 = torch.nn.Parameter(torch.randn(4))
-            self.w1 = torch.nn.Parameter(torch.randn(4))
-
-        def forward(self, x, y):
-            return x * self.w0 + y * self.w1
-
-    model = Placed()
-    DeviceTensorTrait(0).set(model.w0)
-    DeviceTensorTrait(1).set(model.w1)
-    x, y = torch.randn(4), torch.randn(4)
-    eo = export(model, args=(x, y), arg_device={0: DeviceAffinity(0), 1: DeviceAffinity(1)})
-    text = str(eo.mlir_module)
-    assert "@__device_1" in text and "iree.abi.affinity" in text
-    text = text.replace("stream.affinity =", "stream.affinity.default =")
-    flags = R.device_compile_flags(["local-task", "local-task"])
-    vmfb = R.compile_mlir(text, flags, input_type="torch", cache=False)
-    m = R.load_module(
-        vmfb, device=["local-task", "local-task"], signatures=R.signatures_from_mlir(eo)
-    )
-    report = R.check_numerics(m.main, model, x, y)
-    assert report.ok, str(report)

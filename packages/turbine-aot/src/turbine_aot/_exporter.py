@@ -213,8 +213,10 @@ class ExportOutput:
         phase = info.current_import_phase
         compile_from = "input" if phase is not None and phase >= ImportPhase.FULL else None
         start = time.perf_counter()
-        if _tool_only_flags(flags):
-            _log.info("compiling with the iree-compile tool (tool-only flags in %s)", flags)
+        if _tool_only_flags(flags) or _places_globals_on_devices(self.mlir_module):
+            # The tool runs in a subprocess: a compiler crash becomes a CompileError instead of
+            # taking Python down (iree-compile 3.13 segfaults on some placed globals).
+            _log.info("compiling with the iree-compile tool (flags %s)", flags)
             result = _compile_with_tool(self.mlir_module, flags, save_to, compile_from)
             _log.info("compiled in %.2f s", time.perf_counter() - start)
             return result
@@ -288,6 +290,17 @@ def _tool_only_flags(flags: Sequence[str]) -> list[str]:
     return rejected
 
 
+def _places_globals_on_devices(module_op: Any) -> bool:
+    """Whether any global carries a device placement (``stream.affinity``, from a
+    ``DeviceTensorTrait``): iree-compile 3.13 crashes on some of those (a global placed on a
+    second device), so such modules compile out of process."""
+    body = module_op.regions[0].blocks[0]
+    return any(
+        op.operation.name == "util.global" and "stream.affinity" in op.operation.attributes
+        for op in body.operations
+    )
+
+
 def _compile_with_tool(
     module_op: Any, flags: list[str], save_to: Any, compile_from: str | None
 ) -> Output | None:
@@ -310,6 +323,19 @@ def _compile_with_tool(
             cmd.append(f"--compile-from={compile_from}")
         cmd += ["-o", str(dst)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode < 0:
+            raise CompileError(
+                "compile (iree-compile tool)",
+                [
+                    Diagnostic(
+                        "error",
+                        f"iree-compile crashed (signal {-proc.returncode}); this is a compiler "
+                        "bug, not a problem in your program. Its report:\n"
+                        + "\n".join(proc.stderr.strip().splitlines()[:12]),
+                    )
+                ],
+                flags=flags,
+            )
         if proc.returncode != 0:
             blocks = re.split(r"\n(?=\S[^\n]*(?:error|warning|note): )", proc.stderr.strip())
             diags = [
