@@ -315,9 +315,10 @@ def _compile_with_tool(
     from ._iree_session import atomic_write_bytes
 
     with tempfile.TemporaryDirectory(prefix="turbine-compile-") as tmp:
-        src, dst = Path(tmp) / "module.mlir", Path(tmp) / "module.vmfb"
-        with open(src, "w", encoding="utf-8") as f:
-            module_op.print(file=f, enable_debug_info=True)  # keep the user's locations
+        src, dst = Path(tmp) / "module.mlirbc", Path(tmp) / "module.vmfb"
+        with open(src, "wb") as f:
+            # Bytecode: keeps the user's locations, and weights are not hex-printed.
+            module_op.operation.write_bytecode(f)
         cmd = [find_tool("iree-compile"), str(src), "--iree-input-type=torch", *flags]
         if compile_from:
             cmd.append(f"--compile-from={compile_from}")
