@@ -100,6 +100,10 @@ REFERENCE_BUILTINS = {
     "AbstractI64",
     "AbstractIndex",
     "AbstractTensor",
+    "export_buffers",
+    "export_global",
+    "export_global_tree",
+    "export_parameters",
     "jittable",
 }
 

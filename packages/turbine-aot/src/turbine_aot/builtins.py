@@ -1,5 +1,5 @@
 """``turbine_aot.builtins``: names procedures use — abstract argument types, the ``IREE`` emitter
-(``IREE.tensor_dim``, ``IREE.tensor_slice``, ...) and ``jittable``.
+(``IREE.tensor_dim``, ``IREE.tensor_slice``, ...), the global exporters and ``jittable``.
 
 Example::
 
@@ -25,6 +25,10 @@ from turbine_trace import (
     AbstractIndex,
     AbstractScalar,
     AbstractTensor,
+    export_buffers,
+    export_global,
+    export_global_tree,
+    export_parameters,
 )
 
 if TYPE_CHECKING:
@@ -40,6 +44,10 @@ __all__ = [
     "AbstractIndex",
     "AbstractScalar",
     "AbstractTensor",
+    "export_buffers",
+    "export_global",
+    "export_global_tree",
+    "export_parameters",
     "jittable",
 ]
 
