@@ -69,10 +69,24 @@ func.func @main(%x: tensor<4xf32> {iree.abi.affinity = #hal.device.promise<@__de
 """
 
 
+def _assert_work_on_both_devices(mlir: str, flags: list[str], input_type: str = "auto") -> None:
+    """Compiles to the stream phase: both devices exist and each gets work placed on it."""
+    import iree.compiler as ic
+
+    stream = ic.compile_str(
+        mlir, input_type=input_type, extra_args=[*flags, "--compile-to=stream"]
+    ).decode()
+    for device in ("@__device_0", "@__device_1"):
+        assert f"util.global private {device} " in stream, f"{device} was not created"
+        assert f"on(#hal.device.affinity<{device}>)" in stream, f"no work placed on {device}"
+
+
 def test_two_cpu_devices():
     flags = R.device_compile_flags(["local-task", "local-task"])
-    assert "--iree-hal-target-device=__device_0=local" in flags
-    assert "--iree-hal-target-device=__device_1=local" in flags
+    # Identical targets need ordinals, or IREE merges them into one device.
+    assert "--iree-hal-target-device=local[0]" in flags
+    assert "--iree-hal-target-device=local[1]" in flags
+    _assert_work_on_both_devices(TWO_DEVICE_MLIR, flags)
     vmfb = R.compile_mlir(TWO_DEVICE_MLIR, flags, cache=False)
     m = R.load_module(vmfb, device=["local-task", "local-task"])
     assert len(m.devices) == 2 and m.devices[0] is not m.devices[1]
@@ -90,7 +104,7 @@ def test_exported_two_device_program_matches_eager():
     export = getattr(turbine_aot, "export", None)
     if export is None:
         pytest.skip("turbine_aot.export is not available in this checkout yet")
-    from turbine_params import DeviceAffinity
+    from turbine_params import DeviceAffinity, DeviceTensorTrait
 
     class TwoDevices(torch.nn.Module):
         def __init__(self):
@@ -102,8 +116,15 @@ def test_exported_two_device_program_matches_eager():
             return torch.relu(self.a(x)) + self.b(y)
 
     model = TwoDevices()
+    # Weights of the second branch live on the second device, next to its argument.
+    DeviceTensorTrait(1).set(model.b.weight)
+    DeviceTensorTrait(1).set(model.b.bias)
     x, y = torch.randn(2, 8), torch.randn(2, 8)
     eo = export(model, args=(x, y), arg_device={0: DeviceAffinity(0), 1: DeviceAffinity(1)})
+    text = str(eo.mlir_module)
+    assert "stream.affinity = #hal.device.promise<@__device_1>" in text
+    flags = R.device_compile_flags(["local-task", "local-task"])
+    _assert_work_on_both_devices(text, flags, input_type="torch")
     m = R.load_module(eo, device=["local-task", "local-task"], cache=False)
     assert [s.device for s in m.main.signature.inputs] == ["__device_0", "__device_1"]
     report = R.check_numerics(m.main, model, x, y)

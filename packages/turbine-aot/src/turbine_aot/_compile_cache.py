@@ -295,10 +295,16 @@ def device_compile_flags(devices: Sequence[str], extra: Sequence[str] | None = N
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
     One device: ``_targets.default_compile_flags`` for its driver. Several: the same, with one
-    ``--iree-hal-target-device=__device_N=<hal device>`` per device (the names the exporter's
-    ``#hal.device.promise<@__device_N>`` affinities refer to).
+    ``--iree-hal-target-device`` per device (``_targets.target_device_flags``), which IREE names
+    ``__device_0``, ``__device_1``, ... — the names the exporter's
+    ``#hal.device.promise<@__device_N>`` affinities refer to.
     """
-    from turbine_aot._targets import default_compile_flags, merge_flags, resolve_target
+    from turbine_aot._targets import (
+        default_compile_flags,
+        merge_flags,
+        resolve_target,
+        target_device_flags,
+    )
 
     drivers = [d.split("://", 1)[0].split(":", 1)[0] for d in devices]
     base = default_compile_flags(drivers[0])
@@ -306,9 +312,7 @@ def device_compile_flags(devices: Sequence[str], extra: Sequence[str] | None = N
         targets = [resolve_target(d) for d in drivers]
         backends = sorted({t.local_backend for t in targets if t.local_backend})
         base = [f for f in base if not f.startswith("--iree-hal-target-device=")]
-        dev_flags = [
-            f"--iree-hal-target-device=__device_{i}={t.hal_device}" for i, t in enumerate(targets)
-        ]
+        dev_flags = target_device_flags([t.hal_device for t in targets])
         if backends:
             base = [f for f in base if not f.startswith("--iree-hal-local-target-device-backends")]
             dev_flags.append(f"--iree-hal-local-target-device-backends={','.join(backends)}")

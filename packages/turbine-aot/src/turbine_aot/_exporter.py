@@ -48,7 +48,13 @@ def compile_flags_for(
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
     """
-    from ._targets import TARGETS, default_compile_flags, merge_flags, resolve_target
+    from ._targets import (
+        TARGETS,
+        default_compile_flags,
+        merge_flags,
+        resolve_target,
+        target_device_flags,
+    )
 
     devices = _as_list(target_device)
     backends = _as_list(target_backends) if not devices else []
@@ -60,7 +66,7 @@ def compile_flags_for(
         else:
             # Several devices: one --iree-hal-target-device per device (IREE names them
             # __device_0, __device_1, ... in order), one set of backend/optimization flags.
-            flags = [f"--iree-hal-target-device={t.hal_device}" for t in targets]
+            flags = target_device_flags([t.hal_device for t in targets])
             backends_local = sorted({t.local_backend for t in targets if t.local_backend})
             if backends_local:
                 flags.append("--iree-hal-local-target-device-backends=" + ",".join(backends_local))

@@ -25,6 +25,7 @@ __all__ = [
     "default_runtime_flags",
     "merge_flags",
     "resolve_target",
+    "target_device_flags",
 ]
 
 #: Environment variable with extra compile flags appended after turbine's defaults (and so
@@ -114,6 +115,30 @@ def resolve_target(name: str | None = None) -> Target:
     if raw == "local-sync":
         target = Target(target.name, target.hal_device, target.local_backend, "local-sync")
     return target
+
+
+def target_device_flags(hal_devices: Sequence[str]) -> list[str]:
+    """One ``--iree-hal-target-device`` per device, in ``__device_N`` order.
+
+    IREE merges identical target specifications into one device, so a repeated target gets an
+    ordinal (``local[0]``, ``local[1]``): two CPU devices are then ``@__device_0`` and
+    ``@__device_1``. (Named devices such as ``__device_1=local`` are merged too; a
+    ``#hal.device.promise<@__device_1>`` then points at a device that does not exist, which
+    crashes iree-compile 3.13.)
+    """
+    counts: dict[str, int] = {}
+    for d in hal_devices:
+        counts[d] = counts.get(d, 0) + 1
+    seen: dict[str, int] = {}
+    flags = []
+    for d in hal_devices:
+        if counts[d] > 1:
+            k = seen.get(d, 0)
+            seen[d] = k + 1
+            flags.append(f"--iree-hal-target-device={d}[{k}]")
+        else:
+            flags.append(f"--iree-hal-target-device={d}")
+    return flags
 
 
 def _flag_key(flag: str) -> str:
