@@ -15,9 +15,10 @@ Compile variants (``--variants``):
 * ``host-dt-uk`` — host + data tiling + ukernels;
 * ``turbine`` — turbine's defaults: ``turbine_aot.export`` then ``ExportOutput.compile()`` with
   no arguments (``turbine_aot._targets.default_compile_flags``);
-* ``turbine-proposed`` — the same, with the decompositions proposed in
-  ``benchmarks/NOTES-decompositions.md`` applied before import (``scaled_dot_product_attention``
-  as matmul + softmax, N-d ``linear`` as a 2-d matmul); only for the models they change (GPT).
+* ``attention-op`` — turbine's defaults *without* its SDPA and linear decompositions
+  (``extend_aot_decompositions(remove_ops=...)``): IREE's own attention op and N-d linear, what
+  the defaults bought (``benchmarks/NOTES-decompositions.md``); only for the models they change
+  (GPT).
 
 Usage::
 
@@ -48,10 +49,10 @@ if str(HERE) not in sys.path:
 ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
 # Export-only cases, run when named in --models: the ~1.6e9-parameter bf16 Llama on meta.
 EXPORT_ONLY_MODELS = ("llama-meta",)
-ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "turbine-proposed")
+ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "attention-op")
 ATTENTION_MODELS = ("gpt", "gpt-dyn")
 # gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
-DEFAULT_VARIANTS = {"gpt-dyn": ("turbine", "turbine-proposed")}
+DEFAULT_VARIANTS = {"gpt-dyn": ("turbine", "attention-op")}
 # AOTInductor costs 30-100 s of compile per model on 2 cores: not for the dynamic GPT by default.
 DEFAULT_AOTI = ("mlp", "resnet18", "gpt")
 
@@ -99,7 +100,7 @@ def _variant_flags(variant: str, target: str) -> tuple[bool, list[str]]:
     """(host_cpu, extra_args) for ``ExportOutput.compile`` giving exactly this variant's flags."""
     from turbine_aot._targets import default_compile_flags
 
-    if variant in ("turbine", "turbine-proposed") or target != "llvm-cpu":
+    if variant in ("turbine", "attention-op") or target != "llvm-cpu":
         return True, []
     # The reference's flag sets: no channels-last conversion (that one is turbine's own).
     options = {
@@ -228,21 +229,23 @@ def run_child(args: argparse.Namespace) -> dict:
 
     variants = list(args.variants or DEFAULT_VARIANTS.get(args.child, ALL_VARIANTS))
     if on_cuda:
-        variants = [v for v in variants if v in ("turbine", "turbine-proposed")]
-    if args.child not in ATTENTION_MODELS and "turbine-proposed" in variants:
-        variants.remove("turbine-proposed")
+        variants = [v for v in variants if v in ("turbine", "attention-op")]
+    if args.child not in ATTENTION_MODELS and "attention-op" in variants:
+        variants.remove("attention-op")
     exports = {"turbine": eo}
-    if "turbine-proposed" in variants:
+    if "attention-op" in variants:
         import torch as _torch
-        from _decomp_proposals import proposed_table
 
+        aten = _torch.ops.aten
         with _PeakRss():
             t0 = time.perf_counter()
-            prog = _torch.export.export(
-                case.module.cpu(), case.args, dynamic_shapes=case.dynamic_shapes, strict=False
-            ).run_decompositions(proposed_table())
-            exports["turbine-proposed"] = turbine_aot.export(prog)
-            result["export_proposed_s"] = time.perf_counter() - t0
+            with turbine_aot.extend_aot_decompositions(
+                remove_ops=[aten.scaled_dot_product_attention, aten.linear]
+            ):
+                exports["attention-op"] = turbine_aot.export(
+                    case.module.cpu(), args=case.args, dynamic_shapes=case.dynamic_shapes
+                )
+            result["export_attention_op_s"] = time.perf_counter() - t0
         module = module.to(dev)
     calls: dict[str, Any] = {}
     td = tempfile.mkdtemp(prefix="turbine-bench-")
@@ -333,7 +336,7 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
     """Prints one line per model: latency per variant and its ratio to eager (and AOTI)."""
     variants = [v for v in ALL_VARIANTS if any(v in r.get("variants", {}) for r in results)]
     head = ["model", "thr", *[f"{v} ms (×eager)" for v in variants], "eager ms", "AOTI ms"]
-    head += ["turbine ×AOTI", "proposed ×AOTI", "max err"]
+    head += ["turbine ×AOTI", "attention-op ×AOTI", "max err"]
     rows = [head]
     export_only = [r for r in results if r.get("export_only")]
     results = [r for r in results if not r.get("export_only")]
@@ -353,7 +356,7 @@ def print_table(results: list[dict], file=sys.stdout) -> None:
             else:
                 cells.append(f"{_fmt_ms(row.get('ms'))} ({_ratio(row.get('ms'), eager)})")
         t = r["variants"].get("turbine", {})
-        tp = r["variants"].get("turbine-proposed", {})
+        tp = r["variants"].get("attention-op", {})
         cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(t.get("ms"), aoti)]
         cells.append(_ratio(tp.get("ms"), aoti) if tp else "")
         errs = [row["max_abs_err"] for row in (t, tp) if "max_abs_err" in row]
@@ -411,7 +414,15 @@ def markdown_table(results: list[dict], *, cpu: bool = False) -> str:
     key = "cpu_ms" if cpu else "ms"
     ekey = "eager_cpu_ms" if cpu else "eager_ms"
     variants = [v for v in ALL_VARIANTS if any(v in r.get("variants", {}) for r in results)]
-    head = ["model", *variants, "eager", "AOTI", "turbine ×AOTI", "proposed ×AOTI", "max abs err"]
+    head = [
+        "model",
+        *variants,
+        "eager",
+        "AOTI",
+        "turbine ×AOTI",
+        "attention-op ×AOTI",
+        "max abs err",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if r.get("export_only") or "error" in r:
@@ -430,7 +441,7 @@ def markdown_table(results: list[dict], *, cpu: bool = False) -> str:
                 cells.append(f"{_fmt_ms(row.get(key))} ({_ratio(row.get(key), eager)})")
         best = r["variants"].get("turbine", {})
         errs = [row["max_abs_err"] for row in r["variants"].values() if "max_abs_err" in row]
-        prop = r["variants"].get("turbine-proposed", {})
+        prop = r["variants"].get("attention-op", {})
         cells += [_fmt_ms(eager), _fmt_ms(aoti), _ratio(best.get(key), aoti)]
         cells.append(_ratio(prop.get(key), aoti) if prop else "")
         cells.append(f"{max(errs):.1e}" if errs else "")

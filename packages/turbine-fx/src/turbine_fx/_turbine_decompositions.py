@@ -2,7 +2,7 @@
 
 torch registers no decomposition for ``scaled_dot_product_attention`` that IREE compiles well,
 and none for ``linear``. These forms were measured by the performance work
-(``benchmarks/NOTES-decompositions.md``, from ``benchmarks/_decomp_proposals.py``) on IREE 3.13's
+(``benchmarks/NOTES-decompositions.md``) on IREE 3.13's
 llvm-cpu backend: SDPA as matmul + mask + softmax + matmul takes a GPT-2-small-shaped model from
 2.40× to 1.15× eager CPU time, and N-d ``linear`` as a 2-d ``mm`` brings it to 0.97×. Both are in
 the default table (``DEFAULT_DECOMPOSITION_OPS``); a target that prefers IREE's attention op
