@@ -414,3 +414,14 @@ def test_parameter_keys_round_trip_and_unprintable_ones_are_rejected(mb):
                 attrs=GlobalAttributes(external=True, external_scope=scope),
                 logical_name=key,
             )
+
+
+def test_rejected_argument_attributes_leave_no_function(mb):
+    # The count check runs before the op is created: the module stays valid and the name free.
+    with pytest.raises(ValueError, match=r"1 argument attribute dicts"), mb.context:
+        mb.create_func_op("g", [ir.IndexType.get()] * 2, argument_attributes=[{}])
+    assert "@g" not in str(mb.module_op)
+    with mb.context:
+        name, _ = mb.create_func_op("g", [], add_entry_block=False, is_public=False)
+    assert name == "g"
+    mb.module_op.verify()

@@ -352,10 +352,9 @@ class ModuleBuilder:
         """
         with self.context, _current_loc(self.context) as loc:
             ftype = ir.FunctionType.get(list(argument_types), [])
-            with self.ip:
-                func_op = func.FuncOp(
-                    symbol_name, ftype, visibility=None if is_public else "private", loc=loc
-                )
+            # Check the attributes before creating the op: a failure must not leave a
+            # half-built, unregistered func.func (a duplicate symbol) in the module.
+            arg_attrs = None
             if argument_attributes is not None:
                 if isinstance(argument_attributes, ir.ArrayAttr):
                     arg_attrs = argument_attributes
@@ -371,6 +370,11 @@ class ModuleBuilder:
                         f"create_func_op({symbol_name!r}): {len(arg_attrs)} argument attribute "
                         f"dicts for {len(argument_types)} arguments"
                     )
+            with self.ip:
+                func_op = func.FuncOp(
+                    symbol_name, ftype, visibility=None if is_public else "private", loc=loc
+                )
+            if arg_attrs is not None:
                 func_op.arg_attrs = arg_attrs
             if add_entry_block:
                 func_op.add_entry_block()
