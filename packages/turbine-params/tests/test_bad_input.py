@@ -255,3 +255,13 @@ def test_bad_metadata_on_splat_names_the_archive(tmp_path):
 def test_directory_is_not_an_archive(tmp_path):
     with pytest.raises(ParameterArchiveError, match="not a regular file"):
         ParameterArchive(tmp_path)
+
+
+@pytest.mark.parametrize("mmap", [True, False])
+def test_reading_after_close_names_the_archive(good, mmap):
+    archive = ParameterArchive(good, mmap=mmap)
+    entry = archive["weight"]
+    archive.close()
+    for read in (entry.as_flat_array, entry.as_array, lambda: archive["bias"].as_array()):
+        with pytest.raises(ParameterArchiveError, match=r"good\.irpa: .*archive was closed"):
+            read()

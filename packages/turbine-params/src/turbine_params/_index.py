@@ -49,6 +49,12 @@ class MappedFile:
             self.mapping = _mmap.mmap(self.fd, self.size, access=access)
 
     def check(self, offset: int, length: int, what: str) -> None:
+        if self.fd < 0 and self.mapping is None:
+            raise ParameterArchiveError(
+                f"cannot read {what}: the archive was closed; open it again (or read entries "
+                f"before close())",
+                path=self.path,
+            )
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ParameterArchiveError(
                 f"{what} [{offset}, {offset + length}) extends past the end of the file "
