@@ -175,6 +175,19 @@ def test_strip(tmp_path):
         assert archive["odd"].as_flat_array().tobytes() == bytes(3)
 
 
+def test_strip_unknown_keep_key_is_an_error(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_tensor("fc.weight", np.ones(4, np.float32))
+    src = b.save(tmp_path / "full.irpa")
+    dst = tmp_path / "stripped.irpa"
+    # A typo must not silently strip the entry the caller meant to keep.
+    with pytest.raises(ParameterArchiveError, match=r"keep: no entry 'fc.weigth'.*'fc.weight'"):
+        strip_archive(src, dst, keep=("fc.weigth",))
+    assert not dst.exists()
+    assert cli(["strip", str(src), str(dst), "--keep", "nope"]) == 2
+    assert not dst.exists()
+
+
 # ---- CLI --------------------------------------------------------------------------------------
 
 

@@ -85,9 +85,22 @@ def strip_archive(
 
     Metadata and sizes are kept, so programs compiled against the original load the stripped
     archive; the file holds only the entry table. Keys in ``keep`` keep their data.
+
+    Raises:
+        ParameterArchiveError: a key in ``keep`` is not in the archive (a typo would otherwise
+            silently strip the entry it meant to keep).
     """
     keep_set = set(keep)
     with ParameterArchive(os.fspath(src), mmap=False) as archive:
+        unknown = sorted(keep_set.difference(archive.keys()))
+        if unknown:
+            keys = archive.keys()
+            shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
+            raise ParameterArchiveError(
+                f"keep: no entry {', '.join(map(repr, unknown))} in the archive "
+                f"({len(keys)} keys: {shown})",
+                path=src,
+            )
         builder = ParameterArchiveBuilder()
         for key, entry in archive.items():
             if entry.is_splat or key in keep_set:
