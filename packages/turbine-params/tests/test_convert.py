@@ -119,6 +119,14 @@ def test_irpa_to_safetensors_rejects_duplicates_and_unsupported(tmp_path):
     assert not (tmp_path / "c.safetensors").exists()
 
 
+def test_irpa_to_safetensors_rejects_reserved_metadata_key(tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_tensor("__metadata__", np.zeros(1, np.int8))
+    with pytest.raises(ParameterArchiveError, match="safetensors reserves that name"):
+        irpa_to_safetensors(b.save(tmp_path / "m.irpa"), tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+
+
 @pytest.mark.parametrize(
     "header, match",
     [

@@ -137,6 +137,13 @@ def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         plan = []
         offset = 0
         for key, entry in archive.items():
+            if key == "__metadata__":
+                raise ParameterArchiveError(
+                    "entry '__metadata__' cannot be written: safetensors reserves that name for "
+                    "its header metadata; rename the entry",
+                    path=src,
+                    offset=entry.raw.entry_offset,
+                )
             if key in header:
                 raise ParameterArchiveError(
                     f"key {key!r} appears more than once; safetensors needs unique names",
