@@ -146,3 +146,23 @@ def test_export_program_decomposes_only_needed_nodes():
     assert torch.ops.aten.logsumexp.default not in targets
     x = torch.randn(3, 4)
     torch.testing.assert_close(program.module()(x), M()(x))
+
+
+def test_dynamic_shapes_for_a_later_argument_only():
+    # Only the second argument is dynamic: the first still needs its (static) slot.
+    fxb = FxProgramsBuilder(Decoder())
+    batch = torch.export.Dim("batch", max=16)
+
+    @fxb.export_program(
+        args=(torch.randn(3), torch.randn(2, 4)),
+        dynamic_shapes={"y": {0: batch}},
+    )
+    def f(m, x, y):
+        return m.proj(y).sum(0) + x.sum()
+
+    program = fxb.programs["f"]
+    inputs = program.graph_signature.user_inputs
+    shapes = [n.meta["val"].shape for n in program.graph.nodes if n.name in inputs]
+    assert len(shapes) == 2
+    assert str(shapes[0][0]) == "3"
+    assert not str(shapes[1][0]).isdigit()  # symbolic batch

@@ -266,7 +266,7 @@ class FxProgramsBuilder(FxPrograms):
             example_args = tuple(args) if args is not None else ()
             shapes = dynamic_shapes
             if isinstance(shapes, dict) and shapes:
-                shapes = _dynamic_shapes_for(fn, shapes)
+                shapes = _dynamic_shapes_for(fn, shapes, len(example_args))
             program = torch.export.export(
                 _EntryModule(self.root_module, fn),
                 example_args,
@@ -287,18 +287,19 @@ class FxProgramsBuilder(FxPrograms):
         return export
 
 
-def _dynamic_shapes_for(fn: Callable, shapes: dict) -> Any:
+def _dynamic_shapes_for(fn: Callable, shapes: dict, num_args: int) -> Any:
     """Maps ``dynamic_shapes`` keyed by ``fn``'s parameter names to the wrapper's ``forward``.
 
-    The wrapper takes ``*args, **kwargs``; torch.export wants the specs in that form then.
+    The wrapper takes ``*args, **kwargs``; torch.export wants the specs in that form then: one
+    entry per positional argument, ``None`` for a static one. (torch 2.13 rejects dynamic
+    shapes for a ``**kwargs`` wrapper; keyword arguments stay static.)
     """
     import inspect
 
     params = list(inspect.signature(fn).parameters)[1:]  # skip the module
     if not set(shapes) <= set(params):
         return shapes
-    positional = tuple(shapes.get(p) for p in params if p in shapes)
-    return {"args": positional}
+    return {"args": tuple(shapes.get(p) for p in params[:num_args])}
 
 
 def _apply_aot_decompositions(program: ExportedProgram) -> ExportedProgram:
