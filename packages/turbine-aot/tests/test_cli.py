@@ -242,3 +242,17 @@ def test_export_compiled_module_then_run(tmp_path, capsys):
     )
     assert rc == 0
     np.testing.assert_array_equal(np.load(tmp_path / "run_0.npy"), x)
+
+
+def test_compile_output_has_the_usual_mode(tmp_path):
+    """`turbine-aot compile -o` writes like any tool (0666 & ~umask), not mkstemp's 0600."""
+    import os
+
+    src = tmp_path / "sq.mlir"
+    src.write_text(MLIR)
+    vmfb = tmp_path / "out" / "sq.vmfb"
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert main(["compile", str(src), "-o", str(vmfb), "--no-cache"]) == 0
+    assert vmfb.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert sorted(p.name for p in vmfb.parent.iterdir()) == ["sq.vmfb"]  # no temp file left

@@ -243,21 +243,10 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             cache=cache,
         )
     out = Path(args.output or src.with_suffix(".vmfb").name)
-    _atomic_write(out, vmfb)
+    from ._iree_session import atomic_write_bytes
+
+    atomic_write_bytes(out, vmfb)  # usual file mode; no temp file left on failure
     return {"vmfb": str(out), "bytes": len(vmfb), "flags": flags, "timings": st.timings}
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
