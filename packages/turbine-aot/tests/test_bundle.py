@@ -84,6 +84,34 @@ def test_round_trip_archive(parts, tmp_path, name):
     torch.testing.assert_close(R.load_bundle(tmp_path / name).main(x), x * W + S)
 
 
+def test_archive_unpacked_copy_is_removed(parts, tmp_path, monkeypatch):
+    """Loading a .tar bundle unpacks it to a temporary directory that goes with the module (and
+    at once when the archive is refused), never one full copy of the weights per load."""
+    import gc
+    import tarfile
+    import tempfile
+
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / "b.tar", vmfb, parameters=_params(d))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    m = R.load_bundle(tmp_path / "b.tar")
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(m.main(x), x * W + S)
+    assert len(list(scratch.iterdir())) == 1
+    del m
+    gc.collect()
+    assert list(scratch.iterdir()) == []
+    # An archive without a manifest: refused, and nothing is left behind either.
+    with tarfile.open(tmp_path / "bad.tar", "w") as tf:
+        tf.add(d / "extra.irpa", arcname="extra.irpa")
+    for load in (R.load_bundle, R.read_bundle):
+        with pytest.raises(R.BundleError, match="not a turbine bundle"):
+            load(tmp_path / "bad.tar")
+        assert list(scratch.iterdir()) == []
+
+
 def test_runs_with_iree_run_module(parts, tmp_path):
     d, vmfb, _ = parts
     b = R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))

@@ -23,6 +23,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,12 +338,21 @@ def read_bundle(path: str | os.PathLike, *, extract_to: str | os.PathLike | None
         if not tarfile.is_tarfile(src):
             raise BundleError(f"{str(src)!r} is neither a bundle directory nor a .tar archive")
         out = Path(extract_to) if extract_to else Path(tempfile.mkdtemp(prefix="turbine-bundle-"))
-        with tarfile.open(src) as tf:
-            try:
-                tf.extractall(out, filter="data")
-            except TypeError:  # Python without extraction filters
-                tf.extractall(out)
-        src = out
+        try:
+            with tarfile.open(src) as tf:
+                try:
+                    tf.extractall(out, filter="data")
+                except TypeError:  # Python without extraction filters
+                    tf.extractall(out)
+            return _read_bundle_dir(out)
+        except BaseException:
+            if not extract_to:  # our temporary directory: do not leave an unusable copy behind
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+    return _read_bundle_dir(src)
+
+
+def _read_bundle_dir(src: Path) -> Bundle:
     mpath = src / MANIFEST
     try:
         manifest = json.loads(mpath.read_text())
@@ -423,19 +433,29 @@ def load_bundle(
         BundleError: see :func:`read_bundle`, and a bundle built for another device kind or IREE
             release.
     """
-    bundle = read_bundle(path)
-    devices = (
-        bundle.devices
-        if device is None
-        else ([device] if isinstance(device, str) else list(device))
-    )
-    _check_compatible(bundle, devices)
-    params: dict[str, Any] = {s: [str(p) for p in ps] for s, ps in bundle.parameters().items()}
-    params.update(parameters or {})
-    return load_module(
-        bundle.module_path,
-        device=devices,
-        parameters=params or None,
-        copy_results=copy_results,
-        signatures=bundle.functions,
-    )
+    # An archive is unpacked into a temporary directory that lives as long as the module.
+    unpacked = Path(tempfile.mkdtemp(prefix="turbine-bundle-")) if Path(path).is_file() else None
+    try:
+        bundle = read_bundle(path, extract_to=unpacked)
+        devices = (
+            bundle.devices
+            if device is None
+            else ([device] if isinstance(device, str) else list(device))
+        )
+        _check_compatible(bundle, devices)
+        params: dict[str, Any] = {s: [str(p) for p in ps] for s, ps in bundle.parameters().items()}
+        params.update(parameters or {})
+        module = load_module(
+            bundle.module_path,
+            device=devices,
+            parameters=params or None,
+            copy_results=copy_results,
+            signatures=bundle.functions,
+        )
+    except BaseException:
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+        raise
+    if unpacked is not None:
+        weakref.finalize(module, shutil.rmtree, unpacked, ignore_errors=True)
+    return module
