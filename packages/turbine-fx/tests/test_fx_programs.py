@@ -80,6 +80,21 @@ def test_load_rejects_other_formats(tmp_path):
         FxPrograms.load(tmp_path / "x.json")
 
 
+def test_load_with_a_missing_graph_file_or_field_is_an_fx_programs_error(tmp_path):
+    _builder(Decoder()).save(tmp_path / "set.json")
+    (tmp_path / "set.decode.ep.json").unlink()
+    with pytest.raises(FxProgramsError, match="cannot read the graph of program 'decode'"):
+        FxPrograms.load(tmp_path / "set.json")
+    descriptor = json.loads((tmp_path / "set.json").read_text())
+    del descriptor["bindings"]
+    (tmp_path / "set.json").write_text(json.dumps(descriptor))
+    with pytest.raises(FxProgramsError, match=r"inconsistent FxPrograms descriptor.*bindings"):
+        FxPrograms.load(tmp_path / "set.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(FxProgramsError, match="not a turbine FxPrograms descriptor"):
+        FxPrograms.load(tmp_path / "list.json")
+
+
 def test_duplicate_program_name_is_an_error():
     fxb = FxProgramsBuilder(Decoder())
     fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="p")

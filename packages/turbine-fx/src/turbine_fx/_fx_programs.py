@@ -143,12 +143,21 @@ class FxPrograms:
             descriptor = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise FxProgramsError(f"cannot read FxPrograms descriptor {path}: {e}") from e
+        if not isinstance(descriptor, dict):
+            descriptor = {}
         if descriptor.get("format") != _FORMAT or descriptor.get("version") != _VERSION:
             raise FxProgramsError(
                 f"{path} is not a turbine FxPrograms descriptor (format "
                 f"{descriptor.get('format')!r} version {descriptor.get('version')!r}; expected "
                 f"{_FORMAT!r} version {_VERSION}); write it with FxPrograms.save"
             )
+        try:
+            return FxPrograms._from_descriptor(path, descriptor)
+        except (KeyError, TypeError, ValueError) as e:
+            raise FxProgramsError(f"{path}: inconsistent FxPrograms descriptor ({e!r})") from e
+
+    @staticmethod
+    def _from_descriptor(path: Path, descriptor: dict) -> FxPrograms:
         tensors = _load_tensors(path.parent / descriptor["data_file"], descriptor["tensors"])
         result = FxPrograms()
         from turbine_params import DeviceAffinity
@@ -162,7 +171,12 @@ class FxPrograms:
                 raise FxProgramsError(
                     f"{path}: program '{name}' refers to tensor {e} which is not in the descriptor"
                 ) from None
-            graph_bytes = (path.parent / info["file"]).read_bytes()
+            try:
+                graph_bytes = (path.parent / info["file"]).read_bytes()
+            except OSError as e:
+                raise FxProgramsError(
+                    f"{path}: cannot read the graph of program '{name}': {e}"
+                ) from e
             result.programs[name] = _deserialize_graph(graph_bytes, state_dict, constants, name)
             if info.get("arg_device"):
                 result.arg_devices[name] = {
