@@ -359,3 +359,21 @@ def test_progress_line(capsys):
     err = capsys.readouterr().err
     assert "writing x.irpa: 100.0% 1.00/1.00 GB" in err
     assert not Progress(1 << 30, "quiet").enabled  # stderr is not a terminal under pytest
+
+
+@pytest.mark.parametrize(
+    ("pattern", "dtype", "expected"),
+    [
+        (b"\x00", np.float32, 0.0),  # what IREE's `iree-convert-parameters --strip` writes
+        (b"\x01", np.int16, 0x0101),  # the byte repeats within each element
+        (np.arange(4, dtype=np.int32).tobytes(), np.int32, [0, 1, 2, 3, 0, 1, 2, 3]),
+    ],
+)
+def test_splat_pattern_not_one_element_reads_as_tensor(tmp_path, pattern, dtype, expected):
+    md = TensorMetadata(dtype_info(np.dtype(dtype).name), (8,))
+    b = ParameterArchiveBuilder()
+    b.add_splat("s", pattern, length=md.nbytes, metadata=md.encode())
+    with ParameterArchive(b.save(tmp_path / "s.irpa")) as archive:
+        got = archive["s"].as_array()
+    assert got.dtype == dtype and got.shape == (8,)
+    np.testing.assert_array_equal(got, np.broadcast_to(np.asarray(expected, dtype), (8,)))

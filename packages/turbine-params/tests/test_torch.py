@@ -206,3 +206,24 @@ def test_builder_streams_without_copying(tmp_path):
     t.fill_(2.0)
     with ParameterArchive(b.save(tmp_path / "late.irpa")) as archive:
         assert torch.equal(archive["t"].as_tensor(), torch.full((4,), 2.0))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "dtype", "expected"),
+    [
+        (b"\x00", torch.float32, 0.0),  # what IREE's `iree-convert-parameters --strip` writes
+        (b"\x00\x3c", torch.float16, 1.0),  # half 1.0 (0x3c00) repeated, pattern < element
+        (torch.tensor([1.0, 2.0]).numpy().tobytes(), torch.float32, [1.0, 2.0] * 3),
+    ],
+)
+def test_splat_pattern_not_one_element_as_tensor(tmp_path, pattern, dtype, expected):
+    from turbine_params import TensorMetadata, dtype_info
+
+    md = TensorMetadata(dtype_info(str(dtype)), (2, 3))
+    b = ParameterArchiveBuilder()
+    b.add_splat("s", pattern, length=md.nbytes, metadata=md.encode())
+    with ParameterArchive(b.save(tmp_path / "s.irpa")) as archive:
+        got = archive["s"].as_tensor()
+    want = torch.tensor(expected, dtype=dtype).broadcast_to((6,)).reshape(2, 3)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want)

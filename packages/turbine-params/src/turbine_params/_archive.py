@@ -116,10 +116,12 @@ class ParameterArchiveEntry:
         """
         md = self._require_md()
         np_dtype = md.dtype.numpy_dtype()
-        pattern = self.raw.splat_pattern
-        if pattern is not None and len(pattern) == md.dtype.itemsize:
-            value = np.frombuffer(pattern, dtype=np_dtype).reshape(())
-            return np.broadcast_to(value, md.shape)
+        unit = _splat_unit(self.raw.splat_pattern, md.dtype.itemsize)
+        if unit is not None:
+            values = np.frombuffer(unit, dtype=np_dtype)
+            if len(values) == 1:
+                return np.broadcast_to(values.reshape(()), md.shape)
+            return np.tile(values, md.numel // len(values)).reshape(md.shape)
         return self.as_flat_array().view(np_dtype).reshape(md.shape)
 
     # ---- torch ----------------------------------------------------------------------------
@@ -153,7 +155,8 @@ class ParameterArchiveEntry:
 
     def as_tensor(self) -> Any:
         """A torch tensor viewed with the dtype and shape from the metadata (zero-copy when
-        mapped; a splat whose pattern is one element is an expanded view of it).
+        mapped; a splat is an expanded view of its value when the pattern makes one element,
+        e.g. IREE's 1-byte strip pattern over float32, else the pattern repeated).
 
         Raises:
             ValueError: (``ParameterArchiveError``) the entry has no tensor metadata, its
@@ -163,10 +166,12 @@ class ParameterArchiveEntry:
 
         md = self._require_md()
         dtype = md.dtype.torch_dtype()
-        pattern = self.raw.splat_pattern
-        if pattern is not None and len(pattern) == md.dtype.itemsize:
-            one = torch.frombuffer(bytearray(pattern), dtype=torch.uint8).view(dtype)
-            return one.reshape(()).expand(md.shape)
+        unit = _splat_unit(self.raw.splat_pattern, md.dtype.itemsize)
+        if unit is not None:
+            values = torch.frombuffer(bytearray(unit), dtype=torch.uint8).view(dtype)
+            if values.numel() == 1:
+                return values.reshape(()).expand(md.shape)
+            return values.repeat(md.numel // values.numel()).reshape(md.shape)
         if self.length == 0:
             return torch.empty(md.shape, dtype=dtype)
         return self.as_flat_tensor().view(dtype).reshape(md.shape)
@@ -178,6 +183,18 @@ class ParameterArchiveEntry:
             md = None
         desc = f"{md.dtype.name}{list(md.shape)}" if md else f"{self.length} bytes"
         return f"<ParameterArchiveEntry {self.key!r} {self.entry_type} {desc}>"
+
+
+def _splat_unit(pattern: bytes | None, itemsize: int) -> bytes | None:
+    """A splat's pattern repeated to whole elements (``None`` for non-splats).
+
+    Patterns and item sizes are powers of two, so either the pattern fills one element when
+    repeated (IREE's ``--strip`` writes a 1-byte zero pattern over any dtype) or it holds a
+    whole number of elements.
+    """
+    if pattern is None:
+        return None
+    return pattern * max(1, itemsize // len(pattern))
 
 
 class ParameterArchive:
