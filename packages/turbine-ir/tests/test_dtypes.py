@@ -124,3 +124,18 @@ def test_vtensor_type_object(ctx):
     t = torch_vtensor_type([None, 2], torch.uint8)
     assert str(t) == "!torch.vtensor<[?,2],ui8>"
     assert str(torch_vtensor_type([], torch.complex64)) == "!torch.vtensor<[],complex<f32>>"
+
+
+def test_symbolic_dims_stay_dynamic_without_guards(ctx):
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    s = env.create_symintnode(env.create_symbol(5, ConstantSource("batch")), hint=5)
+    with FakeTensorMode(shape_env=env):
+        t = torch.empty(s, 3)
+    assert tensor_type_asm(t.shape, torch.float32) == "tensor<?x3xf32>"
+    assert vtensor_type_asm(t.shape, torch.int64) == "!torch.vtensor<[?,3],si64>"
+    assert str(torch_tensor_type(list(t.shape), torch.float16)) == "tensor<?x3xf16>"
+    assert not env.guards  # converting a type must not specialize the dim to its hint

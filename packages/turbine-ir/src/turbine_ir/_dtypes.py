@@ -198,9 +198,13 @@ def _dims(shape: Sequence[int | None]) -> list[int | None]:
             out.append(None)
         elif isinstance(d, int):
             out.append(int(d))
+        elif isinstance(d, torch.SymInt):
+            # A symbolic dim is dynamic: int(d) would specialize it to its hint and add a guard
+            # to the shape environment. Only a SymInt that is really a constant is static.
+            out.append(d.node.maybe_as_int())
         else:
             try:
-                out.append(int(d))  # torch.SymInt with a hint, numpy ints
+                out.append(int(d))  # numpy ints
             except (TypeError, ValueError):
                 out.append(None)
     return out
