@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -93,6 +95,22 @@ def test_load_with_a_missing_graph_file_or_field_is_an_fx_programs_error(tmp_pat
     (tmp_path / "list.json").write_text("[1, 2]")
     with pytest.raises(FxProgramsError, match="not a turbine FxPrograms descriptor"):
         FxPrograms.load(tmp_path / "list.json")
+
+
+def test_saved_files_have_the_usual_mode_not_mkstemps_0600(tmp_path):
+    mask = os.umask(0o022)
+    try:
+        _builder(Decoder()).save(tmp_path / "set.json")
+    finally:
+        os.umask(mask)
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == [
+        "set.decode.ep.json",
+        "set.json",
+        "set.prefill.ep.json",
+        "set.tensors.safetensors",
+    ]  # no temporary files left behind
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == {f.name: 0o644 for f in files}
 
 
 def test_duplicate_program_name_is_an_error():

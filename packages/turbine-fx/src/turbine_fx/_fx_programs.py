@@ -20,10 +20,11 @@ program's state to the shared tensors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -372,17 +373,8 @@ def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) 
             data = data.clone()  # safetensors refuses tensors that share memory
         seen_storage.add(data.untyped_storage().data_ptr())
         payload[key] = data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(payload, tmp, metadata={"format": _FORMAT})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _atomic_output(path) as tmp:
+        save_file(payload, str(tmp), metadata={"format": _FORMAT})
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -476,14 +468,30 @@ def _deserialize_graph(
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    with _atomic_output(path) as tmp:
+        tmp.write_bytes(data)
+
+
+@contextlib.contextmanager
+def _atomic_output(path: Path) -> Iterator[Path]:
+    """Yields a temporary path beside ``path``; on success it is fsynced, given the usual file
+    mode (mkstemp makes 0600) and renamed over ``path``; on failure it is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
