@@ -131,3 +131,15 @@ def test_concurrent_writers_and_readers(tmp_path):
 def test_compile_error_message():
     with pytest.raises(R.CompileError, match=r"iree-compile failed(.|\n)*undeclared SSA value"):
         R.compile_mlir("func.func @f() -> i32 { return %nope : i32 }", FLAGS, cache=False)
+
+
+def test_one_compile_error_type_on_every_path():
+    """compile_mlir (CLI, load_module of MLIR) and ExportOutput.compile fail with one class, so
+    ``except turbine_aot.CompileError`` catches both, with diagnostics and flags attached."""
+    import turbine_aot
+
+    assert R.CompileError is turbine_aot.CompileError
+    with pytest.raises(turbine_aot.CompileError) as info:
+        R.compile_mlir("func.func @f() -> i32 { return %nope : i32 }", FLAGS, cache=False)
+    assert any("undeclared SSA value" in d.message for d in info.value.errors)
+    assert info.value.flags == list(FLAGS)

@@ -484,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     except _user_error_types() as e:
         if args.debug:
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        # A CompileError's first line only names the stage; its first error says what failed.
+        text = e.errors[0].message if getattr(e, "errors", None) else str(e)
+        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
         if args.json:
             print(json.dumps({"ok": False, "error": first}))
         print(f"turbine-aot: error: {first}", file=sys.stderr)

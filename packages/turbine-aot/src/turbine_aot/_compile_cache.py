@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._errors import CompileError as _AotCompileError
+from ._errors import Diagnostic
+
 __all__ = [
     "CacheStats",
     "CompileCache",
@@ -49,8 +52,10 @@ _HEADER = struct.Struct("<8sIQ")
 _DEFAULT_MAX_BYTES = 4 << 30
 
 
-class CompileError(RuntimeError):
-    """iree-compile rejected the IR; the message holds the compiler's diagnostics."""
+# One CompileError for the whole package: ``turbine_aot.runtime.CompileError`` (raised by
+# compile_mlir) is ``turbine_aot.CompileError`` (raised by ExportOutput.compile, and so by
+# load_module of an ExportOutput), so one ``except`` catches a failed compile on either path.
+CompileError = _AotCompileError
 
 
 @dataclass
@@ -283,7 +288,9 @@ def compile_mlir(
             code = next((ln.strip() for ln in text.splitlines() if "Error code" in ln), "")
             first = f"the compiler crashed ({code or 'no diagnostic'})"
         raise CompileError(
-            f"iree-compile failed: {first}\nflags: {' '.join(flags)}\n{text[:4000]}"
+            "compile (iree-compile)",
+            [Diagnostic("error", f"iree-compile failed: {first}\n{text[:4000]}")],
+            flags=list(flags),
         ) from e
     logger.info("compiled in %.2fs (%d bytes)", time.perf_counter() - t0, len(vmfb))
     if c:
