@@ -377,3 +377,23 @@ def test_splat_pattern_not_one_element_reads_as_tensor(tmp_path, pattern, dtype,
         got = archive["s"].as_array()
     assert got.dtype == dtype and got.shape == (8,)
     np.testing.assert_array_equal(got, np.broadcast_to(np.asarray(expected, dtype), (8,)))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_save_honours_umask_without_changing_it(tmp_path, monkeypatch):
+    # Reading the umask with os.umask() sets it process-wide for a moment, racing with other
+    # threads that create files; save() must read it without touching it.
+    old = os.umask(0o027)
+    try:
+
+        def no_umask(*_):
+            raise AssertionError("save() changed the process umask")
+
+        monkeypatch.setattr(os, "umask", no_umask)
+        b = ParameterArchiveBuilder()
+        b.add_tensor("w", np.ones(4, np.float32))
+        path = b.save(tmp_path / "m.irpa")
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o640

@@ -547,6 +547,16 @@ class atomic_writer:
 
 
 def _umask() -> int:
+    # os.umask() reads the mask only by setting it, which briefly leaves it 0 for every thread
+    # of the process (files another thread creates meanwhile would be world-writable); Linux
+    # reports it in /proc instead.
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
