@@ -13,6 +13,7 @@ from turbine_params import (
     ParameterArchiveBuilder,
     ParameterArchiveError,
     TensorMetadata,
+    convert_parameters,
     dtype_info,
     irpa_to_safetensors,
     safetensors_to_irpa,
@@ -166,6 +167,17 @@ def test_torch_checkpoint_to_irpa(tmp_path):
         torch.testing.assert_close(archive["model.w"].as_tensor(), w)
         torch.testing.assert_close(archive["model.b"].as_tensor(), ckpt["model"]["b"])
         assert archive["model.w"].raw.offset == archive["model.tied"].raw.offset
+
+
+def test_torch_checkpoint_to_safetensors_is_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    src = tmp_path / "m.pt"
+    torch.save({"w": torch.ones(2)}, src)
+    # Not supported: it must say so, not write "m.safetensors.irpa".
+    with pytest.raises(ParameterArchiveError, match=r"cannot convert .*torch checkpoint"):
+        convert_parameters(src, tmp_path / "m.safetensors")
+    assert cli(["convert", str(src), str(tmp_path / "m.safetensors")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt"]
 
 
 def test_strip(tmp_path):

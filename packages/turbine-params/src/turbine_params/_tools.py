@@ -194,7 +194,7 @@ def convert_parameters(
             for _, entry in archive.items():
                 builder.add_index_entry(entry)
             return builder.save(d)
-    if s.endswith(TORCH_SUFFIXES):
+    if s.endswith(TORCH_SUFFIXES) and not d.endswith(".safetensors"):
         return torch_checkpoint_to_irpa(s, d, data_alignment=data_alignment)
     raise ParameterArchiveError(
         f"cannot convert {s!r} to {d!r}: expected .safetensors -> .irpa, .irpa -> .safetensors, "
