@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 
 import pytest
@@ -113,3 +114,20 @@ def test_pytree_arguments_and_results(iree_device):
     a, c = torch.randn(4, 8), torch.randn(3, 8)
     got = torch.from_numpy(module.main(a.numpy(), c.numpy()).to_host())
     torch.testing.assert_close(got, a.sum(0) + c.sum(0) + 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_imports_are_not_kept_for_a_discarded_module_builder():
+    @jittable
+    def double(x):
+        return x * 2
+
+    for _ in range(2):
+        b = Built()
+        with b:
+            _procedure(b, "main", (AbstractTensor(2, 8),), lambda a: double(a))
+        # Each new module gets its own private function (no stale symbol from an old builder).
+        assert "func.func private @double(" in b.asm()
+        assert len(double._imported) == 1
+        del b
+        gc.collect()
+        assert len(double._imported) == 0  # nothing (no MLIR types, no context) kept alive

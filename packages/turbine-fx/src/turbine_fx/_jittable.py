@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,8 +104,12 @@ class jittable(CallableIntrinsic):
         self.dynamic_shapes = dict(dynamic_shapes or {})
         self.function_name = function_name or getattr(wrapped_f, "__name__", "jittable")
         self.passes = tuple(passes)
-        # (id(module_builder), signature key) -> (symbol name, result info)
-        self._imported: dict[tuple, tuple[str, list, dict[int, Any], Any]] = {}
+        # module builder -> signature key -> (symbol, arg types, result info, out spec). Keyed
+        # weakly by the builder itself: an id() key outlives the builder (its MLIR types keep
+        # the context alive) and a new builder at the same address would reuse a stale symbol.
+        self._imported: weakref.WeakKeyDictionary[Any, dict[tuple, tuple]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.__doc__ = getattr(wrapped_f, "__doc__", None)
 
     def __repr__(self) -> str:
@@ -174,18 +179,18 @@ class jittable(CallableIntrinsic):
                 )
         constants = [None if i in positions else leaf for i, leaf in enumerate(flat)]
         key = (
-            id(mb),
             str(spec),
             tuple((tuple(t.shape), str(t.dtype), tuple(t.dynamic_dim_indices)) for t in ir_leaves),
             repr(constants),
             repr(sorted((k, repr(v)) for k, v in named_dims.items())),
         )
-        cached = self._imported.get(key)
+        imported = self._imported.setdefault(mb, {})
+        cached = imported.get(key)
         if cached is None:
             cached = self._export_and_import(
                 mb, flat, positions, spec, examples, dyn_specs, constants
             )
-            self._imported[key] = cached
+            imported[key] = cached
         symbol, arg_types, result_info, out_spec = cached
         return self._emit_call(proc_trace, symbol, arg_types, ir_leaves, result_info, out_spec)
 
