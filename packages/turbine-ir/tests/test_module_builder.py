@@ -226,6 +226,16 @@ def test_same_tensor_twice_is_one_global(mb):
     assert str(mb.module_op).count("util.global") == 2
 
 
+def test_conjugate_view_is_not_tied(mb):
+    # t.conj() shares t's storage, offset and strides but holds other values.
+    w = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64)
+    first = mb.get_or_create_tensor_global("__auto.w", w, attrs=GlobalAttributes())
+    conj = mb.get_or_create_tensor_global("__auto.wc", w.conj(), attrs=GlobalAttributes())
+    assert first[0] == "__auto.w" and conj[0] == "__auto.wc"
+    assert tensor_storage_key(w) != tensor_storage_key(w.conj())
+    assert tensor_storage_key(w) == tensor_storage_key(w.detach())
+
+
 def test_ref_tracker_keys():
     tr = RefTracker()
     p = torch.nn.Parameter(torch.ones(3))

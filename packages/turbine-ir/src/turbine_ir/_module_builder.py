@@ -85,9 +85,10 @@ class RefMapping:
 def tensor_storage_key(t: torch.Tensor) -> tuple | None:
     """A key equal for two tensors that view the same elements of the same storage, or ``None``.
 
-    ``(storage data_ptr, storage_offset, shape, stride, dtype, device)``: tied weights (one
-    ``Parameter`` under two names, ``t`` and ``t.detach()``) share it. Tensors without real
-    storage (meta, fake, empty) get ``None`` and are tracked by identity only.
+    ``(storage data_ptr, storage_offset, shape, stride, dtype, device, is_conj, is_neg)``: tied
+    weights (one ``Parameter`` under two names, ``t`` and ``t.detach()``) share it; ``t.conj()``
+    does not. Tensors without real storage (meta, fake, empty) get ``None`` and are tracked by
+    identity only.
     """
     if not isinstance(t, torch.Tensor) or t.is_meta or t.numel() == 0:
         return None
@@ -101,7 +102,17 @@ def tensor_storage_key(t: torch.Tensor) -> tuple | None:
         return None
     if not ptr:
         return None
-    return (ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+    # Conjugate/negative views share the storage but not the values: they must not tie.
+    return (
+        ptr,
+        t.storage_offset(),
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.dtype,
+        str(t.device),
+        t.is_conj(),
+        t.is_neg(),
+    )
 
 
 class RefTracker:
