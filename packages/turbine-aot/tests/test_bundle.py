@@ -112,6 +112,31 @@ def test_archive_unpacked_copy_is_removed(parts, tmp_path, monkeypatch):
         assert list(scratch.iterdir()) == []
 
 
+def test_bundle_has_the_usual_permissions_and_no_leftovers(parts, tmp_path, monkeypatch):
+    """A deployed bundle is readable like any file the user writes (umask, not mkdtemp's 0700 /
+    mkstemp's 0600), and a failed archive write leaves neither a temp dir nor a temp file."""
+    import os
+    import tarfile
+
+    d, vmfb, _ = parts
+    mask = os.umask(0o022)
+    os.umask(mask)
+    out = tmp_path / "out"
+    R.save_bundle(out / "b", vmfb, parameters=_params(d))
+    R.save_bundle(out / "b.tar.gz", vmfb, parameters=_params(d))
+    assert (out / "b").stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (out / "b.tar.gz").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert sorted(p.name for p in out.iterdir()) == ["b", "b.tar.gz"]
+
+    def broken_add(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tarfile.TarFile, "add", broken_add)
+    with pytest.raises(OSError, match="disk full"):
+        R.save_bundle(out / "c.tar", vmfb, parameters=_params(d))
+    assert sorted(p.name for p in out.iterdir()) == ["b", "b.tar.gz"]
+
+
 def test_runs_with_iree_run_module(parts, tmp_path):
     d, vmfb, _ = parts
     b = R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))

@@ -17,12 +17,14 @@ another IREE release with a message saying what to rebuild or install.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tarfile
 import tempfile
+import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -259,7 +261,12 @@ def save_bundle(
     ) or None
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    # Unique names created with mkdir/open (not mkdtemp/mkstemp, which make 0700/0600): the
+    # bundle gets the usual permissions (umask), so others can read what was deployed.
+    unique = f".{dest.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    work = dest.parent / unique
+    work.mkdir()
+    tmp_tar: Path | None = None
     try:
         (work / MODULE_FILE).write_bytes(vmfb)
         param_rel: dict[str, list[str]] = {}
@@ -301,13 +308,13 @@ def save_bundle(
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
         if archive:
-            fd, tmp_tar = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-            os.close(fd)
-            mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
+            tmp_tar = dest.parent / f"{unique}.tar"
+            mode = "x:gz" if dest.name.endswith(("gz", "tgz")) else "x"
             with tarfile.open(tmp_tar, mode) as tf:
                 for p in sorted(work.rglob("*")):
                     tf.add(p, arcname=str(p.relative_to(work)), recursive=False)
             os.replace(tmp_tar, dest)
+            tmp_tar = None
             shutil.rmtree(work)
         else:
             if dest.exists():
@@ -315,6 +322,9 @@ def save_bundle(
             os.replace(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        if tmp_tar is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp_tar.unlink()
         raise
     return Bundle(dest, manifest)
 
