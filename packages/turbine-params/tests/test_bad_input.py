@@ -265,3 +265,17 @@ def test_reading_after_close_names_the_archive(good, mmap):
     for read in (entry.as_flat_array, entry.as_array, lambda: archive["bias"].as_array()):
         with pytest.raises(ParameterArchiveError, match=r"good\.irpa: .*archive was closed"):
             read()
+
+
+@pytest.mark.parametrize("list_first", [False, True])
+def test_bad_splat_metadata_names_the_file_on_lookup(tmp_path, list_first):
+    # A key lookup on a freshly opened archive builds the entry alone; it must still know
+    # which file it came from.
+    b = ParameterArchiveBuilder()
+    b.add_splat("s", b"\0\0\0\0", length=8, metadata=b"PYTORCH:{bad")
+    path = b.save(tmp_path / "bm.irpa")
+    with ParameterArchive(path) as archive:
+        if list_first:
+            archive.items()
+        with pytest.raises(ParameterArchiveError, match=r"bm\.irpa: byte offset \d+: entry 's'"):
+            archive["s"].tensor_metadata  # noqa: B018

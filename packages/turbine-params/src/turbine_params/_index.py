@@ -498,6 +498,7 @@ def _entry_from_row(f: MappedFile, t: EntryTable, i: int, key: str) -> Parameter
         entry_type="splat",
         splat_pattern=bytes(t.pattern[i, : int(t.plen[i])]),
         entry_offset=int(t.entry_offset[i]),
+        origin=f.path,
     )
 
 
