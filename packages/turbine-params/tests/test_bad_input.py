@@ -279,3 +279,10 @@ def test_bad_splat_metadata_names_the_file_on_lookup(tmp_path, list_first):
             archive.items()
         with pytest.raises(ParameterArchiveError, match=r"bm\.irpa: byte offset \d+: entry 's'"):
             archive["s"].tensor_metadata  # noqa: B018
+
+
+def test_add_file_range_of_missing_file(tmp_path):
+    b = ParameterArchiveBuilder()
+    with pytest.raises(ParameterArchiveError, match=r"nope\.bin: entry 'k': cannot read"):
+        b.add_file_range("k", tmp_path / "nope.bin", offset=0, length=4)
+    assert len(b) == 0

@@ -280,10 +280,19 @@ class ParameterArchiveBuilder:
         length: int,
         metadata: bytes | str | TensorMetadata | None = None,
     ) -> None:
-        """Adds a DATA entry whose bytes are copied from ``path`` at save time (streaming)."""
+        """Adds a DATA entry whose bytes are copied from ``path`` at save time (streaming).
+
+        Raises:
+            ParameterArchiveError: ``path`` cannot be read or the range lies outside it.
+        """
         _check_key(key)
         src = os.fspath(path)
-        size = os.path.getsize(src)
+        try:
+            size = os.path.getsize(src)
+        except OSError as e:
+            raise ParameterArchiveError(
+                f"entry {key!r}: cannot read the source file ({e.strerror})", path=src
+            ) from e
         if offset < 0 or length < 0 or offset + length > size:
             raise ParameterArchiveError(
                 f"entry {key!r}: range [{offset}, {offset + length}) lies outside {src!r} "
