@@ -113,6 +113,15 @@ def test_saved_files_have_the_usual_mode_not_mkstemps_0600(tmp_path):
     assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == {f.name: 0o644 for f in files}
 
 
+def test_a_save_that_cannot_complete_writes_no_file(tmp_path):
+    programs = FxPrograms()
+    programs.programs = dict(_builder(Decoder()).programs)
+    programs.programs["../escape"] = programs.programs["prefill"]  # checked after the others
+    with pytest.raises(FxProgramsError, match="cannot name a file"):
+        programs.save(tmp_path / "set.json")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_duplicate_program_name_is_an_error():
     fxb = FxProgramsBuilder(Decoder())
     fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="p")

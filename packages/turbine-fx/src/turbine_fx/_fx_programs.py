@@ -94,6 +94,7 @@ class FxPrograms:
             return key
 
         descriptor_programs: dict[str, Any] = {}
+        graphs: dict[str, bytes] = {}  # written once every program is known to be saveable
         for name, ep in self.programs.items():
             _check_name(name)
             sd_keys = {k: key_for(v, f"{name}:{k}") for k, v in ep.state_dict.items()}
@@ -107,7 +108,7 @@ class FxPrograms:
                 const_keys[k] = key_for(v, f"{name}:{k}")
             bindings[name] = {"state_dict": sd_keys, "constants": const_keys}
             graph_file = f"{stem}.{name}.ep.json"
-            _atomic_write(path.parent / graph_file, _serialize_graph(ep))
+            graphs[graph_file] = _serialize_graph(ep)
             descriptor_programs[name] = {
                 "file": graph_file,
                 "arg_device": {
@@ -115,6 +116,8 @@ class FxPrograms:
                 },
             }
 
+        for graph_file, graph in graphs.items():
+            _atomic_write(path.parent / graph_file, graph)
         data_file = f"{stem}.tensors.safetensors"
         _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
         descriptor = {
