@@ -169,6 +169,26 @@ def test_torch_checkpoint_to_irpa(tmp_path):
         assert archive["model.w"].raw.offset == archive["model.tied"].raw.offset
 
 
+class _NotAWeight:
+    pass
+
+
+def test_legacy_torch_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    from turbine_params import torch_checkpoint_to_irpa
+
+    good = tmp_path / "legacy.pt"
+    torch.save({"w": torch.arange(4.0)}, good, _use_new_zipfile_serialization=False)
+    with ParameterArchive(torch_checkpoint_to_irpa(good, tmp_path / "legacy.irpa")) as archive:
+        torch.testing.assert_close(archive["w"].as_tensor(), torch.arange(4.0))
+    # weights_only refusing a legacy file is a ParameterArchiveError too (CLI: one line, exit 2).
+    bad = tmp_path / "unsafe.pt"
+    torch.save({"w": _NotAWeight()}, bad, _use_new_zipfile_serialization=False)
+    with pytest.raises(ParameterArchiveError, match=r"unsafe\.pt: cannot load torch checkpoint"):
+        torch_checkpoint_to_irpa(bad, tmp_path / "unsafe.irpa")
+    assert not (tmp_path / "unsafe.irpa").exists()
+
+
 def test_torch_checkpoint_to_safetensors_is_refused(tmp_path):
     torch = pytest.importorskip("torch")
     src = tmp_path / "m.pt"

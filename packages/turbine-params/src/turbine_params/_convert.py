@@ -217,21 +217,26 @@ def torch_checkpoint_to_irpa(
     import torch
 
     p = os.fspath(src)
-    mapped = True
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as e:
-        if "mmap" not in str(e):
+    legacy = object()
+
+    def load(mmap: bool) -> Any:
+        try:
+            return torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
+        except RuntimeError as e:
+            if mmap and "mmap" in str(e):
+                return legacy  # legacy (non-zip) checkpoints cannot be mapped
             raise ParameterArchiveError(f"cannot load torch checkpoint ({e})", path=p) from e
-        # Legacy (non-zip) checkpoints cannot be mapped.
+        except Exception as e:
+            raise ParameterArchiveError(
+                f"cannot load torch checkpoint with weights_only=True ({type(e).__name__}: {e})",
+                path=p,
+            ) from e
+
+    obj = load(mmap=True)
+    mapped = obj is not legacy
+    if not mapped:
         logger.warning("%s is a legacy checkpoint; loading it without mmap", p)
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-        mapped = False
-    except Exception as e:
-        raise ParameterArchiveError(
-            f"cannot load torch checkpoint with weights_only=True ({type(e).__name__}: {e})",
-            path=p,
-        ) from e
+        obj = load(mmap=False)
     builder = ParameterArchiveBuilder(data_alignment=data_alignment)
     builder._release_file_backed_pages = mapped
 
