@@ -185,6 +185,12 @@ class ParameterArchiveEntry:
         return f"<ParameterArchiveEntry {self.key!r} {self.entry_type} {desc}>"
 
 
+def describe_keys(keys: list[str]) -> str:
+    """``"N keys: 'a', 'b', ..."`` (the first ten), for messages about a wrong key."""
+    shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
+    return f"{len(keys)} keys: {shown}"
+
+
 def _splat_unit(pattern: bytes | None, itemsize: int) -> bytes | None:
     """A splat's pattern repeated to whole elements (``None`` for non-splats).
 
@@ -284,10 +290,8 @@ class ParameterArchive:
         try:
             pos = self._lookup()[key]
         except KeyError:
-            keys = self.keys()
-            shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
             raise KeyError(
-                f"no parameter {key!r} in the archive ({len(keys)} keys: {shown})"
+                f"no parameter {key!r} in the archive ({describe_keys(self.keys())})"
             ) from None
         if self._items is not None:
             return self._items[pos][1]

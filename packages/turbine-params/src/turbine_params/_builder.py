@@ -25,7 +25,7 @@ from ._format import (
     LayoutEntry,
     layout_archive,
 )
-from ._index import MappedFile, ParameterIndex, ParameterIndexEntry
+from ._index import MappedFile, ParameterIndex, ParameterIndexEntry, metadata_bytes
 from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
 
@@ -56,16 +56,6 @@ class _Source:
     file_path: str | None = None
     file_offset: int = 0
     length: int = 0
-
-
-def _md(metadata: bytes | str | TensorMetadata | None) -> bytes:
-    if metadata is None:
-        return b""
-    if isinstance(metadata, TensorMetadata):
-        return metadata.encode()
-    if isinstance(metadata, str):
-        return metadata.encode("utf-8")
-    return bytes(metadata)
 
 
 def _check_key(key: Any) -> str:
@@ -164,7 +154,9 @@ class ParameterArchiveBuilder:
         host_bytes(blob)  # validate now: errors at add time name the key
         length = host_nbytes(blob)
         sid = self._add_source(_Source(host=blob, length=length), tie_key(blob))
-        self._entries.append(_Entry(EntryType.DATA, key, _md(metadata), length, storage_id=sid))
+        self._entries.append(
+            _Entry(EntryType.DATA, key, metadata_bytes(metadata), length, storage_id=sid)
+        )
 
     def add_splat(
         self,
@@ -217,7 +209,7 @@ class ParameterArchiveBuilder:
             raise ParameterArchiveError(
                 f"splat pattern for {key!r} is {len(raw)} bytes; expected 1, 2, 4, 8 or 16"
             )
-        md = _md(metadata)
+        md = metadata_bytes(metadata)
         if shape is not None:
             shape_t = tuple(int(s) for s in shape)
             if info is None:
@@ -259,7 +251,7 @@ class ParameterArchiveBuilder:
             _Entry(
                 EntryType.EXTERNAL,
                 key,
-                _md(metadata),
+                metadata_bytes(metadata),
                 length,
                 external_path=os.fspath(path),
                 external_offset=offset,
@@ -269,7 +261,7 @@ class ParameterArchiveBuilder:
     def add_skip(self, key: str, *, metadata: bytes | str | None = None) -> None:
         """Adds a SKIP entry (an erased entry that readers ignore)."""
         _check_key(key)
-        self._entries.append(_Entry(EntryType.SKIP, key, _md(metadata)))
+        self._entries.append(_Entry(EntryType.SKIP, key, metadata_bytes(metadata)))
 
     def add_file_range(
         self,
@@ -302,7 +294,9 @@ class ParameterArchiveBuilder:
             _Source(file_path=src, file_offset=offset, length=length),
             ("file", os.path.realpath(src), offset, length),
         )
-        self._entries.append(_Entry(EntryType.DATA, key, _md(metadata), length, storage_id=sid))
+        self._entries.append(
+            _Entry(EntryType.DATA, key, metadata_bytes(metadata), length, storage_id=sid)
+        )
 
     def add_index_entry(self, entry: Any, *, key: str | None = None) -> None:
         """Adds a copy of an index entry (``ParameterIndexEntry`` or ``ParameterArchiveEntry``)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
 from ._format import EntryTable, EntryType, RawEntry, parse_archive
 
@@ -287,7 +288,11 @@ class ParameterIndex:
 
         self.add(
             ParameterIndexEntry(
-                key, _md(metadata), host_nbytes(buffer), entry_type="buffer", buffer=buffer
+                key,
+                metadata_bytes(metadata),
+                host_nbytes(buffer),
+                entry_type="buffer",
+                buffer=buffer,
             )
         )
 
@@ -307,7 +312,11 @@ class ParameterIndex:
             )
         self.add(
             ParameterIndexEntry(
-                key, _md(metadata), total_length, entry_type="splat", splat_pattern=pattern
+                key,
+                metadata_bytes(metadata),
+                total_length,
+                entry_type="splat",
+                splat_pattern=pattern,
             )
         )
 
@@ -325,7 +334,7 @@ class ParameterIndex:
         f.check(offset, length, f"entry {key!r}")
         self.add(
             ParameterIndexEntry(
-                key, _md(metadata), length, entry_type="external", file=f, offset=offset
+                key, metadata_bytes(metadata), length, entry_type="external", file=f, offset=offset
             )
         )
 
@@ -546,9 +555,12 @@ def _entries_from_table(f: MappedFile, t: EntryTable) -> list[ParameterIndexEntr
     return out
 
 
-def _md(metadata: bytes | str | None) -> bytes:
+def metadata_bytes(metadata: bytes | str | TensorMetadata | None) -> bytes:
+    """Entry metadata as stored: bytes as given, str as UTF-8, ``TensorMetadata`` encoded."""
     if metadata is None:
         return b""
+    if isinstance(metadata, TensorMetadata):
+        return metadata.encode()
     if isinstance(metadata, str):
         return metadata.encode("utf-8")
     return bytes(metadata)

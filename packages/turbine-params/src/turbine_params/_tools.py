@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._archive import ParameterArchive
+from ._archive import ParameterArchive, describe_keys
 from ._builder import ParameterArchiveBuilder
 from ._convert import (
     irpa_to_safetensors,
@@ -94,11 +94,9 @@ def strip_archive(
     with ParameterArchive(os.fspath(src), mmap=False) as archive:
         unknown = sorted(keep_set.difference(archive.keys()))
         if unknown:
-            keys = archive.keys()
-            shown = ", ".join(repr(k) for k in keys[:10]) + (" ..." if len(keys) > 10 else "")
             raise ParameterArchiveError(
                 f"keep: no entry {', '.join(map(repr, unknown))} in the archive "
-                f"({len(keys)} keys: {shown})",
+                f"({describe_keys(archive.keys())})",
                 path=src,
             )
         builder = ParameterArchiveBuilder()
