@@ -186,6 +186,16 @@ def test_bad_calls_raise_clear_errors(dtypes_module, stateful_vmfb):
         R.load_module(stateful_vmfb)
 
 
+def test_missing_function_is_an_attribute_error(dtypes_module):
+    """hasattr/getattr-with-default answer on a loaded module (duck-typing probes such as
+    ``hasattr(obj, "mlir_module")`` raised), and m["x"] still names the choices."""
+    assert not hasattr(dtypes_module, "mlir_module")
+    assert getattr(dtypes_module, "nope", None) is None
+    assert hasattr(dtypes_module, "double_bf16")
+    with pytest.raises(R.TurbineRuntimeError, match=r"no function 'nope'.*double_bf16"):
+        dtypes_module["nope"]
+
+
 def test_load_errors(tmp_path, stateful_vmfb):
     with pytest.raises(R.TurbineRuntimeError, match=r"does not exist"):
         R.load_module(tmp_path / "missing.vmfb")

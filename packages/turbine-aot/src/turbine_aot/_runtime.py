@@ -49,6 +49,11 @@ class TurbineRuntimeError(RuntimeError):
     """Loading or calling a compiled module failed; the message says what, where and what to do."""
 
 
+class _NoSuchFunctionError(TurbineRuntimeError, AttributeError):
+    """A module has no function of that name: an AttributeError too, so ``hasattr``,
+    ``getattr(m, name, default)`` and duck-typing probes answer instead of raising."""
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One argument or result of an exported function, as its ABI declares it.
@@ -580,7 +585,7 @@ class LoadedModule:
         try:
             return self.functions[name]
         except KeyError:
-            raise TurbineRuntimeError(
+            raise _NoSuchFunctionError(
                 f"module {self.name!r} has no function {name!r}; it exports: "
                 f"{', '.join(self.functions) or '(none)'}"
             ) from None
