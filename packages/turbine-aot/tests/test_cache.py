@@ -143,3 +143,17 @@ def test_one_compile_error_type_on_every_path():
         R.compile_mlir("func.func @f() -> i32 { return %nope : i32 }", FLAGS, cache=False)
     assert any("undeclared SSA value" in d.message for d in info.value.errors)
     assert info.value.flags == list(FLAGS)
+
+
+def test_unwritable_cache_does_not_fail_the_compile(tmp_path, caplog):
+    """The cache only saves time: a cache directory that cannot be created or written (a file in
+    its place, a read-only home) must leave a successful compile successful, with a warning."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    cache = R.CompileCache(blocker / "cache")
+    mlir = "func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> { return %x : tensor<4xf32> }"
+    vmfb = R.compile_mlir(mlir, FLAGS, cache=cache)
+    assert cache.stats.stores == 0
+    x = torch.arange(4.0)
+    torch.testing.assert_close(R.load_module(vmfb).f(x), x)
+    assert "not writable" in caplog.text

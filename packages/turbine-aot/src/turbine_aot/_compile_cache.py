@@ -140,6 +140,10 @@ class CompileCache:
         except (FileNotFoundError, NotADirectoryError):
             self.stats.misses += 1
             return None
+        except OSError as e:  # unreadable cache: compile as if it were empty
+            logger.warning("could not read compile cache entry %s (%s); recompiling", path, e)
+            self.stats.misses += 1
+            return None
         payload = self._verify(header, payload)
         if payload is None:
             logger.warning("compile cache entry %s is corrupted; removing and recompiling", path)
@@ -167,9 +171,15 @@ class CompileCache:
         if not self.enabled:
             return
         path = self.path_for(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         header = _HEADER.pack(_MAGIC, zlib.crc32(vmfb), len(vmfb))
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+        except OSError as e:
+            # The cache only saves time: an unwritable or full cache directory must not fail a
+            # compile that succeeded.
+            logger.warning("compile cache %s is not writable (%s); not caching", self.directory, e)
+            return
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(header)
@@ -177,10 +187,13 @@ class CompileCache:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            raise
+            if not isinstance(e, OSError):
+                raise
+            logger.warning("could not store compile cache entry %s (%s); not caching", path, e)
+            return
         self.stats.stores += 1
         self.evict()
 
