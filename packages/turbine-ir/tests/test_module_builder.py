@@ -392,6 +392,15 @@ def test_dump_dir_from_environment(tmp_path, ctx, monkeypatch):
     assert str(info.value).startswith("custom failure")
 
 
+def test_unwritable_dump_dir_still_raises_the_build_error(tmp_path, ctx):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    mb = ModuleBuilder(ir.Module.create(), options=ModuleBuilderOptions(dump_dir=blocker))
+    with pytest.raises(IrBuildError, match=r"(?s)custom failure: .*boom.*could not be dumped") as i:
+        mb.handle_mlir_error(mb.module_op, ir.MLIRError("boom", []), "custom failure")
+    assert i.value.dump_dir is None
+
+
 def test_failing_op_dumped_beside_module(tmp_path, ctx):
     mb = ModuleBuilder(ir.Module.create(), options=ModuleBuilderOptions(dump_dir=tmp_path))
     _, fop = mb.create_func_op("f", [ir.IndexType.get()])

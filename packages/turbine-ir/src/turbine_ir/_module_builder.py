@@ -590,14 +590,22 @@ class ModuleBuilder:
         Raises:
             IrBuildError: Always; its message names the dump directory.
         """
-        dump_dir = self.make_dump_dir()
-        ir_path = dump_dir / "module.mlir"
-        ir_path.write_text(_print_for_dump(self.module_op))
-        op = op.operation
-        if op != self.module_op:
-            (dump_dir / "op.mlir").write_text(_print_for_dump(op))
         diag = str(e)
-        (dump_dir / "diagnostics.txt").write_text(diag + "\n")
+        try:
+            dump_dir = self.make_dump_dir()
+            ir_path = dump_dir / "module.mlir"
+            ir_path.write_text(_print_for_dump(self.module_op))
+            op = op.operation
+            if op != self.module_op:
+                (dump_dir / "op.mlir").write_text(_print_for_dump(op))
+            (dump_dir / "diagnostics.txt").write_text(diag + "\n")
+        except OSError as dump_error:
+            # The build error is what matters: an unwritable dump dir must not replace it.
+            logger.error("%s; could not write the IR dump: %s", message, dump_error)
+            raise IrBuildError(
+                f"{message}: {diag}\n(The failing IR could not be dumped: {dump_error}; set "
+                f"{DUMP_DIR_ENV} or ModuleBuilderOptions(dump_dir=...) to a writable directory.)"
+            ) from e
         logger.error("%s; IR written to %s", message, ir_path)
         raise IrBuildError(
             f"{message}: {diag}\nThe failing IR was written to {ir_path} (diagnostics in "
