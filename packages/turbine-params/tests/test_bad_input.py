@@ -286,3 +286,19 @@ def test_add_file_range_of_missing_file(tmp_path):
     with pytest.raises(ParameterArchiveError, match=r"nope\.bin: entry 'k': cannot read"):
         b.add_file_range("k", tmp_path / "nope.bin", offset=0, length=4)
     assert len(b) == 0
+
+
+def test_failed_load_leaves_the_archive_as_it_was(good, tmp_path):
+    b = ParameterArchiveBuilder()
+    b.add_tensor("partial", np.ones(4, np.float32))
+    b.add_external("e", "nowhere.bin", length=4)
+    bad = b.save(tmp_path / "ext.irpa")
+    archive = ParameterArchive(good)
+    before = archive.keys()
+    with pytest.raises(ParameterArchiveError, match=r"nowhere\.bin"):
+        archive.load(bad)
+    assert archive.keys() == before  # not 'partial' from the file that failed
+    assert [k for k, _ in archive.items()] == before
+    assert len(archive.index) == len(before) and len(archive.index.raw_entries) == 3
+    np.testing.assert_array_equal(archive["bias"].as_array(), np.arange(4, dtype=np.float32))
+    archive.close()

@@ -375,7 +375,20 @@ class ParameterIndex:
         except BaseException:
             f.close()
             raise
+        # A bad entry (an EXTERNAL file that cannot be opened) must not leave this file's
+        # earlier entries behind: restore the index as it was before this load.
+        saved = (list(self._done), list(self._pending), list(self._raw), len(self._files))
         self._files.append(f)
+        try:
+            self._add_parsed(f, raw, mmap=mmap)
+        except BaseException:
+            self._done, self._pending, self._raw, n_files = saved
+            for opened in self._files[n_files:]:
+                opened.close()
+            del self._files[n_files:]
+            raise
+
+    def _add_parsed(self, f: MappedFile, raw: list, *, mmap: bool) -> None:
         base_dir = Path(f.path).parent
         for r in raw:
             self._raw.append((f, r))
