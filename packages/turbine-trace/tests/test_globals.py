@@ -154,6 +154,15 @@ def test_same_tensor_twice_gives_one_global(harness):
     assert harness.asm().count("util.global private") == 1
 
 
+def test_same_tensor_with_another_mutability_is_an_error(harness):
+    # Returning the first (immutable) global would make the "mutable" export unassignable, and
+    # the reverse would let an "immutable" export be assigned.
+    w = torch.ones(3)
+    harness.track(export_global(w, name="ro"), "g")
+    with pytest.raises(GlobalsDefError, match=r"already exported as 'g\.ro'.*mutable=True"):
+        harness.track(export_global(w, name="rw", mutable=True), "g")
+
+
 def test_unsupported_global_value():
     with pytest.raises(GlobalsDefError, match=r"global 'g.bad': cannot export a value of type str"):
         from turbine_ir import ModuleBuilder, ir

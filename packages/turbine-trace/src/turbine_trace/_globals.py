@@ -125,6 +125,14 @@ def _create_global(
         if not mapping.is_empty:
             existing = mapping.value
             if isinstance(existing, IrGlobalTensor):
+                if existing.info.attrs.mutable != attrs.mutable:
+                    raise GlobalsDefError(
+                        f"global {fq_name!r}: this tensor is already exported as "
+                        f"{existing.export_name!r} (@{existing.symbol_name}, "
+                        f"mutable={existing.info.attrs.mutable}); one tensor is one global, so "
+                        f"it cannot also be exported with mutable={attrs.mutable}; export a "
+                        "clone, or export it once with the mutability it needs"
+                    )
                 return existing
             actual_symbol, global_op, global_type = existing
         else:
