@@ -137,6 +137,25 @@ def test_bundle_has_the_usual_permissions_and_no_leftovers(parts, tmp_path, monk
     assert sorted(p.name for p in out.iterdir()) == ["b", "b.tar.gz"]
 
 
+def test_overwrite_replaces_bundles_only(parts, tmp_path):
+    """overwrite=True replaces an earlier bundle (or a file), but never deletes a directory
+    that is not a bundle (``-o ~/models --force`` must not wipe ~/models)."""
+    d, vmfb, _ = parts
+    precious = tmp_path / "models"
+    precious.mkdir()
+    (precious / "keep.txt").write_text("mine")
+    with pytest.raises(R.BundleError, match="not a bundle"):
+        R.save_bundle(precious, vmfb, parameters=_params(d), overwrite=True)
+    assert (precious / "keep.txt").read_text() == "mine"
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d), overwrite=True)
+    (tmp_path / "f").write_text("a file")
+    R.save_bundle(tmp_path / "f", vmfb, parameters=_params(d), overwrite=True)
+    x = torch.randn(2, 4)
+    for name in ("b", "f"):
+        torch.testing.assert_close(R.load_bundle(tmp_path / name).main(x), x * W + S)
+
+
 def test_runs_with_iree_run_module(parts, tmp_path):
     d, vmfb, _ = parts
     b = R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))

@@ -244,6 +244,12 @@ def save_bundle(
         raise BundleError(
             f"{str(dest)!r} already exists; pass overwrite=True (--force) to replace it"
         )
+    if dest.is_dir() and not dest.is_symlink() and not (dest / MANIFEST).is_file():
+        # overwrite=True replaces a bundle, never deletes an arbitrary directory tree.
+        raise BundleError(
+            f"{str(dest)!r} is a directory but not a bundle (no {MANIFEST}); refusing to "
+            "replace it: give the bundle a new path"
+        )
     is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
     data, mpath = _module_bytes_or_path(
         module, device=devices, compile_flags=compile_flags, cache=cache
@@ -317,8 +323,10 @@ def save_bundle(
             tmp_tar = None
             shutil.rmtree(work)
         else:
-            if dest.exists():
+            if dest.is_dir() and not dest.is_symlink():
                 shutil.rmtree(dest)
+            elif dest.exists() or dest.is_symlink():
+                dest.unlink()
             os.replace(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
