@@ -250,6 +250,12 @@ def test_live_proxy_reads(harness):
     assert isinstance(live["a"], LiveGlobalCollectionProxy)
     assert isinstance(live["a"][0], IrGlobalTensor)
     assert sorted(live.keys()) == ["a", "b"] and len(live) == 2 and "b" in live
+    # Nested collections are proxied through get/values/items too (assignments into them must
+    # reach the globals, not the plain list).
+    assert isinstance(live.get("a"), LiveGlobalCollectionProxy)
+    assert live.get("zz", 5) == 5
+    assert isinstance(dict(live.items())["a"], LiveGlobalCollectionProxy)
+    assert any(isinstance(v, LiveGlobalCollectionProxy) for v in live.values())
 
     @harness.proc("ret_tree")
     def _():

@@ -687,9 +687,18 @@ class LiveGlobalCollectionProxy:
         current_ir_trace().handle_assignment(self, target, value)
 
     def __getattr__(self, name: str) -> Any:
-        # Read-only mapping API (keys/items/values/get) of the underlying collection.
-        if name in ("keys", "values", "items", "get", "index", "count"):
+        # Read-only mapping API of the underlying collection; nested collections come back
+        # proxied (as from ``[]``) so that assigning into them still stores the globals.
+        if name in ("keys", "index", "count"):
             return getattr(self._raw_collection, name)
+        if name == "get":
+            return lambda key, default=None: (
+                _wrap_live(self._raw_collection[key]) if key in self._raw_collection else default
+            )
+        if name == "values":
+            return lambda: [_wrap_live(v) for v in self._raw_collection.values()]
+        if name == "items":
+            return lambda: [(k, _wrap_live(v)) for k, v in self._raw_collection.items()]
         raise AttributeError(name)
 
     def __len__(self) -> int:
