@@ -58,6 +58,7 @@ from ._build_actions_pool import (
 )
 from ._errors import TurbineAotError
 from ._exporter import ExportOutput
+from ._iree_session import atomic_output_file
 
 __all__ = [
     "BuildActionError",
@@ -329,27 +330,12 @@ class ExportOutputMarshaller(ReturnMarshaller):
 
 
 def _write_atomically(path: Path, writer: Callable[[Path], Any]) -> None:
-    """Calls ``writer(tmp)`` on a temp file beside ``path``, fsyncs it, renames it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    try:
+    """Calls ``writer(tmp)`` on a temp file beside ``path``; renames it over ``path`` on success
+    (``_iree_session.atomic_output_file``: fsync, rename, never a half-written ``path``)."""
+    with atomic_output_file(path) as tmp:
         writer(tmp)
-        if not tmp.exists():
-            raise GenerationError(f"saving {path.name} wrote no file (expected {tmp})")
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        if not tmp.exists() or tmp.stat().st_size == 0:
+            raise GenerationError(f"saving {path.name} wrote nothing (expected data in {tmp})")
 
 
 def _remove_stale_temps(path: Path) -> None:
