@@ -242,3 +242,113 @@ def test_two_device_bundle(tmp_path):
         )
         assert out.returncode == 0, out.stderr
         assert "4xf32=3 6 11 18" in out.stdout, out.stdout
+
+
+def _tar_with(path: Path, good: Path, add) -> None:
+    """An archive holding the valid bundle ``good`` plus what ``add(tarfile)`` puts in."""
+    import tarfile
+
+    with tarfile.open(path, "w") as tf:
+        for p in sorted(good.rglob("*")):
+            tf.add(p, arcname=str(p.relative_to(good)), recursive=False)
+        add(tf)
+
+
+def _member(name: str, kind: bytes | None = None, linkname: str = "", data: bytes = b"x"):
+    import io
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    if kind is None:
+        info.size = len(data)
+        return info, io.BytesIO(data)
+    info.type, info.linkname = kind, linkname
+    return info, None
+
+
+@pytest.mark.parametrize("old_python", [False, True], ids=["data-filter", "no-filter"])
+def test_malicious_archives_are_refused_before_anything_is_written(
+    parts, tmp_path, monkeypatch, old_python
+):
+    """A crafted archive (``..``, an absolute path, links leaving the bundle, a device file) is a
+    BundleError naming the member, and nothing is unpacked, outside or inside; also on a Python
+    without tarfile's extraction filters (< 3.10.12), where our checks are the only guard."""
+    import tarfile
+
+    d, vmfb, _ = parts
+    good = R.save_bundle(tmp_path / "good", vmfb, parameters=_params(d)).path
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    if old_python:
+        monkeypatch.delattr(tarfile, "data_filter")
+    cases = {
+        "dotdot": (_member("../victim/x"), "'..' component"),
+        "nested-dotdot": (_member("params/../../victim/y"), "'..' component"),
+        "absolute": (_member(str(victim / "abs")), "absolute path"),
+        "symlink-etc": (_member("params/etc", tarfile.SYMTYPE, "/etc"), "symbolic link"),
+        "symlink-up": (_member("up", tarfile.SYMTYPE, "../victim"), "symbolic link"),
+        "hardlink-passwd": (_member("pw", tarfile.LNKTYPE, "/etc/passwd"), "hard link"),
+        "device": (_member("dev", tarfile.CHRTYPE), "device"),
+        "fifo": (_member("fifo", tarfile.FIFOTYPE), "FIFO"),
+    }
+    for case, ((info, data), why) in cases.items():
+        archive = tmp_path / f"{case}.tar"
+        _tar_with(archive, good, lambda tf, info=info, data=data: tf.addfile(info, data))
+        out = tmp_path / f"out-{case}"
+        with pytest.raises(R.BundleError, match=rf"unsafe member .*\(.*{why}.*Rebuild it"):
+            R.read_bundle(archive, extract_to=out)
+        with pytest.raises(R.BundleError, match=f"unsafe member '{info.name}'"):
+            R.load_bundle(archive)
+        assert not out.exists(), case  # refused before extraction began
+        assert list(victim.iterdir()) == [], case
+    # A member written through an (inside) symlink to a directory outside is refused too.
+    archive = tmp_path / "through.tar"
+
+    def add_through(tf):
+        tf.addfile(*_member("lnk", tarfile.SYMTYPE, "params"))
+        tf.addfile(*_member("lnk/z"))
+
+    _tar_with(archive, good, add_through)
+    with pytest.raises(R.BundleError, match="path through the link 'lnk'"):
+        R.read_bundle(archive, extract_to=tmp_path / "out-through")
+    assert not (tmp_path / "out-through").exists()
+
+
+def test_archive_with_inside_links_and_shared_parameter_file_loads(tmp_path):
+    """What save_bundle writes for one archive used by two scopes (a hard link inside the tar)
+    and a relative symlink that stays inside are accepted."""
+    import tarfile
+
+    import iree.runtime as rt
+
+    rt.save_archive_file({"w": W.numpy(), "s": S.numpy()}, str(tmp_path / "both.irpa"))
+    vmfb = R.compile_mlir(MLIR, R.device_compile_flags(["local-task"]), cache=False)
+    both = tmp_path / "both.irpa"
+    R.save_bundle(tmp_path / "b.tar", vmfb, parameters={"model": both, "extra": both})
+    with tarfile.open(tmp_path / "b.tar") as tf:
+        assert any(m.islnk() for m in tf.getmembers())
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(R.load_bundle(tmp_path / "b.tar").main(x), x * W + S)
+    good = R.read_bundle(tmp_path / "b.tar", extract_to=tmp_path / "x").path
+    _tar_with(
+        tmp_path / "sym.tar",
+        good,
+        lambda tf: tf.addfile(*_member("params/alias.irpa", tarfile.SYMTYPE, "model.irpa")),
+    )
+    b = R.read_bundle(tmp_path / "sym.tar", extract_to=tmp_path / "y")
+    assert (b.path / "params" / "alias.irpa").resolve() == (b.path / "params/model.irpa").resolve()
+
+
+def test_manifest_paths_outside_the_bundle_are_refused(parts, tmp_path):
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    man_path = tmp_path / "b" / "manifest.json"
+    original = json.loads(man_path.read_text())
+    (tmp_path / "outside.vmfb").write_bytes(vmfb)
+    for edit, what in (
+        ({"module": "../outside.vmfb"}, r"module file '\.\./outside\.vmfb' \(a '\.\.' component"),
+        ({"parameters": {"model": [str(d / "weights.irpa")]}}, "scope 'model' file .*absolute"),
+    ):
+        man_path.write_text(json.dumps({**original, **edit}))
+        with pytest.raises(R.BundleError, match=what):
+            R.load_bundle(tmp_path / "b")

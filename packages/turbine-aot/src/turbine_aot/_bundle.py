@@ -358,16 +358,85 @@ def read_bundle(path: str | os.PathLike, *, extract_to: str | os.PathLike | None
         out = Path(extract_to) if extract_to else Path(tempfile.mkdtemp(prefix="turbine-bundle-"))
         try:
             with tarfile.open(src) as tf:
-                try:
-                    tf.extractall(out, filter="data")
-                except TypeError:  # Python without extraction filters
-                    tf.extractall(out)
+                _extract_archive(tf, src, out)
             return _read_bundle_dir(out)
         except BaseException:
             if not extract_to:  # our temporary directory: do not leave an unusable copy behind
                 shutil.rmtree(out, ignore_errors=True)
             raise
     return _read_bundle_dir(src)
+
+
+def _unsafe_path(name: str) -> str | None:
+    """Why an archive member name or manifest path would leave the bundle, or None if it stays."""
+    if not name:
+        return "an empty path"
+    if name.startswith(("/", "\\")) or os.path.isabs(name) or name[1:2] == ":":
+        return "an absolute path"
+    if ".." in name.replace("\\", "/").split("/"):
+        return "a '..' component"
+    if "\0" in name:
+        return "a NUL byte"
+    return None
+
+
+def _check_members(members: list[tarfile.TarInfo], src: Path) -> None:
+    """Refuses an archive any of whose members would be written outside the extraction
+    directory or is not a plain file, directory or link that stays inside it.
+
+    Done on every Python version before anything is extracted (``filter="data"`` exists only
+    from Python 3.10.12 / 3.11.4, and then is used as well)."""
+    names = {m.name.rstrip("/") for m in members}
+    links = {m.name.rstrip("/") for m in members if m.issym() or m.islnk()}
+    for m in members:
+        name = m.name.rstrip("/")
+        why = _unsafe_path(m.name)
+        if why is None and not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            why = "not a regular file, directory or link (a device, FIFO or other special file)"
+        if why is None and m.issym():
+            target = m.linkname
+            joined = os.path.normpath(os.path.join(os.path.dirname(name), target))
+            if (
+                _unsafe_path(target) == "an absolute path"
+                or joined == ".."
+                or joined.startswith("../")
+            ):
+                why = f"a symbolic link to {target!r}, outside the bundle"
+        if (
+            why is None
+            and m.islnk()
+            and (_unsafe_path(m.linkname) is not None or m.linkname.rstrip("/") not in names)
+        ):
+            why = f"a hard link to {m.linkname!r}, which is not a file of the archive"
+        if why is None:
+            parts = name.split("/")
+            through = next(
+                ("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in links),
+                None,
+            )
+            if through is not None:
+                why = f"a path through the link {through!r}"
+        if why is not None:
+            raise BundleError(
+                f"bundle archive {str(src)!r} has an unsafe member {m.name!r} ({why}); refusing "
+                "to unpack it: a bundle archive holds only files inside the bundle. Rebuild it "
+                "with `turbine-aot bundle`"
+            )
+
+
+def _extract_archive(tf: tarfile.TarFile, src: Path, out: Path) -> None:
+    try:
+        members = tf.getmembers()
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise BundleError(f"bundle archive {str(src)!r} is damaged or truncated: {e}") from e
+    _check_members(members, src)
+    try:
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(out, members=members, filter="data")
+        else:  # pragma: no cover - Python < 3.10.12: the checks above are the only guard
+            tf.extractall(out, members=members)
+    except (tarfile.TarError, EOFError) as e:  # incl. the data filter's FilterError
+        raise BundleError(f"bundle archive {str(src)!r} cannot be unpacked: {e}") from e
 
 
 def _read_bundle_dir(src: Path) -> Bundle:
@@ -385,6 +454,18 @@ def _read_bundle_dir(src: Path) -> Bundle:
             f"bundle format version {manifest.get('format_version')} is newer than this "
             f"turbine-aot reads ({BUNDLE_FORMAT_VERSION}); upgrade turbine-aot"
         )
+    rel_paths = [("module", manifest.get("module"))] + [
+        (f"parameter scope {scope!r}", p)
+        for scope, ps in (manifest.get("parameters") or {}).items()
+        for p in ps
+    ]
+    for what, rel in rel_paths:
+        why = _unsafe_path(rel) if isinstance(rel, str) else "not a path"
+        if why is not None:
+            raise BundleError(
+                f"{str(mpath)!r}: the {what} file {rel!r} ({why}) is not inside the bundle; a "
+                "manifest names files of its bundle only: rebuild it with `turbine-aot bundle`"
+            )
     bundle = Bundle(src, manifest)
     if not bundle.module_path.is_file():
         raise BundleError(f"bundle {str(src)!r} is missing {manifest['module']}")
