@@ -352,3 +352,66 @@ def test_manifest_paths_outside_the_bundle_are_refused(parts, tmp_path):
         man_path.write_text(json.dumps({**original, **edit}))
         with pytest.raises(R.BundleError, match=what):
             R.load_bundle(tmp_path / "b")
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Rewrites a bundle file without touching its hard-linked source (a new inode)."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("name", ["b", "b.tar"])
+def test_parameter_files_are_hashed_and_checked(parts, tmp_path, name):
+    """The manifest records each file's size and SHA-256; a truncated parameter file is refused
+    on every load, a same-size corruption by verify=True / Bundle.verify(), naming the file."""
+    import hashlib
+    import tarfile
+
+    d, vmfb, _ = parts
+    b = R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    files = b.manifest["files"]
+    assert set(files) == {"module.vmfb", "params/model.irpa", "params/extra.irpa"}
+    weights = (d / "weights.irpa").read_bytes()
+    assert files["params/model.irpa"] == {
+        "size": len(weights),
+        "sha256": hashlib.sha256(weights).hexdigest(),
+    }
+    b.verify()
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(R.load_bundle(b.path, verify=True).main(x), x * W + S)
+
+    def damaged(data: bytes) -> Path:
+        _replace(b.path / "params" / "model.irpa", data)
+        if name == "b":
+            return b.path
+        with tarfile.open(tmp_path / name, "w") as tf:
+            for p in sorted(b.path.rglob("*")):
+                tf.add(p, arcname=str(p.relative_to(b.path)), recursive=False)
+        return tmp_path / name
+
+    src = damaged(weights[:-7])
+    with pytest.raises(R.BundleError, match=r"'params/model.irpa' .* is \d+ bytes .*truncated"):
+        R.load_bundle(src)
+    flipped = bytearray(weights)
+    flipped[-1] ^= 0xFF
+    src = damaged(bytes(flipped))
+    R.read_bundle(src, extract_to=tmp_path / "x")  # sizes match: only hashing can tell
+    with pytest.raises(R.BundleError, match=r"'params/model.irpa' .*does not match .*sha256"):
+        R.load_bundle(src, verify=True)
+    with pytest.raises(R.BundleError, match=r"'params/model.irpa' .*does not match .*sha256"):
+        R.read_bundle(src, extract_to=tmp_path / "y").verify()
+    assert (d / "weights.irpa").read_bytes() == weights  # the source was never touched
+
+
+def test_bundle_without_file_hashes_still_loads(parts, tmp_path):
+    """A bundle written before per-file hashes loads; verify() says how to get them."""
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    man_path = tmp_path / "b" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    del man["files"]
+    man_path.write_text(json.dumps(man))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(R.load_bundle(tmp_path / "b").main(x), x * W + S)
+    with pytest.raises(R.BundleError, match=r"no per-file SHA-256 .*rebuild it"):
+        R.read_bundle(tmp_path / "b").verify()

@@ -201,6 +201,49 @@ class Bundle:
         """``iree-run-module`` flags (paths relative to the bundle) that load this bundle."""
         return list(self.manifest["iree_run_module"]["flags"])
 
+    def verify(self) -> None:
+        """Checks every file of the bundle against the SHA-256 its manifest records.
+
+        Reads all the weights (about 1-2 s per GB here), which is why loading checks only the
+        sizes (and the module's hash); call this, or pass ``verify=True`` to
+        :func:`read_bundle` / :func:`load_bundle`, after copying a bundle or before deploying it.
+
+        Raises:
+            BundleError: a file is missing, has another size or content than when the bundle
+                was written, or the bundle has no per-file hashes (written before they existed).
+        """
+        files = self.manifest.get("files")
+        if not isinstance(files, dict):
+            raise BundleError(
+                f"bundle {str(self.path)!r} records no per-file SHA-256 (written by an older "
+                "turbine-aot); rebuild it with `turbine-aot bundle` to verify it"
+            )
+        self._check_files(hashes=True)
+
+    def _check_files(self, *, hashes: bool) -> None:
+        for rel, rec in (self.manifest.get("files") or {}).items():
+            f = self.path / rel
+            if not isinstance(rec, dict):
+                raise BundleError(
+                    f"{str(self.path / MANIFEST)!r}: the record of {rel!r} is not an object "
+                    "with size and sha256; rebuild the bundle"
+                )
+            try:
+                size = f.stat().st_size
+            except FileNotFoundError:
+                raise BundleError(f"bundle {str(self.path)!r} is missing {rel}") from None
+            if size != rec.get("size"):
+                raise BundleError(
+                    f"bundle file {rel!r} of {str(self.path)!r} is {size} bytes but the manifest "
+                    f"says {rec.get('size')}: it was truncated or replaced; rebuild the bundle"
+                )
+            if hashes and _sha256_file(f) != rec.get("sha256"):
+                raise BundleError(
+                    f"bundle file {rel!r} of {str(self.path)!r} does not match the manifest's "
+                    "sha256: it was altered (or corrupted) after the bundle was written; rebuild "
+                    "the bundle"
+                )
+
 
 def save_bundle(
     path: str | os.PathLike,
@@ -285,6 +328,13 @@ def save_bundle(
                 rel = f"params/{safe}{'' if i == 0 else f'-{i}'}{''.join(f.suffixes) or '.irpa'}"
                 _link_or_copy(f, work / rel)
                 param_rel[scope].append(rel)
+        # Per-file size + SHA-256 (hashing reads the weights once, ~1-2 s per GB): every load
+        # checks the sizes, Bundle.verify()/verify=True the hashes.
+        files = {
+            rel: {"size": (work / rel).stat().st_size, "sha256": _sha256_file(work / rel)}
+            for rel in [p for ps in param_rel.values() for p in ps]
+        }
+        files[MODULE_FILE] = {"size": len(vmfb), "sha256": hashlib.sha256(vmfb).hexdigest()}
         run_flags = [f"--module={MODULE_FILE}"]
         run_flags += [f"--device={d}" for d in devices]
         run_flags += [f"--parameters={s}={p}" for s, ps in param_rel.items() for p in ps]
@@ -294,6 +344,7 @@ def save_bundle(
             "module": MODULE_FILE,
             "module_name": module_name,
             "module_sha256": hashlib.sha256(vmfb).hexdigest(),
+            "files": files,
             "functions": {k: s.to_json() for k, s in sigs.items()},
             "parameters": param_rel,
             "devices": _device_records(devices),
@@ -337,12 +388,21 @@ def save_bundle(
     return Bundle(dest, manifest)
 
 
-def read_bundle(path: str | os.PathLike, *, extract_to: str | os.PathLike | None = None) -> Bundle:
+def read_bundle(
+    path: str | os.PathLike,
+    *,
+    extract_to: str | os.PathLike | None = None,
+    verify: bool = False,
+) -> Bundle:
     """Reads and validates a bundle's manifest (unpacking an archive first).
+
+    The module's SHA-256 and every file's size are checked; the parameter files' SHA-256 only
+    with ``verify=True`` (see :meth:`Bundle.verify`).
 
     Args:
         path: the bundle directory or ``.tar``/``.tar.gz`` file.
         extract_to: where to unpack an archive (default: a new temporary directory).
+        verify: also hash every parameter file and compare with the manifest.
 
     Raises:
         BundleError: not a bundle, an unknown format version, a missing or altered file.
@@ -359,12 +419,12 @@ def read_bundle(path: str | os.PathLike, *, extract_to: str | os.PathLike | None
         try:
             with tarfile.open(src) as tf:
                 _extract_archive(tf, src, out)
-            return _read_bundle_dir(out)
+            return _read_bundle_dir(out, verify=verify)
         except BaseException:
             if not extract_to:  # our temporary directory: do not leave an unusable copy behind
                 shutil.rmtree(out, ignore_errors=True)
             raise
-    return _read_bundle_dir(src)
+    return _read_bundle_dir(src, verify=verify)
 
 
 def _unsafe_path(name: str) -> str | None:
@@ -439,7 +499,7 @@ def _extract_archive(tf: tarfile.TarFile, src: Path, out: Path) -> None:
         raise BundleError(f"bundle archive {str(src)!r} cannot be unpacked: {e}") from e
 
 
-def _read_bundle_dir(src: Path) -> Bundle:
+def _read_bundle_dir(src: Path, *, verify: bool = False) -> Bundle:
     mpath = src / MANIFEST
     try:
         manifest = json.loads(mpath.read_text())
@@ -459,6 +519,7 @@ def _read_bundle_dir(src: Path) -> Bundle:
         for scope, ps in (manifest.get("parameters") or {}).items()
         for p in ps
     ]
+    rel_paths += [("recorded", rel) for rel in (manifest.get("files") or {})]
     for what, rel in rel_paths:
         why = _unsafe_path(rel) if isinstance(rel, str) else "not a path"
         if why is not None:
@@ -480,6 +541,10 @@ def _read_bundle_dir(src: Path) -> Bundle:
                 raise BundleError(
                     f"bundle {str(src)!r} is missing parameter file {f.name} ({scope})"
                 )
+    if verify:
+        bundle.verify()
+    else:
+        bundle._check_files(hashes=False)
     return bundle
 
 
@@ -516,6 +581,7 @@ def load_bundle(
     device: str | Sequence[str] | None = None,
     parameters: Mapping[str, Any] | None = None,
     copy_results: bool = False,
+    verify: bool = False,
 ) -> LoadedModule:
     """Loads a bundle with one call.
 
@@ -524,6 +590,8 @@ def load_bundle(
         device: device URI(s); default: those recorded in the manifest.
         parameters: scope -> path(s) replacing the bundle's archives for those scopes.
         copy_results: see :func:`~turbine_aot.runtime.load_module`.
+        verify: check every file's SHA-256 against the manifest first (see
+            :meth:`Bundle.verify`; sizes and the module's hash are always checked).
 
     Returns:
         The loaded module; its functions are attributes.
@@ -535,7 +603,7 @@ def load_bundle(
     # An archive is unpacked into a temporary directory that lives as long as the module.
     unpacked = Path(tempfile.mkdtemp(prefix="turbine-bundle-")) if Path(path).is_file() else None
     try:
-        bundle = read_bundle(path, extract_to=unpacked)
+        bundle = read_bundle(path, extract_to=unpacked, verify=verify)
         devices = (
             bundle.devices
             if device is None
