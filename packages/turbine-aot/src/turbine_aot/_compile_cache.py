@@ -20,13 +20,14 @@ import json
 import logging
 import os
 import struct
-import tempfile
 import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from turbine_params import atomic_output_file
 
 from ._errors import CompileError as _AotCompileError
 from ._errors import Diagnostic
@@ -173,26 +174,13 @@ class CompileCache:
         path = self.path_for(key)
         header = _HEADER.pack(_MAGIC, zlib.crc32(vmfb), len(vmfb))
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+            with atomic_output_file(path, parents=True) as tmp, open(tmp, "wb") as f:
+                f.write(header)
+                f.write(vmfb)
         except OSError as e:
             # The cache only saves time: an unwritable or full cache directory must not fail a
             # compile that succeeded.
             logger.warning("compile cache %s is not writable (%s); not caching", self.directory, e)
-            return
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(vmfb)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as e:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            if not isinstance(e, OSError):
-                raise
-            logger.warning("could not store compile cache entry %s (%s); not caching", path, e)
             return
         self.stats.stores += 1
         self.evict()

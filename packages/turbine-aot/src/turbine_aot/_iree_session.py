@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from iree.compiler.api import Invocation, Output, Session
+
+from turbine_params import atomic_output_file as _atomic_output_file
+from turbine_params import atomic_write_bytes as _atomic_write_bytes
 
 from ._errors import CompileError, Diagnostic
 
@@ -186,50 +188,15 @@ def _char_buffer_type() -> type:
     return CharBuffer
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform can fsync a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_output_file(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yields a temporary path in ``path``'s directory; on success it is fsynced and renamed
-    over ``path``, on failure removed (so ``path`` is never left half written)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, target)
-        _fsync_dir(target.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+def atomic_output_file(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Path]:
+    """``turbine_params.atomic_output_file`` creating missing parent directories (as every
+    turbine_aot output does)."""
+    return _atomic_output_file(path, parents=True)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
-    """Writes ``data`` to ``path`` atomically (temp file in the same directory, fsync, rename)."""
-    with atomic_output_file(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
+    """``turbine_params.atomic_write_bytes`` creating missing parent directories."""
+    _atomic_write_bytes(path, data, parents=True)
 
 
 def output_to_file(inv: CapturedInvocation, path: Path, *, bytecode: str = "vm") -> None:

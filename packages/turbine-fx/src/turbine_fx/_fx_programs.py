@@ -20,17 +20,17 @@ program's state to the shared tensors.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.export import ExportedProgram
+
+from turbine_params import atomic_output_file, atomic_write_bytes
 
 from ._decompositions import current_aot_decompositions
 from ._errors import FxProgramsError
@@ -117,7 +117,7 @@ class FxPrograms:
             }
 
         for graph_file, graph in graphs.items():
-            _atomic_write(path.parent / graph_file, graph)
+            atomic_write_bytes(path.parent / graph_file, graph, parents=True)
         data_file = f"{stem}.tensors.safetensors"
         _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
         descriptor = {
@@ -128,7 +128,7 @@ class FxPrograms:
             "tensors": tensor_meta,
             "bindings": bindings,
         }
-        _atomic_write(path, json.dumps(descriptor, indent=1).encode())
+        atomic_write_bytes(path, json.dumps(descriptor, indent=1).encode(), parents=True)
         return references - len(tensors)
 
     # Loading --------------------------------------------------------------------------------
@@ -376,7 +376,7 @@ def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) 
             data = data.clone()  # safetensors refuses tensors that share memory
         seen_storage.add(data.untyped_storage().data_ptr())
         payload[key] = data
-    with _atomic_output(path) as tmp:
+    with atomic_output_file(path, parents=True) as tmp:
         save_file(payload, str(tmp), metadata={"format": _FORMAT})
 
 
@@ -468,33 +468,3 @@ def _deserialize_graph(
         return deserialize(artifact)
     except Exception as e:
         raise FxProgramsError(f"cannot deserialize program '{name}': {e}") from e
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    with _atomic_output(path) as tmp:
-        tmp.write_bytes(data)
-
-
-@contextlib.contextmanager
-def _atomic_output(path: Path) -> Iterator[Path]:
-    """Yields a temporary path beside ``path``; on success it is fsynced, given the usual file
-    mode (mkstemp makes 0600) and renamed over ``path``; on failure it is removed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

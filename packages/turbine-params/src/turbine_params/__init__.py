@@ -8,6 +8,7 @@ return torch tensors, and IREE is never imported (``ParameterIndex.to_iree()`` l
 from __future__ import annotations
 
 from ._archive import ParameterArchive, ParameterArchiveEntry
+from ._atomic import atomic_output_file, atomic_write_bytes
 from ._builder import ParameterArchiveBuilder
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
 from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
@@ -31,6 +32,8 @@ __all__ = [
     "ParameterIndex",
     "ParameterIndexEntry",
     "TensorMetadata",
+    "atomic_output_file",
+    "atomic_write_bytes",
     "convert_parameters",
     "describe_archive",
     "dtype_info",

@@ -8,13 +8,14 @@ import logging
 import mmap
 import os
 import sys
-import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._atomic import atomic_output_file
 from ._dtypes import TensorMetadata, dtype_info, dtype_info_for_numpy
 from ._errors import ParameterArchiveError
 from ._format import (
@@ -496,70 +497,23 @@ def copy_file_range(src_fd: int, dst_fd: int, offset: int, length: int) -> None:
         done += n
 
 
-class atomic_writer:
-    """Context manager yielding a file descriptor of a temporary file next to ``path``.
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[int]:
+    """:func:`atomic_output_file` for writers that want a file descriptor (``os.write``,
+    ``copy_file_range``): yields one open for writing on the temporary file.
 
-    On success: fsync, rename over ``path``, fsync the directory. On failure: the temporary file
-    is removed and ``path`` is untouched.
+    Raises:
+        ParameterArchiveError: ``path``'s directory does not exist.
     """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.tmp: str | None = None
-        self.fd = -1
-
-    def __enter__(self) -> int:
-        directory = self.path.parent if str(self.path.parent) else Path(".")
-        if not directory.is_dir():
-            raise ParameterArchiveError(
-                f"cannot save: directory {str(directory)!r} does not exist", path=self.path
-            )
-        self.fd, self.tmp = tempfile.mkstemp(
-            prefix=f".{self.path.name}.", suffix=".tmp", dir=directory
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise ParameterArchiveError(
+            f"cannot save: directory {str(directory)!r} does not exist", path=path
         )
-        return self.fd
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        assert self.tmp is not None
-        ok = exc_type is None
+    with atomic_output_file(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY)
         try:
-            if ok:
-                os.fsync(self.fd)
-                os.fchmod(self.fd, 0o666 & ~_umask())
-                os.close(self.fd)
-                self.fd = -1
-                os.replace(self.tmp, self.path)
-        except BaseException:
-            ok = False
-            raise
+            yield fd
         finally:
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
-            if not ok:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.tmp)
-        if not ok:
-            return
-        with contextlib.suppress(OSError):  # make the rename itself durable
-            dfd = os.open(self.path.parent if str(self.path.parent) else ".", os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-
-
-def _umask() -> int:
-    # os.umask() reads the mask only by setting it, which briefly leaves it 0 for every thread
-    # of the process (files another thread creates meanwhile would be world-writable); Linux
-    # reports it in /proc instead.
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+            os.close(fd)
