@@ -273,6 +273,35 @@ def test_given_context_and_module_op():
     assert "util.func public @identity" in str(CompiledModule.get_mlir_module(inst))
 
 
+def test_failing_procedure_leaves_the_module_as_it_was(iree_device):
+    """A procedure whose Python body raises leaves no half-built func.func in a module shared
+    with other CompiledModules: the user's exception propagates, the module still verifies,
+    compiles and runs."""
+    import numpy as np
+
+    from turbine_ir.ir import Context, Location
+
+    ctx = Context()
+    with ctx, Location.unknown():
+        module = Module.create()
+    BasicModule(context=ctx, module_op=module.operation)
+    before = str(module)
+
+    class Broken(CompiledModule):
+        def flat(self, x=AbstractTensor(2, 2)):
+            IREE.tensor_reshape(x, 4)  # IR is emitted before the failure
+            raise RuntimeError("the user's own error")
+
+    with pytest.raises(RuntimeError, match="the user's own error"):
+        Broken(context=ctx, module_op=module.operation)
+    assert str(module) == before
+    assert "flat" not in str(module)
+    module.operation.verify()
+    m = iree_device.load(iree_device.compile(str(module), extra_args=FAST))
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(np.asarray(m.identity(x).to_host()), x)
+
+
 @jittable
 def _scaled_add(a, b):
     return a * 2.0 + b

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -129,3 +130,41 @@ def test_namedtuple_results_are_flattened(harness):
     Pair = collections.namedtuple("Pair", ["a", "b"])
     harness.proc("nt", (AbstractTensor(2), AbstractI64))(lambda x, n: Pair(x, n))
     harness.check(r"func.func @nt\(%arg0: tensor<2xf32>, %arg1: i64\) -> \(tensor<2xf32>, i64\)")
+
+
+class _BodyFailed(Exception):
+    pass
+
+
+def _symbols(harness) -> list[str]:
+    return [
+        ir.StringAttr(op.attributes["sym_name"]).value
+        for op in harness.module.body.operations
+        if "sym_name" in op.attributes
+    ]
+
+
+def test_failing_body_leaves_the_module_as_it_was(harness, iree_device):
+    from turbine_trace import IREE
+
+    harness.proc("keep", (AbstractTensor(2),))(lambda x: x)
+    before = str(harness.module)
+
+    def body(x, n):
+        IREE.tensor_update(x, x, 0)  # some IR is emitted before the failure
+        raise _BodyFailed("the procedure's own error")
+
+    with pytest.raises(_BodyFailed, match="the procedure's own error"):
+        harness.proc("broken", (AbstractTensor(2), AbstractI64))(body)
+    # A bad return value fails after the body ran: the same holds.
+    with pytest.raises(ProcedureTraceError, match="procedure 'bad_ret'"):
+        harness.proc("bad_ret", (AbstractTensor(2),))(lambda x: (x, "oops"))
+
+    assert _symbols(harness) == ["keep"]
+    assert str(harness.module) == before
+    # The names are free again, and the module verifies, compiles and runs.
+    assert harness.proc("broken", (AbstractTensor(2),))(lambda x: x).name == "broken"
+    harness.check(r"func.func @keep\(", r"func.func @broken\(")
+    module = harness.load(iree_device)
+    x = np.arange(2, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(module.broken(x).to_host()), x)

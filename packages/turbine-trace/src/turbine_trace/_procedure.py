@@ -120,14 +120,18 @@ class ProcedureTrace(IrTrace):
                 argument_ir_types,
                 argument_attributes=argument_attributes,
             )
-        entry_block = func_op.regions[0].blocks[0]
-        proxies = [
-            abstract.create_intrinsic(ir_value)
-            for ir_value, abstract in zip(entry_block.arguments, abstract_flat)
-        ]
-        proxy_posargs, proxy_kwargs = tree_unflatten(proxies, arguments_tree_def)
-        if arguments_flat:
-            _set_schema_attr(func_op, "torch.args_schema", arguments_tree_def)
+        try:
+            entry_block = func_op.regions[0].blocks[0]
+            proxies = [
+                abstract.create_intrinsic(ir_value)
+                for ir_value, abstract in zip(entry_block.arguments, abstract_flat)
+            ]
+            proxy_posargs, proxy_kwargs = tree_unflatten(proxies, arguments_tree_def)
+            if arguments_flat:
+                _set_schema_attr(func_op, "torch.args_schema", arguments_tree_def)
+        except BaseException:
+            _erase_func(module_builder, func_op)
+            raise
         return ProcedureTrace(
             module_builder=module_builder,
             func_op=func_op,
@@ -141,10 +145,21 @@ class ProcedureTrace(IrTrace):
         The result may be ``None`` (no results), an intrinsic, an MLIR ``Value``, a Python
         scalar or a tree (tuple/list/dict) of those.
 
+        If ``py_f`` raises (or its result cannot be converted), the partly built ``func.func`` is
+        erased from the module, freeing its name, and the exception propagates: the module is left
+        as it was before :meth:`define_func`, so it still verifies and compiles.
+
         Raises:
             ProcedureTraceError: a returned leaf cannot be converted to IR (the message names the
                 procedure and the position of the leaf in the result).
         """
+        try:
+            self._trace_py_func(py_f)
+        except BaseException:
+            _erase_func(self.module_builder, self.func_op)
+            raise
+
+    def _trace_py_func(self, py_f: Callable[..., Any]) -> None:
         with new_ir_trace_scope(self):
             result = _unproxy(py_f(*self.proxy_posargs, **self.proxy_kwargs))
             if result is None:
@@ -210,6 +225,11 @@ class ProcedureTrace(IrTrace):
             else:
                 ir_values = convert_py_value_to_ir(self, value)
             target.resolve_assignment(self, ir_values)
+
+
+def _erase_func(module_builder: ModuleBuilder, func_op: Any) -> None:
+    """Removes a function whose construction failed (its symbol and its IR) from the module."""
+    module_builder.symbol_table.erase(func_op.operation)
 
 
 def _set_schema_attr(func_op: Any, name: str, spec: Any) -> None:
