@@ -7,6 +7,8 @@ A trait is stored as a private attribute on the tensor object itself (``torch.Te
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +32,70 @@ def _attach(tensor: Any, attr: str, trait: object, what: str) -> None:
         ) from e
 
 
-def _normalize_queues(queues: Any) -> list[str] | None:
+def _check_ordinal(ordinal: Any, owner: str) -> int:
+    """``ordinal`` as an int; raises unless it is a non-negative integer (not a bool)."""
+    if not isinstance(ordinal, bool):
+        try:
+            value = operator.index(ordinal)  # int, numpy integers
+        except TypeError:
+            pass
+        else:
+            if value < 0:
+                raise ValueError(
+                    f"{owner} ordinal must be an int >= 0 (device N is @__device_N), got {value}"
+                )
+            return value
+    raise TypeError(
+        f"{owner} ordinal must be an int >= 0 (device N is @__device_N), got {ordinal!r} "
+        f"({type(ordinal).__name__})"
+    )
+
+
+def _normalize_queues(queues: Any, owner: str) -> list[str] | None:
+    """Queue ordinals as decimal strings (how they are stored and printed), or ``None``.
+
+    IREE addresses the queues of a device by number (``#hal.device.promise<@__device_0, [0,
+    1]>``): each queue is a non-negative int or a string of decimal digits. A single queue may
+    be given bare. Anything else is refused here, not when the module is exported.
+    """
     if queues is None:
         return None
-    if isinstance(queues, (str, bytes, int)):
-        # A single queue given bare; keep it a one-element list.
-        return [str(queues)]
-    return [str(q) for q in queues]
+    if isinstance(queues, (str, int)) and not isinstance(queues, bool):
+        queues = [queues]  # a single queue given bare
+    elif isinstance(queues, (bytes, bytearray, dict, set, frozenset)) or not isinstance(
+        queues, Iterable
+    ):
+        raise TypeError(
+            f"{owner} queues must be a list of queue ordinals (ints >= 0 or digit strings such "
+            f"as ['0', '1']) or None, got {queues!r} ({type(queues).__name__})"
+        )
+    out = []
+    for q in queues:
+        if isinstance(q, str):
+            if not (q.isascii() and q.isdigit()):
+                raise ValueError(
+                    f"{owner} queue {q!r} is not a queue ordinal: IREE addresses a device's "
+                    f"queues by number; give ints >= 0 or digit strings such as ['0', '1']"
+                )
+            out.append(str(int(q)))
+            continue
+        if not isinstance(q, bool):
+            try:
+                value = operator.index(q)
+            except TypeError:
+                pass
+            else:
+                if value < 0:
+                    raise ValueError(
+                        f"{owner} queue {value} is negative; queue ordinals are ints >= 0"
+                    )
+                out.append(str(value))
+                continue
+        raise TypeError(
+            f"{owner} queue {q!r} ({type(q).__name__}) is not a queue ordinal; give ints >= 0 "
+            f"or digit strings such as ['0', '1']"
+        )
+    return out
 
 
 class DeviceAffinity:
@@ -46,8 +105,13 @@ class DeviceAffinity:
     can key dictionaries (e.g. the set of devices a module uses).
 
     Args:
-        ordinal: Device number (``__device_{ordinal}`` in the IR).
-        queues: Optional list of queue names on that device.
+        ordinal: Device number (``__device_{ordinal}`` in the IR), an int >= 0.
+        queues: Optional queue ordinals on that device (ints >= 0 or digit strings; stored as
+            decimal strings), or a single one given bare.
+
+    Raises:
+        TypeError: ``ordinal`` is not an integer, or a queue is neither an int nor a string.
+        ValueError: ``ordinal`` or a queue is negative, or a queue string is not a number.
 
     Example:
         >>> DeviceAffinity(1) == DeviceAffinity(1, None)
@@ -57,10 +121,8 @@ class DeviceAffinity:
     __slots__ = ("_ordinal", "_queues")
 
     def __init__(self, ordinal: int, queues: list | None = None):
-        if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
-            raise ValueError(f"DeviceAffinity ordinal must be an int >= 0, got {ordinal!r}")
-        self._ordinal = int(ordinal)
-        self._queues = _normalize_queues(queues)
+        self._ordinal = _check_ordinal(ordinal, "DeviceAffinity")
+        self._queues = _normalize_queues(queues, "DeviceAffinity")
 
     @property
     def ordinal(self) -> int:
@@ -103,8 +165,12 @@ class DeviceTensorTrait:
     """Marks a tensor to be loaded onto a specific device at execution time.
 
     Args:
-        ordinal: Device ordinal the tensor belongs to.
-        queues: Optional queue names on that device.
+        ordinal: Device ordinal the tensor belongs to, an int >= 0.
+        queues: Optional queue ordinals on that device (ints >= 0 or digit strings), checked
+            as :class:`DeviceAffinity` checks them.
+
+    Raises:
+        TypeError, ValueError: as :class:`DeviceAffinity`, when the trait is created.
 
     Example:
         >>> import torch
@@ -116,6 +182,12 @@ class DeviceTensorTrait:
 
     ordinal: int
     queues: list | None = None
+
+    def __post_init__(self) -> None:
+        # Checked now, not when a module using the tensor is exported; the values are kept as
+        # given (``affinity`` normalizes them).
+        _check_ordinal(self.ordinal, "DeviceTensorTrait")
+        _normalize_queues(self.queues, "DeviceTensorTrait")
 
     @property
     def affinity(self) -> DeviceAffinity:
