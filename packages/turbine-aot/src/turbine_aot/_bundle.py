@@ -17,7 +17,6 @@ another IREE release with a message saying what to rebuild or install.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from turbine_aot._runtime import (
     parse_abi_declaration,
     signatures_from_mlir,
 )
+from turbine_params import atomic_output_file
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -315,7 +315,6 @@ def save_bundle(
     unique = f".{dest.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
     work = dest.parent / unique
     work.mkdir()
-    tmp_tar: Path | None = None
     try:
         (work / MODULE_FILE).write_bytes(vmfb)
         param_rel: dict[str, list[str]] = {}
@@ -365,13 +364,11 @@ def save_bundle(
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
         if archive:
-            tmp_tar = dest.parent / f"{unique}.tar"
-            mode = "x:gz" if dest.name.endswith(("gz", "tgz")) else "x"
-            with tarfile.open(tmp_tar, mode) as tf:
+            # turbine_params.atomic_output_file: fsynced, renamed, never a half-written archive.
+            mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
+            with atomic_output_file(dest) as tmp_tar, tarfile.open(tmp_tar, mode) as tf:
                 for p in sorted(work.rglob("*")):
                     tf.add(p, arcname=str(p.relative_to(work)), recursive=False)
-            os.replace(tmp_tar, dest)
-            tmp_tar = None
             shutil.rmtree(work)
         else:
             if dest.is_dir() and not dest.is_symlink():
@@ -381,9 +378,6 @@ def save_bundle(
             os.replace(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
-        if tmp_tar is not None:
-            with contextlib.suppress(FileNotFoundError):
-                tmp_tar.unlink()
         raise
     return Bundle(dest, manifest)
 
