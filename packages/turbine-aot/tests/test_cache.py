@@ -157,3 +157,50 @@ def test_unwritable_cache_does_not_fail_the_compile(tmp_path, caplog):
     x = torch.arange(4.0)
     torch.testing.assert_close(R.load_module(vmfb).f(x), x)
     assert "not writable" in caplog.text
+
+
+def test_drivers_of_one_target_share_one_compile(tmp_path, monkeypatch):
+    """The key holds what decides the compiled bytes (IR, compiler, flags/targets), not the
+    driver that runs them: loading on local-task then local-sync (both llvm-cpu, same flags)
+    compiles once, on every path; another target compiles again."""
+    import iree.compiler as ic
+
+    import turbine_aot
+
+    model = torch.nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    eo = turbine_aot.export(model, args=(x,))
+    cache = R.CompileCache(tmp_path / "eo")
+    compiles: list = []
+    real_compile = type(eo).compile
+
+    def counting_compile(self, *args, **kwargs):
+        compiles.append(kwargs.get("target_device"))
+        return real_compile(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(eo), "compile", counting_compile)
+    with torch.no_grad():
+        expected = model(x)
+    for device in ("local-task", "local-sync"):
+        m = R.load_module(eo, device=device, cache=cache)
+        torch.testing.assert_close(m.main(x), expected, rtol=1e-4, atol=1e-4)
+    assert compiles == ["llvm-cpu"] and cache.stats.hits == 1
+    assert len(cache.entries()) == 1
+
+    # compile_mlir (turbine-aot compile / bundle pass the device URIs as the target label).
+    cache = R.CompileCache(tmp_path / "mlir")
+    calls: list = []
+    real_compile_str = ic.compile_str
+    monkeypatch.setattr(
+        ic, "compile_str", lambda *a, **k: calls.append(1) or real_compile_str(*a, **k)
+    )
+    flags = {d: R.device_compile_flags([d]) for d in ("local-task", "local-sync")}
+    assert flags["local-task"] == flags["local-sync"]
+    for device, f in flags.items():
+        vmfb = R.compile_mlir(MLIR, f, target=device, cache=cache)
+        torch.testing.assert_close(
+            R.load_module(vmfb, device=device).main(torch.arange(4.0)), 2 * torch.arange(4.0)
+        )
+    assert len(calls) == 1 and cache.stats.hits == 1
+    R.compile_mlir(MLIR, FLAGS, target="local-task", cache=cache)  # vmvx: other bytes
+    assert len(calls) == 2 and len(cache.entries()) == 2

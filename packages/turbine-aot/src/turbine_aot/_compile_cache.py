@@ -1,7 +1,9 @@
 """An on-disk, content-addressed cache of compiled ``.vmfb`` modules.
 
-The key is a SHA-256 over the IR bytes, the compile flags (in order), the compiler version and
-revision, and the target. Each entry is one file ``<key[:2]>/<key>.vmfb`` holding a small header
+The key is a SHA-256 over what decides the compiled bytes: the IR bytes, the compile flags (in
+order), the compiler version and revision, and the compile target(s) (``llvm-cpu``, ...) — never
+the runtime driver or device URI, so a module loaded on ``local-task`` and on ``local-sync``
+(the same llvm-cpu target and flags) is compiled once. Each entry is one file ``<key[:2]>/<key>.vmfb`` holding a small header
 (magic, payload CRC-32, payload length) and the payload; a read that finds a wrong magic, length
 or hash treats the entry as missing, deletes it and compiles again. Entries are written to a
 temporary file in the same directory, fsynced, and renamed into place, so concurrent readers see
@@ -117,7 +119,11 @@ class CompileCache:
     def key(
         ir: bytes, flags: Sequence[str], *, target: str = "", version: str | None = None
     ) -> str:
-        """The content address of one compilation."""
+        """The content address of one compilation.
+
+        ``target`` names compile targets (``"llvm-cpu"``), not runtime drivers: it must only
+        ever vary with the compiled bytes.
+        """
         h = hashlib.sha256()
         h.update(b"turbine-compile-cache-v1\0")
         h.update((version or compiler_version()).encode() + b"\0")
@@ -259,7 +265,9 @@ def compile_mlir(
         ir: the module as MLIR text or bytecode.
         flags: ``iree-compile`` flags (target device, optimisation).
         input_type: ``--iree-input-type`` (``"torch"`` for torch-dialect IR).
-        target: a label of the target, part of the key (flags already select it).
+        target: a label of the target for log messages, not part of the key: the flags select
+            the target, and the driver that will run the module (``local-task``,
+            ``local-sync``) does not change its bytes.
         cache: True (the default cache), False (off), a :class:`CompileCache` or a directory.
 
     Returns:
@@ -273,11 +281,11 @@ def compile_mlir(
     data = ir.encode() if isinstance(ir, str) else bytes(ir)
     all_flags = [f"--iree-input-type={input_type}", *flags]
     c = _resolve_cache(cache)
-    key = CompileCache.key(data, all_flags, target=target) if c else ""
+    key = CompileCache.key(data, all_flags) if c else ""
     if c:
         hit = c.get(key)
         if hit is not None:
-            logger.info("compile cache hit %s", key[:16])
+            logger.info("compile cache hit %s%s", key[:16], f" ({target})" if target else "")
             return hit
     t0 = time.perf_counter()
     try:
@@ -354,7 +362,8 @@ def compile_export_output(
     The flags are those ``ExportOutput.compile(target_device=..., extra_args=compile_flags)``
     uses; on a miss the module is compiled by ``ExportOutput.compile`` itself (so import phases
     and session flags are honoured), and the result is stored under the key of the module's
-    bytecode, the flags, the compiler version and the devices.
+    bytecode, the flags, the compiler version and the compile targets the devices resolve to
+    (``local-task`` and ``local-sync`` are both ``llvm-cpu``: one compile serves both).
 
     Returns:
         The ``.vmfb`` bytes.
@@ -376,7 +385,7 @@ def compile_export_output(
     c = _resolve_cache(cache)
     key = ""
     if c:
-        key = CompileCache.key(export_output_ir(export_output), flags, target=",".join(devices))
+        key = CompileCache.key(export_output_ir(export_output), flags, target=",".join(targets))
         hit = c.get(key)
         if hit is not None:
             logger.info("compile cache hit %s", key[:16])
