@@ -84,7 +84,8 @@ def test_load_rejects_other_formats(tmp_path):
 
 def test_load_with_a_missing_graph_file_or_field_is_an_fx_programs_error(tmp_path):
     _builder(Decoder()).save(tmp_path / "set.json")
-    (tmp_path / "set.decode.ep.json").unlink()
+    descriptor = json.loads((tmp_path / "set.json").read_text())
+    (tmp_path / descriptor["programs"]["decode"]["file"]).unlink()
     with pytest.raises(FxProgramsError, match="cannot read the graph of program 'decode'"):
         FxPrograms.load(tmp_path / "set.json")
     descriptor = json.loads((tmp_path / "set.json").read_text())
@@ -104,11 +105,12 @@ def test_saved_files_have_the_usual_mode_not_mkstemps_0600(tmp_path):
     finally:
         os.umask(mask)
     files = sorted(tmp_path.iterdir())
+    generation = json.loads((tmp_path / "set.json").read_text())["data_file"].split(".")[1]
     assert [f.name for f in files] == [
-        "set.decode.ep.json",
+        f"set.{generation}.decode.ep.json",
+        f"set.{generation}.prefill.ep.json",
+        f"set.{generation}.tensors.safetensors",
         "set.json",
-        "set.prefill.ep.json",
-        "set.tensors.safetensors",
     ]  # no temporary files left behind
     assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in files} == {f.name: 0o644 for f in files}
 
@@ -208,3 +210,108 @@ def test_dynamic_shapes_for_a_later_argument_only():
     assert len(shapes) == 2
     assert str(shapes[0][0]) == "3"
     assert not str(shapes[1][0]).isdigit()  # symbolic batch
+
+
+def _snapshot(directory) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+class Wider(nn.Module):
+    """Another set for the same path: other graphs, other weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.proj(x).relu()
+
+
+@pytest.mark.parametrize("fail_at", ["tensor data", "descriptor"])
+def test_a_save_failing_midway_keeps_the_previous_set(tmp_path, monkeypatch, fail_at):
+    """save() is atomic for the whole set: a failure after some files are written (the tensor
+    data, or the descriptor that commits the set) leaves the previous set loadable and every
+    file byte for byte as it was, with no new file beside it."""
+    import turbine_fx._fx_programs as fxp
+
+    path = tmp_path / "set.json"
+    torch.manual_seed(0)
+    old = Decoder()
+    _builder(old).save(path)
+    before = _snapshot(tmp_path)
+    new = FxProgramsBuilder(Wider())
+    new.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="prefill")
+
+    if fail_at == "tensor data":
+
+        def broken(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(fxp, "_save_tensor_data", broken)
+    else:
+        real_dumps = json.dumps
+
+        def broken(obj, *args, **kwargs):
+            if isinstance(obj, dict) and obj.get("format") == "turbine-fx-programs":
+                raise OSError(28, "No space left on device")
+            return real_dumps(obj, *args, **kwargs)
+
+        monkeypatch.setattr(fxp.json, "dumps", broken)
+    with pytest.raises(OSError, match="No space left"):
+        new.save(path)
+    monkeypatch.undo()
+    assert _snapshot(tmp_path) == before
+    loaded = FxPrograms.load(path)
+    assert list(loaded.programs) == ["prefill", "decode"]
+    torch.testing.assert_close(
+        loaded.programs["prefill"].state_dict["proj.weight"], old.proj.weight.detach()
+    )
+    # A save that completes replaces the set and removes the previous one's files.
+    new.save(path)
+    loaded = FxPrograms.load(path)
+    assert list(loaded.programs) == ["prefill"]
+    assert loaded.programs["prefill"].state_dict["proj.weight"].shape == (6, 4)
+    descriptor = json.loads(path.read_text())
+    assert descriptor["version"] == 1  # no shared storage: readable by earlier turbine-fx
+    named = {descriptor["data_file"], *(p["file"] for p in descriptor["programs"].values())}
+    assert {p.name for p in tmp_path.iterdir()} == {"set.json", *named}
+
+
+class Aliased(nn.Module):
+    """Two distinct state tensors over one storage: a buffer that is a row of the weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("row", self.w.detach()[1])
+        self.register_buffer("other", torch.arange(4.0))
+
+    def forward(self, x):
+        return x @ self.w + self.row + self.other
+
+
+def test_tensors_sharing_storage_still_share_it_after_load(tmp_path):
+    model = Aliased()
+    fxb = FxProgramsBuilder(model)
+    fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="main")
+    fxb.save(tmp_path / "a.json")
+    sd = FxPrograms.load(tmp_path / "a.json").programs["main"].state_dict
+    w, row = sd["w"], sd["row"]
+    assert isinstance(w, nn.Parameter) and not isinstance(row, nn.Parameter)
+    torch.testing.assert_close(w, model.w.detach())
+    torch.testing.assert_close(row, model.row)
+    assert row.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+    assert row.storage_offset() == 4 and row.stride() == (1,)
+    with torch.no_grad():
+        w[1, 2] = 42.0
+    assert row[2].item() == 42.0  # one storage, as in the saved model
+    assert sd["other"].untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
+    # Such a set is version 2 (readers of 1 refuse it by version); a descriptor whose view does
+    # not fit its stored storage is an FxProgramsError, not a crash or a read out of bounds.
+    descriptor = json.loads((tmp_path / "a.json").read_text())
+    assert descriptor["version"] == 2
+    row_key = descriptor["bindings"]["main"]["state_dict"]["row"]
+    descriptor["tensors"][row_key]["storage"]["offset"] = 14
+    (tmp_path / "a.json").write_text(json.dumps(descriptor))
+    with pytest.raises(FxProgramsError, match=r"tensor t\d+ .*does not fit in its storage"):
+        FxPrograms.load(tmp_path / "a.json")

@@ -5,14 +5,20 @@ of one model (prefill and decode) then look like several copies of the weights. 
 of a set keep referring to the *same* tensor objects, so importing them into one module yields one
 set of globals (the ModuleBuilder dedupes by identity), and saving stores each tensor once.
 
-On disk (``save(path)``), next to the descriptor ``path`` (JSON):
+On disk (``save(path)``), next to the descriptor ``path`` (JSON), ``<gen>`` being new for each
+save:
 
-* ``<stem>.<program>.ep.json``: each program's graph, serialized by torch's ExportedProgram
-  serializer (JSON) with its tensors replaced by meta-device stand-ins;
-* ``<stem>.tensors.safetensors``: every distinct tensor that has data, once;
+* ``<stem>.<gen>.<program>.ep.json``: each program's graph, serialized by torch's
+  ExportedProgram serializer (JSON) with its tensors replaced by meta-device stand-ins;
+* ``<stem>.<gen>.tensors.safetensors``: every distinct tensor that has data, once (tensors that
+  are views of one storage: that storage once, and each tensor as a view of it);
 * the descriptor: format/version, programs (file, argument device affinities), tensors (dtype,
   shape, kind, traits, where the data is) and, per program, which tensor each state_dict /
   constants entry is.
+
+The set is saved atomically: the files of a save have names of their own, and the descriptor,
+replaced atomically last, commits them; the previous set's files are removed after that. A save
+that fails part way leaves the previous set as it was (and removes what it wrote).
 
 ``load(path)`` reads JSON and safetensors only — it never unpickles anything — and rebinds every
 program's state to the shared tensors.
@@ -20,8 +26,10 @@ program's state to the shared tensors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,10 @@ __all__ = ["FxPrograms", "FxProgramsBuilder"]
 
 _FORMAT = "turbine-fx-programs"
 _VERSION = 1
+# Version 2: some tensors are views of a stored storage ("storage" in their description). Written
+# only then, so readers of version 1 still read every set without shared storage.
+_VERSION_SHARED_STORAGE = 2
+_VERSIONS = (_VERSION, _VERSION_SHARED_STORAGE)
 
 
 class FxPrograms:
@@ -61,7 +73,10 @@ class FxPrograms:
     def save(self, path: str | os.PathLike) -> int:
         """Saves the set of exported programs to a descriptor file (plus files beside it).
 
-        Each tensor shared by several programs (or several names) is stored once.
+        Each tensor shared by several programs (or several names) is stored once, and distinct
+        tensors over one storage (a buffer that is a slice of a weight) load as views of one
+        storage again. The set is replaced atomically: if saving fails part way, ``path`` and
+        the files it names are left as they were (see the module docstring).
 
         Args:
             path: The descriptor file to write (JSON); sibling files share its stem.
@@ -76,6 +91,7 @@ class FxPrograms:
             raise FxProgramsError("FxPrograms.save: the set has no programs to save")
         path = Path(path)
         stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+        generation = uuid.uuid4().hex[:12]
         tensor_ids: dict[int, str] = {}
         tensors: dict[str, torch.Tensor] = {}
         tensor_meta: dict[str, dict[str, Any]] = {}
@@ -107,7 +123,7 @@ class FxPrograms:
                     )
                 const_keys[k] = key_for(v, f"{name}:{k}")
             bindings[name] = {"state_dict": sd_keys, "constants": const_keys}
-            graph_file = f"{stem}.{name}.ep.json"
+            graph_file = f"{stem}.{generation}.{name}.ep.json"
             graphs[graph_file] = _serialize_graph(ep)
             descriptor_programs[name] = {
                 "file": graph_file,
@@ -116,19 +132,34 @@ class FxPrograms:
                 },
             }
 
-        for graph_file, graph in graphs.items():
-            atomic_write_bytes(path.parent / graph_file, graph, parents=True)
-        data_file = f"{stem}.tensors.safetensors"
-        _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
-        descriptor = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "data_file": data_file,
-            "programs": descriptor_programs,
-            "tensors": tensor_meta,
-            "bindings": bindings,
-        }
-        atomic_write_bytes(path, json.dumps(descriptor, indent=1).encode(), parents=True)
+        data_file = f"{stem}.{generation}.tensors.safetensors"
+        previous = _files_of_descriptor(path, stem)
+        written: list[Path] = []
+        try:
+            for graph_file, graph in graphs.items():
+                written.append(path.parent / graph_file)
+                atomic_write_bytes(path.parent / graph_file, graph, parents=True)
+            written.append(path.parent / data_file)
+            _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
+            shared = any("storage" in m for m in tensor_meta.values())
+            descriptor = {
+                "format": _FORMAT,
+                "version": _VERSION_SHARED_STORAGE if shared else _VERSION,
+                "data_file": data_file,
+                "programs": descriptor_programs,
+                "tensors": tensor_meta,
+                "bindings": bindings,
+            }
+            # The commit point: until this rename, the previous descriptor names its own files.
+            atomic_write_bytes(path, json.dumps(descriptor, indent=1).encode(), parents=True)
+        except BaseException:
+            for f in written:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+            raise
+        for name in previous - {data_file, *graphs}:
+            with contextlib.suppress(OSError):
+                (path.parent / name).unlink()
         return references - len(tensors)
 
     # Loading --------------------------------------------------------------------------------
@@ -149,11 +180,12 @@ class FxPrograms:
             raise FxProgramsError(f"cannot read FxPrograms descriptor {path}: {e}") from e
         if not isinstance(descriptor, dict):
             descriptor = {}
-        if descriptor.get("format") != _FORMAT or descriptor.get("version") != _VERSION:
+        if descriptor.get("format") != _FORMAT or descriptor.get("version") not in _VERSIONS:
             raise FxProgramsError(
                 f"{path} is not a turbine FxPrograms descriptor (format "
                 f"{descriptor.get('format')!r} version {descriptor.get('version')!r}; expected "
-                f"{_FORMAT!r} version {_VERSION}); write it with FxPrograms.save"
+                f"{_FORMAT!r} version {' or '.join(map(str, _VERSIONS))}); write it with "
+                "FxPrograms.save (or upgrade turbine-fx)"
             )
         try:
             return FxPrograms._from_descriptor(path, descriptor)
@@ -334,6 +366,29 @@ def _apply_aot_decompositions(program: ExportedProgram) -> ExportedProgram:
         return program.run_decompositions(current_aot_decompositions())
 
 
+def _files_of_descriptor(path: Path, stem: str) -> set[str]:
+    """The files an existing descriptor at ``path`` names (to remove once it is replaced): only
+    plain names beside it that start with ``<stem>.``, never anything else."""
+    try:
+        descriptor = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(descriptor, dict) or descriptor.get("format") != _FORMAT:
+        return set()
+    programs = descriptor.get("programs")
+    names = [descriptor.get("data_file")]
+    if isinstance(programs, dict):
+        names += [p.get("file") for p in programs.values() if isinstance(p, dict)]
+    return {
+        n
+        for n in names
+        if isinstance(n, str)
+        and n.startswith(f"{stem}.")
+        and n != path.name
+        and not any(c in n for c in "/\\\0")
+    }
+
+
 def _check_name(name: str) -> None:
     if not name or any(c in name for c in "/\\\0") or name.startswith("."):
         raise FxProgramsError(
@@ -366,16 +421,33 @@ def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) 
     from safetensors.torch import save_file
 
     payload: dict[str, torch.Tensor] = {}
-    seen_storage: set[int] = set()
+    by_storage: dict[tuple[str, int], list[str]] = {}
     for key, t in tensors.items():
         if t.is_meta:
             continue  # shape/dtype only: a meta tensor has no data
-        data = t.detach().cpu().contiguous()
-        storage = data.untyped_storage().data_ptr()
-        if storage in seen_storage:
-            data = data.clone()  # safetensors refuses tensors that share memory
-        seen_storage.add(data.untyped_storage().data_ptr())
-        payload[key] = data
+        storage = t.untyped_storage()
+        # An empty storage has no address to share (data_ptr 0): each stands alone.
+        sid = (str(t.device), storage.data_ptr() if storage.nbytes() else -len(by_storage) - 1)
+        by_storage.setdefault(sid, []).append(key)
+    for n, keys in enumerate(by_storage.values()):
+        if len(keys) == 1:
+            payload[keys[0]] = tensors[keys[0]].detach().cpu().contiguous()
+            continue
+        # Distinct tensors over one storage (a view, a slice of a weight): the storage is stored
+        # once (safetensors refuses tensors that share memory) and each tensor as a view of it,
+        # so they share it again after load. The whole storage is kept, even bytes no tensor
+        # of the set covers.
+        first = tensors[keys[0]].detach()
+        storage_key = f"storage{n}"
+        whole = torch.empty(0, dtype=torch.uint8, device=first.device)
+        payload[storage_key] = whole.set_(first.untyped_storage()).cpu()
+        for key in keys:
+            t = tensors[key]
+            meta[key]["storage"] = {
+                "data": storage_key,
+                "offset": t.storage_offset(),
+                "stride": list(t.stride()),
+            }
     with atomic_output_file(path, parents=True) as tmp:
         save_file(payload, str(tmp), metadata={"format": _FORMAT})
 
@@ -399,11 +471,22 @@ def _load_tensors(data_path: Path, meta: dict[str, dict]) -> dict[str, torch.Ten
         raise FxProgramsError(f"cannot open FxPrograms tensor data {data_path}: {e}") from e
     with handle as f:
         available = set(f.keys())
+        storages: dict[str, torch.Tensor] = {}
         for key, info in meta.items():
             dtype = _dtype(info["dtype"])
             shape = tuple(info["shape"])
             if info["meta"]:
                 t = torch.empty(shape, dtype=dtype, device="meta")
+            elif info.get("storage"):
+                view = info["storage"]
+                if view["data"] not in storages:
+                    if view["data"] not in available:
+                        raise FxProgramsError(
+                            f"{data_path}: storage {view['data']} of tensor {key} "
+                            f"({info['first_use']}) is missing"
+                        )
+                    storages[view["data"]] = f.get_tensor(view["data"])
+                t = _view_of(storages[view["data"]], dtype, shape, view, data_path, key)
             elif key in available:
                 t = f.get_tensor(key)
                 if t.dtype != dtype or tuple(t.shape) != shape:
@@ -421,6 +504,28 @@ def _load_tensors(data_path: Path, meta: dict[str, dict]) -> dict[str, torch.Ten
                 DeviceTensorTrait(*info["device_trait"]).set(t)
             out[key] = t
     return out
+
+
+def _view_of(
+    storage: torch.Tensor, dtype: torch.dtype, shape: tuple, view: dict, data_path: Path, key: str
+) -> torch.Tensor:
+    """Tensor ``key`` as a view (offset, stride) of a stored storage (bytes), bounds-checked."""
+    offset, stride = int(view["offset"]), tuple(int(s) for s in view["stride"])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    last = offset + sum((n - 1) * s for n, s in zip(shape, stride)) if all(shape) else offset - 1
+    if (
+        storage.dtype != torch.uint8
+        or len(stride) != len(shape)
+        or offset < 0
+        or min(stride, default=0) < 0
+        or (last + 1) * itemsize > storage.numel()
+    ):
+        raise FxProgramsError(
+            f"{data_path}: tensor {key} ({dtype}{list(shape)} at offset {offset}, stride "
+            f"{list(stride)}) does not fit in its storage {view['data']} ({storage.numel()} "
+            "bytes); the descriptor and the tensor data do not belong together: save again"
+        )
+    return torch.empty(0, dtype=dtype).set_(storage.untyped_storage(), offset, shape, stride)
 
 
 # ------------------------------------------------------------------------------------------
