@@ -16,6 +16,7 @@ from turbine_aot._targets import (
     TargetError,
     default_compile_flags,
     default_runtime_flags,
+    has_dynamic_shapes,
     merge_flags,
     resolve_target,
 )
@@ -29,6 +30,7 @@ CHANNELS_LAST = (
     "builtin.module(util.func(iree-preprocessing-convert-conv-to-channels-last))"
 )
 CONV_DT = "--iree-dispatch-creation-experimental-set-data-tiling-ops="
+PEEL = "--iree-llvmcpu-vector-pproc-strategy=peel"
 
 
 @pytest.fixture(autouse=True)
@@ -227,6 +229,54 @@ def test_default_and_portable_builds_match_eager(exported, tmp_path, variant):
     with torch.no_grad():
         expected = model(x)
     torch.testing.assert_close(m.main(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_dynamic_programs_get_the_dynamic_shape_defaults():
+    assert PEEL in default_compile_flags(dynamic_shapes=True, use_env=False)
+    assert PEEL not in default_compile_flags(use_env=False)
+    for target in ("vmvx", "cuda", "vulkan-spirv", "rocm"):
+        assert PEEL not in default_compile_flags(target, dynamic_shapes=True, use_env=False)
+    masked = "--iree-llvmcpu-vector-pproc-strategy=mask"
+    over = default_compile_flags(dynamic_shapes=True, overrides=[masked], use_env=False)
+    assert masked in over and PEEL not in over
+
+
+class SelfAttention(nn.Module):
+    """A softmax over a (sequence x sequence) matmul: the dispatch the peeling is for."""
+
+    def forward(self, x):
+        scores = x @ x.transpose(-1, -2) / 4.0
+        return torch.softmax(scores, dim=-1) @ x
+
+
+def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypatch):
+    import turbine_aot
+    from turbine_aot import _exporter, runtime
+
+    used: list[list[str]] = []
+    real = _exporter.compile_flags_for
+
+    def spy(**kwargs):
+        used.append(real(**kwargs))
+        return used[-1]
+
+    monkeypatch.setattr(_exporter, "compile_flags_for", spy)
+    model = SelfAttention().eval()
+    x = torch.randn(2, 24, 16)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    dynamic = turbine_aot.export(model, args=(x,), dynamic_shapes={"x": {1: seq}})
+    static = turbine_aot.export(model, args=(x,))
+    assert has_dynamic_shapes(dynamic) and has_dynamic_shapes(dynamic.mlir_module)
+    assert not has_dynamic_shapes(static)
+    dynamic.compile(save_to=tmp_path / "dynamic.vmfb")
+    static.compile(save_to=tmp_path / "static.vmfb")
+    assert PEEL in used[0] and PEEL not in used[1]
+    m = runtime.load_module(tmp_path / "dynamic.vmfb", device="local-task")
+    for length in (5, 24, 37):  # not multiples of the vector width: main loop + remainder
+        xi = torch.randn(2, length, 16)
+        with torch.no_grad():
+            expected = model(xi)
+        torch.testing.assert_close(m.main(xi), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_performance_doc_examples_run(monkeypatch):

@@ -305,9 +305,15 @@ def save_bundle(
         if name in sigs and not sigs[name].inputs and not sigs[name].outputs:
             sigs[name] = sig
     params = _normalize_parameters(parameters)
-    recorded_flags = (
-        device_compile_flags(devices, compile_flags) if is_export else list(compile_flags or [])
-    ) or None
+    recorded_flags: list[str] | None
+    if is_export:
+        from turbine_aot._targets import has_dynamic_shapes
+
+        dynamic = has_dynamic_shapes(module)
+        recorded_flags = device_compile_flags(devices, compile_flags, dynamic_shapes=dynamic)
+    else:
+        recorded_flags = list(compile_flags or [])
+    recorded_flags = recorded_flags or None
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Unique names created with mkdir/open (not mkdtemp/mkstemp, which make 0700/0600): the

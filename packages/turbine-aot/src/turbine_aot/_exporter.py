@@ -39,6 +39,7 @@ def compile_flags_for(
     target_device: str | Sequence[str] | None = None,
     host_cpu: bool = True,
     extra_args: Sequence[str] = (),
+    dynamic_shapes: bool = False,
 ) -> list[str]:
     """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
 
@@ -47,6 +48,8 @@ def compile_flags_for(
     ``rocm``, ...) gets turbine's default flags from ``turbine_aot._targets`` (for ``llvm-cpu``:
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
+    ``dynamic_shapes`` (the program has dynamic dimensions) selects the defaults measured for
+    dynamic programs (see ``default_compile_flags``).
     """
     from ._targets import (
         TARGETS,
@@ -62,7 +65,9 @@ def compile_flags_for(
     if devices:
         targets = [resolve_target(d) for d in devices]
         if len(targets) == 1:
-            flags = default_compile_flags(targets[0].name, host=host_cpu, use_env=False)
+            flags = default_compile_flags(
+                targets[0].name, host=host_cpu, dynamic_shapes=dynamic_shapes, use_env=False
+            )
         else:
             # Several devices: one --iree-hal-target-device per device (IREE names them
             # __device_0, __device_1, ... in order), one set of backend/optimization flags.
@@ -75,7 +80,9 @@ def compile_flags_for(
                     flags,
                     [
                         f
-                        for f in default_compile_flags(t, host=host_cpu, use_env=False)
+                        for f in default_compile_flags(
+                            t, host=host_cpu, dynamic_shapes=dynamic_shapes, use_env=False
+                        )
                         if not f.startswith(
                             (
                                 "--iree-hal-target-device=",
@@ -88,7 +95,9 @@ def compile_flags_for(
         known = [b for b in backends if b in TARGETS or b in ("cpu", "host")]
         unknown = [b for b in backends if b not in known]
         if len(known) == 1 and not unknown:
-            flags = default_compile_flags(known[0], host=host_cpu, use_env=False)
+            flags = default_compile_flags(
+                known[0], host=host_cpu, dynamic_shapes=dynamic_shapes, use_env=False
+            )
         else:
             flags = [f"--iree-hal-target-backends={','.join(backends)}"]
             if "llvm-cpu" in backends:
@@ -204,12 +213,14 @@ class ExportOutput:
             CompileError: IREE failed; ``.diagnostics`` holds its messages.
         """
         from ._compiled_module import CompiledModule, ImportPhase
+        from ._targets import has_dynamic_shapes
 
         flags = compile_flags_for(
             target_backends=target_backends,
             target_device=target_device,
             host_cpu=host_cpu,
             extra_args=[*self._session_flags(), *extra_args],
+            dynamic_shapes=has_dynamic_shapes(self.mlir_module),
         )
         # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.
         info = CompiledModule.get_info(self.compiled_module)

@@ -226,20 +226,11 @@ def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
     ``mlir_module``, e.g. ``ExportOutput``), for modules whose ``.vmfb`` carries no ABI
     reflection (torch-dialect input). Argument affinities come from ``iree.abi.affinity``.
     """
-    op = getattr(module_op, "mlir_module", module_op)
-    op = getattr(op, "operation", op)
+    from ._targets import public_functions
+
     out: dict[str, FunctionSignature] = {}
-    try:
-        ops = list(op.regions[0].blocks[0].operations)
-    except Exception:
-        return out
-    for f in ops:
-        f = getattr(f, "operation", f)
-        if f.name != "func.func":
-            continue
+    for f in public_functions(module_op, kinds=("func.func",)):
         attrs = f.attributes
-        if "sym_visibility" in attrs and str(attrs["sym_visibility"]).strip('"') != "public":
-            continue
         name = str(attrs["sym_name"]).strip('"')
         ftype = str(attrs["function_type"])
         arg_attrs = [str(a) for a in attrs["arg_attrs"]] if "arg_attrs" in attrs else []

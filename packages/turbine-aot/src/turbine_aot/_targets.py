@@ -23,7 +23,9 @@ __all__ = [
     "TargetError",
     "default_compile_flags",
     "default_runtime_flags",
+    "has_dynamic_shapes",
     "merge_flags",
+    "public_functions",
     "resolve_target",
     "target_device_flags",
 ]
@@ -186,6 +188,11 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
     f"--iree-dispatch-creation-experimental-set-data-tiling-ops={ops}"
     for ops in ("matmul", "scaled_matmul", "convolution")
 )
+# Programs with dynamic dimensions: vector dimensions of unknown size are peeled (a vector main
+# loop + a remainder) instead of masked. A dynamic attention's softmax is vectorized better:
+# GPT shape, dynamic sequence 1.03x -> 0.98x eager (softmax dispatches 8.6 -> 5.4 ms per call);
+# on static shapes the same flag cost 4 % (GPT 0.96x -> 1.00x), so it is for dynamic programs only.
+_CPU_DYNAMIC_SHAPE_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-vector-pproc-strategy=peel",)
 _OPT_LEVELS = ("O0", "O1", "O2", "O3")
 # --iree-opt-level=O3 fuses more (layer norms into their neighbours): 18 % faster on the static
 # GPT shape, but those dispatches exceed IREE's 32 KiB stack limit (64 KiB static, 128 KiB with
@@ -221,6 +228,7 @@ def default_compile_flags(
     fast_matmul: bool | None = None,
     channels_last_conv: bool = True,
     opt_level: str | None = None,
+    dynamic_shapes: bool = False,
     overrides: Sequence[str] = (),
     use_env: bool = True,
 ) -> list[str]:
@@ -245,6 +253,10 @@ def default_compile_flags(
         channels_last_conv: for CPU targets, convert NCHW convolutions to NHWC before global
             optimization (and data-tile them when ``fast_matmul``).
         opt_level: ``"O0"``..``"O3"`` for ``--iree-opt-level``; ``None`` keeps IREE's default.
+        dynamic_shapes: the program has dynamic dimensions (:func:`has_dynamic_shapes`); for
+            CPU targets this peels vector loops of unknown trip count instead of masking them
+            (measured faster on dynamic programs only). ``ExportOutput.compile`` sets it from
+            the module.
         overrides: flags that replace defaults of the same name or are appended
             (:func:`merge_flags`).
         use_env: also apply flags from ``$TURBINE_COMPILE_FLAGS`` (after the defaults, before
@@ -278,6 +290,8 @@ def default_compile_flags(
             flags.append(_CPU_CHANNELS_LAST_FLAG)
             if fast_matmul:
                 flags += _CPU_CONV_DATA_TILING_FLAGS
+        if dynamic_shapes:
+            flags += _CPU_DYNAMIC_SHAPE_FLAGS
     elif t.name == "cuda":
         flags.append(f"--iree-cuda-target={_cuda_arch() if host else 'sm_80'}")
     elif t.name == "rocm":
@@ -288,6 +302,53 @@ def default_compile_flags(
             flags += _O3_CPU_FLAGS
     env_flags = os.environ.get(COMPILE_FLAGS_ENV, "").split() if use_env else []
     return merge_flags(merge_flags(flags, env_flags), overrides)
+
+
+def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.func")) -> list:
+    """The public function operations at the top level of an MLIR module.
+
+    Args:
+        module: an ``ir.Module``, its operation, or an object with ``mlir_module``
+            (``ExportOutput``).
+        kinds: operation names that count as functions.
+
+    Returns:
+        The operations (empty when ``module`` is not a module).
+    """
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    try:
+        ops = list(op.regions[0].blocks[0].operations)
+    except Exception:
+        return []
+    out = []
+    for f in ops:
+        f = getattr(f, "operation", f)
+        if f.name not in kinds:
+            continue
+        attrs = f.attributes
+        if "sym_visibility" in attrs and str(attrs["sym_visibility"]).strip('"') != "public":
+            continue
+        out.append(f)
+    return out
+
+
+def has_dynamic_shapes(module: object) -> bool:
+    """Whether a module's public functions take or return tensors with dynamic dimensions.
+
+    Args:
+        module: an MLIR module (``ExportOutput``, its ``mlir_module``, an ``ir.Module`` or its
+            operation). Only the function signatures are read: the weights in the body are
+            never printed.
+
+    Returns:
+        ``True`` when a public ``func.func`` / ``util.func`` has a ``?`` dimension in an argument
+        or result type (``!torch.vtensor<[1,?],si64>``, ``tensor<?x512xf32>``).
+    """
+    return any(
+        "function_type" in f.attributes and "?" in str(f.attributes["function_type"])
+        for f in public_functions(module)
+    )
 
 
 def default_runtime_flags(target: str = "llvm-cpu", *, workers: int | None = None) -> list[str]:
