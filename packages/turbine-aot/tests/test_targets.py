@@ -120,7 +120,28 @@ def test_other_targets_get_no_cpu_flags():
     ]
     assert "--iree-hip-target=gfx942" in default_compile_flags("rocm")
     cuda = default_compile_flags("cuda", host=False)
-    assert cuda == ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]
+    assert cuda == ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80", CHANNELS_LAST]
+    plain = default_compile_flags("cuda", host=False, channels_last_conv=False)
+    assert plain == ["--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"]
+
+
+def test_cuda_convolutions_are_compiled_channels_last(tmp_path):
+    """The CUDA default reaches the compiler: the dispatch sees an HWCF filter (compiled here;
+    running needs a GPU). NCHW fp16 convolutions are miscompiled by IREE 3.13 on CUDA."""
+    import turbine_aot
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).eval()
+    eo = turbine_aot.export(model, args=(torch.randn(1, 3, 16, 16),))
+    nhwc = _executable_sources(eo, tmp_path / "default", target_device="cuda")
+    assert "tensor<3x3x3x8xf32>" in nhwc  # filter (kh, kw, cin, cout)
+    nchw = _executable_sources(
+        eo,
+        tmp_path / "nchw",
+        target_device="cuda",
+        # Overriding the preprocessing pipeline replaces the layout change.
+        extra_args=["--iree-preprocessing-pass-pipeline=builtin.module(util.func(canonicalize))"],
+    )
+    assert "tensor<3x3x3x8xf32>" not in nchw and "tensor<8x3x3x3xf32>" in nchw
 
 
 def test_resolve_target_names_and_aliases():
