@@ -300,6 +300,67 @@ def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypa
         torch.testing.assert_close(m.main(xi), expected, rtol=1e-4, atol=1e-4)
 
 
+class Affine(nn.Module):
+    def forward(self, x):
+        return x * 2 + 1
+
+
+def test_fp16_on_the_default_vulkan_target_is_refused_before_compiling(tmp_path):
+    import turbine_aot
+
+    x = torch.randn(4, 64)
+    half = turbine_aot.export(Affine(), args=(x.half(),))
+    with pytest.raises(TargetError, match=r"float16.*--iree-vulkan-target=rdna3"):
+        half.compile(save_to=tmp_path / "m.vmfb", target_device="vulkan-spirv")
+    assert not (tmp_path / "m.vmfb").exists()
+    with pytest.raises(TargetError, match="float16"):
+        half.compile(save_to=None, target_backends=["vulkan-spirv"])
+    # fp16 weights behind an fp32 signature count too.
+    weights = nn.Linear(8, 4).half().eval()
+
+    class Cast(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = weights
+
+        def forward(self, x):
+            return self.lin(x.half()).float()
+
+    with pytest.raises(TargetError, match="float16"):
+        turbine_aot.export(Cast(), args=(torch.randn(2, 8),)).compile(
+            save_to=None, target_device="vulkan-spirv"
+        )
+    # Not refused: a named Vulkan target, fp32 / bf16 programs, other targets.
+    half.compile(
+        save_to=tmp_path / "ok.vmfb",
+        target_device="vulkan-spirv",
+        extra_args=["--iree-vulkan-target=valhall4"],
+    )
+    assert (tmp_path / "ok.vmfb").stat().st_size > 0
+    turbine_aot.export(Affine(), args=(x,)).compile(save_to=None, target_device="vulkan-spirv")
+    turbine_aot.export(Affine(), args=(x.bfloat16(),)).compile(
+        save_to=None, target_device="vulkan-spirv"
+    )
+    half.compile(save_to=None, target_device="llvm-cpu")
+
+
+def test_fp16_with_a_named_vulkan_target_runs_right(tmp_path):
+    import iree_devices
+
+    from turbine_aot import export, runtime
+
+    reason = iree_devices.probe(iree_devices.DEVICES["vulkan-spirv"])
+    if reason:
+        pytest.skip(f"no Vulkan device here: {reason}")
+    x = torch.randn(4, 64)
+    path = tmp_path / "m.vmfb"
+    export(Affine(), args=(x.half(),)).compile(
+        save_to=path, target_device="vulkan-spirv", extra_args=["--iree-vulkan-target=valhall4"]
+    )
+    got = runtime.load_module(path, device="vulkan").main(x.half())
+    torch.testing.assert_close(got.float(), x * 2 + 1, rtol=2e-3, atol=5e-3)
+
+
 def test_performance_doc_examples_run(monkeypatch):
     """The Python examples of docs/performance.md run as written (from the repository root)."""
     import re

@@ -211,9 +211,11 @@ class ExportOutput:
         Raises:
             ExportError: the module does not verify (nothing was compiled).
             CompileError: IREE failed; ``.diagnostics`` holds its messages.
+            TargetError: the target cannot compile this program correctly (fp16 on IREE's
+                default Vulkan target: name one with ``--iree-vulkan-target=...``).
         """
         from ._compiled_module import CompiledModule, ImportPhase
-        from ._targets import has_dynamic_shapes
+        from ._targets import check_program_for_target, has_dynamic_shapes
 
         flags = compile_flags_for(
             target_backends=target_backends,
@@ -222,6 +224,7 @@ class ExportOutput:
             extra_args=[*self._session_flags(), *extra_args],
             dynamic_shapes=has_dynamic_shapes(self.mlir_module),
         )
+        check_program_for_target(self.mlir_module, flags)
         # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.
         info = CompiledModule.get_info(self.compiled_module)
         if info.current_import_phase is None:  # an instance created with import_to=None

@@ -21,6 +21,7 @@ __all__ = [
     "TARGETS",
     "Target",
     "TargetError",
+    "check_program_for_target",
     "default_compile_flags",
     "default_runtime_flags",
     "has_dynamic_shapes",
@@ -28,6 +29,7 @@ __all__ = [
     "public_functions",
     "resolve_target",
     "target_device_flags",
+    "uses_float16",
 ]
 
 #: Environment variable with extra compile flags appended after turbine's defaults (and so
@@ -357,6 +359,53 @@ def has_dynamic_shapes(module: object) -> bool:
         "function_type" in f.attributes and "?" in str(f.attributes["function_type"])
         for f in public_functions(module)
     )
+
+
+def uses_float16(module: object) -> bool:
+    """Whether a module's public function signatures or top-level globals hold fp16 tensors
+    (``f16``; ``bf16`` does not count)."""
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    types = [str(f.attributes["function_type"]) for f in public_functions(module)]
+    try:
+        for g in op.regions[0].blocks[0].operations:
+            g = getattr(g, "operation", g)
+            if g.name in ("util.global", "ml_program.global") and "type" in g.attributes:
+                types.append(str(g.attributes["type"]))
+    except Exception:
+        pass
+    return any("f16" in t.replace("bf16", "") for t in types)
+
+
+def check_program_for_target(module: object, flags: Sequence[str]) -> None:
+    """Refuses combinations IREE 3.13 compiles into wrong code, before compiling.
+
+    Today one: fp16 on Vulkan without a ``--iree-vulkan-target``. IREE's default (baseline)
+    SPIR-V target has no 16-bit float arithmetic, and fp16 programs built for it compute NaN or
+    garbage (``x * 2 + 1`` gave NaN on Mesa lavapipe; a 3x3 convolution was off by 5e2) or fail
+    to compile (``vector.bitcast``); with a target that has Float16 (``rdna3``, ``valhall4``,
+    ``ampere``) the same program is right on lavapipe too.
+
+    Raises:
+        TargetError: naming the problem and the flag to add.
+    """
+    vulkan = any(
+        f.startswith("--iree-hal-target-device=vulkan")
+        or (f.startswith("--iree-hal-target-backends=") and "vulkan" in f)
+        for f in flags
+    )
+    chosen = any(
+        f.startswith(("--iree-vulkan-target=", "--iree-vulkan-target-features=")) for f in flags
+    )
+    if vulkan and not chosen and uses_float16(module):
+        raise TargetError(
+            "this program computes in float16, and IREE's default Vulkan target (baseline "
+            "SPIR-V, no 16-bit float arithmetic) would compile it into code that returns NaN or "
+            "wrong values. Name the GPU's Vulkan target, e.g. "
+            "extra_args=['--iree-vulkan-target=rdna3'] (AMD RDNA3), 'ampere' (NVIDIA), "
+            "'valhall4' (Arm); see https://iree.dev/guides/deployment-configurations/gpu-vulkan/"
+            " - or export the model in float32."
+        )
 
 
 def default_runtime_flags(target: str = "llvm-cpu", *, workers: int | None = None) -> list[str]:
