@@ -29,16 +29,21 @@ MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn", "resnet18-f16", "gpt-f16")
 
 
 def _case(name: str):
-    """The benchmark model ``name``; a ``-f16`` suffix casts weights and float inputs to fp16."""
+    """The benchmark model ``name``: a ``-bN`` suffix sets the batch (``mlp-b4096``, ``gpt-b8``),
+    a ``-f16`` suffix casts weights and float inputs to fp16 (``gpt-b8-f16``)."""
     import _models
 
     base = name.removesuffix("-f16")
+    kw = {}
+    if "-b" in base:
+        base, _, batch = base.rpartition("-b")
+        kw["batch"] = int(batch)
     case = {
         "mlp": _models.mlp,
         "resnet18": _models.resnet18,
         "gpt": _models.gpt,
-        "gpt-dyn": lambda: _models.gpt(dynamic=True),
-    }[base]()
+        "gpt-dyn": lambda **kw: _models.gpt(dynamic=True, **kw),
+    }[base](**kw)
     if name.endswith("-f16"):
         case.module = case.module.half()
         case.args = tuple(a.half() if a.is_floating_point() else a for a in case.args)
@@ -111,11 +116,23 @@ def run(
         save_module_parameters(irpa, case.module)
         index = rt.ParameterIndex()
         index.load(str(irpa))
+        ref32 = None
+        if next(case.module.parameters()).dtype != torch.float32:
+            # Reduced precision: also compare both eager and IREE with an fp32 CPU reference
+            # (same weights and inputs, upcast), which tells whose numerics drift.
+            import copy
+
+            with torch.no_grad():
+                m32 = copy.deepcopy(case.module).float()
+                a32 = [a.float() if a.is_floating_point() else a for a in case.args]
+                ref32 = m32(*a32).double().numpy()
         model = case.module.to(dev).eval()
         x_cpu = case.args[0]
         x = x_cpu.to(dev)
         with torch.no_grad():
             ref = model(x).float().cpu()
+        if ref32 is not None:
+            res_eager32 = float(np.abs(ref.double().numpy() - ref32).max())
         res: dict = {
             "model": case.name,
             "dtype": str(next(case.module.parameters()).dtype).removeprefix("torch."),
@@ -124,6 +141,9 @@ def run(
             "torch_threads": torch.get_num_threads(),
             "variants": {},
         }
+        if ref32 is not None:
+            res["eager_max_abs_err_vs_fp32"] = res_eager32
+            res["max_abs_output"] = float(np.abs(ref32).max())
         fns = {}
         for vmfb in sorted(src.glob(f"{name}.*.{driver}.vmfb")):
             variant = vmfb.name.split(".")[1]
@@ -138,6 +158,8 @@ def run(
                 x_np = x_cpu.numpy()
                 out = np.asarray(fn(x_np).to_host())
                 row["max_abs_err"] = float(np.abs(out.astype(np.float32) - ref.numpy()).max())
+                if ref32 is not None:
+                    row["max_abs_err_vs_fp32"] = float(np.abs(out.astype(np.float64) - ref32).max())
                 # Input already on the device. The exported function is synchronous (IREE's
                 # default async-internal model waits on its fence before returning), so a
                 # call is timed like eager's call + torch.cuda.synchronize(); no read-back.
@@ -162,11 +184,14 @@ def run(
                 res["variants"][k]["ms"] = v["wall"] * 1e3
         results.append(res)
         line = [f"{driver} {name:9s} eager {res['eager_ms']:7.2f} ms"]
+        if ref32 is not None:
+            line[0] += f" (err vs fp32 {res_eager32:.1e}, |out| <= {res['max_abs_output']:.2g})"
         for v, row in res["variants"].items():
             if "ms" in row:
                 line.append(
                     f"{v} {row['ms']:7.2f} ms ({row['ms'] / res['eager_ms']:.2f}× eager, "
-                    f"err {row['max_abs_err']:.1e})"
+                    f"err {row['max_abs_err']:.1e}"
+                    + (f", vs fp32 {row['max_abs_err_vs_fp32']:.1e})" if ref32 is not None else ")")
                 )
             else:
                 line.append(f"{v} failed: {row.get('error', '')[:200]}")
