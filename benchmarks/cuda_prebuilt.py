@@ -30,10 +30,17 @@ MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn", "resnet18-f16", "gpt-f16")
 
 def _case(name: str):
     """The benchmark model ``name``: a ``-bN`` suffix sets the batch (``mlp-b4096``, ``gpt-b8``),
-    a ``-f16`` suffix casts weights and float inputs to fp16 (``gpt-b8-f16``)."""
+    ``-f16`` casts weights and float inputs to fp16 (``gpt-b8-f16``), ``-bf16`` runs the model in
+    bf16 behind an fp32 interface (inputs cast in, outputs cast out: NumPy has no bf16)."""
     import _models
+    import torch
 
-    base = name.removesuffix("-f16")
+    dtype = None
+    base = name
+    for suffix, dt in (("-bf16", torch.bfloat16), ("-f16", torch.float16)):
+        if base.endswith(suffix):
+            base, dtype = base.removesuffix(suffix), dt
+            break
     kw = {}
     if "-b" in base:
         base, _, batch = base.rpartition("-b")
@@ -44,12 +51,32 @@ def _case(name: str):
         "gpt": _models.gpt,
         "gpt-dyn": lambda **kw: _models.gpt(dynamic=True, **kw),
     }[base](**kw)
-    if name.endswith("-f16"):
+    if dtype is torch.float16:
         case.module = case.module.half()
         case.args = tuple(a.half() if a.is_floating_point() else a for a in case.args)
+    elif dtype is torch.bfloat16:
+        case.module = _in_out_fp32(case.module.to(torch.bfloat16)).eval()
+    if dtype is not None:
         case.name = name
         case.atol = 5e-2
     return case
+
+
+def _in_out_fp32(inner):
+    """``inner`` (a reduced-precision module) called with fp32 inputs, returning fp32."""
+    import torch
+
+    class InOutFp32(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            dtype = next(self.inner.parameters()).dtype  # follows .float() for the reference
+            args = [a.to(dtype) if a.is_floating_point() else a for a in args]
+            return self.inner(*args).float()
+
+    return InOutFp32()
 
 
 def prepare(out: Path, arch: str, models: list[str], cpu: str | None) -> None:
