@@ -2,7 +2,8 @@
 
 Models are built in code with random weights (``benchmarks/_models.py``): an MLP 3×1024 (batch 8),
 the ResNet-18 shape (1×3×224×224), a GPT-2-small shape (6 layers, d 512, seq 128) with static and
-dynamic sequence. Each model runs in its own child process (so peak RSS figures are per model) and
+dynamic sequence, and the MLP and GPT in bf16 (``mlp-bf16``, ``gpt-bf16``: bf16 weights and
+compute behind an fp32 interface). Each model runs in its own child process (so peak RSS figures are per model) and
 is measured in one run: export time and peak RSS, compile time and peak RSS, module size, IREE
 latency per compile variant, eager latency, AOTInductor latency, max abs error against eager.
 Latencies are medians of calls interleaved round-robin with eager in the same process, so the
@@ -46,13 +47,19 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn")
+# "-bf16": the model in bf16 behind an fp32 interface (cuda_prebuilt._case), errors vs bf16 eager.
+ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn", "mlp-bf16", "gpt-bf16")
 # Export-only cases, run when named in --models: the ~1.6e9-parameter bf16 Llama on meta.
 EXPORT_ONLY_MODELS = ("llama-meta",)
 ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "attention-op")
 ATTENTION_MODELS = ("gpt", "gpt-dyn")
 # gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
-DEFAULT_VARIANTS = {"gpt-dyn": ("turbine", "attention-op")}
+DEFAULT_VARIANTS = {
+    "gpt-dyn": ("turbine", "attention-op"),
+    # bf16: turbine's defaults only (a generic CPU build emulates bf16: seconds per call).
+    "mlp-bf16": ("turbine",),
+    "gpt-bf16": ("turbine",),
+}
 # AOTInductor costs 30-100 s of compile per model on 2 cores: not for the dynamic GPT by default.
 DEFAULT_AOTI = ("mlp", "resnet18", "gpt")
 
@@ -135,6 +142,10 @@ def _build_case(model: str):
         return _models.gpt(dynamic=True)
     if model == "llama-meta":
         return _models.llama_meta()
+    if model.endswith(("-bf16", "-f16")):
+        import cuda_prebuilt
+
+        return cuda_prebuilt._case(model)
     raise SystemExit(f"unknown model {model!r}; choose from {', '.join(ALL_MODELS)}")
 
 
