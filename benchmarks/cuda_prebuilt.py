@@ -4,12 +4,18 @@ Two steps:
 
 * ``python benchmarks/cuda_prebuilt.py prepare DIR`` (here, with the compiler): exports each model
   with turbine (parameters externalized, so modules stay small) and compiles it with turbine's
-  default flags for ``cuda`` (``--iree-cuda-target`` from ``--arch``, default ``sm_80``: IREE 3.13 rejects ``sm_90``).
+  default flags for ``cuda`` (``--iree-cuda-target`` from ``--arch``, default ``sm_80``: IREE
+  3.13 rejects ``sm_90``).
 * ``python benchmarks/cuda_prebuilt.py run DIR --json out.json`` (on the GPU machine, with
   torch, numpy and iree-base-runtime): rebuilds each model from the same seed, writes its
   parameters to an ``.irpa`` with ``turbine_params`` (numpy only), loads the module on the
   ``cuda`` driver and times it interleaved with eager CUDA PyTorch (``torch.cuda.synchronize``
-  after each call; IREE results are read back to the host, eager results are not).
+  after each eager call; IREE's exported function returns when its results are ready; neither
+  is read back). For reduced-precision models it also reports both eager's and IREE's max abs
+  error against an fp32 CPU reference with the same weights.
+
+Model names: ``mlp``, ``resnet18``, ``gpt``, ``gpt-dyn``, with optional ``-bN`` (batch) and
+``-f16`` / ``-bf16`` suffixes (see :func:`_case`).
 """
 
 from __future__ import annotations
