@@ -300,6 +300,73 @@ def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypa
         torch.testing.assert_close(m.main(xi), expected, rtol=1e-4, atol=1e-4)
 
 
+SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
+
+
+def test_cuda_splits_fp32_matmul_reductions_of_static_programs_only():
+    assert SPLIT_K in default_compile_flags("cuda", fp32_only=True, use_env=False)
+    assert SPLIT_K not in default_compile_flags("cuda", use_env=False)
+    assert SPLIT_K not in default_compile_flags(
+        "cuda", fp32_only=True, dynamic_shapes=True, use_env=False
+    )
+    for target in ("llvm-cpu", "vmvx", "vulkan-spirv", "rocm"):
+        assert SPLIT_K not in default_compile_flags(target, fp32_only=True, use_env=False)
+    other = "--iree-dispatch-creation-split-matmul-reduction=4"
+    over = default_compile_flags("cuda", fp32_only=True, overrides=[other], use_env=False)
+    assert other in over and SPLIT_K not in over
+
+
+def test_program_traits():
+    import turbine_aot
+    from turbine_aot._targets import float_types, program_traits
+
+    lin = nn.Linear(8, 4).eval()
+    x = torch.randn(2, 8)
+    fp32 = turbine_aot.export(lin, args=(x,))
+    assert float_types(fp32) == {"f32"}
+    assert program_traits(fp32) == {"dynamic_shapes": False, "fp32_only": True}
+    half = turbine_aot.export(nn.Linear(8, 4).half().eval(), args=(x.half(),))
+    assert float_types(half) == {"f16"} and not program_traits(half)["fp32_only"]
+    bf16 = turbine_aot.export(nn.Linear(8, 4).bfloat16().eval(), args=(x.bfloat16(),))
+    assert float_types(bf16) == {"bf16"}
+    batch = torch.export.Dim("batch", min=2, max=64)
+    dyn = turbine_aot.export(lin, args=(x,), dynamic_shapes={"input": {0: batch}})
+    assert program_traits(dyn) == {"dynamic_shapes": True, "fp32_only": True}
+
+
+def test_cuda_fp32_export_compiles_with_split_k_and_falls_back_without_it(monkeypatch, caplog):
+    import turbine_aot
+    from turbine_aot import ExportOutput
+    from turbine_aot._errors import CompileError
+
+    eo = turbine_aot.export(nn.Linear(64, 32).eval(), args=(torch.randn(4, 64),))
+    used: list[list[str]] = []
+    real = ExportOutput._compile
+
+    def spy(self, flags, *args):
+        used.append(list(flags))
+        return real(self, flags, *args)
+
+    monkeypatch.setattr(ExportOutput, "_compile", spy)
+    assert eo.compile(save_to=None, target_device="cuda") is not None  # compiled for real
+    assert SPLIT_K in used[-1]
+
+    def refuse_split_k(self, flags, *args):
+        used.append(list(flags))
+        if SPLIT_K in flags:
+            raise CompileError("compile (cuda)", [], flags=flags)
+        return real(self, flags, *args)
+
+    used.clear()
+    monkeypatch.setattr(ExportOutput, "_compile", refuse_split_k)
+    with caplog.at_level("WARNING", logger="turbine.aot"):
+        assert eo.compile(save_to=None, target_device="cuda") is not None
+    assert SPLIT_K in used[0] and SPLIT_K not in used[1]
+    assert "compiling without it" in caplog.text
+    with pytest.raises(CompileError):  # asked for by the user: no second try
+        eo.compile(save_to=None, target_device="cuda", extra_args=[SPLIT_K])
+
+
 class Affine(nn.Module):
     def forward(self, x):
         return x * 2 + 1

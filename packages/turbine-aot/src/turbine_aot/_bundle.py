@@ -307,10 +307,10 @@ def save_bundle(
     params = _normalize_parameters(parameters)
     recorded_flags: list[str] | None
     if is_export:
-        from turbine_aot._targets import has_dynamic_shapes
+        from turbine_aot._targets import program_traits
 
-        dynamic = has_dynamic_shapes(module)
-        recorded_flags = device_compile_flags(devices, compile_flags, dynamic_shapes=dynamic)
+        traits = program_traits(module)
+        recorded_flags = device_compile_flags(devices, compile_flags, **traits)
     else:
         recorded_flags = list(compile_flags or [])
     recorded_flags = recorded_flags or None

@@ -308,12 +308,16 @@ def compile_mlir(
 
 
 def device_compile_flags(
-    devices: Sequence[str], extra: Sequence[str] | None = None, *, dynamic_shapes: bool = False
+    devices: Sequence[str],
+    extra: Sequence[str] | None = None,
+    *,
+    dynamic_shapes: bool = False,
+    fp32_only: bool = False,
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
-    One device: ``_targets.default_compile_flags`` for its driver (``dynamic_shapes``: for a
-    program with dynamic dimensions). Several: the same, with one
+    One device: ``_targets.default_compile_flags`` for its driver (``dynamic_shapes``,
+    ``fp32_only``: what ``_targets.program_traits`` says of the program). Several: the same, with one
     ``--iree-hal-target-device`` per device (``_targets.target_device_flags``), which IREE names
     ``__device_0``, ``__device_1``, ... — the names the exporter's
     ``#hal.device.promise<@__device_N>`` affinities refer to.
@@ -326,7 +330,7 @@ def device_compile_flags(
     )
 
     drivers = [d.split("://", 1)[0].split(":", 1)[0] for d in devices]
-    base = default_compile_flags(drivers[0], dynamic_shapes=dynamic_shapes)
+    base = default_compile_flags(drivers[0], dynamic_shapes=dynamic_shapes, fp32_only=fp32_only)
     if len(drivers) > 1:
         targets = [resolve_target(d) for d in drivers]
         backends = sorted({t.local_backend for t in targets if t.local_backend})
@@ -382,12 +386,12 @@ def compile_export_output(
         from turbine_aot._exporter import compile_flags_for
 
         session_flags = getattr(export_output, "_session_flags", lambda: [])()
-        from turbine_aot._targets import has_dynamic_shapes
+        from turbine_aot._targets import program_traits
 
         flags = compile_flags_for(
             target_device=target_device,
             extra_args=[*session_flags, *extra],
-            dynamic_shapes=has_dynamic_shapes(export_output),
+            **program_traits(export_output),
         )
     except ImportError:  # pragma: no cover - exporter not installed
         pass

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from iree.compiler.api import Output, Session
 
-from ._errors import ExportError
+from ._errors import CompileError, ExportError
 from ._iree_session import CapturedInvocation, new_session, output_to_file, session_context
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ def compile_flags_for(
     host_cpu: bool = True,
     extra_args: Sequence[str] = (),
     dynamic_shapes: bool = False,
+    fp32_only: bool = False,
 ) -> list[str]:
     """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
 
@@ -48,8 +49,9 @@ def compile_flags_for(
     ``rocm``, ...) gets turbine's default flags from ``turbine_aot._targets`` (for ``llvm-cpu``:
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
-    ``dynamic_shapes`` (the program has dynamic dimensions) selects the defaults measured for
-    dynamic programs (see ``default_compile_flags``).
+    ``dynamic_shapes`` (the program has dynamic dimensions) and ``fp32_only`` (its floating-point
+    tensors are all fp32) select the defaults measured for such programs (see
+    ``default_compile_flags``; ``_targets.program_traits`` reads both from a module).
     """
     from ._targets import (
         TARGETS,
@@ -66,7 +68,11 @@ def compile_flags_for(
         targets = [resolve_target(d) for d in devices]
         if len(targets) == 1:
             flags = default_compile_flags(
-                targets[0].name, host=host_cpu, dynamic_shapes=dynamic_shapes, use_env=False
+                targets[0].name,
+                host=host_cpu,
+                dynamic_shapes=dynamic_shapes,
+                fp32_only=fp32_only,
+                use_env=False,
             )
         else:
             # Several devices: one --iree-hal-target-device per device (IREE names them
@@ -81,7 +87,11 @@ def compile_flags_for(
                     [
                         f
                         for f in default_compile_flags(
-                            t, host=host_cpu, dynamic_shapes=dynamic_shapes, use_env=False
+                            t,
+                            host=host_cpu,
+                            dynamic_shapes=dynamic_shapes,
+                            fp32_only=fp32_only,
+                            use_env=False,
                         )
                         if not f.startswith(
                             (
@@ -96,7 +106,11 @@ def compile_flags_for(
         unknown = [b for b in backends if b not in known]
         if len(known) == 1 and not unknown:
             flags = default_compile_flags(
-                known[0], host=host_cpu, dynamic_shapes=dynamic_shapes, use_env=False
+                known[0],
+                host=host_cpu,
+                dynamic_shapes=dynamic_shapes,
+                fp32_only=fp32_only,
+                use_env=False,
             )
         else:
             flags = [f"--iree-hal-target-backends={','.join(backends)}"]
@@ -215,14 +229,15 @@ class ExportOutput:
                 default Vulkan target: name one with ``--iree-vulkan-target=...``).
         """
         from ._compiled_module import CompiledModule, ImportPhase
-        from ._targets import check_program_for_target, has_dynamic_shapes
+        from ._targets import CUDA_FP32_SPLIT_K_FLAG, check_program_for_target, program_traits
 
+        user_flags = [*self._session_flags(), *extra_args]
         flags = compile_flags_for(
             target_backends=target_backends,
             target_device=target_device,
             host_cpu=host_cpu,
-            extra_args=[*self._session_flags(), *extra_args],
-            dynamic_shapes=has_dynamic_shapes(self.mlir_module),
+            extra_args=user_flags,
+            **program_traits(self.mlir_module),
         )
         check_program_for_target(self.mlir_module, flags)
         # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.
@@ -232,6 +247,25 @@ class ExportOutput:
         self.verify()
         phase = info.current_import_phase
         compile_from = "input" if phase is not None and phase >= ImportPhase.FULL else None
+        try:
+            return self._compile(flags, save_to, compile_from, target_device, target_backends)
+        except CompileError:
+            # A default that is only a speed-up must not cost a compile: IREE 3.13's split
+            # reduction fails on some programs (it is not applied to dynamic ones).
+            if CUDA_FP32_SPLIT_K_FLAG not in flags or CUDA_FP32_SPLIT_K_FLAG in user_flags:
+                raise
+            _log.warning("compile failed with %s; compiling without it", CUDA_FP32_SPLIT_K_FLAG)
+            flags = [f for f in flags if f != CUDA_FP32_SPLIT_K_FLAG]
+            return self._compile(flags, save_to, compile_from, target_device, target_backends)
+
+    def _compile(
+        self,
+        flags: list[str],
+        save_to: str | Path | Output | None,
+        compile_from: str | None,
+        target_device: str | Sequence[str] | None,
+        target_backends: str | Sequence[str] | None,
+    ) -> Output | None:
         start = time.perf_counter()
         if _tool_only_flags(flags) or _places_globals_on_devices(self.mlir_module):
             # The tool runs in a subprocess: a compiler crash becomes a CompileError instead of
