@@ -256,3 +256,45 @@ def test_compile_output_has_the_usual_mode(tmp_path):
     assert main(["compile", str(src), "-o", str(vmfb), "--no-cache"]) == 0
     assert vmfb.stat().st_mode & 0o777 == 0o666 & ~mask
     assert sorted(p.name for p in vmfb.parent.iterdir()) == ["sq.vmfb"]  # no temp file left
+
+
+PEEL = "--iree-llvmcpu-vector-pproc-strategy=peel"
+SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
+
+
+def test_compile_applies_the_program_dependent_defaults(tmp_path, capsys):
+    """Like ExportOutput.compile: peeling for dynamic programs on CPU, split-K for static fp32
+    programs on CUDA (compiled here, no GPU needed)."""
+    static = tmp_path / "static.mlir"
+    static.write_text(MLIR)
+    dynamic = tmp_path / "dynamic.mlir"
+    dynamic.write_text(MLIR.replace("tensor<2x3xf32>", "tensor<?x3xf32>"))
+    results = {}
+    for name, src, device in (
+        ("static-cpu", static, "local-task"),
+        ("dynamic-cpu", dynamic, "local-task"),
+        ("static-cuda", static, "cuda"),
+        ("dynamic-cuda", dynamic, "cuda"),
+    ):
+        out = tmp_path / f"{name}.vmfb"
+        assert (
+            main(["--json", "compile", str(src), "-d", device, "-o", str(out), "--no-cache"]) == 0
+        )
+        results[name] = _json(capsys)["flags"]
+        assert out.stat().st_size > 0
+    assert PEEL in results["dynamic-cpu"] and PEEL not in results["static-cpu"]
+    assert SPLIT_K in results["static-cuda"] and SPLIT_K not in results["dynamic-cuda"]
+
+
+def test_compile_refuses_fp16_for_the_default_vulkan_target(tmp_path, capsys):
+    src = tmp_path / "half.mlir"
+    src.write_text(MLIR.replace("f32", "f16"))
+    out = tmp_path / "half.vmfb"
+    assert main(["compile", str(src), "-d", "vulkan", "-o", str(out), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("turbine-aot: error: this program computes in float16")
+    assert "--iree-vulkan-target=" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+    flag = "--flag=--iree-vulkan-target=valhall4"
+    assert main(["compile", str(src), "-d", "vulkan", flag, "-o", str(out), "--no-cache"]) == 0
+    assert out.stat().st_size > 0

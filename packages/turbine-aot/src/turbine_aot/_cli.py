@@ -225,23 +225,53 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     return {"mlir": str(out), "external_params": args.external_params, "timings": st.timings}
 
 
+def _read_program(data: bytes) -> Any:
+    """The MLIR module in ``data`` (text or bytecode), or ``None`` when it does not parse here
+    (the compiler then reports what is wrong)."""
+    from turbine_ir import ir
+
+    try:
+        return ir.Module.parse(data, context=ir.Context())
+    except Exception:
+        return None
+
+
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot import runtime as R
+    from turbine_aot._targets import (
+        CUDA_FP32_SPLIT_K_FLAG,
+        check_program_for_target,
+        program_traits,
+    )
 
     src = Path(args.input)
     if not src.is_file():
         raise CliError(f"input file {args.input!r} does not exist")
     devices = _devices(args)
-    flags = R.device_compile_flags(devices, list(args.flag or []))
+    user_flags = list(args.flag or [])
+    data = src.read_bytes()
+    # The same program-dependent defaults and checks as ExportOutput.compile.
+    module = _read_program(data)
+    traits = program_traits(module) if module is not None else {}
+    flags = R.device_compile_flags(devices, user_flags, **traits)
+    if module is not None:
+        check_program_for_target(module, flags)
+    del module
     cache: Any = False if args.no_cache else (args.cache_dir or True)
-    with st("compile"):
-        vmfb = R.compile_mlir(
-            src.read_bytes(),
-            flags,
-            input_type=args.input_type,
-            target=",".join(devices),
-            cache=cache,
+
+    def compile_with(flags: list[str]) -> bytes:
+        return R.compile_mlir(
+            data, flags, input_type=args.input_type, target=",".join(devices), cache=cache
         )
+
+    with st("compile"):
+        try:
+            vmfb = compile_with(flags)
+        except R.CompileError:
+            if CUDA_FP32_SPLIT_K_FLAG not in flags or CUDA_FP32_SPLIT_K_FLAG in user_flags:
+                raise
+            flags = [f for f in flags if f != CUDA_FP32_SPLIT_K_FLAG]
+            vmfb = compile_with(flags)
     out = Path(args.output or src.with_suffix(".vmfb").name)
     from ._iree_session import atomic_write_bytes
 
