@@ -314,6 +314,12 @@ def test_cuda_splits_fp32_matmul_reductions_of_static_programs_only():
     other = "--iree-dispatch-creation-split-matmul-reduction=4"
     over = default_compile_flags("cuda", fp32_only=True, overrides=[other], use_env=False)
     assert other in over and SPLIT_K not in over
+    from turbine_aot._targets import retry_flags
+
+    flags = default_compile_flags("cuda", fp32_only=True, use_env=False)
+    assert retry_flags(flags, []) == [f for f in flags if f != SPLIT_K]
+    assert retry_flags(flags, [SPLIT_K]) is None  # the user's own flag is not dropped
+    assert retry_flags(default_compile_flags("cuda", use_env=False), []) is None
 
 
 def test_program_traits():

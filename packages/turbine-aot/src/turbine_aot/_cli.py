@@ -238,11 +238,7 @@ def _read_program(data: bytes) -> Any:
 
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot import runtime as R
-    from turbine_aot._targets import (
-        CUDA_FP32_SPLIT_K_FLAG,
-        check_program_for_target,
-        program_traits,
-    )
+    from turbine_aot._targets import check_program_for_target, program_traits, retry_flags
 
     src = Path(args.input)
     if not src.is_file():
@@ -268,9 +264,10 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         try:
             vmfb = compile_with(flags)
         except R.CompileError:
-            if CUDA_FP32_SPLIT_K_FLAG not in flags or CUDA_FP32_SPLIT_K_FLAG in user_flags:
+            retry = retry_flags(flags, user_flags)
+            if retry is None:
                 raise
-            flags = [f for f in flags if f != CUDA_FP32_SPLIT_K_FLAG]
+            flags = retry
             vmfb = compile_with(flags)
     out = Path(args.output or src.with_suffix(".vmfb").name)
     from ._iree_session import atomic_write_bytes

@@ -229,7 +229,7 @@ class ExportOutput:
                 default Vulkan target: name one with ``--iree-vulkan-target=...``).
         """
         from ._compiled_module import CompiledModule, ImportPhase
-        from ._targets import CUDA_FP32_SPLIT_K_FLAG, check_program_for_target, program_traits
+        from ._targets import check_program_for_target, program_traits, retry_flags
 
         user_flags = [*self._session_flags(), *extra_args]
         flags = compile_flags_for(
@@ -250,13 +250,13 @@ class ExportOutput:
         try:
             return self._compile(flags, save_to, compile_from, target_device, target_backends)
         except CompileError:
-            # A default that is only a speed-up must not cost a compile: IREE 3.13's split
-            # reduction fails on some programs (it is not applied to dynamic ones).
-            if CUDA_FP32_SPLIT_K_FLAG not in flags or CUDA_FP32_SPLIT_K_FLAG in user_flags:
+            # A default that is only a speed-up must not cost a compile.
+            retry = retry_flags(flags, user_flags)
+            if retry is None:
                 raise
-            _log.warning("compile failed with %s; compiling without it", CUDA_FP32_SPLIT_K_FLAG)
-            flags = [f for f in flags if f != CUDA_FP32_SPLIT_K_FLAG]
-            return self._compile(flags, save_to, compile_from, target_device, target_backends)
+            dropped = sorted(set(flags) - set(retry))
+            _log.warning("compile failed with %s; compiling without it", " ".join(dropped))
+            return self._compile(retry, save_to, compile_from, target_device, target_backends)
 
     def _compile(
         self,

@@ -32,6 +32,7 @@ __all__ = [
     "program_traits",
     "public_functions",
     "resolve_target",
+    "retry_flags",
     "target_device_flags",
     "uses_float16",
 ]
@@ -452,6 +453,20 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
             "'valhall4' (Arm); see https://iree.dev/guides/deployment-configurations/gpu-vulkan/"
             " - or export the model in float32."
         )
+
+
+def retry_flags(flags: Sequence[str], user_flags: Sequence[str]) -> list[str] | None:
+    """The flags to compile with again after ``flags`` failed, or ``None``.
+
+    Some defaults are only speed-ups that IREE 3.13 fails to compile on some programs (today:
+    :data:`CUDA_FP32_SPLIT_K_FLAG`). After a failure they are dropped, unless the user asked
+    for them (``user_flags``), so a default never costs a compile.
+    """
+    optional = [CUDA_FP32_SPLIT_K_FLAG]
+    dropped = [f for f in optional if f in flags and f not in user_flags]
+    if not dropped:
+        return None
+    return [f for f in flags if f not in dropped]
 
 
 def default_runtime_flags(target: str = "llvm-cpu", *, workers: int | None = None) -> list[str]:
