@@ -448,10 +448,10 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
         raise TargetError(
             "this program computes in float16, and IREE's default Vulkan target (baseline "
             "SPIR-V, no 16-bit float arithmetic) would compile it into code that returns NaN or "
-            "wrong values. Name the GPU's Vulkan target, e.g. "
-            "extra_args=['--iree-vulkan-target=rdna3'] (AMD RDNA3), 'ampere' (NVIDIA), "
-            "'valhall4' (Arm); see https://iree.dev/guides/deployment-configurations/gpu-vulkan/"
-            " - or export the model in float32."
+            "wrong values. Name the GPU's Vulkan target, e.g. --iree-vulkan-target=rdna3 "
+            "(AMD RDNA3), =ampere (NVIDIA), =valhall4 (Arm), in extra_args in Python or with "
+            "--flag on the command line (https://iree.dev/guides/deployment-configurations/"
+            "gpu-vulkan/), or export the model in float32."
         )
 
 
