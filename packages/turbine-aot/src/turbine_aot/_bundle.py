@@ -339,7 +339,8 @@ def save_bundle(
             rel: {"size": (work / rel).stat().st_size, "sha256": _sha256_file(work / rel)}
             for rel in [p for ps in param_rel.values() for p in ps]
         }
-        files[MODULE_FILE] = {"size": len(vmfb), "sha256": hashlib.sha256(vmfb).hexdigest()}
+        module_sha256 = hashlib.sha256(vmfb).hexdigest()
+        files[MODULE_FILE] = {"size": len(vmfb), "sha256": module_sha256}
         run_flags = [f"--module={MODULE_FILE}"]
         run_flags += [f"--device={d}" for d in devices]
         run_flags += [f"--parameters={s}={p}" for s, ps in param_rel.items() for p in ps]
@@ -348,7 +349,7 @@ def save_bundle(
             "format_version": BUNDLE_FORMAT_VERSION,
             "module": MODULE_FILE,
             "module_name": module_name,
-            "module_sha256": hashlib.sha256(vmfb).hexdigest(),
+            "module_sha256": module_sha256,
             "files": files,
             "functions": {k: s.to_json() for k, s in sigs.items()},
             "parameters": param_rel,
