@@ -335,6 +335,17 @@ def default_compile_flags(
     return merge_flags(merge_flags(flags, env_flags), overrides)
 
 
+def _top_level_ops(module: object) -> list:
+    """The operations in a module's body (``ExportOutput``, ``ir.Module`` or its operation);
+    empty when ``module`` is not a module."""
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    try:
+        return [getattr(o, "operation", o) for o in op.regions[0].blocks[0].operations]
+    except Exception:
+        return []
+
+
 def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.func")) -> list:
     """The public function operations at the top level of an MLIR module.
 
@@ -346,15 +357,8 @@ def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.
     Returns:
         The operations (empty when ``module`` is not a module).
     """
-    op = getattr(module, "mlir_module", module)
-    op = getattr(op, "operation", op)
-    try:
-        ops = list(op.regions[0].blocks[0].operations)
-    except Exception:
-        return []
     out = []
-    for f in ops:
-        f = getattr(f, "operation", f)
+    for f in _top_level_ops(module):
         if f.name not in kinds:
             continue
         attrs = f.attributes
@@ -384,16 +388,12 @@ def has_dynamic_shapes(module: object) -> bool:
 
 def _signature_and_global_types(module: object) -> list[str]:
     """The type strings of the public function signatures and top-level globals."""
-    op = getattr(module, "mlir_module", module)
-    op = getattr(op, "operation", op)
     types = [str(f.attributes["function_type"]) for f in public_functions(module)]
-    try:
-        for g in op.regions[0].blocks[0].operations:
-            g = getattr(g, "operation", g)
-            if g.name in ("util.global", "ml_program.global") and "type" in g.attributes:
-                types.append(str(g.attributes["type"]))
-    except Exception:
-        pass
+    types += [
+        str(g.attributes["type"])
+        for g in _top_level_ops(module)
+        if g.name in ("util.global", "ml_program.global") and "type" in g.attributes
+    ]
     return types
 
 
