@@ -9,6 +9,7 @@ lower layers' tests that have no runner of their own (turbine_aot has the produc
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,6 +18,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
 
 import iree_devices
+
+# transformers imports torchvision when installed; the registry's torchvision wheel needs stand-in
+# op schemas against the CPU torch (tools/torchvision_compat.py). Only where torchvision exists,
+# so the numpy-only params-standalone session never imports torch here.
+if importlib.util.find_spec("torchvision") is not None:
+    import torchvision_compat
+
+    torchvision_compat.install()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
