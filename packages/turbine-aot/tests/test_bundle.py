@@ -192,6 +192,86 @@ def test_refuses_other_device_and_version(parts, tmp_path):
         R.load_bundle(tmp_path / "b")
 
 
+def test_refuses_another_runtime_release_unless_told(parts, tmp_path):
+    """The rule of docs/running.md: a module loads only under the IREE release that built and
+    bundled it; the manifest's runtime version counts too (it was ignored when a compiler
+    version was recorded), and check_versions=False overrides."""
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / "b", vmfb, parameters=_params(d))
+    man_path = tmp_path / "b" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    man["versions"]["iree_runtime"] = "2.0.0"
+    man_path.write_text(json.dumps(man))
+    with pytest.raises(
+        R.BundleError,
+        match=r"built with IREE 2\.0\.0 but this runtime is IREE 3\.13.*IREE runtime version.*"
+        r"check_versions=False \(CLI: --ignore-versions\)",
+    ):
+        R.load_bundle(tmp_path / "b")
+    x = torch.randn(2, 4)
+    m = R.load_bundle(tmp_path / "b", check_versions=False)
+    torch.testing.assert_close(m.main(x), x * W + S)
+    man["versions"]["iree_runtime"] = ["3.13"]
+    man_path.write_text(json.dumps(man))
+    with pytest.raises(R.BundleError, match=r"versions.iree_runtime is \['3.13'\], not a version"):
+        R.load_bundle(tmp_path / "b")
+
+
+_KILLED_BUNDLER = r"""
+import sys, tarfile, time
+import turbine_aot._bundle as B
+vmfb, params, dest = sys.argv[1:4]
+
+def stop(*args):
+    print("writing", flush=True)
+    time.sleep(600)
+
+if dest.endswith(".tar"):
+    tarfile.TarFile.addfile = stop  # the temp .tar is half written
+else:
+    B._link_or_copy = stop  # the work directory is half filled
+B.save_bundle(dest, vmfb, parameters=params)
+"""
+
+
+@pytest.mark.parametrize("name", ["b", "b.tar"])
+def test_killed_save_leaves_litter_the_next_save_removes(parts, tmp_path, name):
+    """kill -9 in the middle of save_bundle leaves its work directory (and temp archive); they
+    are named for their owner, so the next save to the same path removes them."""
+    import signal
+
+    d, vmfb, _ = parts
+    (tmp_path / "m.vmfb").write_bytes(vmfb)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_BUNDLER,
+            tmp_path / "m.vmfb",
+            d / "weights.irpa",
+            out / name,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    litter = sorted(p.name for p in out.iterdir())
+    assert len(litter) == (2 if name == "b.tar" else 1), litter
+    assert all(p.startswith(f".{name}.turbine~") for p in litter), litter
+    R.save_bundle(out / name, vmfb, parameters=_params(d))
+    assert sorted(p.name for p in out.iterdir()) == [name]
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(R.load_bundle(out / name).main(x), x * W + S)
+
+
 def test_bundle_errors(parts, tmp_path):
     d, vmfb, _ = parts
     with pytest.raises(R.BundleError, match="does not exist"):

@@ -49,6 +49,8 @@ from iree.build.executor import (
 )
 from iree.build.metadata import CompileSourceMeta
 
+from turbine_params import remove_stale_temps
+
 from ._build_actions_pool import (
     RemoteJobError,
     WorkerDiedError,
@@ -339,10 +341,9 @@ def _write_atomically(path: Path, writer: Callable[[Path], Any]) -> None:
 
 
 def _remove_stale_temps(path: Path) -> None:
-    """Removes temp files a crashed worker left beside ``path``."""
-    if path.parent.is_dir():
-        for stale in path.parent.glob(f".{path.name}.*.tmp"):
-            stale.unlink(missing_ok=True)
+    """Removes temp files a crashed (killed) worker left beside ``path``; those of writers that
+    still run, here or on another host, stay (``turbine_params.remove_stale_temps``)."""
+    remove_stale_temps(path)
 
 
 def _annotated_callable(generator: Callable) -> Callable:

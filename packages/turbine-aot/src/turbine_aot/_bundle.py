@@ -23,7 +23,6 @@ import os
 import shutil
 import tarfile
 import tempfile
-import uuid
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from turbine_aot._runtime import (
     parse_abi_declaration,
     signatures_from_mlir,
 )
-from turbine_params import atomic_output_file
+from turbine_params import atomic_output_file, make_owned_temp
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -316,11 +315,10 @@ def save_bundle(
     recorded_flags = recorded_flags or None
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    # Unique names created with mkdir/open (not mkdtemp/mkstemp, which make 0700/0600): the
+    # A work directory named for its owner (turbine_params.make_owned_temp: a later save to
+    # `dest` removes it if this process is killed) and made with mkdir, not mkdtemp (0700): the
     # bundle gets the usual permissions (umask), so others can read what was deployed.
-    unique = f".{dest.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    work = dest.parent / unique
-    work.mkdir()
+    work = make_owned_temp(dest, directory=True)
     try:
         (work / MODULE_FILE).write_bytes(vmfb)
         param_rel: dict[str, list[str]] = {}
@@ -549,16 +547,40 @@ def _read_bundle_dir(src: Path, *, verify: bool = False) -> Bundle:
     return bundle
 
 
-def _check_compatible(bundle: Bundle, devices: list[str]) -> None:
-    recorded = bundle.manifest.get("versions", {})
-    built = recorded.get("iree_compiler") or recorded.get("iree_runtime")
-    here = _versions()["iree_runtime"]
-    if _release(built) and _release(here) and _release(built) != _release(here):
+def _check_versions(bundle: Bundle) -> None:
+    """IREE's bytecode is compatible within a release (major.minor): the IREE compiler that
+    built the module and the runtime it was bundled with must both be of this runtime's
+    release. A version the manifest does not record (``null``) is not checked."""
+    recorded = bundle.manifest.get("versions")
+    if recorded is None:
+        return
+    if not isinstance(recorded, dict):
         raise BundleError(
-            f"bundle {str(bundle.path)!r} was built with IREE {built} but this runtime is IREE "
-            f"{here}; rebuild it with `turbine-aot bundle` under IREE {_release(here)} or install "
-            f"iree-base-runtime=={built}"
+            f"{str(bundle.path / MANIFEST)!r}: 'versions' is not an object; rebuild the bundle"
         )
+    here = _versions()["iree_runtime"]
+    for key, what in (("iree_compiler", "IREE compiler"), ("iree_runtime", "IREE runtime")):
+        built = recorded.get(key)
+        if built is None:
+            continue
+        if not isinstance(built, str) or not _release(built):
+            raise BundleError(
+                f"{str(bundle.path / MANIFEST)!r}: versions.{key} is {built!r}, not a version; "
+                "rebuild the bundle"
+            )
+        if _release(here) and _release(built) != _release(here):
+            raise BundleError(
+                f"bundle {str(bundle.path)!r} was built with IREE {built} but this runtime is "
+                f"IREE {here} (the manifest's {what} version): IREE modules load only under the "
+                f"release that built them ({_release(built)}). Rebuild it with `turbine-aot bundle` under IREE "
+                f"{_release(here)}, install iree-base-runtime=={built}, or load it anyway with "
+                "check_versions=False (CLI: --ignore-versions)"
+            )
+
+
+def _check_compatible(bundle: Bundle, devices: list[str], *, check_versions: bool = True) -> None:
+    if check_versions:
+        _check_versions(bundle)
     records = bundle.manifest.get("devices", [])
     if len(devices) != len(records):
         raise BundleError(
@@ -583,6 +605,7 @@ def load_bundle(
     parameters: Mapping[str, Any] | None = None,
     copy_results: bool = False,
     verify: bool = False,
+    check_versions: bool = True,
 ) -> LoadedModule:
     """Loads a bundle with one call.
 
@@ -593,6 +616,9 @@ def load_bundle(
         copy_results: see :func:`~turbine_aot.runtime.load_module`.
         verify: check every file's SHA-256 against the manifest first (see
             :meth:`Bundle.verify`; sizes and the module's hash are always checked).
+        check_versions: refuse a bundle whose module was built, or which was bundled, under
+            another IREE release (major.minor) than this runtime's. ``False`` loads it anyway
+            (IREE may then reject or misrun the module).
 
     Returns:
         The loaded module; its functions are attributes.
@@ -610,7 +636,7 @@ def load_bundle(
             if device is None
             else ([device] if isinstance(device, str) else list(device))
         )
-        _check_compatible(bundle, devices)
+        _check_compatible(bundle, devices, check_versions=check_versions)
         params: dict[str, Any] = {s: [str(p) for p in ps] for s, ps in bundle.parameters().items()}
         params.update(parameters or {})
         module = load_module(

@@ -8,7 +8,7 @@ return torch tensors, and IREE is never imported (``ParameterIndex.to_iree()`` l
 from __future__ import annotations
 
 from ._archive import ParameterArchive, ParameterArchiveEntry
-from ._atomic import atomic_output_file, atomic_write_bytes
+from ._atomic import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
 from ._builder import ParameterArchiveBuilder
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
 from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
@@ -40,6 +40,8 @@ __all__ = [
     "externalize_module_parameters",
     "irpa_to_safetensors",
     "known_dtype_names",
+    "make_owned_temp",
+    "remove_stale_temps",
     "safetensors_to_irpa",
     "save_module_parameters",
     "strip_archive",

@@ -6,6 +6,15 @@ in the destination's directory, which is fsynced, given the mode a plain ``open(
 (``0o666 & ~umask``; ``mkstemp`` makes ``0o600``) and renamed over the destination; the
 directory is then fsynced so the rename itself survives a power cut. On any failure (including
 ``KeyboardInterrupt``) the temporary file is removed and the destination is untouched.
+
+A writer killed outright (``kill -9``, power cut) cannot remove its temporary file, so temporary
+names say who owns them: ``.<name>.turbine~<host>.<boot>.<pid>.<start>.<random>.tmp`` (the host
+name, the first 8 hex digits of the Linux boot id, the writer's pid and its start time in clock
+ticks since boot). Each write to ``<name>`` first removes the temporaries of ``<name>`` whose owner
+is provably gone: written on this host (same host name) and either during an earlier boot, or by a
+pid that no longer runs or now belongs to a process started at another time (pid reuse). Temporaries
+of other hosts (a shared filesystem), of running writers, and anything not matching the pattern for
+that destination are left alone.
 """
 
 from __future__ import annotations
@@ -13,11 +22,28 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
+import re
+import secrets
+import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_output_file", "atomic_write_bytes"]
+__all__ = [
+    "atomic_output_file",
+    "atomic_write_bytes",
+    "make_owned_temp",
+    "remove_stale_temps",
+    "temp_owner_alive",
+]
+
+# The fixed marker that tells turbine's temporaries from anyone else's.
+TEMP_MARKER = "turbine~"
+_NAME_LIMIT = 120  # longer destination names are shortened (+ a hash) to stay under NAME_MAX
+_OWNER_RE = re.compile(
+    r"(?P<host>[A-Za-z0-9-]{1,40})\.(?P<boot>[0-9a-f]{8})\.(?P<pid>[0-9]{1,10})\."
+    r"(?P<start>[0-9]{1,20})\.[0-9a-f]{8}\.tmp"
+)
 
 
 @contextlib.contextmanager
@@ -28,7 +54,9 @@ def atomic_output_file(path: str | os.PathLike[str], *, parents: bool = False) -
     subprocess). When the ``with`` body returns, the file is fsynced, given the usual file mode
     (``0o666 & ~umask``), renamed over ``path`` and the directory fsynced. When the body raises,
     the temporary file is removed, ``path`` keeps its previous content (or stays absent) and the
-    exception propagates. Temporary files are named ``.<name>.<random>.tmp``.
+    exception propagates. Temporary files are named
+    ``.<name>.turbine~<host>.<boot>.<pid>.<start>.<random>.tmp``; before creating one, the stale
+    temporaries of ``path`` (their writer was killed; see :func:`remove_stale_temps`) are removed.
 
     Args:
         path: the file to (re)place.
@@ -55,9 +83,7 @@ def atomic_output_file(path: str | os.PathLike[str], *, parents: bool = False) -
             f"(create it first)",
             str(directory),
         )
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    tmp = Path(name)
+    tmp = make_owned_temp(target)
     try:
         yield tmp
         fd = os.open(tmp, os.O_RDWR)
@@ -80,6 +106,148 @@ def atomic_write_bytes(
     """Writes ``data`` to ``path`` atomically (see :func:`atomic_output_file`)."""
     with atomic_output_file(path, parents=parents) as tmp, open(tmp, "wb") as f:
         f.write(data)
+
+
+def make_owned_temp(target: str | os.PathLike[str], *, directory: bool = False) -> Path:
+    """Creates an empty temporary file (or directory) beside ``target``, named for its owner.
+
+    The name is ``.<name>.turbine~<host>.<boot>.<pid>.<start>.<random>.tmp``, so that a later
+    write to ``target`` can tell whether the process that made it still runs. Stale temporaries
+    of ``target`` are removed first (:func:`remove_stale_temps`). The file is created with mode
+    ``0o600`` (a directory ``0o777`` minus the umask, as ``mkdir``); the caller renames it over ``target`` or
+    removes it.
+
+    Args:
+        target: the destination the temporary will replace.
+        directory: create a directory instead of a file (for writers that assemble a tree).
+    """
+    target = Path(target)
+    remove_stale_temps(target)
+    for _ in range(100):
+        tmp = target.parent / (
+            _temp_prefix(target.name) + _owner_tag() + f".{secrets.token_hex(4)}.tmp"
+        )
+        try:
+            if directory:
+                os.mkdir(tmp, 0o777)
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(target))  # pragma: no cover
+
+
+def remove_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
+    """Removes the temporaries a killed writer of ``target`` left beside it; returns them.
+
+    Only names of the pattern :func:`make_owned_temp` gives for this ``target`` are considered,
+    and only those whose owner is provably gone (:func:`temp_owner_alive` is false) are removed
+    (a directory with its contents). Errors (a file removed meanwhile, no permission) are
+    ignored: cleaning up is best effort and never fails a write.
+    """
+    target = Path(target)
+    prefix = _temp_prefix(target.name) + TEMP_MARKER
+    removed: list[Path] = []
+    try:
+        entries = [e for e in os.scandir(target.parent) if e.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for entry in entries:
+        if temp_owner_alive(entry.name[len(prefix) :]) is not False:
+            continue
+        path = Path(entry.path)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def temp_owner_alive(owner: str) -> bool | None:
+    """Whether the writer named by a temporary's owner part still runs.
+
+    ``owner`` is the part after the marker, ``<host>.<boot>.<pid>.<start>.<random>.tmp``. Returns
+    ``None`` when that cannot be known (another host, a name that does not match), ``True`` when
+    the process may still be writing, ``False`` only when it is gone for sure: an earlier boot
+    of this host, or no process with that pid started at that time.
+    """
+    m = _OWNER_RE.fullmatch(owner)
+    if m is None or m["host"] != _host():
+        return None
+    boot = _boot_id()
+    if boot != "0" * 8 and m["boot"] != "0" * 8 and m["boot"] != boot:
+        return False  # written before this machine last booted
+    pid, start = int(m["pid"]), int(m["start"])
+    if pid <= 0:
+        return None
+    now = _start_time(pid)
+    if now is not None:
+        # /proc says who has the pid now: the owner only if it started when the owner did.
+        return start == 0 or now == start
+    if Path("/proc/self/stat").exists():
+        return False  # /proc works and has no such pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by another user
+    return True
+
+
+def _temp_prefix(name: str) -> str:
+    if len(name) > _NAME_LIMIT:
+        import hashlib
+
+        name = name[:_NAME_LIMIT] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f".{name}."
+
+
+_OWNER: str | None = None
+_OWNER_PID = -1
+
+
+def _owner_tag() -> str:
+    """``turbine~<host>.<boot>.<pid>.<start>`` of this process (recomputed after a fork)."""
+    global _OWNER, _OWNER_PID
+    pid = os.getpid()
+    if _OWNER is None or pid != _OWNER_PID:
+        _OWNER = f"{TEMP_MARKER}{_host()}.{_boot_id()}.{pid}.{_start_time(pid) or 0}"
+        _OWNER_PID = pid
+    return _OWNER
+
+
+def _host() -> str:
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
+    return host or "localhost"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip().replace("-", "")[:8].lower()
+    except OSError:
+        return "0" * 8
+    return boot if re.fullmatch(r"[0-9a-f]{8}", boot) else "0" * 8
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot, /proc/<pid>/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    try:
+        # The command name (field 2) is in parentheses and may contain spaces and ')'.
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
 
 
 def _fsync_dir(directory: Path) -> None:
