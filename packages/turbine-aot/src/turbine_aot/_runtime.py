@@ -606,6 +606,7 @@ def load_module(
     cache: Any = True,
     signatures: Mapping[str, FunctionSignature] | None = None,
     zero_copy_inputs: bool = False,
+    verify: bool = False,
 ) -> LoadedModule:
     """Loads a compiled module on one or more IREE devices.
 
@@ -632,6 +633,10 @@ def load_module(
             importing their memory instead of copying it. Only for programs that do not keep an
             argument (store it into a global) and callers that do not modify an argument while
             the module may still read it.
+        verify: load the module in a short-lived child process first and raise if that dies:
+            IREE does not check a module's contents, and a corrupted ``.vmfb`` can kill the
+            process (see :mod:`turbine_aot._module_check`, docs/security.md). Costs one child
+            process (about a second).
 
     Returns:
         The loaded module.
@@ -650,6 +655,10 @@ def load_module(
     data, path = _module_bytes_or_path(
         module, device=uris, compile_flags=compile_flags, cache=cache
     )
+    if verify:
+        from turbine_aot._module_check import check_module_in_child
+
+        check_module_in_child(data, path, uris, parameters)
     devices = _create_devices(uris)
     instance = rt.VmInstance()
     try:
