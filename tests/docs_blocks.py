@@ -79,7 +79,9 @@ def python_blocks(path: Path) -> list[Block]:
         ticks, indent = m["ticks"], len(m["indent"])
         lang = m["info"].strip().split(maxsplit=1)[0].lower() if m["info"].strip() else ""
         j = i + 1
-        while j < len(lines) and not re.match(rf"^ {{0,{indent}}}{ticks[0]}{{{len(ticks)},}}\s*$", lines[j]):
+        while j < len(lines) and not re.match(
+            rf"^ {{0,{indent}}}{ticks[0]}{{{len(ticks)},}}\s*$", lines[j]
+        ):
             j += 1
         if lang in ("python", "py", "python3"):
             body = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1 : j]]
