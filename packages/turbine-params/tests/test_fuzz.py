@@ -41,6 +41,16 @@ def _seed_archive() -> bytes:
         return path.read_bytes()
 
 
+_TRIED = {"mutated archives read": 0, "mutated tables parsed twice": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_count():
+    """Prints how many inputs the fuzz tests tried (``pytest -s`` shows it)."""
+    yield
+    print(f"\nirpa fuzz: inputs tried: {_TRIED}")
+
+
 SEED = _seed_archive()
 HEAD = struct.unpack_from("<Q", SEED, 64)[0] + struct.unpack_from("<Q", SEED, 56)[0]
 
@@ -87,6 +97,7 @@ def test_mutated_archives_never_crash(tmp_path_factory, mutations, fields, trunc
         del data[truncate:]
     path = tmp_path_factory.mktemp("fuzz") / "m.irpa"
     path.write_bytes(bytes(data))
+    _TRIED["mutated archives read"] += 1
     for mmap in (True, False):
         try:
             _read_everything(path, mmap=mmap)
@@ -127,6 +138,7 @@ def test_vectorized_parser_agrees_with_exact_parser(mutations, fields):
     for pos, val in fields:
         if pos + 8 <= len(data):
             struct.pack_into("<Q", data, pos, val)
+    _TRIED["mutated tables parsed twice"] += 1
     assert _parse(bytes(data), True) == _parse(bytes(data), False)
 
 

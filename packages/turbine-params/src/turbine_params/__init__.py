@@ -14,7 +14,7 @@ from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint
 from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
 from ._errors import ParameterArchiveError
 from ._format import EntryType
-from ._index import ParameterIndex, ParameterIndexEntry
+from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
 from ._module import externalize_module_parameters, save_module_parameters
 from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
@@ -41,6 +41,7 @@ __all__ = [
     "irpa_to_safetensors",
     "known_dtype_names",
     "make_owned_temp",
+    "max_splat_bytes",
     "remove_stale_temps",
     "safetensors_to_irpa",
     "save_module_parameters",

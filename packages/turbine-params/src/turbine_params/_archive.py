@@ -11,7 +11,7 @@ import numpy as np
 
 from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
-from ._index import ParameterIndex, ParameterIndexEntry
+from ._index import ParameterIndex, ParameterIndexEntry, check_splat_size
 
 __all__ = ["ParameterArchive", "ParameterArchiveEntry"]
 
@@ -54,6 +54,38 @@ class ParameterArchiveEntry:
     @property
     def is_splat(self) -> bool:
         return self.raw.is_splat
+
+    @property
+    def splat_pattern(self) -> bytes | None:
+        """A splat's pattern (1-16 bytes, repeated to :attr:`length`), else ``None``."""
+        return self.raw.splat_pattern
+
+    @property
+    def splat_value(self) -> np.ndarray | None:
+        """A splat's repeated value, without expanding it: a 1-D numpy array of the entry's
+        dtype holding the elements that repeat (usually one), or ``None`` for other entries.
+
+        With :attr:`shape`, this describes the tensor whatever its size: ``np.full(shape,
+        value)`` is what :meth:`as_array` would give. Entries without tensor metadata (or of a
+        dtype numpy lacks) give the pattern as uint8.
+
+        Raises:
+            ParameterArchiveError: the tensor metadata is malformed.
+        """
+        pattern = self.raw.splat_pattern
+        if pattern is None:
+            return None
+        md = self.tensor_metadata
+        if md is not None:
+            try:
+                np_dtype = md.dtype.numpy_dtype()
+            except (ParameterArchiveError, TypeError, ValueError):
+                np_dtype = None
+            if np_dtype is not None:
+                unit = _splat_unit(pattern, md.dtype.itemsize)
+                if unit is not None and len(unit) % np.dtype(np_dtype).itemsize == 0:
+                    return np.frombuffer(unit, dtype=np_dtype).copy()
+        return np.frombuffer(pattern, dtype=np.uint8).copy()
 
     def _where(self) -> dict[str, Any]:
         return {"path": self.raw.origin, "offset": self.raw.entry_offset}
@@ -104,7 +136,12 @@ class ParameterArchiveEntry:
     # ---- numpy ----------------------------------------------------------------------------
 
     def as_flat_array(self) -> np.ndarray:
-        """The contents as a flat uint8 numpy array (a view of the file or the splat pattern)."""
+        """The contents as a flat uint8 numpy array (a view of the file or the splat pattern).
+
+        Raises:
+            ParameterArchiveError: a splat of a multi-byte pattern whose expansion would take
+                more than :func:`~turbine_params.max_splat_bytes` (read :attr:`splat_value`).
+        """
         return self.raw.flat_array()
 
     def as_array(self) -> np.ndarray:
@@ -119,6 +156,7 @@ class ParameterArchiveEntry:
         unit = _splat_unit(self.raw.splat_pattern, md.dtype.itemsize)
         if unit is not None:
             values = np.frombuffer(unit, dtype=np_dtype)
+            check_splat_size(self.raw, self.length, expand=len(values) != 1)
             if len(values) == 1:
                 return np.broadcast_to(values.reshape(()), md.shape)
             return np.tile(values, md.numel // len(values)).reshape(md.shape)
@@ -139,6 +177,7 @@ class ParameterArchiveEntry:
             return torch.empty(0, dtype=torch.uint8)
         if raw.splat_pattern is not None:
             pattern = torch.frombuffer(bytearray(raw.splat_pattern), dtype=torch.uint8)
+            check_splat_size(raw, raw.length, expand=len(raw.splat_pattern) != 1)
             if len(raw.splat_pattern) == 1:
                 return pattern.expand(raw.length)
             return pattern.repeat(raw.length // len(raw.splat_pattern))
@@ -169,6 +208,7 @@ class ParameterArchiveEntry:
         unit = _splat_unit(self.raw.splat_pattern, md.dtype.itemsize)
         if unit is not None:
             values = torch.frombuffer(bytearray(unit), dtype=torch.uint8).view(dtype)
+            check_splat_size(self.raw, self.length, expand=values.numel() != 1)
             if values.numel() == 1:
                 return values.reshape(()).expand(md.shape)
             return values.repeat(md.numel // values.numel()).reshape(md.shape)

@@ -122,6 +122,24 @@ def safetensors_to_irpa(
     return builder.save(dst)
 
 
+def _check_free_space(dst: Path, nbytes: int, src: str | os.PathLike) -> None:
+    """Refuses up front an output larger than the free space of its filesystem (expanded
+    splats: a 4 KB archive can declare exabytes), instead of filling the disk."""
+    import shutil
+
+    directory = dst.parent if str(dst.parent) else Path(".")
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return  # a missing directory is reported by the writer
+    if nbytes > free:
+        raise ParameterArchiveError(
+            f"converting it needs {nbytes} bytes (splats are expanded) but {str(directory)!r} "
+            f"has {free} bytes free; free some space or convert to .irpa, which keeps splats",
+            path=src,
+        )
+
+
 def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Converts an .irpa archive to a .safetensors file, streaming.
 
@@ -173,6 +191,7 @@ def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
             plan.append(entry)
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
         blob += b" " * (-len(blob) % 8)
+        _check_free_space(path, 8 + len(blob) + offset, src)
         progress = Progress(offset, f"writing {path.name}")
         with atomic_writer(path) as fd:
             write_all(fd, memoryview(struct.pack("<Q", len(blob)) + blob))

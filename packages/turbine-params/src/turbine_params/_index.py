@@ -16,7 +16,75 @@ from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
 from ._format import EntryTable, EntryType, RawEntry, parse_archive
 
-__all__ = ["MappedFile", "ParameterIndex", "ParameterIndexEntry"]
+__all__ = [
+    "MAX_SPLAT_BYTES_ENV",
+    "MappedFile",
+    "ParameterIndex",
+    "ParameterIndexEntry",
+    "max_splat_bytes",
+]
+
+#: Environment variable that sets the most bytes expanding one splat may allocate.
+MAX_SPLAT_BYTES_ENV = "TURBINE_PARAMS_MAX_SPLAT_BYTES"
+_MAX_VIEW_BYTES = 2**63 - 1  # numpy/torch sizes are signed 64-bit
+
+
+def max_splat_bytes() -> int:
+    """The most bytes that expanding (materializing) one splat entry may allocate.
+
+    ``$TURBINE_PARAMS_MAX_SPLAT_BYTES`` when set (an integer; ``0`` refuses every expansion),
+    else half the memory available now (``MemAvailable`` of ``/proc/meminfo``; elsewhere the
+    free physical memory), so that one expansion cannot push the machine into the OOM killer. A splat is stored as a pattern of 1-16 bytes plus a length, so an archive
+    of a few kilobytes can declare terabytes; zero-copy views of a one-element pattern
+    (``as_flat_array`` of a 1-byte pattern, ``as_array``/``as_tensor`` of a one-element value)
+    allocate nothing and are not limited.
+    """
+    env = os.environ.get(MAX_SPLAT_BYTES_ENV)
+    if env is not None:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            raise ParameterArchiveError(
+                f"${MAX_SPLAT_BYTES_ENV} is {env!r}; expected a number of bytes"
+            ) from None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (OSError, ValueError, AttributeError):
+        return _MAX_VIEW_BYTES
+
+
+def check_splat_size(entry: ParameterIndexEntry, nbytes: int, *, expand: bool) -> None:
+    """Raises before a splat is viewed (``expand=False``: only the 64-bit size limit) or
+    expanded into ``nbytes`` of new memory (``expand=True``: :func:`max_splat_bytes`)."""
+    pattern = (entry.splat_pattern or b"").hex()
+    how = (
+        "read its value without expanding it with entry.splat_value (and entry.shape), or "
+        "view it: a one-element pattern expands to a zero-copy view"
+    )
+    if entry.length > _MAX_VIEW_BYTES:
+        raise ParameterArchiveError(
+            f"entry {entry.key!r} is a splat (pattern 0x{pattern}) of {entry.length} bytes, more "
+            f"than any array can hold (2**63 - 1); {how}",
+            path=entry.origin,
+            offset=entry.entry_offset,
+        )
+    if expand:
+        limit = max_splat_bytes()
+        if nbytes > limit:
+            raise ParameterArchiveError(
+                f"entry {entry.key!r} is a splat (pattern 0x{pattern}) of {entry.length} bytes: "
+                f"expanding it needs {nbytes} bytes of memory, over the limit of {limit} (half the "
+                f"memory available now, or ${MAX_SPLAT_BYTES_ENV}); {how}",
+                path=entry.origin,
+                offset=entry.entry_offset,
+            )
 
 
 class MappedFile:
@@ -190,6 +258,8 @@ class ParameterIndexEntry:
         if self.splat_pattern is not None:
             pattern = np.frombuffer(self.splat_pattern, dtype=np.uint8)
             reps = self.length // len(pattern)
+            # A 1-byte pattern is a zero-copy view; a longer one is expanded (a copy).
+            check_splat_size(self, self.length, expand=len(pattern) > 1)
             if len(pattern) == 1:
                 return np.broadcast_to(pattern, (self.length,))
             return np.broadcast_to(pattern, (reps, len(pattern))).reshape(-1)
