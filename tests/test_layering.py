@@ -1,4 +1,5 @@
-"""The layering contract: lower packages never import higher ones (tools/check_layers.py)."""
+"""The layering contract (tools/check_layers.py): lower packages never import higher ones, no
+import cycle inside a package, function-level imports only for optional or heavy dependencies."""
 
 from __future__ import annotations
 
@@ -20,13 +21,24 @@ def _make_tree(tmp_path: Path, files: dict[str, str]) -> Path:
         src.mkdir(parents=True)
         (src / "__init__.py").write_text("")
     for rel, text in files.items():
-        (tmp_path / rel).write_text(textwrap.dedent(text))
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
     return tmp_path
 
 
+def _aot(name: str) -> str:
+    return f"packages/turbine-aot/src/turbine_aot/{name}"
+
+
 def test_repository_respects_layers():
-    violations = check_layers.check_tree(ROOT)
+    violations = check_layers.check_tree(
+        ROOT,
+        known_cycles=check_layers.KNOWN_CYCLES,
+        known_lazy=check_layers.KNOWN_LAZY_IMPORTS,
+    )
     assert violations == [], "\n".join(map(str, violations))
+    assert check_layers.main([]) == 0
 
 
 @pytest.mark.parametrize(
@@ -56,10 +68,162 @@ def test_allowed_imports_pass(tmp_path):
     root = _make_tree(
         tmp_path,
         {
-            "packages/turbine-aot/src/turbine_aot/_ok.py": "import turbine_fx, turbine_params\n",
+            _aot("_ok.py"): "import turbine_fx, turbine_params\n",
             "packages/turbine-ir/src/turbine_ir/_ok.py": "from iree.compiler import ir\n",
             "packages/turbine-params/src/turbine_params/_ok.py": "def f():\n    import torch\n",
         },
     )
     assert check_layers.check_tree(root) == []
     assert check_layers.main([str(root)]) == 0
+
+
+# -- import cycles inside a package --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "files, cycle",
+    [
+        pytest.param(
+            {
+                _aot("_a.py"): "from ._b import B\nA = 1\n",
+                _aot("_b.py"): "from ._a import A\nB = 2\n",
+            },
+            "turbine_aot._a -> turbine_aot._b (line 1) -> turbine_aot._a (line 1)",
+            id="module-level, relative",
+        ),
+        pytest.param(
+            {
+                _aot("_a.py"): "import turbine_aot._b\n",
+                _aot("_b.py"): "from turbine_aot import _c\n",
+                _aot("_c.py"): "from turbine_aot._a import x\n",
+            },
+            "turbine_aot._a -> turbine_aot._b (line 1) -> turbine_aot._c (line 1) "
+            "-> turbine_aot._a (line 1)",
+            id="three modules, absolute",
+        ),
+        pytest.param(
+            {
+                _aot("_a.py"): "from ._b import B\n",
+                _aot("_b.py"): "B = 1\n\ndef use():\n    from ._a import thing\n",
+            },
+            "turbine_aot._a -> turbine_aot._b (line 1) -> turbine_aot._a (in a function, line 4)",
+            id="hidden behind a function-level import",
+        ),
+        pytest.param(
+            {
+                _aot("__init__.py"): "from ._a import f\n",
+                _aot("_a.py"): "def f():\n    from turbine_aot import __version__\n",
+            },
+            "turbine_aot -> turbine_aot._a (line 1) -> turbine_aot (in a function, line 2)",
+            id="through the package __init__",
+        ),
+        pytest.param(
+            {
+                _aot("sub/__init__.py"): "from .x import X\n",
+                _aot("sub/x.py"): "from .. import _top\nX = 1\n",
+                _aot("_top.py"): "from .sub.x import X\n",
+            },
+            "turbine_aot._top -> turbine_aot.sub.x (line 1) -> turbine_aot._top (line 1)",
+            id="subpackage, parent-relative",
+        ),
+    ],
+)
+def test_import_cycles_are_reported(tmp_path, files, cycle):
+    root = _make_tree(tmp_path, files)
+    violations = check_layers.check_tree(root)
+    assert len(violations) == 1, violations
+    assert f"import cycle in turbine_aot: {cycle}" in violations[0].rule
+    assert ("function-level import hides it" in violations[0].rule) == ("in a function" in cycle)
+    assert check_layers.main([str(root)]) == 1
+
+
+def test_type_checking_imports_and_acyclic_graphs_pass(tmp_path):
+    root = _make_tree(
+        tmp_path,
+        {
+            _aot("_a.py"): "from ._b import B\nfrom ._c import C\n",
+            _aot("_b.py"): "from ._c import C\nB = 1\n",
+            _aot("_c.py"): (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from ._a import A\nelse:\n    import json\nC = 1\n"
+            ),
+        },
+    )
+    assert check_layers.check_tree(root) == []
+
+
+def test_a_new_cycle_fails_beside_known_ones(tmp_path):
+    files = {
+        _aot("_a.py"): "from ._b import B\n",
+        _aot("_b.py"): "def f():\n    from ._a import A\n",
+    }
+    root = _make_tree(tmp_path, files)
+    known = [["turbine_aot._a", "turbine_aot._b"]]
+    assert check_layers.check_tree(root, known_cycles=known) == []
+    # A module joining the known cycle makes it another cycle: reported.
+    (root / _aot("_c.py")).write_text("from ._a import A\n")
+    (root / _aot("_b.py")).write_text("from ._c import C\ndef f():\n    from ._a import A\n")
+    violations = check_layers.check_tree(root, known_cycles=known)
+    rules = [v.rule for v in violations]
+    assert any("import cycle in turbine_aot" in r and "turbine_aot._c" in r for r in rules), rules
+    assert any("known import cycle no longer exists" in r for r in rules), rules
+
+
+def test_a_known_cycle_that_is_gone_must_leave_the_list(tmp_path):
+    root = _make_tree(tmp_path, {_aot("_a.py"): "A = 1\n"})
+    violations = check_layers.check_tree(root, known_cycles=[["turbine_aot._a", "turbine_aot._b"]])
+    assert [v.importer for v in violations] == ["KNOWN_CYCLES"]
+    assert "remove it from KNOWN_CYCLES" in violations[0].rule
+
+
+# -- function-level imports ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "files, line",
+    [
+        pytest.param({_aot("_a.py"): "def f():\n    import numpy\n"}, 2, id="numpy"),
+        pytest.param(
+            {_aot("_a.py"): "def f():\n    from ._b import B\n", _aot("_b.py"): "B = 1\n"},
+            2,
+            id="a light module of the package",
+        ),
+        pytest.param(
+            {
+                _aot("_a.py"): "import torch\ndef f():\n    from ._b import B\n",
+                _aot("_b.py"): "import torch\nB = 1\n",
+            },
+            3,
+            id="a module whose heavy imports the importer has already",
+        ),
+    ],
+)
+def test_needless_function_level_imports_are_reported(tmp_path, files, line):
+    root = _make_tree(tmp_path, files)
+    violations = check_layers.check_tree(root)
+    assert [(v.importer, v.line) for v in violations] == [("turbine_aot._a", line)]
+    assert "neither optional nor heavy" in violations[0].rule
+    known = [(violations[0].importer, violations[0].imported)]
+    assert check_layers.check_tree(root, known_lazy=known) == []
+
+
+def test_function_level_imports_of_heavy_or_optional_modules_pass(tmp_path):
+    root = _make_tree(
+        tmp_path,
+        {
+            _aot("_a.py"): (
+                "def f():\n    import torch\n    import iree.runtime as rt\n    import json\n"
+                "    from turbine_fx import passes\n    from . import _heavy\n"
+            ),
+            _aot("_heavy.py"): "import dask.distributed\n",
+            "packages/turbine-params/src/turbine_params/_t.py": "def f():\n    import torch\n",
+        },
+    )
+    assert check_layers.check_tree(root) == []
+
+
+def test_a_known_lazy_import_that_is_gone_must_leave_the_list(tmp_path):
+    root = _make_tree(tmp_path, {_aot("_a.py"): "A = 1\n"})
+    violations = check_layers.check_tree(root, known_lazy=[("turbine_aot._a", "numpy")])
+    assert len(violations) == 1
+    assert "remove it from KNOWN_LAZY_IMPORTS" in violations[0].rule

@@ -6,16 +6,26 @@ A package may import only lower layers (and itself). In addition:
 
 * only ``turbine_ir`` imports ``iree.compiler.ir`` / ``iree.compiler.dialects`` /
   ``iree.compiler.passmanager`` / ``iree.compiler._mlir_libs`` (everyone else gets MLIR through it);
-* ``turbine_params`` imports neither IREE nor (at module level) torch: it must work with numpy alone.
+* ``turbine_params`` imports neither IREE nor (at module level) torch: it must work with numpy alone;
+* no import cycle inside a package: the graph of a package's modules importing each other (its
+  relative and absolute imports of itself, those inside functions included) has no cycle. A cycle
+  hidden behind function-level imports is still a cycle: each module has one place in the
+  package's order, below every module it imports;
+* a function-level (lazy) import is for an optional or heavy dependency only: the imported module
+  must be on ``LAZY_IMPORTS_ALLOWED`` (by module), with the reason it may not load at import time.
 
 Every import statement counts, including those inside functions (lazy imports are still
-dependencies). Usage: ``python tools/check_layers.py [ROOT]``; exit 1 on violations.
+dependencies); imports under ``if TYPE_CHECKING:`` count for the layers only (they never run).
+``KNOWN_CYCLES`` / ``KNOWN_LAZY_IMPORTS`` list what existed when the rules were introduced: they
+may only shrink (a listed entry that no longer exists is reported too, so that the lists are
+kept exact). Usage: ``python tools/check_layers.py [ROOT]``; exit 1 on violations.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,13 +77,25 @@ def _imports(tree: ast.AST) -> list[tuple[int, str, bool]]:
     return out
 
 
+_trees: dict[tuple[Path, int, int], ast.Module] = {}
+
+
+def _parse(path: Path) -> ast.Module:
+    """The file's syntax tree (parsed once per version of the file: each rule walks it)."""
+    st = path.stat()
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _trees:
+        _trees[key] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return _trees[key]
+
+
 def _matches(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
 def check_file(path: Path, package: str) -> list[Violation]:
     rank = LAYERS.index(package)
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _parse(path)
     found: list[Violation] = []
     for line, mod, toplevel in _imports(tree):
         root = mod.split(".")[0]
@@ -97,19 +119,414 @@ def check_file(path: Path, package: str) -> list[Violation]:
     return found
 
 
-def check_tree(root: Path) -> list[Violation]:
+def _sources(root: Path, package: str) -> Path:
+    return root / "packages" / package.replace("_", "-") / "src" / package
+
+
+def check_tree(
+    root: Path,
+    *,
+    known_cycles: Iterable[Iterable[str]] = (),
+    known_lazy: Iterable[tuple[str, str]] = (),
+) -> list[Violation]:
+    """Every violation under ``root``; ``known_*``: accepted entries (listing a missing one is one)."""
     violations: list[Violation] = []
+    graphs = []
     for package in LAYERS:
-        dist = package.replace("_", "-")
-        src = root / "packages" / dist / "src" / package
+        src = _sources(root, package)
         for path in sorted(src.rglob("*.py")):
             violations.extend(check_file(path, package))
+        graphs.append(package_graph(src, package))
+    violations.extend(check_cycles(graphs, known_cycles))
+    violations.extend(check_lazy_imports(graphs, known_lazy))
     return violations
 
 
+# -- inside a package: cycles and lazy imports ----------------------------------------------------
+
+#: Modules a function may import lazily (prefix match), with why they may not load at import time.
+LAZY_IMPORTS_ALLOWED: dict[str, str] = {
+    "torch": "heavy; turbine_params works with numpy alone, turbine_aot.runtime without torch",
+    "iree.compiler": "heavy; compile-only paths (running a .vmfb needs iree.runtime alone)",
+    "iree.runtime": "heavy; run-only paths (export and compile need no runtime)",
+    "iree.build": "optional: build actions only",
+    "dask": "optional extra (turbine-aot[dask])",
+    "safetensors": "optional extra",
+    "ml_dtypes": "optional: bf16/fp8 numpy dtypes where installed",
+    "psutil": "optional",
+    "transformers": "optional, heavy",
+    "turbine_ir": "compiler side (imports iree.compiler): not loaded by run-only paths",
+    "turbine_trace": "compiler side (imports turbine_ir): not loaded by run-only paths",
+    "turbine_fx": "compiler side (imports torch): not loaded by run-only paths",
+    "turbine_aot._build_actions_dask": "optional: imports dask",
+    "turbine_aot._demo": "the demo's model and table: only for `turbine-aot demo`",
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``importer`` imports ``imported`` (both modules of one package) at ``path:line``."""
+
+    importer: str
+    imported: str
+    path: Path
+    line: int
+    lazy: bool  # inside a function: runs when called
+
+
+@dataclass
+class PackageGraph:
+    package: str
+    modules: dict[str, Path]  # dotted name -> file
+    edges: list[Edge]  # inside the package
+    lazy: list[tuple[str, Path, int, str]]  # (importer, path, line, imported) of every lazy import
+
+
+def _module_name(src: Path, package: str, path: Path) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """(import statement, lazy) for every import that runs (not under ``if TYPE_CHECKING:``)."""
+    out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.orelse:
+                    visit(ast.Module(body=[sub], type_ignores=[]), lazy)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out.append((child, lazy))
+            visit(
+                child,
+                lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+            )
+
+    visit(tree, False)
+    return out
+
+
+def _imported_names(
+    node: ast.Import | ast.ImportFrom, importer: str, is_package: bool
+) -> list[tuple[str, str | None]]:
+    """(absolute module, imported attribute or None) for each name the statement imports."""
+    if isinstance(node, ast.Import):
+        return [(a.name, None) for a in node.names]
+    if node.level:
+        base = importer.split(".")
+        if not is_package:
+            base.pop()
+        base = base[: len(base) - (node.level - 1)]
+        module = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        module = node.module or ""
+    return [(module, a.name) for a in node.names]
+
+
+def package_graph(src: Path, package: str) -> PackageGraph:
+    """The modules of one package and the imports between them."""
+    modules = {_module_name(src, package, p): p for p in sorted(src.rglob("*.py"))}
+    edges: list[Edge] = []
+    lazy: list[tuple[str, Path, int, str]] = []
+    for name, path in modules.items():
+        tree = _parse(path)
+        is_package = path.name == "__init__.py"
+        for node, is_lazy in _runtime_imports(tree):
+            for module, attr in _imported_names(node, name, is_package):
+                target = module
+                if attr is not None and f"{module}.{attr}" in modules:
+                    target = f"{module}.{attr}"  # "from . import _x" names a submodule
+                if is_lazy:
+                    lazy.append((name, path, node.lineno, target))
+                if not _matches(target, package):
+                    continue
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    edges.append(Edge(name, target, path, node.lineno, is_lazy))
+    return PackageGraph(package, modules, edges, lazy)
+
+
+def _strongly_connected(nodes: Iterable[str], succ: dict[str, list[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components (iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(succ.get(start, ())))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(succ.get(nxt, ()))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        comp.append(top)
+                        if top == node:
+                            break
+                    out.append(sorted(comp))
+    return out
+
+
+def _one_cycle(component: list[str], edges: list[Edge]) -> list[Edge]:
+    """A shortest cycle through the component's first module, as the edges that form it."""
+    members = set(component)
+    by_importer: dict[str, list[Edge]] = {}
+    for e in edges:
+        if e.importer in members and e.imported in members:
+            by_importer.setdefault(e.importer, []).append(e)
+    start = component[0]
+    paths: dict[str, list[Edge]] = {start: []}
+    frontier = [start]
+    while frontier:
+        nxt_frontier = []
+        for node in frontier:
+            for e in sorted(by_importer.get(node, []), key=lambda e: (e.lazy, e.imported)):
+                if e.imported == start:
+                    return [*paths[node], e]
+                if e.imported not in paths:
+                    paths[e.imported] = [*paths[node], e]
+                    nxt_frontier.append(e.imported)
+        frontier = nxt_frontier
+    return []
+
+
+def import_cycles(graph: PackageGraph) -> list[list[str]]:
+    """The package's import cycles: each a sorted list of the modules that import each other."""
+    succ: dict[str, list[str]] = {}
+    for e in graph.edges:
+        succ.setdefault(e.importer, []).append(e.imported)
+    return [c for c in _strongly_connected(graph.modules, succ) if len(c) > 1]
+
+
+def check_cycles(
+    graphs: Iterable[PackageGraph], known: Iterable[Iterable[str]] = ()
+) -> list[Violation]:
+    known_sets = {frozenset(k) for k in known}
+    found: list[Violation] = []
+    seen: set[frozenset[str]] = set()
+    root_path: Path | None = None
+    for graph in graphs:
+        if graph.modules:
+            root_path = next(iter(graph.modules.values()))
+        for component in import_cycles(graph):
+            key = frozenset(component)
+            seen.add(key)
+            if key in known_sets:
+                continue
+            cycle = _one_cycle(component, graph.edges)
+            first = cycle[0]
+            steps = " -> ".join(
+                [cycle[0].importer]
+                + [
+                    f"{e.imported} ({'in a function, ' if e.lazy else ''}line {e.line})"
+                    for e in cycle
+                ]
+            )
+            hidden = any(e.lazy for e in cycle)
+            rule = (
+                f"import cycle in {graph.package}: {steps}"
+                + (" — a function-level import hides it" if hidden else "")
+                + f"; the modules in the cycle: {', '.join(component)}. Move what both sides "
+                "need into a module below them (see docs/architecture.md)"
+            )
+            found.append(Violation(first.path, first.line, first.importer, first.imported, rule))
+    for key in sorted(known_sets - seen, key=sorted):
+        found.append(
+            Violation(
+                root_path or Path(__file__),
+                0,
+                "KNOWN_CYCLES",
+                ", ".join(sorted(key)),
+                "this known import cycle no longer exists: remove it from KNOWN_CYCLES "
+                "in tools/check_layers.py (or list the smaller cycle that remains)",
+            )
+        )
+    return found
+
+
+def _lazy_allowed(module: str) -> bool:
+    return any(_matches(module, m) for m in LAZY_IMPORTS_ALLOWED) or (
+        module.split(".")[0] in sys.stdlib_module_names
+    )
+
+
+def _heavy_at_import(graph: PackageGraph) -> dict[str, set[str]]:
+    """Per module of the package: the allowed-lazy (heavy, optional) modules importing it loads.
+
+    Follows the package's module-level imports; a lazy import of a module of the same package
+    is justified when it keeps one of those off the importer's import path.
+    """
+    direct: dict[str, set[str]] = {m: set() for m in graph.modules}
+    succ: dict[str, set[str]] = {m: set() for m in graph.modules}
+    for name, path in graph.modules.items():
+        tree = _parse(path)
+        for node, lazy in _runtime_imports(tree):
+            if lazy:
+                continue
+            for module, _ in _imported_names(node, name, path.name == "__init__.py"):
+                heavy = (
+                    _lazy_allowed(module) and module.split(".")[0] not in sys.stdlib_module_names
+                )
+                if heavy and not _matches(module, graph.package):
+                    direct[name].add(module)
+    for e in graph.edges:
+        if not e.lazy:
+            succ[e.importer].add(e.imported)
+    out: dict[str, set[str]] = {}
+    for m in graph.modules:
+        seen, todo, heavy = {m}, [m], set()
+        while todo:
+            cur = todo.pop()
+            heavy |= direct[cur]
+            for nxt in succ[cur] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        out[m] = heavy
+    return out
+
+
+def check_lazy_imports(
+    graphs: Iterable[PackageGraph], known: Iterable[tuple[str, str]] = ()
+) -> list[Violation]:
+    """Function-level imports of modules that are neither optional nor heavy."""
+    known_set = set(known)
+    seen: set[tuple[str, str]] = set()
+    found: list[Violation] = []
+    for graph in graphs:
+        heavy = _heavy_at_import(graph)
+        in_cycle = {m: frozenset(c) for c in import_cycles(graph) for m in c}
+        reported: set[tuple[str, str]] = set()
+        for importer, path, line, module in graph.lazy:
+            if _lazy_allowed(module):
+                continue
+            if module in in_cycle.get(importer, ()):
+                continue  # part of an import cycle: the cycle rule reports it
+            if module in heavy and heavy[module] - heavy[importer]:
+                continue  # keeps a heavy or optional dependency off the importer's import path
+            seen.add((importer, module))
+            if (importer, module) in known_set or (importer, module) in reported:
+                continue
+            reported.add((importer, module))
+            found.append(
+                Violation(
+                    path,
+                    line,
+                    importer,
+                    module,
+                    "function-level import of a module that is neither optional nor heavy: "
+                    "import it at module level (if that makes an import cycle, move the shared "
+                    "code below both modules), or add the module to LAZY_IMPORTS_ALLOWED in "
+                    "tools/check_layers.py with the reason",
+                )
+            )
+    for importer, module in sorted(known_set - seen):
+        found.append(
+            Violation(
+                Path(__file__),
+                0,
+                importer,
+                module,
+                "this known function-level import no longer exists: remove it from "
+                "KNOWN_LAZY_IMPORTS in tools/check_layers.py",
+            )
+        )
+    return found
+
+
+#: Import cycles that existed when the cycle rule was introduced (issue 18 removes them).
+KNOWN_CYCLES: list[list[str]] = [
+    [
+        "turbine_params._archive",
+        "turbine_params._builder",
+        "turbine_params._convert",
+        "turbine_params._index",
+        "turbine_params._module",
+    ],
+    [
+        "turbine_aot",
+        "turbine_aot._bundle",
+        "turbine_aot._compile_cache",
+        "turbine_aot._exporter",
+        "turbine_aot._module_check",
+        "turbine_aot._runtime",
+        "turbine_aot.runtime",
+    ],
+    [
+        "turbine_aot._build_actions",
+        "turbine_aot._build_actions_dask",
+    ],
+]
+
+#: Function-level imports of ordinary modules that existed then: (importer, imported).
+KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = [
+    ("turbine_aot._bundle", "turbine_aot._targets"),
+    ("turbine_aot._cli", "numpy"),
+    ("turbine_aot._cli", "turbine_aot._compile_cache"),
+    ("turbine_aot._cli", "turbine_aot._errors"),
+    ("turbine_aot._cli", "turbine_aot._runtime"),
+    ("turbine_aot._cli", "turbine_aot._targets"),
+    ("turbine_aot._cli", "turbine_aot.runtime"),
+    ("turbine_aot._cli", "turbine_params"),
+    ("turbine_aot._compile_cache", "turbine_aot._targets"),
+    ("turbine_aot._compiled_module", "turbine_aot._custom_ops"),
+    ("turbine_aot._demo", "turbine_aot._targets"),
+    ("turbine_aot._demo", "turbine_aot.runtime"),
+    ("turbine_aot._demo", "turbine_params"),
+    ("turbine_aot._exporter", "turbine_aot._compiled_module"),
+    ("turbine_aot._exporter", "turbine_aot._errors"),
+    ("turbine_aot._exporter", "turbine_aot._iree_session"),
+    ("turbine_aot._exporter", "turbine_aot._targets"),
+    ("turbine_aot._iree_session", "numpy"),
+    ("turbine_aot._runtime", "numpy"),
+    ("turbine_aot._runtime", "turbine_aot._targets"),
+    ("turbine_aot._runtime_tensors", "numpy"),
+    ("turbine_fx._fx_programs", "turbine_params"),
+    ("turbine_ir._global_attrs", "turbine_params"),
+    ("turbine_params._cli", "turbine_params._tools"),
+    ("turbine_params._dtypes", "numpy"),
+    ("turbine_params._index", "turbine_params._sources"),
+]
+
+
 def main(argv: list[str]) -> int:
-    root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent
-    violations = check_tree(root)
+    repo = Path(__file__).resolve().parent.parent
+    root = Path(argv[0]).resolve() if argv else repo
+    known = {"known_cycles": KNOWN_CYCLES, "known_lazy": KNOWN_LAZY_IMPORTS} if root == repo else {}
+    violations = check_tree(root, **known)
     for v in violations:
         print(v)
     if violations:
