@@ -55,6 +55,8 @@ class PreparedProgram:
     #: How the program was prepared: "as-is", "local" (nodes decomposed in place) or "retraced".
     strategy: str = "as-is"
     decomposed_nodes: int = 0
+    #: Nodes rewritten into ops IREE lowers (``_bool_rewrites``); 0 when none were.
+    rewritten_nodes: int = 0
 
     @property
     def graph(self) -> fx.Graph:
@@ -137,6 +139,9 @@ def prepare_program(
 ) -> PreparedProgram:
     """Copies ``program`` and applies ``decomposition_table`` as cheaply as correctness allows.
 
+    Then rewrites what IREE's torch frontend cannot lower (boolean ops, bool/uint8 constants:
+    ``_bool_rewrites``), on a copy of the graph.
+
     Args:
         program: The program to import (not modified).
         decomposition_table: OpOverload → decomposition; ``None`` or empty decomposes nothing.
@@ -144,6 +149,20 @@ def prepare_program(
     Returns:
         A :class:`PreparedProgram` ready for ``FxImporter.import_program``.
     """
+    from ._bool_rewrites import needs_rewrite, rewrite_for_iree
+
+    prepared = _prepare(program, decomposition_table)
+    if not needs_rewrite(prepared.graph_module, prepared.constants):
+        return prepared
+    if prepared.graph_module is program.graph_module:  # never rewrite the user's graph
+        prepared = _from_program(program, "as-is")
+    prepared.rewritten_nodes = rewrite_for_iree(prepared)
+    return prepared
+
+
+def _prepare(
+    program: ExportedProgram, decomposition_table: dict[Any, Callable] | None
+) -> PreparedProgram:
     table = decomposition_table or {}
     if program_needs_functionalization(program):
         logger.debug("program mutates state in place: functionalizing with run_decompositions")
@@ -311,7 +330,7 @@ def _rename_outputs(sig: ExportGraphSignature, renames: dict[str, str]) -> Expor
 
 def prepared_to_exported_program(prepared: PreparedProgram) -> ExportedProgram:
     """An ExportedProgram over the prepared graph (the original when nothing changed)."""
-    if prepared.strategy == "as-is":
+    if prepared.strategy == "as-is" and not prepared.rewritten_nodes:
         return prepared.original
     source = prepared.original
     return ExportedProgram(
