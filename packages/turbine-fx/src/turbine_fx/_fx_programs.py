@@ -42,6 +42,7 @@ from turbine_params import atomic_output_file, atomic_write_bytes
 
 from ._decompositions import current_aot_decompositions
 from ._errors import FxProgramsError
+from ._fx_programs_validate import CheckedDescriptor, check_descriptor, dtype_named
 
 __all__ = ["FxPrograms", "FxProgramsBuilder"]
 
@@ -187,14 +188,16 @@ class FxPrograms:
                 f"{_FORMAT!r} version {' or '.join(map(str, _VERSIONS))}); write it with "
                 "FxPrograms.save (or upgrade turbine-fx)"
             )
+        checked = check_descriptor(path, descriptor)
         try:
-            return FxPrograms._from_descriptor(path, descriptor)
+            return FxPrograms._from_descriptor(path, checked)
         except (KeyError, TypeError, ValueError) as e:
             raise FxProgramsError(f"{path}: inconsistent FxPrograms descriptor ({e!r})") from e
 
     @staticmethod
-    def _from_descriptor(path: Path, descriptor: dict) -> FxPrograms:
-        tensors = _load_tensors(path.parent / descriptor["data_file"], descriptor["tensors"])
+    def _from_descriptor(path: Path, checked: CheckedDescriptor) -> FxPrograms:
+        descriptor = checked.descriptor
+        tensors = _load_tensors(checked.data_path, descriptor["tensors"])
         result = FxPrograms()
         from turbine_params import DeviceAffinity
 
@@ -208,7 +211,7 @@ class FxPrograms:
                     f"{path}: program '{name}' refers to tensor {e} which is not in the descriptor"
                 ) from None
             try:
-                graph_bytes = (path.parent / info["file"]).read_bytes()
+                graph_bytes = checked.graph_paths[name].read_bytes()
             except OSError as e:
                 raise FxProgramsError(
                     f"{path}: cannot read the graph of program '{name}': {e}"
@@ -453,8 +456,8 @@ def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) 
 
 
 def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
+    dtype = dtype_named(name)
+    if dtype is None:
         raise FxProgramsError(f"unknown tensor dtype {name!r} in FxPrograms descriptor")
     return dtype
 
