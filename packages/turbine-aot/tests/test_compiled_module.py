@@ -33,6 +33,20 @@ def _ir(inst) -> str:
     return str(CompiledModule.get_mlir_module(inst))
 
 
+def _check_ir(asm: str, *patterns: str) -> None:
+    """FileCheck-style: each pattern (a regex) must match a line, in order, after the previous."""
+    lines = asm.splitlines()
+    pos = 0
+    for pattern in patterns:
+        rx = re.compile(pattern)
+        for i in range(pos, len(lines)):
+            if rx.search(lines[i]):
+                pos = i + 1
+                break
+        else:
+            raise AssertionError(f"no line matching {pattern!r} after line {pos} in:\n{asm}")
+
+
 class BasicModule(CompiledModule):
     def identity(self, x=AbstractTensor(None, 4)):
         return x
@@ -201,15 +215,34 @@ def test_signature_info_arg_device():
     assert "iree.abi.affinity = #hal.device.promise<@__device_1>" in ir
 
 
-def test_import_phases_and_deferred_import():
+def test_import_phase_members_and_parse():
+    assert ImportPhase.TORCH_IR == 0 and ImportPhase.TORCH is ImportPhase.TORCH_IR
+    assert (
+        ImportPhase.CUSTOM_OP_EXPANSION == 1
+        and ImportPhase.IMPORT is ImportPhase.CUSTOM_OP_EXPANSION
+    )
+    assert ImportPhase.IREE_INTERNAL == 2 and ImportPhase.FULL is ImportPhase.IREE_INTERNAL
+    assert [p.name for p in ImportPhase] == ["TORCH_IR", "CUSTOM_OP_EXPANSION", "IREE_INTERNAL"]
+    assert ImportPhase.parse(None) is ImportPhase.IMPORT
+    assert ImportPhase.parse("torch_ir") is ImportPhase.parse("torch") is ImportPhase.TORCH_IR
+    assert ImportPhase.parse("IREE-internal") is ImportPhase.FULL
+    with pytest.raises(ValueError, match="unknown import phase 'bogus'"):
+        ImportPhase.parse("bogus")
+
+
+def test_construction_traces_everything_import_to_picks_later_phases():
+    # import_to=None is the IMPORT phase (the reference's ImportPhase.parse(None)), fully traced.
     inst = StatefulModule(import_to=None)
     info = CompiledModule.get_info(inst)
-    assert info.current_import_phase is None
-    assert "func.func" not in _ir(inst)
-    CompiledModule.run_import(inst, "torch")
-    assert info.current_import_phase == ImportPhase.TORCH and "func.func @accumulate" in _ir(inst)
-    CompiledModule.run_import(inst, ImportPhase.CUSTOM_OP_EXPANSION)
     assert info.current_import_phase == ImportPhase.IMPORT
+    ir = _ir(inst)
+    assert "func.func @accumulate" in ir and "util.global private mutable @_state.global" in ir
+    # import_to="torch" traces as much, and stops before custom-op expansion.
+    torch_inst = StatefulModule(import_to="torch")
+    assert CompiledModule.get_info(torch_inst).current_import_phase == ImportPhase.TORCH_IR
+    assert "func.func @accumulate" in _ir(torch_inst)
+    CompiledModule.run_import(torch_inst, None)  # None means IMPORT here too
+    assert CompiledModule.get_info(torch_inst).current_import_phase == ImportPhase.IMPORT
     CompiledModule.run_import(inst, "iree_internal")
     assert info.current_import_phase == ImportPhase.FULL
     ir = _ir(inst)
@@ -398,6 +431,112 @@ def test_exported_program_as_class_attribute():
     m = load_module(out.compile(None, extra_args=FAST))
     x = torch.randn(4, 3)
     torch.testing.assert_close(m.forward(x), net(x), rtol=1e-5, atol=1e-5)
+
+
+class _SumProd(torch.nn.Module):
+    def forward(self, x, y):
+        return {"sum": x + y, "prod": x * y}
+
+
+def test_private_exported_program_called_from_a_procedure():
+    from turbine_aot.runtime import load_module
+
+    program = torch.export.export(_SumProd(), (torch.zeros(3), torch.zeros(3)))
+
+    class Calls(CompiledModule):
+        _compute = program  # private: func.func private @_compute, callable from procedures
+
+        def main(self, x=AbstractTensor(3), y=AbstractTensor(3)):
+            r = self._compute(x, y)  # the result is rebuilt with the program's out_spec
+            return r["prod"], r["sum"]
+
+    out = export(Calls)
+    _check_ir(
+        str(out.mlir_module),
+        r"func.func private @_compute\(%arg0: !torch.vtensor<\[3\],f32>, %arg1: "
+        r"!torch.vtensor<\[3\],f32>\) -> \(!torch.vtensor<\[3\],f32>, !torch.vtensor<\[3\],f32>\)",
+        r"func.func @main\(%arg0: tensor<3xf32>, %arg1: tensor<3xf32>\)",
+        r"%0 = torch_c.from_builtin_tensor %arg0 : tensor<3xf32> -> !torch.vtensor<\[3\],f32>",
+        r"%1 = torch_c.from_builtin_tensor %arg1 : tensor<3xf32> -> !torch.vtensor<\[3\],f32>",
+        r"%2:2 = call @_compute\(%0, %1\)",
+        r"%3 = torch_c.to_builtin_tensor %2#0 : !torch.vtensor<\[3\],f32> -> tensor<3xf32>",
+        r"%4 = torch_c.to_builtin_tensor %2#1",
+        r"return %4, %3 : tensor<3xf32>, tensor<3xf32>",
+    )
+    m = load_module(out.compile(None, extra_args=FAST))
+    x, y = torch.randn(3), torch.randn(3)
+    prod, total = m.main(x, y)
+    torch.testing.assert_close(prod, x * y)
+    torch.testing.assert_close(total, x + y)
+
+
+def test_calling_exported_programs_wrongly_is_a_value_error():
+    program = torch.export.export(_SumProd(), (torch.zeros(3), torch.zeros(3)))
+
+    class CallsPublic(CompiledModule):
+        compute = program
+
+        def main(self, x=AbstractTensor(3)):
+            return self.compute(x, x)
+
+    with pytest.raises(ValueError, match="only private ExportedPrograms can be called"):
+        CallsPublic()
+
+    class WrongArity(CompiledModule):
+        _compute = program
+
+        def main(self, x=AbstractTensor(3)):
+            return self._compute(x)
+
+    with pytest.raises(ValueError, match=r"Mismatched arguments to exported program '_compute'"):
+        WrongArity()
+
+
+def test_exported_program_wrapper_values_are_unwrapped():
+    # FxPrograms.programs values wrap the program as `.target` (with `.arg_device`).
+    program = torch.export.export(_SumProd(), (torch.zeros(3), torch.zeros(3)))
+
+    class Wrapped:
+        def __init__(self, target, arg_device=None):
+            self.target = target
+            self.arg_device = arg_device
+
+    class FromWrapper(CompiledModule):
+        forward = Wrapped(program, {0: DeviceAffinity(1)})
+
+    ir = _ir(FromWrapper())
+    assert "func.func @forward(" in ir
+    assert "iree.abi.affinity = #hal.device.promise<@__device_1>" in ir
+
+
+def test_compiled_module_jittable_and_self_jittables():
+    from turbine_aot.runtime import load_module
+    from turbine_fx import jittable as fx_jittable
+
+    assert CompiledModule.jittable is fx_jittable
+
+    class SelfJit(CompiledModule):
+        @CompiledModule.jittable
+        def compute(x):  # a public jittable member: not a procedure, callable through self
+            return x * 2 + 1
+
+        def main(self, x=AbstractTensor(3)):
+            return self.compute(x)
+
+    out = export(SelfJit)
+    _check_ir(
+        str(out.mlir_module),
+        r"func.func @main\(%arg0: tensor<3xf32>\) -> tensor<3xf32>",
+        r"torch_c.from_builtin_tensor %arg0",
+        r"call @compute\(%0\)",
+        r"torch_c.to_builtin_tensor %1",
+        r"func.func private @compute\(",
+        r"torch.aten.mul.Scalar",
+    )
+    assert "func.func @compute" not in str(out.mlir_module)
+    m = load_module(out.compile(None, extra_args=FAST))
+    x = torch.randn(3)
+    torch.testing.assert_close(m.main(x), x * 2 + 1)
 
 
 def test_global_trees_returned_and_assigned_through_calls():

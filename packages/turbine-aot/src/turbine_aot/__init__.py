@@ -1,11 +1,12 @@
 """turbine_aot: export PyTorch programs ahead of time, compile them with IREE, run them.
 
-The public API follows ``iree.turbine.aot``: ``from turbine_aot import *`` gives exactly its
-top-level names (``export``, ``ExportOutput``, ``CompiledModule``, the globals exporters, the
-abstract types, parameter archives and traits, ``FxPrograms``, decompositions, ``jittable``).
-The reference's submodule paths exist too: ``turbine_aot.support.procedural``,
-``turbine_aot.builtins``, ``turbine_aot.passes``, ``turbine_aot.decompositions``,
-``turbine_aot.build_actions``. Beyond the reference: ``turbine_aot.custom_ops`` and the error
+The public API follows ``iree.turbine.aot``: ``from turbine_aot import *`` binds exactly the
+names the reference's star import binds (``export``, ``ExportOutput``, ``CompiledModule``, the
+globals exporters, the abstract types, ``IREE``, parameter archives and traits, ``FxPrograms``,
+decompositions, ``jittable`` and the submodules ``builtins``, ``compiled_module``,
+``decompositions``, ``exporter``, ``fx_programs``, ``params``, ``passes``, ``support``,
+``tensor_traits``). The reference's submodule paths import too (also
+``turbine_aot.support.procedural`` and ``turbine_aot.build_actions``). Beyond the reference: ``turbine_aot.custom_ops`` and the error
 types ``ExportError``, ``CompileError`` (IREE diagnostics attached), ``CompiledModuleError``.
 
 Names that live in lower layers (turbine_params, turbine_trace, turbine_fx) are re-exported
@@ -25,7 +26,15 @@ from ._errors import ExportError as ExportError
 from ._errors import TurbineAotError as TurbineAotError
 from ._exporter import ExportOutput, export
 
+# Exactly the names ``from iree.turbine.aot import *`` binds (38), submodules included.
 __all__ = [
+    "IREE",
+    "AbstractBool",
+    "AbstractF32",
+    "AbstractF64",
+    "AbstractI32",
+    "AbstractI64",
+    "AbstractIndex",
     "AbstractTensor",
     "CompiledModule",
     "DeviceAffinity",
@@ -38,21 +47,37 @@ __all__ = [
     "ParameterArchiveBuilder",
     "ParameterArchiveEntry",
     "abstractify",
+    "builtins",
+    "compiled_module",
     "current_aot_decompositions",
+    "decompositions",
     "export",
     "export_buffers",
     "export_global",
     "export_global_tree",
     "export_parameters",
+    "exporter",
     "extend_aot_decompositions",
     "externalize_module_parameters",
+    "fx_programs",
     "jittable",
+    "params",
+    "passes",
     "save_module_parameters",
+    "support",
+    "tensor_traits",
 ]
 __version__ = "0.1.0"
 
 # Re-exported from lower layers: name -> module.
 _LAZY: dict[str, str] = {
+    "IREE": "turbine_trace",
+    "AbstractBool": "turbine_trace",
+    "AbstractF32": "turbine_trace",
+    "AbstractF64": "turbine_trace",
+    "AbstractI32": "turbine_trace",
+    "AbstractI64": "turbine_trace",
+    "AbstractIndex": "turbine_trace",
     "AbstractTensor": "turbine_trace",
     "abstractify": "turbine_trace",
     "export_buffers": "turbine_trace",
@@ -76,11 +101,16 @@ _LAZY: dict[str, str] = {
 _SUBMODULES = (
     "builtins",
     "build_actions",
+    "compiled_module",
     "custom_ops",
     "decompositions",
+    "exporter",
+    "fx_programs",
+    "params",
     "passes",
     "runtime",
     "support",
+    "tensor_traits",
 )
 
 # Not in __all__ (not reference names) but public.

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import CompiledModuleError, CompileError, Diagnostic, ExportError
+from ._program_calls import exported_program_call, unwrap_program
 
 __all__ = [
     "CompiledModule",
@@ -42,22 +43,26 @@ __all__ = [
 # Import phases
 # ---------------------------------------------------------------------------------------------
 class ImportPhase(enum.IntEnum):
-    """How far a module has been imported.
+    """How far a module has been imported (the reference's members and aliases).
 
-    ``TORCH``: the raw torch-dialect IR from tracing/FX import.
-    ``IMPORT`` (alias ``CUSTOM_OP_EXPANSION``): custom ops expanded; what IREE ingests.
-    ``FULL`` (alias ``IREE_INTERNAL``): after IREE's input pipeline (``--compile-to=input``).
+    ``TORCH_IR`` (alias ``TORCH``): the raw torch-dialect IR from tracing/FX import.
+    ``CUSTOM_OP_EXPANSION`` (alias ``IMPORT``): custom ops expanded; what IREE ingests.
+    ``IREE_INTERNAL`` (alias ``FULL``): after IREE's input pipeline (``--compile-to=input``).
     """
 
-    TORCH = 0
-    IMPORT = 1
-    FULL = 2
+    TORCH_IR = 0
     CUSTOM_OP_EXPANSION = 1
     IREE_INTERNAL = 2
+    TORCH = TORCH_IR
+    IMPORT = CUSTOM_OP_EXPANSION
+    FULL = IREE_INTERNAL
 
     @staticmethod
-    def parse(spec: ImportPhase | str) -> ImportPhase:
-        """``ImportPhase`` from an enum member or a mnemonic (case-insensitive)."""
+    def parse(spec: ImportPhase | str | None) -> ImportPhase:
+        """``ImportPhase`` from an enum member or a mnemonic (case-insensitive); ``None`` is
+        ``IMPORT``, the default phase."""
+        if spec is None:
+            return ImportPhase.IMPORT
         if isinstance(spec, ImportPhase):
             return spec
         if isinstance(spec, str):
@@ -158,6 +163,7 @@ class CompiledModuleInstanceInfo:
     shadow_dict: dict[str, Any] = field(default_factory=dict)
     proc_funcs: dict[str, Any] = field(default_factory=dict)
     proc_returns: dict[str, Any] = field(default_factory=dict)
+    program_funcs: dict[str, Any] = field(default_factory=dict)
     tracing: set[str] = field(default_factory=set)
     owned_module: Any = None
 
@@ -285,12 +291,19 @@ def _classify_member(key: str, value: Any, cls_name: str, globals_def_type: type
     """The export a class member stands for, or ``None`` for a plain attribute."""
     if isinstance(value, ExportedProgramDef):
         return value
+    program = unwrap_program(value)
+    if program is not None:
+        # A leading underscore makes the function private: callable from procedures only.
+        return ExportedProgramDef(
+            program,
+            key,
+            public=not key.startswith("_"),
+            arg_device=getattr(value, "arg_device", None) if program is not value else None,
+        )
     if key.startswith("_"):
         return None
     if isinstance(value, globals_def_type):
         return ExportedGlobalsDef(key, value)
-    if _is_exported_program(value):
-        return ExportedProgramDef(value, key)
     if isinstance(value, (staticmethod, classmethod, property)):
         return None
     if inspect.isfunction(value):
@@ -298,12 +311,13 @@ def _classify_member(key: str, value: Any, cls_name: str, globals_def_type: type
     return None
 
 
-def _is_exported_program(value: Any) -> bool:
-    try:
-        from torch.export import ExportedProgram
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(value, ExportedProgram)
+class _JittableAttribute:
+    """``CompiledModule.jittable``: ``turbine_fx.jittable``, imported on first access."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        from turbine_fx import jittable
+
+        return jittable
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,9 +341,17 @@ class CompiledModule(metaclass=CompiledModuleMeta):
     Args:
         context: an MLIR context to build in (default: a new compiler session's context).
         module_op: an existing ``builtin.module`` to add to (default: a new one).
-        import_to: the phase to import to now: ``"torch"``, ``"import"`` (default), ``"full"``,
-            or ``None`` to defer (then call :meth:`run_import`).
+        import_to: how far to take the module after tracing: ``"torch"``, ``"import"``
+            (default; also what ``None`` means) or ``"full"``. Constructing always traces every
+            export (globals, exported programs, procedures) into the module; the phase only
+            decides which later steps (custom-op expansion, IREE's input pipeline) run now.
+
+    ``CompiledModule.jittable`` is :class:`turbine_fx.jittable` (as in the reference): a torch
+    function decorated with it in the class body is callable as ``self.name(...)`` inside
+    procedures.
     """
+
+    jittable: Any = _JittableAttribute()
 
     def __init__(
         self,
@@ -357,9 +379,11 @@ class CompiledModule(metaclass=CompiledModuleMeta):
         builder = ModuleBuilder(module_op, options=class_info.options)
         info = CompiledModuleInstanceInfo(class_info, builder, session=session)
         info.owned_module = module  # keeps a Module we created alive with the instance
+        target = ImportPhase.parse(import_to)
         _instance_infos[self] = info
-        if import_to is not None:
-            CompiledModule.run_import(self, import_to)
+        _import_exports(self, info)
+        info.current_import_phase = ImportPhase.TORCH_IR
+        CompiledModule.run_import(self, target)
 
     def __getattr__(self, name: str) -> Any:
         info = _instance_infos.get(self)
@@ -432,18 +456,17 @@ class CompiledModule(metaclass=CompiledModuleMeta):
     # ---- import ------------------------------------------------------------------------------
     @staticmethod
     def run_import(inst: CompiledModule, import_to: ImportPhase | str | None = "import") -> None:
-        """Brings the module to ``import_to`` (a no-op for a phase already reached).
+        """Brings the module to ``import_to`` (``None`` means ``"import"``; a no-op for a phase
+        already reached).
 
         Raises:
             CompileError: IREE's input pipeline failed (``full``); carries the diagnostics.
         """
-        if import_to is None:
-            return
         target = ImportPhase.parse(import_to)
         info = CompiledModule.get_info(inst)
         if info.current_import_phase is None:
             _import_exports(inst, info)
-            info.current_import_phase = ImportPhase.TORCH
+            info.current_import_phase = ImportPhase.TORCH_IR
         if info.current_import_phase < ImportPhase.IMPORT <= target:
             CompiledModule.expand_custom_ops(inst)
             info.current_import_phase = ImportPhase.IMPORT
@@ -511,21 +534,30 @@ def _import_exports(inst: CompiledModule, info: CompiledModuleInstanceInfo) -> N
     # Globals first: procedures refer to them.
     for key, gdef in class_info.export_globals:
         info.shadow_dict[key] = gdef.globals_def.track(builder, key)
-    for _key, pdef in class_info.exported_programs:
-        _import_program(info, pdef)
+    for key, pdef in class_info.exported_programs:
+        info.program_funcs[key] = _import_program(info, pdef)
     for key, _proc in class_info.export_procs:
         _ensure_proc(inst, info, key)
 
 
-def _import_program(info: CompiledModuleInstanceInfo, pdef: ExportedProgramDef) -> None:
+def _import_program(info: CompiledModuleInstanceInfo, pdef: ExportedProgramDef) -> Any:
     from turbine_fx import import_exported_program
 
-    import_exported_program(
+    program = unwrap_program(pdef.program)
+    arg_device = pdef.arg_device
+    if program is None:
+        raise CompiledModuleError(
+            f"export {pdef.export_name!r}: expected a torch.export.ExportedProgram (or an "
+            f"FxPrograms entry wrapping one), got {type(pdef.program).__name__}"
+        )
+    if arg_device is None and program is not pdef.program:
+        arg_device = getattr(pdef.program, "arg_device", None)
+    return import_exported_program(
         info.module_builder,
-        pdef.program,
+        program,
         symbol_name=pdef.export_name,
         symbol_visibility=None if pdef.public else "private",
-        arg_device=pdef.arg_device,
+        arg_device=arg_device or None,
         import_symbolic_shape_expressions=pdef.import_symbolic_shape_expressions,
     )
 
@@ -597,10 +629,7 @@ class _ProcSelfProxy:
         if isinstance(export, ExportProcDef):
             return _ProcCall(object.__getattribute__(self, "_inst"), info, name)
         if isinstance(export, ExportedProgramDef):
-            raise CompiledModuleError(
-                f"{name!r} is an imported ExportedProgram; calling it from a procedure is not "
-                "supported — wrap the torch function in @jittable instead"
-            )
+            return exported_program_call(name, export, info.program_funcs[name])
         inst = object.__getattribute__(self, "_inst")
         value = inspect.getattr_static(type(inst), name, _MISSING)
         if value is _MISSING:

@@ -322,8 +322,10 @@ class ExportOutput:
         )
 
     def _session_flags(self) -> list[str]:
-        flags = [f for f in self.session.get_flags(non_default_only=True)]
-        return [f for f in flags if not f.startswith("--iree-input-type=")]
+        from ._iree_session import session_flags
+
+        # Replayed as set (list options such as --iree-hal-target-device keep one flag per value).
+        return [f for f in session_flags(self.session) if not f.startswith("--iree-input-type=")]
 
 
 def _tool_only_flags(flags: Sequence[str]) -> list[str]:

@@ -26,10 +26,12 @@ from ._errors import CompileError, Diagnostic
 
 __all__ = [
     "CapturedInvocation",
+    "TrackedSession",
     "atomic_output_file",
     "atomic_write_bytes",
     "new_session",
     "session_context",
+    "session_flags",
 ]
 
 _SEVERITY = {0: "note", 1: "warning", 2: "error", 3: "remark"}
@@ -62,13 +64,80 @@ def _dylib() -> Any:
     return dl
 
 
+class TrackedSession(Session):
+    """A compiler ``Session`` that remembers the flags set on it, in order.
+
+    ``Session.get_flags`` prints a list option once with its values joined by commas
+    (``--iree-hal-target-device=__device_0=local,__device_1=local``), and that text set on
+    another session is ONE value of the list, not two. Replaying the recorded ``set_flags``
+    arguments instead reproduces the session's options exactly (:func:`session_flags`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded_flags: list[str] = []
+
+    def set_flags(self, *flags: str) -> None:
+        super().set_flags(*flags)
+        self.recorded_flags.extend(flags)
+
+
+# List options whose values are not split at commas when set: the joined text `get_flags` prints
+# must be split back into one flag per value.
+_UNJOINED_LIST_FLAGS = ("--iree-hal-target-device",)
+
+
+def session_flags(session: Session) -> list[str]:
+    """The flags set on ``session``, as flags that reproduce them on a new session.
+
+    For a :class:`TrackedSession` (every session turbine creates) the recorded ``set_flags``
+    arguments, in order; for another session its non-default flags, with the joined values of
+    list options such as ``--iree-hal-target-device`` split back into one flag each.
+    """
+    recorded = getattr(session, "recorded_flags", None)
+    if recorded is not None:
+        return list(recorded)
+    out: list[str] = []
+    for flag in session.get_flags(non_default_only=True):
+        name, eq, value = flag.partition("=")
+        if eq and name in _UNJOINED_LIST_FLAGS:
+            out.extend(f"{name}={v}" for v in split_top_level_commas(value))
+        else:
+            out.append(flag)
+    return out
+
+
+def split_top_level_commas(text: str) -> list[str]:
+    """``a,b<c,d>,"e,f"`` -> ``['a', 'b<c,d>', '"e,f"']``: commas inside brackets or quotes
+    (attribute syntax such as ``#hal.device.target<"local", [...]>``) do not split."""
+    parts: list[str] = []
+    depth = 0
+    quote = False
+    start = 0
+    for i, ch in enumerate(text):
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            quote = not quote
+        elif quote:
+            continue
+        elif ch in "<[({":
+            depth += 1
+        elif ch in ">])}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
 def new_session(flags: Sequence[str] = ()) -> Session:
-    """A compiler session for torch-dialect input with ``flags`` applied.
+    """A compiler session (a :class:`TrackedSession`) for torch-dialect input with ``flags``
+    applied.
 
     Raises:
         CompileError: a flag is unknown or malformed (IREE's message is included).
     """
-    session = Session()
+    session = TrackedSession()
     all_flags = ["--iree-input-type=torch", *flags]
     try:
         session.set_flags(*all_flags)

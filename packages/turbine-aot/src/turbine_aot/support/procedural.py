@@ -35,7 +35,13 @@ from turbine_ir.ir import (
 )
 from turbine_params import DeviceAffinity
 from turbine_trace import (
+    AbstractBool,
+    AbstractF32,
+    AbstractF64,
+    AbstractI32,
+    AbstractI64,
     Abstractifiable,
+    AbstractIndex,
     AbstractIntrinsic,
     AbstractScalar,
     AbstractTensor,
@@ -68,14 +74,24 @@ from turbine_trace import (
     new_ir_trace_scope,
     tree_flatten,
     tree_map,
+    tree_unflatten,
+    treespec_dumps,
 )
 
 #: Alias of the MLIR ``Type`` class.
 IrType = Type
 #: The type of the ``Empty`` sentinel.
 EmptyType = type(Empty)
+#: The value MLIR uses for a dynamic dimension in a shaped type's static shape.
+ShapedTypeDynamicSizeSentinel = ShapedType.get_dynamic_size()
 
 __all__ = [
+    "AbstractBool",
+    "AbstractF32",
+    "AbstractF64",
+    "AbstractI32",
+    "AbstractI64",
+    "AbstractIndex",
     "AbstractIntrinsic",
     "AbstractScalar",
     "AbstractTensor",
@@ -85,6 +101,7 @@ __all__ = [
     "CallableIntrinsic",
     "DeviceAffinity",
     "DictAttr",
+    "Empty",
     "EmptyType",
     "F32Type",
     "F64Type",
@@ -112,6 +129,7 @@ __all__ = [
     "ProcedureTraceError",
     "RankedTensorType",
     "ShapedType",
+    "ShapedTypeDynamicSizeSentinel",
     "StringAttr",
     "TreeAbstractifiable",
     "TreeSpec",
@@ -131,4 +149,6 @@ __all__ = [
     "new_ir_trace_scope",
     "tree_flatten",
     "tree_map",
+    "tree_unflatten",
+    "treespec_dumps",
 ]
