@@ -155,8 +155,37 @@ def _normalize_parameters(parameters: Any) -> dict[str, list[Path]]:
                     f"parameter archive {str(path)!r} (scope {scope!r}) does not exist; bundles "
                     "hold parameter files (.irpa, .safetensors, .gguf), not in-memory tensors"
                 )
+            check_parameter_file(path, scope)
             out[scope].append(path)
     return out
+
+
+def check_parameter_file(path: Path, scope: str) -> None:
+    """Refuses a file that is not a parameter archive IREE can read (``.irpa`` and
+    ``.safetensors`` are parsed with turbine_params' checked reader, ``.gguf`` by its magic), so
+    that random bytes are refused when bundling, not when IREE's loader meets them.
+
+    Raises:
+        BundleError: naming the file, its scope and what is wrong.
+    """
+    from turbine_params import ParameterArchive, ParameterArchiveError
+
+    if path.name.endswith(".gguf"):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise BundleError(
+                f"parameter file {str(path)!r} (scope {scope!r}) is not a GGUF file (it starts "
+                f"with {magic!r}, not b'GGUF'); give an .irpa, .safetensors or .gguf archive"
+            )
+        return
+    try:
+        ParameterArchive(path, mmap=False).close()
+    except ParameterArchiveError as e:
+        raise BundleError(
+            f"parameter file {str(path)!r} (scope {scope!r}) is not a readable parameter "
+            f"archive: {e.reason}"
+        ) from e
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

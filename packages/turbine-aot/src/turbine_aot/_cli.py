@@ -16,6 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from turbine_aot._cli_errors import (
+    check_input_dtypes,
+    input_tensor,
+    quiet_torch_export_logs,
+    user_code,
+    with_root_cause,
+)
 from turbine_aot._cli_progress import Stages
 
 __all__ = ["CliError", "main", "parse_input_spec"]
@@ -91,11 +98,15 @@ def _make_input(spec: str, generator: Any) -> Any:
             raise CliError(f"input file {spec!r} does not exist")
         return torch.from_numpy(np.load(path))
     shape, dtype = parse_input_spec(spec)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=generator).to(dtype)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).to(torch.bool)
-    return torch.randint(0, 10, shape, generator=generator).to(dtype)
+
+    def make() -> Any:
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=generator).to(dtype)
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=generator).to(torch.bool)
+        return torch.randint(0, 10, shape, generator=generator).to(dtype)
+
+    return input_tensor(spec, make, shape, dtype, CliError)
 
 
 def _load_source(spec: str) -> Any:
@@ -113,14 +124,19 @@ def _load_source(spec: str) -> Any:
         sys.modules[mod_spec.name] = module  # torch.export resolves classes by module name
         sys.path.insert(0, str(path.parent.resolve()))
         try:
-            mod_spec.loader.exec_module(module)
+            loader = mod_spec.loader
+            user_code(f"importing {path_part}", path, lambda: loader.exec_module(module), CliError)
         finally:
             sys.path.pop(0)
     else:
         try:
-            module = importlib.import_module(path_part)
-        except ImportError as e:
-            raise CliError(f"cannot import {path_part!r}: {e}") from e
+            module = user_code(
+                f"importing {path_part}", None, lambda: importlib.import_module(path_part), CliError
+            )
+        except CliError as e:
+            if isinstance(e.__cause__, ImportError):
+                raise CliError(f"cannot import {path_part!r}: {e.__cause__}") from e.__cause__
+            raise
     import torch
 
     if not attr:
@@ -142,10 +158,11 @@ def _load_source(spec: str) -> Any:
         obj = getattr(module, attr)
     except AttributeError:
         raise CliError(f"{path_part!r} has no attribute {attr!r}") from None
-    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
-        obj = obj()
-    elif callable(obj) and not isinstance(obj, (torch.nn.Module, type)):
-        obj = obj()  # a factory function
+    if (isinstance(obj, type) and issubclass(obj, torch.nn.Module)) or (
+        callable(obj) and not isinstance(obj, (torch.nn.Module, type))  # a factory function
+    ):
+        factory = obj
+        obj = user_code(f"calling {path_part}:{attr}()", path_part, factory, CliError)
     return obj
 
 
@@ -171,6 +188,9 @@ def _parameters(values: list[str] | None) -> dict[str, list[str]] | None:
             scope, path = "model", v
         if not Path(path).is_file():
             raise CliError(f"parameter file {path!r} does not exist")
+        from turbine_aot._bundle import check_parameter_file
+
+        check_parameter_file(Path(path), scope)  # random bytes are refused here, not by IREE
         out.setdefault(scope, []).append(path)
     return out
 
@@ -209,7 +229,7 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             a, d = int(m.group(1)), int(m.group(2))
             kw = {"max": int(m.group(3))} if m.group(3) else {}
             dynamic[a][d] = torch.export.Dim(f"arg{a}_dim{d}", **kw)
-    with st("export"):
+    with st("export"), quiet_torch_export_logs(not args.debug):
         if is_cm:
             eo = turbine_aot.export(obj)
         else:
@@ -219,6 +239,8 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
                 dynamic_shapes=tuple(dynamic) if dynamic else None,
                 function_name=args.function_name,
             )
+    if not is_cm:  # torch.export accepts an i64 input into a float matmul: say what it expects
+        check_input_dtypes(eo.mlir_module, list(args.input or []), CliError)
     out = Path(args.output or (Path(args.source.split(":")[0]).stem + ".mlir"))
     with st("save mlir"):
         eo.save_mlir(out)
@@ -288,11 +310,18 @@ def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     with st("load"):
         if target.is_dir() or (target.is_file() and not target.name.endswith(".vmfb")):
             m = R.load_bundle(
-                target, device=args.device or None, parameters=_parameters(args.parameters)
+                target,
+                device=args.device or None,
+                parameters=_parameters(args.parameters),
+                verify=args.verify,
+                check_versions=not args.ignore_versions,
             )
         else:
             m = R.load_module(
-                target, device=_devices(args), parameters=_parameters(args.parameters)
+                target,
+                device=_devices(args),
+                parameters=_parameters(args.parameters),
+                verify=args.verify,
             )
     fn = m[args.function]
     gen = torch.Generator().manual_seed(args.seed)
@@ -368,6 +397,12 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 def _cmd_demo(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot._demo import run_demo
 
+    if args.repeat < 1:
+        raise CliError(f"--repeat {args.repeat}: give a number of timed calls, at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads {args.threads}: give a number of CPU threads, at least 1")
+    if args.workdir is not None and Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+        raise CliError(f"--workdir {args.workdir!r} is a file, not a directory; give a directory")
     cache: Any = not args.no_cache
     return run_demo(
         stages=st,
@@ -451,6 +486,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", help="write each result as <function>_<i>.npy here")
     r.add_argument("--check-eager", metavar="SOURCE", help="compare with this eager model")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--verify",
+        action="store_true",
+        help="a .vmfb: load it in a child process first (a corrupted module cannot crash this "
+        "one); a bundle: also check every file's SHA-256",
+    )
+    r.add_argument(
+        "--ignore-versions",
+        action="store_true",
+        help="load a bundle built under another IREE release anyway",
+    )
     common(r)
 
     b = sub.add_parser("bundle", help="make a deployable bundle (vmfb + params + manifest)")
@@ -514,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         # A CompileError's first line only names the stage; its first error says what failed.
         text = e.errors[0].message if getattr(e, "errors", None) else str(e)
         first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        if not isinstance(e, CliError):
+            first = with_root_cause(e, first)
         if args.json:
             print(json.dumps({"ok": False, "error": first}))
         print(f"turbine-aot: error: {first}", file=sys.stderr)

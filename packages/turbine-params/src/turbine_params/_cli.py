@@ -1,6 +1,7 @@
 """The ``turbine-params`` command line: inspect, convert, strip, verify.
 
-Errors print one line (``turbine-params: error: ...``) and exit with status 2.
+Errors print one line (``turbine-params: error: ...``) and exit with status 2, without a
+traceback (``--debug`` shows it).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="turbine-params", description="Inspect, convert, strip and verify .irpa archives."
     )
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("inspect", help="list entries: key, dtype, shape, bytes, offset, type")
     s.add_argument("archive")
@@ -121,12 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ParameterArchiveError, OSError) as e:
+    except (ParameterArchiveError, OSError, ImportError) as e:
+        if args.debug:
+            raise
+        if isinstance(e, ImportError):
+            print(f"turbine-params: error: {e} (install the missing package)", file=sys.stderr)
+            return 2
         msg = " ".join(str(e).split())
         print(f"turbine-params: error: {msg}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        print(f"turbine-params: error: {e} (install the missing package)", file=sys.stderr)
         return 2
 
 

@@ -90,6 +90,7 @@ def strip_archive(
         ParameterArchiveError: a key in ``keep`` is not in the archive (a typo would otherwise
             silently strip the entry it meant to keep).
     """
+    _check_output(src, dst, (".irpa",))
     keep_set = set(keep)
     with ParameterArchive(os.fspath(src), mmap=False) as archive:
         unknown = sorted(keep_set.difference(archive.keys()))
@@ -173,6 +174,26 @@ def _compare(archive: ParameterArchive, against: str | os.PathLike) -> None:
                 raise ParameterArchiveError(f"entry {key!r} differs from {ref}")
 
 
+def _check_output(
+    src: str | os.PathLike, dst: str | os.PathLike, suffixes: tuple[str, ...]
+) -> None:
+    """Refuses an output path that would not be written as given: a directory (the writer would
+    make ``<dir>.irpa`` beside it) or a name without one of ``suffixes`` (``o.xyz`` would become
+    ``o.xyz.irpa``)."""
+    d = Path(dst)
+    if d.is_dir():
+        example = d / f"{Path(src).stem}{suffixes[0]}"
+        raise ParameterArchiveError(
+            f"output {str(d)!r} is a directory; give a file name, e.g. {str(example)!r}"
+        )
+    if not d.name.endswith(suffixes):
+        raise ParameterArchiveError(
+            f"output {str(d)!r} does not end with {' or '.join(suffixes)}; name the file to "
+            f"write with one of those suffixes (the suffix selects the format), e.g. "
+            f"{str(d.with_suffix(suffixes[0]))!r}"
+        )
+
+
 def convert_parameters(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -180,8 +201,14 @@ def convert_parameters(
     data_alignment: int = DEFAULT_DATA_ALIGNMENT,
 ) -> Path:
     """Converts by file type: .safetensors -> .irpa, .irpa -> .safetensors or .irpa (repack),
-    torch checkpoint (.pt/.pth/.bin/.ckpt) -> .irpa."""
+    torch checkpoint (.pt/.pth/.bin/.ckpt) -> .irpa.
+
+    Raises:
+        ParameterArchiveError: an unreadable input, a combination not listed, or an output
+            that is a directory or does not end with ``.irpa`` / ``.safetensors``.
+    """
     s, d = os.fspath(src), os.fspath(dst)
+    _check_output(src, dst, (".irpa", ".safetensors"))
     if s.endswith(".safetensors") and not d.endswith(".safetensors"):
         return safetensors_to_irpa(s, d, data_alignment=data_alignment)
     if s.endswith(".irpa") and d.endswith(".safetensors"):
