@@ -39,7 +39,12 @@ from turbine_aot._runtime import (
     parse_abi_declaration,
     signatures_from_mlir,
 )
-from turbine_params import atomic_output_file, make_owned_temp
+from turbine_params import (
+    ParameterArchive,
+    ParameterArchiveError,
+    atomic_output_file,
+    make_owned_temp,
+)
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -168,8 +173,6 @@ def check_parameter_file(path: Path, scope: str) -> None:
     Raises:
         BundleError: naming the file, its scope and what is wrong.
     """
-    from turbine_params import ParameterArchive, ParameterArchiveError
-
     if path.name.endswith(".gguf"):
         with open(path, "rb") as f:
             magic = f.read(4)

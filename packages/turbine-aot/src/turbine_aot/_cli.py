@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from turbine_aot._bundle import check_parameter_file
 from turbine_aot._cli_errors import (
     check_input_dtypes,
     input_tensor,
@@ -188,8 +189,6 @@ def _parameters(values: list[str] | None) -> dict[str, list[str]] | None:
             scope, path = "model", v
         if not Path(path).is_file():
             raise CliError(f"parameter file {path!r} does not exist")
-        from turbine_aot._bundle import check_parameter_file
-
         check_parameter_file(Path(path), scope)  # random bytes are refused here, not by IREE
         out.setdefault(scope, []).append(path)
     return out
