@@ -114,7 +114,9 @@ def test_mutable_noinline_global(mb, check_ir):
 
 def test_uninitialized_globals(mb, check_ir):
     mb.create_tensor_global(
-        "__auto.u", torch.empty(2, 2, device="meta"), attrs=GlobalAttributes(uninitialized=True)
+        "__auto.u",
+        torch.empty(2, 2, device="meta"),
+        attrs=GlobalAttributes(mutable=True, uninitialized=True),
     )
     with mb.context:
         dyn = ir.ShapedType.get_dynamic_size()
@@ -128,9 +130,10 @@ def test_uninitialized_globals(mb, check_ir):
         )
     check_ir(
         str(mb.module_op),
-        r"^  util\.global private @__auto\.u = #util\.uninitialized : tensor<2x2xf32>$",
+        r"^  util\.global private mutable @__auto\.u = #util\.uninitialized : tensor<2x2xf32>$",
         r"^  util\.global private mutable @__auto\.dyn : tensor<\?x8xf16>$",  # IREE cannot size it
-        r"^  util\.global private mutable @__auto\.plain : index$",
+        # An initialized typed global starts at zero (as in the reference).
+        r"^  util\.global private mutable @__auto\.plain = 0 : index$",
     )
 
 
@@ -176,6 +179,46 @@ def test_meta_tensor_inline_is_a_clear_error(mb):
 def test_global_attributes_contradiction():
     with pytest.raises(ValueError, match=r"external=True and uninitialized=True"):
         GlobalAttributes(external=True, uninitialized=True)
+    # The external check comes first, as in the reference (this one is not mutable either).
+    with pytest.raises(ValueError, match=r"external=True"):
+        GlobalAttributes(external=True, uninitialized=True, mutable=False)
+    with pytest.raises(
+        ValueError, match=r"Globals with uninitialized=True must also be mutable=True"
+    ):
+        GlobalAttributes(uninitialized=True)
+    assert GlobalAttributes(uninitialized=True, mutable=True).uninitialized
+
+
+def test_zero_initial_values_of_typed_globals(mb, check_ir):
+    with mb.context:
+        types = {
+            "index": ir.IndexType.get(),
+            "f32": ir.F32Type.get(),
+            "f64": ir.F64Type.get(),
+            "i32": ir.IntegerType.get_signless(32),
+            "i64": ir.IntegerType.get_signless(64),
+            "i1": ir.IntegerType.get_signless(1),
+            "t_i32": ir.RankedTensorType.get([1], ir.IntegerType.get_signless(32)),
+            "t_f64": ir.RankedTensorType.get([2], ir.F64Type.get()),
+        }
+        for name, typ in types.items():
+            mb.create_typed_global(f"__auto.{name}", typ, attrs=GlobalAttributes())
+        dyn = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size()], ir.F32Type.get())
+    check_ir(
+        str(mb.module_op),
+        r"^  util\.global private @__auto\.index = 0 : index$",
+        r"^  util\.global private @__auto\.f32 = 0\.000000e\+00 : f32$",
+        r"^  util\.global private @__auto\.f64 = 0\.000000e\+00 : f64$",
+        r"^  util\.global private @__auto\.i32 = 0 : i32$",
+        r"^  util\.global private @__auto\.i64 = 0 : i64$",
+        r"^  util\.global private @__auto\.i1 = false$",
+        r"^  util\.global private @__auto\.t_i32 = dense<0> : tensor<1xi32>$",
+        r"^  util\.global private @__auto\.t_f64 = dense<0\.000000e\+00> : tensor<2xf64>$",
+    )
+    with pytest.raises(
+        ValueError, match=r"Cannot create initialization value for dynamic shaped tensor"
+    ):
+        mb.create_typed_global("__auto.dyn", dyn, attrs=GlobalAttributes())
 
 
 def test_map_name_and_infer_external():

@@ -202,7 +202,7 @@ def test_external_parameters_from_archive(harness, iree_device, tmp_path):
         return params["weight"], params["bias"]
 
     builder = ParameterArchiveBuilder()
-    builder.add_module(linear)
+    builder.add_module(linear, prefix="p.")  # keys are the full dotted names: p.weight, p.bias
     path = tmp_path / "linear.irpa"
     builder.save(path)
     m = harness.load(iree_device, parameters={"model": path})

@@ -73,8 +73,8 @@ def test_export_global_external_scope_and_name_mapping(harness):
     ExternalTensorTrait(external_scope="traits", external_name="from.trait").set(t)
     harness.track(export_global(t, name="t"), "p")
     harness.check(
-        r'util.global private @_p.w = #flow.parameter.named<"weights"::"w"> : tensor<2xf32>',
-        r'util.global private @_p.v = #flow.parameter.named<"model"::"layer0.v"> : tensor<3xf32>',
+        r'util.global private @_p.w = #flow.parameter.named<"weights"::"p.w"> : tensor<2xf32>',
+        r'util.global private @_p.v = #flow.parameter.named<"model"::"layer0.p.v"> : tensor<3xf32>',
         r'util.global private @_p.t = #flow.parameter.named<"traits"::"from.trait"> : tensor<5xf32>',
     )
 
@@ -91,8 +91,8 @@ def test_abstract_tensor_and_scalar_globals(harness):
     harness.check(
         # Dynamically shaped and uninitialized: declared without an initial value.
         r"util.global private mutable @_st.dyn : tensor<\?x4xf32>\n",
-        r'util.global private @_st.ext = #flow.parameter.named<"model"::"ext"> : tensor<2x2xf16>',
-        r"util.global private mutable @_st.count : i32\n",
+        r'util.global private @_st.ext = #flow.parameter.named<"model"::"st.ext"> : tensor<2x2xf16>',
+        r"util.global private mutable @_st.count = 0 : i32\n",
     )
 
 
@@ -139,8 +139,8 @@ def test_export_parameters_and_buffers(harness):
     b = harness.track(export_buffers(m, mutable=True), "buffers")
     assert set(p) == {"fc.weight", "fc.bias"} and set(b) == {"steps"}
     harness.check(
-        r'util.global private @_params.fc.weight = #flow.parameter.named<"model"::"fc.weight"> : tensor<3x2xf32>',
-        r'util.global private @_params.fc.bias = #flow.parameter.named<"model"::"fc.bias"> : tensor<3xf32>',
+        r'util.global private @_params.fc.weight = #flow.parameter.named<"model"::"params.fc.weight"> : tensor<3x2xf32>',
+        r'util.global private @_params.fc.bias = #flow.parameter.named<"model"::"params.fc.bias"> : tensor<3xf32>',
         r"util.global private mutable @_buffers.steps = .* : tensor<1xi64>",
     )
 
@@ -270,3 +270,59 @@ def test_globals_attrs_object_overrides_options(harness):
     assert d.attrs is attrs
     harness.track(d, "x")
     harness.check(r"util.global private mutable @_x.a <inlining_policy = #util.inline.never>")
+
+
+def test_typed_globals_start_at_zero(harness):
+    from turbine_trace import AbstractBool, AbstractF32, AbstractF64, AbstractI64, AbstractIndex
+
+    for name, typ in (
+        ("idx", AbstractIndex),
+        ("f32", AbstractF32),
+        ("f64", AbstractF64),
+        ("i32", AbstractI32),
+        ("i64", AbstractI64),
+        ("b", AbstractBool),
+    ):
+        harness.track(export_global(typ, name=name, mutable=True), "z")
+    harness.track(export_global(AbstractTensor(1, dtype=torch.int32), name="t"), "z")
+    harness.track(export_global(AbstractTensor(2, dtype=torch.float64), name="u"), "z")
+    harness.check(
+        r"util.global private mutable @_z.idx = 0 : index\n",
+        r"util.global private mutable @_z.f32 = 0.000000e\+00 : f32\n",
+        r"util.global private mutable @_z.f64 = 0.000000e\+00 : f64\n",
+        r"util.global private mutable @_z.i32 = 0 : i32\n",
+        r"util.global private mutable @_z.i64 = 0 : i64\n",
+        r"util.global private mutable @_z.b = false\n",
+        r"util.global private @_z.t = dense<0> : tensor<1xi32>\n",
+        r"util.global private @_z.u = dense<0.000000e\+00> : tensor<2xf64>\n",
+    )
+
+
+def test_dynamic_typed_global_needs_uninitialized_or_external(harness):
+    with pytest.raises(
+        ValueError, match=r"Cannot create initialization value for dynamic shaped tensor"
+    ):
+        harness.track(export_global(AbstractTensor(None, 2), name="d", mutable=True), "dyn")
+
+
+def test_global_attributes_validation_order():
+    with pytest.raises(ValueError, match=r"external=True"):
+        export_global(torch.ones(2), external=True, uninitialized=True)
+    with pytest.raises(
+        ValueError, match=r"Globals with uninitialized=True must also be mutable=True"
+    ):
+        export_global(torch.ones(2), uninitialized=True)
+    with pytest.raises(
+        ValueError, match=r"Globals with uninitialized=True must also be mutable=True"
+    ):
+        export_global(torch.ones(2), initialize=False)
+
+
+def test_abstract_tensor_type_in_a_bare_context():
+    from turbine_ir import ModuleBuilder, ir
+
+    context = ir.Context()  # no Location on the stack
+    with context:
+        module = ir.Module.create(ir.Location.unknown())
+    mb = ModuleBuilder(module.operation)
+    assert str(AbstractTensor(None, 3).get_ir_type(mb)) == "tensor<?x3xf32>"

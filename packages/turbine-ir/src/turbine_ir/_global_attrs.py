@@ -24,7 +24,11 @@ class GlobalAttributes:
         noinline: Keep the global's value out of constant folding/inlining
             (``inlining_policy = #util.inline.never``).
         uninitialized: Declare without an initial value (``#util.uninitialized``); the program
-            must store before loading.
+            must store before loading, so the global must be ``mutable``.
+
+    Raises:
+        ValueError: ``external=True`` with ``uninitialized=True``; ``uninitialized=True``
+            without ``mutable=True``.
 
     Example:
         >>> GlobalAttributes(external=True, name_mapper=lambda n: "w." + n).map_name("fc")
@@ -49,10 +53,16 @@ class GlobalAttributes:
         noinline: bool = False,
         uninitialized: bool | None = None,
     ):
+        # Checked in the reference's order, with its messages' key phrases.
         if external and uninitialized:
             raise ValueError(
                 "GlobalAttributes: external=True and uninitialized=True contradict each other "
                 "(an external global is initialized from its parameter); choose one"
+            )
+        if uninitialized and not mutable:
+            raise ValueError(
+                "Globals with uninitialized=True must also be mutable=True (the program must "
+                "store an uninitialized global before loading it)"
             )
         self.mutable = mutable
         self.external = external

@@ -44,6 +44,7 @@ __all__ = [
     "build_index_constant",
     "build_tensor_dim_value",
     "tensor_storage_key",
+    "zero_initial_value",
 ]
 
 logger = logging.getLogger("turbine.ir")
@@ -249,6 +250,46 @@ class NativeTypeConverter:
             if str(native_type) == native_asm:
                 return ir.Type.parse(torch_asm, self._context)
         return native_type
+
+
+def zero_initial_value(typ: ir.Type, *, what: str = "global") -> ir.Attribute:
+    """The zero of ``typ`` as a global's initial value: ``0 : index``, ``0 : i32``,
+    ``0.000000e+00 : f32``, ``false`` (i1), or a splat (``dense<0> : tensor<1xi32>``,
+    ``dense<0.000000e+00> : tensor<2xf64>``) for a statically shaped tensor.
+
+    Raises:
+        ValueError: ``typ`` is a dynamically shaped tensor, or has no zero (e.g. not a number).
+    """
+    with typ.context, _current_loc(typ.context):
+        rtt = _as_ranked_tensor(typ)
+        if rtt is not None:
+            if not rtt.has_static_shape:
+                raise ValueError(
+                    f"{what}: Cannot create initialization value for dynamic shaped tensor "
+                    f"{typ}; declare the global with uninitialized=True (mutable=True, stored "
+                    "before it is loaded) or external=True"
+                )
+            element = _scalar_zero(rtt.element_type, what)
+            return ir.DenseElementsAttr.get_splat(rtt, element)
+        return _scalar_zero(typ, what)
+
+
+def _scalar_zero(typ: ir.Type, what: str) -> ir.Attribute:
+    if _isa(ir.IndexType, typ) or _isa(ir.IntegerType, typ):
+        return ir.IntegerAttr.get(typ, 0)
+    if _isa(ir.FloatType, typ):
+        return ir.FloatAttr.get(typ, 0.0)
+    raise ValueError(f"{what}: no zero initial value for type {typ}")
+
+
+def _isa(cls: type, t: ir.Type) -> bool:
+    if isinstance(t, cls):
+        return True
+    try:
+        cls(t)  # type: ignore[call-arg]
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def _as_ranked_tensor(t: ir.Type) -> ir.RankedTensorType | None:
@@ -465,10 +506,16 @@ class ModuleBuilder:
         ``attrs.external=True`` → initialized from ``#flow.parameter.named<scope::key>`` where
         key = ``attrs.map_name(logical_name or symbol_name)``; ``uninitialized`` →
         ``#util.uninitialized`` (no initial value for dynamically shaped tensors, which IREE
-        cannot size); otherwise no initial value (the program stores first).
+        cannot size); otherwise zero (:func:`zero_initial_value`: ``0 : index``,
+        ``0.000000e+00 : f32``, ``false``, ``dense<0> : tensor<1xi32>``, ...), as the reference
+        does.
 
         Returns:
             ``(actual_symbol_name, global_op)``.
+
+        Raises:
+            ValueError: an initialized global of a dynamically shaped tensor type (there is no
+                zero value of unknown size); declare it ``uninitialized=True`` or external.
         """
         initial: ir.Attribute | None = None
         if attrs.external:
@@ -477,6 +524,8 @@ class ModuleBuilder:
             )
         elif attrs.uninitialized:
             initial = self._uninitialized(global_type)
+        else:
+            initial = zero_initial_value(global_type, what=f"global {symbol_name!r}")
         return self._create_global(symbol_name, global_type, attrs=attrs, initial_value=initial)
 
     def create_tensor_global(

@@ -12,6 +12,7 @@ from turbine_ir.ir import (
     F64Type,
     IndexType,
     IntegerType,
+    Location,
     RankedTensorType,
     ShapedType,
     Type,
@@ -144,7 +145,9 @@ class AbstractTensor(AbstractIntrinsic, AbstractTypedef):
         element_type = builder.torch_dtype_to_iree_type(self.dtype)
         with builder.context:
             dims = [ShapedType.get_dynamic_size() if d is None else d for d in self.size]
-            return RankedTensorType.get(dims, element_type)
+            # IREE 3.13's RankedTensorType.get needs a Location: a user's bare Context() has
+            # none on the stack.
+            return RankedTensorType.get(dims, element_type, loc=Location.unknown(builder.context))
 
 
 class AbstractScalar(AbstractIntrinsic, AbstractTypedef):

@@ -94,9 +94,11 @@ class GlobalsDef:
         """Track the given pack of globals, returning a struct that can be used to access them.
 
         Each ``(name, value)`` of ``items()`` becomes a global with symbol
-        ``_<export_namespace>.<name>`` (uniqued by the module builder) and logical name ``name``
-        (the key of an external parameter). The result has the shape of ``schema()`` with
-        ``IrGlobalTensor`` / ``IrGlobalScalar`` leaves.
+        ``_<export_namespace>.<name>`` (uniqued by the module builder) and logical name
+        ``<export_namespace>.<name>``: the key of an external parameter, after ``name_mapper``
+        (``params.fc.weight`` for ``params = export_parameters(m, external=True)``, as in the
+        reference; a tensor's ``ExternalTensorTrait`` name wins). The result has the shape of
+        ``schema()`` with ``IrGlobalTensor`` / ``IrGlobalScalar`` leaves.
 
         Args:
             module_builder: The module to create the globals in.
@@ -109,12 +111,12 @@ class GlobalsDef:
         flat_globals = []
         for name, value in self.items():
             fq_name = f"{export_namespace}.{name}" if export_namespace else name
-            flat_globals.append(_create_global(module_builder, self, fq_name, name, value))
+            flat_globals.append(_create_global(module_builder, self, fq_name, value))
         return tree_unflatten(flat_globals, self.schema())
 
 
 def _create_global(
-    module_builder: ModuleBuilder, info: GlobalsDef, fq_name: str, name: str, value: Any
+    module_builder: ModuleBuilder, info: GlobalsDef, fq_name: str, value: Any
 ) -> IrGlobalTensor | IrGlobalScalar:
     attrs = info.attrs
     symbol = f"_{fq_name}"
@@ -137,7 +139,7 @@ def _create_global(
             actual_symbol, global_op, global_type = existing
         else:
             actual_symbol, global_op, global_type = module_builder.create_tensor_global(
-                symbol, value, attrs=attrs, logical_name=name
+                symbol, value, attrs=attrs, logical_name=fq_name
             )
         ir_global = IrGlobalTensor(
             fq_name,
@@ -152,7 +154,7 @@ def _create_global(
     if isinstance(value, AbstractTensor):
         global_type = value.get_ir_type(module_builder)
         actual_symbol, global_op = module_builder.create_typed_global(
-            symbol, global_type, attrs=attrs, logical_name=name
+            symbol, global_type, attrs=attrs, logical_name=fq_name
         )
         return IrGlobalTensor(
             fq_name,
@@ -165,7 +167,7 @@ def _create_global(
     if isinstance(value, AbstractScalar):
         global_type = value.get_ir_type(module_builder)
         actual_symbol, global_op = module_builder.create_typed_global(
-            symbol, global_type, attrs=_scalar_attrs(attrs), logical_name=name
+            symbol, global_type, attrs=_scalar_attrs(attrs), logical_name=fq_name
         )
         return IrGlobalScalar(
             fq_name,
@@ -187,7 +189,7 @@ def _create_global(
                 initial = FloatAttr.get(global_type, value)
         scalar_attrs = _scalar_attrs(attrs)
         actual_symbol, global_op = module_builder.create_typed_global(
-            symbol, global_type, attrs=scalar_attrs, logical_name=name
+            symbol, global_type, attrs=scalar_attrs, logical_name=fq_name
         )
         if not scalar_attrs.uninitialized:
             global_op.attributes["initial_value"] = initial
@@ -252,8 +254,9 @@ class export_global(GlobalsDef, Abstractifiable):
         mutable: Procedures may assign to the global.
         external: Load the tensor from a parameter archive (``None``: inferred from an
             ``ExternalTensorTrait`` on the tensor).
-        external_scope: Parameter scope of an external global.
-        name_mapper: Maps the name to the parameter key (``None`` result: keep the name).
+        name_mapper: Maps the full dotted name (``<attribute>.<name>``, e.g. ``state.global``)
+            to the parameter key (``None`` result: keep the full name).
+        external_scope: Parameter scope of an external global (default ``"model"``).
         noinline: Keep the global's contents out of the IR even when small.
         uninitialized: Create the global without an initial value.
         attrs: A complete ``GlobalAttributes``; overrides the individual options.
