@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from turbine_aot._bundle_manifest import check_manifest_shape
 from turbine_aot._runtime import (
     DEFAULT_PARAMETER_SCOPE,
     FunctionSignature,
@@ -536,10 +537,11 @@ def _read_bundle_dir(src: Path, *, verify: bool = False) -> Bundle:
         manifest = json.loads(mpath.read_text())
     except FileNotFoundError:
         raise BundleError(f"{str(src)!r} has no {MANIFEST}; it is not a turbine bundle") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BundleError(f"{str(mpath)!r} is not valid JSON: {e}") from e
-    if manifest.get("format") != BUNDLE_FORMAT:
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{str(mpath)!r} is not a {BUNDLE_FORMAT} manifest")
+    check_manifest_shape(manifest, mpath, BundleError)  # every field's type, before any use
     if manifest.get("format_version", 0) > BUNDLE_FORMAT_VERSION:
         raise BundleError(
             f"bundle format version {manifest.get('format_version')} is newer than this "
