@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from turbine_aot import _export_errors
 from turbine_aot._bundle import check_parameter_file
 from turbine_aot._cli_errors import (
     check_input_dtypes,
@@ -216,6 +217,7 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             externalize_module_parameters(obj)
             save_module_parameters(args.external_params, obj)
     dynamic = None
+    dynamic_flags: dict[str, str] = {}  # the Dim's name -> the --dynamic value that made it
     if args.dynamic:
         dynamic = [dict() for _ in inputs]
         for spec in args.dynamic:
@@ -228,16 +230,23 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             a, d = int(m.group(1)), int(m.group(2))
             kw = {"max": int(m.group(3))} if m.group(3) else {}
             dynamic[a][d] = torch.export.Dim(f"arg{a}_dim{d}", **kw)
+            dynamic_flags[f"arg{a}_dim{d}"] = spec
     with st("export"), quiet_torch_export_logs(not args.debug):
         if is_cm:
             eo = turbine_aot.export(obj)
         else:
-            eo = turbine_aot.export(
-                obj,
-                args=tuple(inputs),
-                dynamic_shapes=tuple(dynamic) if dynamic else None,
-                function_name=args.function_name,
-            )
+            try:
+                eo = turbine_aot.export(
+                    obj,
+                    args=tuple(inputs),
+                    dynamic_shapes=tuple(dynamic) if dynamic else None,
+                    function_name=args.function_name,
+                    strict_export=not args.non_strict,
+                )
+            except turbine_aot.ExportError as e:
+                if e.torch_message:
+                    e.cli_message = _export_errors.cli_message(e, dynamic_flags)
+                raise
     if not is_cm:  # torch.export accepts an i64 input into a float matmul: say what it expects
         check_input_dtypes(eo.mlir_module, list(args.input or []), CliError)
     out = Path(args.output or (Path(args.source.split(":")[0]).stem + ".mlir"))
@@ -462,6 +471,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--dynamic", action="append", help="ARG:DIM[:MAX] dynamic dimension")
     e.add_argument("--external-params", metavar="FILE.irpa", help="externalize weights to FILE")
     e.add_argument("--function-name", default=None)
+    e.add_argument(
+        "--non-strict",
+        action="store_true",
+        help="torch.export with strict=False (traces forward() as Python, not with TorchDynamo)",
+    )
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("-o", "--output", help="output .mlir / .mlirbc (default: <source>.mlir)")
     common(e)
@@ -557,9 +571,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         # A CompileError's first line only names the stage; its first error says what failed.
-        text = e.errors[0].message if getattr(e, "errors", None) else str(e)
+        text = getattr(e, "cli_message", None) or (
+            e.errors[0].message if getattr(e, "errors", None) else str(e)
+        )
         first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-        if not isinstance(e, CliError):
+        if not isinstance(e, CliError) and not getattr(e, "cli_message", None):
             first = with_root_cause(e, first)
         if args.json:
             print(json.dumps({"ok": False, "error": first}))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 __all__ = [
     "CompileError",
@@ -15,11 +16,29 @@ __all__ = [
 
 
 class TurbineAotError(Exception):
-    """Root of the errors raised by turbine_aot's export/compile API."""
+    """Root of the errors raised by turbine_aot's export/compile API.
+
+    Attributes:
+        cli_message: the one-line message worded with ``turbine-aot``'s options, where the
+            fix differs from the Python API's (the CLI prints it instead of the first line).
+    """
+
+    cli_message: str | None = None
 
 
 class ExportError(TurbineAotError, ValueError):
-    """An export could not be performed (bad arguments, torch.export failure, bad IR)."""
+    """An export could not be performed (bad arguments, torch.export failure, bad IR).
+
+    Attributes (when ``torch.export`` failed):
+        torch_message: torch's whole message.
+        specialized: each dynamic dimension the model's code fixed to a constant -> that constant.
+        non_strict_may_help: strict export's tracer gave up on a Python construct that
+            non-strict export traces.
+    """
+
+    torch_message: str = ""
+    specialized: Mapping[str, int] = MappingProxyType({})
+    non_strict_may_help: bool = False
 
 
 class CompiledModuleError(TurbineAotError):

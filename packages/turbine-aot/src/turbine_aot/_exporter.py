@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from iree.compiler.api import Output, Session
 
 from ._errors import CompileError, ExportError
+from ._export_errors import torch_export_error
 from ._iree_session import CapturedInvocation, new_session, output_to_file, session_context
 
 if TYPE_CHECKING:
@@ -617,13 +618,4 @@ def _torch_export(
             mdl, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict
         )
     except Exception as e:
-        hints = []
-        if strict:
-            hints.append("try strict_export=False")
-        if dynamic_shapes is not None:
-            hints.append("check dynamic_shapes against forward()'s parameter names")
-        hint = f" ({'; '.join(hints)})" if hints else ""
-        raise ExportError(
-            f"torch.export.export of {type(mdl).__name__} failed: {type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}{hint}"
-        ) from e
+        raise torch_export_error(mdl, e, strict=strict) from e

@@ -686,12 +686,17 @@ def load_module(
             "the module was compiled for another device or needs more devices; compile it "
             f"for {', '.join(uris)} or load it on the device it was built for"
         )
+        cli_hint = hint
         if "parameter" in msg.lower() or "not found" in msg.lower():
             hint = "pass the parameter archives it needs: parameters={'model': 'weights.irpa'}"
-        raise TurbineRuntimeError(
+            cli_hint = "pass the parameter archives it needs: -p model=weights.irpa"
+        what = (
             f"could not initialize module {vm_module.name!r} on {', '.join(uris)}: "
-            f"{msg.strip().splitlines()[0] if msg.strip() else type(e).__name__}; {hint}"
-        ) from e
+            f"{msg.strip().splitlines()[0] if msg.strip() else type(e).__name__}"
+        )
+        err = TurbineRuntimeError(f"{what}; {hint}")
+        err.cli_message = f"{what}; {cli_hint}"  # type: ignore[attr-defined]
+        raise err from e
     return LoadedModule(
         vm_module,
         instance=instance,
