@@ -384,14 +384,15 @@ def needs_rewrite(gm: fx.GraphModule, constants: dict[str, Any] | None = None) -
     )
 
 
-def rewrite_for_iree(prepared: Any) -> int:
+def rewrite_for_iree(prepared: Any) -> tuple[int, dict[str, str]]:
     """Applies the rewrites of this module to a prepared program's (private) graph.
 
     Args:
         prepared: a :class:`~turbine_fx.PreparedProgram` whose graph is a copy.
 
     Returns:
-        How many nodes were rewritten (0: the graph is unchanged).
+        How many nodes were rewritten (0: the graph is unchanged), and the graph outputs it
+        renamed (old name -> final name), for the caller to apply to the graph signature.
     """
     names = _constant_placeholders(prepared)
     values = {p: prepared.constants[k] for p, k in names.items()}
@@ -399,14 +400,10 @@ def rewrite_for_iree(prepared: Any) -> int:
     count = rewriter.run()
     renames = dict(rewriter.renames)
     count += _reencode_constants(prepared, names, renames)
-    if renames:
-        from ._program_prep import _rename_outputs
-
-        for old in list(renames):  # chains: a -> b -> c
-            while renames[old] in renames:
-                renames[old] = renames[renames[old]]
-        prepared.graph_signature = _rename_outputs(prepared.graph_signature, renames)
+    for old in list(renames):  # chains: a -> b -> c
+        while renames[old] in renames:
+            renames[old] = renames[renames[old]]
     if count:
         prepared.graph_module.recompile()
         logger.debug("rewrote %d boolean/constant nodes IREE cannot lower", count)
-    return count
+    return count, renames

@@ -27,6 +27,8 @@ import torch.fx as fx
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
+from ._bool_rewrites import needs_rewrite, rewrite_for_iree
+
 __all__ = [
     "PreparedProgram",
     "prepare_program",
@@ -149,14 +151,14 @@ def prepare_program(
     Returns:
         A :class:`PreparedProgram` ready for ``FxImporter.import_program``.
     """
-    from ._bool_rewrites import needs_rewrite, rewrite_for_iree
-
     prepared = _prepare(program, decomposition_table)
     if not needs_rewrite(prepared.graph_module, prepared.constants):
         return prepared
     if prepared.graph_module is program.graph_module:  # never rewrite the user's graph
         prepared = _from_program(program, "as-is")
-    prepared.rewritten_nodes = rewrite_for_iree(prepared)
+    prepared.rewritten_nodes, renames = rewrite_for_iree(prepared)
+    if renames:
+        prepared.graph_signature = _rename_outputs(prepared.graph_signature, renames)
     return prepared
 
 
