@@ -103,11 +103,15 @@ class _DeviceModule:
         import iree.runtime as rt
         import numpy as np
 
+        from turbine_aot._runtime_tensors import _page_aligned_copy
+
         fn = getattr(self._bound, name)
 
         def call(*args):
             dev_args = [
-                rt.asdevicearray(self.device, _page_aligned(a)) if isinstance(a, np.ndarray) else a
+                rt.asdevicearray(self.device, _page_aligned_copy(a))
+                if isinstance(a, np.ndarray)
+                else a
                 for a in args
             ]
             result = fn(*dev_args)
@@ -123,7 +127,7 @@ class _HostReadable:
 
     ``DeviceArray.to_host`` imports a numpy allocation into the device when the allocator says
     it can, and Vulkan on lavapipe then rejects pointers not aligned to 4096. A staging buffer
-    works on every driver.
+    works on every driver (the product runner's own read-back, reused here).
     """
 
     def __init__(self, value):
@@ -132,37 +136,13 @@ class _HostReadable:
     def to_host(self):
         import iree.runtime as rt
 
+        from turbine_aot._runtime_tensors import _staged_host_array
+
         if not isinstance(self.value, rt.DeviceArray):
             return self.value
         bv = self.value._buffer_view
-        device = self.value._device
-        source = bv.get_buffer()
-        staging = device.allocator.allocate_buffer(
-            memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
-            allowed_usage=int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED),
-            allocation_size=source.byte_length(),
-        )
-        sem = device.create_semaphore(0)
-        device.queue_copy(
-            source,
-            staging,
-            wait_semaphores=rt.HalFence.create_at(sem, 0),
-            signal_semaphores=rt.HalFence.create_at(sem, 1),
-        )
-        rt.HalFence.create_at(sem, 1).wait()
         dtype = rt.HalElementType.map_to_dtype(bv.element_type)
-        return staging.map().asarray(tuple(bv.shape), dtype).copy()
-
-
-def _page_aligned(a):
-    """A page-aligned contiguous copy: Vulkan (lavapipe) imports host memory only at 4096."""
-    import numpy as np
-
-    raw = np.empty(a.nbytes + 4096, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % 4096
-    out = raw[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
+        return _staged_host_array(self.value._device, bv, dtype).copy()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,15 @@
-"""Measurement helpers shared by the benchmarks: export, compile, load, and interleaved timing.
+"""What the benchmarks share: their argument parser, child processes reporting JSON, atomic JSON
+output, and the measurements (export, compile, load, interleaved timing).
 
 Timings on a shared machine are noisy: every comparison measures the candidates interleaved in
-the same process (round-robin, one call each per round) and reports medians and ratios.
+the same process (round-robin, one call each per round) and reports medians and ratios. New
+benchmarks use these helpers instead of copying them.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import resource
 import statistics
@@ -17,10 +21,63 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def argument_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's parser, described by the first paragraph of its module docstring."""
+    return argparse.ArgumentParser(description=(doc or "").strip().split("\n\n")[0])
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Writes ``data`` as indented JSON, atomically (turbine_params' one atomic-write helper:
+    temp file beside it, fsync, rename), creating the directory."""
+    from turbine_params import atomic_write_bytes
+
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"), parents=True)
+
+
+@dataclass
+class ChildResult:
+    """What a child process of a benchmark reported."""
+
+    rc: int | None  # None: killed at the timeout
+    result: Any  # the JSON it wrote, or None
+    error: str  # "" when it exited 0 and its JSON (if any) was read; else what went wrong
+    wall_s: float
+
+
+def run_json_child(
+    cmd: Sequence[str], json_path: str | os.PathLike[str], *, timeout: float, capture: bool = True
+) -> ChildResult:
+    """Runs ``cmd`` (which writes its figures as JSON to ``json_path``) and reads them back.
+
+    A child process per model or benchmark keeps their memory, threads and compile caches
+    apart. ``capture=False`` lets its output through (progress lines); with ``capture=True`` the
+    tail of its stderr becomes ``error`` when it fails.
+    """
+    t0 = time.perf_counter()
+    out = Path(json_path)
+    try:
+        proc = subprocess.run(list(cmd), timeout=timeout, capture_output=capture, text=True)
+    except subprocess.TimeoutExpired:
+        return ChildResult(None, None, f"timed out after {timeout:.0f}s", time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    result, error = None, ""
+    if out.exists():  # also after a failure: a benchmark may report figures and exit 1
+        try:
+            result = json.loads(out.read_text())
+        except json.JSONDecodeError as e:
+            error = f"unreadable JSON: {e}"
+    if proc.returncode != 0 and not error:
+        tail = (proc.stderr or "").strip()[-1500:] if capture else ""
+        error = tail or f"exit status {proc.returncode}"
+    return ChildResult(proc.returncode, result, error, wall)
 
 
 def peak_rss_mb() -> float:

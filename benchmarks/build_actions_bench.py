@@ -12,9 +12,7 @@ wall times, the speed-up, and whether both modes produced byte-identical .mlir f
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import os
 import resource
 import subprocess
@@ -23,6 +21,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+import _harness
 
 BUILD_FILE = textwrap.dedent(
     """
@@ -101,7 +101,7 @@ def _digests(directory: Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _harness.argument_parser(__doc__)
     p.add_argument("--variants", type=int, default=6, help="number of variants (default 6)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: cores)")
     p.add_argument("--layers", type=int, default=8, help="encoder layers in the model (default 8)")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  speed-up (in process / pool):      {in_process_s / pool_s:7.2f}x")
     print(f"  outputs: {count} .mlir files, identical in both modes: {same}")
     if args.json is not None:
-        _write_json(
+        _harness.write_json(
             args.json,
             {
                 "variants": args.variants,
@@ -161,17 +161,6 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     return 0 if same and count == args.variants else 1
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomic write: temp file in the same directory, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

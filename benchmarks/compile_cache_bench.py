@@ -13,12 +13,12 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _harness
 
 HERE = Path(__file__).resolve().parent
 
@@ -39,7 +39,7 @@ def _model(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _harness.argument_parser(__doc__)
     p.add_argument("--model", default="gpt", choices=["gpt", "demo"])
     p.add_argument("--device", default="local-task")
     p.add_argument("--json", default=None, help="write the figures as JSON here")
@@ -78,19 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"entry {size / 1e6:.2f} MB, identical bytes: {first == second}, stats: {stats}")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "model": name,
-                    "export_s": export_s,
-                    "first_compile_s": first_s,
-                    "second_compile_s": second_s,
-                    "uncached_compile_s": uncached_s,
-                    "second_over_first": ratio,
-                    "identical": first == second,
-                },
-                indent=2,
-            )
+        _harness.write_json(
+            args.json,
+            {
+                "model": name,
+                "export_s": export_s,
+                "first_compile_s": first_s,
+                "second_compile_s": second_s,
+                "uncached_compile_s": uncached_s,
+                "second_over_first": ratio,
+                "identical": first == second,
+            },
         )
     return 0 if ok else 1
 

@@ -20,12 +20,13 @@ Model names: ``mlp``, ``resnet18``, ``gpt``, ``gpt-dyn``, with optional ``-bN`` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+import _harness
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -231,12 +232,12 @@ def run(
         print(" | ".join(line), flush=True)
         if json_out:  # after each model, so a run cut short keeps what it measured
             doc = {"benchmark": f"models-{driver}", "results": results}
-            Path(json_out).write_text(json.dumps(doc, indent=1))
+            _harness.write_json(json_out, doc)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _harness.argument_parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("prepare")
     a.add_argument("dir")

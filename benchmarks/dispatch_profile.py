@@ -18,7 +18,6 @@ same (``gpt-f16``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -26,6 +25,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import _harness
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -149,12 +150,12 @@ def run(src: Path, device: str, batch: int, json_out: str | None) -> int:
                 f"{r['total_us'] / 1e3:8.3f} {share:6.1%}"
             )
     if json_out:
-        Path(json_out).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+        _harness.write_json(json_out, {"device": device, "rows": rows})
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _harness.argument_parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("prepare")
     a.add_argument("dir")

@@ -16,19 +16,20 @@ suffixes). It is a benchmark: it prints figures and asserts nothing about time.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import _harness
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _harness.argument_parser(__doc__)
     p.add_argument("model")
     p.add_argument("variants", nargs="+", help='NAME= or NAME="--flag ..."')
     p.add_argument("--rounds", type=int, default=30)

@@ -16,11 +16,12 @@ Run: ``python benchmarks/fx_export_bench.py [--layers 32] [--rounds 2]``.
 
 from __future__ import annotations
 
-import argparse
 import resource
 import statistics
 import sys
 import time
+
+import _harness
 
 
 def _build_model(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int):
@@ -90,7 +91,7 @@ def _peak_rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _harness.argument_parser(__doc__)
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--hidden", type=int, default=8192)
     parser.add_argument("--heads", type=int, default=64)
@@ -192,10 +193,6 @@ def main(argv: list[str] | None = None) -> int:
     rss = _peak_rss_mb()
     print(f"  peak RSS of the whole run: {rss:.0f} MiB (goal < 1024 MiB)")
     if args.json:
-        import json
-        import os
-        import tempfile
-
         data = {
             "benchmark": "fx_export",
             "layers": args.layers,
@@ -208,12 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "peak_rss_mib": rss,
         }
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(args.json)), prefix=".fx.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, args.json)
+        _harness.write_json(args.json, data)
     return 0
 
 

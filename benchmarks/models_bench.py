@@ -35,13 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import _harness
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -475,7 +476,7 @@ def _child_cmd(model: str, args: argparse.Namespace, out: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = _harness.argument_parser(__doc__)
     p.add_argument(
         "--models",
         default=",".join(ALL_MODELS),
@@ -503,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child:
         res = run_export_only(args.child) if args.child in EXPORT_ONLY_MODELS else run_child(args)
-        Path(args.child_json).write_text(json.dumps(res, indent=1))
+        _harness.write_json(args.child_json, res)
         return 0
 
     models = [m for m in args.models.split(",") if m]
@@ -515,38 +516,21 @@ def main(argv: list[str] | None = None) -> int:
             out = str(Path(td, f"{model}.json"))
             t0 = time.perf_counter()
             print(f"[models_bench] {model} ...", flush=True)
-            try:
-                proc = subprocess.run(
-                    _child_cmd(model, args, out),
-                    timeout=args.timeout_s,
-                    capture_output=True,
-                    text=True,
-                )
-                if proc.returncode != 0:
-                    results.append({"model": model, "error": proc.stderr.strip()[-1500:]})
-                else:
-                    results.append(json.loads(Path(out).read_text()))
-            except subprocess.TimeoutExpired:
-                results.append({"model": model, "error": f"timed out after {args.timeout_s}s"})
+            child = _harness.run_json_child(
+                _child_cmd(model, args, out), out, timeout=args.timeout_s
+            )
+            if child.result is not None and child.rc == 0:
+                results.append(child.result)
+            else:
+                results.append({"model": model, "error": child.error or "no result"})
             results[-1]["wall_s"] = time.perf_counter() - t0
             print(f"[models_bench] {model} done in {results[-1]['wall_s']:.0f}s", flush=True)
     print()
     print_table(results)
     print(f"\n[models_bench] total {time.perf_counter() - t_all:.0f}s")
     if args.json:
-        _write_json(Path(args.json), {"benchmark": "models", "results": results})
+        _harness.write_json(Path(args.json), {"benchmark": "models", "results": results})
     return 0 if all("error" not in r for r in results) else 1
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Atomic write: temp file in the same directory, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ Run: ``python benchmarks/params_bench.py [--size-gb 1] [--rounds 3] [--dir DIR]`
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import shutil
@@ -42,6 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import _harness
 import numpy as np
 
 MB = 1 << 20
@@ -322,20 +322,8 @@ def _table(title: str, rows: dict[str, dict[str, float]]) -> None:
         )
 
 
-def _write_json(path: Path, data: dict) -> None:
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _harness.argument_parser(__doc__)
     p.add_argument("--size-gb", type=float, default=1.0, help="state dict size (default 1 GB)")
     p.add_argument("--tensors", type=int, default=64, help="number of tensors (default 64)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
@@ -387,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  zero-copy: {zero_copy}")
         if args.json:
-            _write_json(
+            _harness.write_json(
                 Path(args.json),
                 {
                     "size_gb": args.size_gb,

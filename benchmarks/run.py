@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _harness  # noqa: E402
+
 FIRST = ("models",)
 
 
@@ -55,17 +56,6 @@ def _run_in_child(name: str, argv: list[str]) -> int:
         return 2
     rc = main(argv)
     return int(rc or 0)
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Atomic write: temp file in the same directory, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,21 +108,14 @@ def main(argv: list[str] | None = None) -> int:
             if _accepts_json(name) and "--json" not in extra.get(name, []):
                 cmd += ["--json", str(out_json)]
             print(f"\n=== {name} (budget left {left:.0f}s): {' '.join(cmd[2:])}", flush=True)
-            t0 = time.perf_counter()
-            try:
-                rc: int | None = subprocess.run(cmd, timeout=left).returncode
-                note = ""
-            except subprocess.TimeoutExpired:
-                rc, note = None, f"timed out after {left:.0f}s"
-                print(f"=== {name}: {note}")
-            entry: dict[str, Any] = {"rc": rc, "wall_s": time.perf_counter() - t0}
-            if note:
-                entry["note"] = note
-            if out_json.exists():
-                try:
-                    entry["results"] = json.loads(out_json.read_text())
-                except json.JSONDecodeError as e:
-                    entry["note"] = f"unreadable JSON: {e}"
+            child = _harness.run_json_child(cmd, out_json, timeout=left, capture=False)
+            if child.rc is None:
+                print(f"=== {name}: {child.error}")
+            entry: dict[str, Any] = {"rc": child.rc, "wall_s": child.wall_s}
+            if child.result is not None:
+                entry["results"] = child.result
+            if child.rc is None or child.error.startswith("unreadable JSON"):
+                entry["note"] = child.error
             summary[name] = entry
     total = time.perf_counter() - t_start
     print("\n=== summary")
@@ -142,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:20s} {status:30s} {wall}")
     print(f"  total {total:.0f}s")
     if args.json:
-        _write_json(Path(args.json), {"total_s": total, "benchmarks": summary})
+        _harness.write_json(Path(args.json), {"total_s": total, "benchmarks": summary})
         print(f"  results: {args.json}")
     return 0 if all(e.get("rc") == 0 for e in summary.values()) else 1
 

@@ -694,6 +694,7 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
         IrImmediateScalar,
         IrImmediateTensor,
         IrTensor,
+        LiveGlobalCollectionProxy,
         convert_py_value_to_ir,
         tree_flatten,
     )
@@ -732,7 +733,7 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
     ret = info.proc_returns.get(call.key)
     if ret is None and not results:
         return None
-    ret_leaves, ret_spec = tree_flatten(_unproxy(ret))
+    ret_leaves, ret_spec = tree_flatten(LiveGlobalCollectionProxy.unwrap(ret))
     proxies = []
     for leaf, value in zip(ret_leaves, results, strict=False):
         if isinstance(leaf, IrTensor):
@@ -745,21 +746,6 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
             f"{len(ret_leaves)} values it returned"
         )
     return ret_spec.unflatten(proxies)
-
-
-def _unproxy(value: Any) -> Any:
-    """Replaces ``LiveGlobalCollectionProxy`` wrappers by their collections, recursively."""
-    from turbine_trace import LiveGlobalCollectionProxy
-
-    if isinstance(value, LiveGlobalCollectionProxy):
-        return _unproxy(value.raw_collection)
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_unproxy(v) for v in value)
-    if isinstance(value, list):
-        return [_unproxy(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _unproxy(v) for k, v in value.items()}
-    return value
 
 
 def _scalar_constant(ir_type: Any, value: bool | int | float) -> Any:

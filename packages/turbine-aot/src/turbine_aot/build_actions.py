@@ -7,28 +7,8 @@
 
 from __future__ import annotations
 
-from ._build_actions import (
-    BuildActionError,
-    ExportOutputMarshaller,
-    GenerationError,
-    GeneratorNotRemotableError,
-    GeneratorSignatureError,
-    RemoteGenerator,
-    ReturnMarshaller,
-    TurbineBuilderAction,
-    turbine_generate,
-)
+from . import _build_actions
+from ._build_actions import *  # noqa: F403  (the public names are _build_actions.__all__)
 from ._build_actions_pool import shutdown_generator_pools
 
-__all__ = [
-    "BuildActionError",
-    "ExportOutputMarshaller",
-    "GenerationError",
-    "GeneratorNotRemotableError",
-    "GeneratorSignatureError",
-    "RemoteGenerator",
-    "ReturnMarshaller",
-    "TurbineBuilderAction",
-    "shutdown_generator_pools",
-    "turbine_generate",
-]
+__all__ = [*_build_actions.__all__, "shutdown_generator_pools"]

@@ -8,20 +8,7 @@ testing), register an expansion that writes its body in MLIR; ``export()`` keeps
 
 from __future__ import annotations
 
-from ._custom_ops import (
-    CustomOpExpansionError,
-    CustomOpSignature,
-    custom_op_expansion,
-    register_custom_op_expansion,
-    registered_custom_ops,
-    unregister_custom_op_expansion,
-)
+from . import _custom_ops
+from ._custom_ops import *  # noqa: F403  (the public names are _custom_ops.__all__)
 
-__all__ = [
-    "CustomOpExpansionError",
-    "CustomOpSignature",
-    "custom_op_expansion",
-    "register_custom_op_expansion",
-    "registered_custom_ops",
-    "unregister_custom_op_expansion",
-]
+__all__ = list(_custom_ops.__all__)

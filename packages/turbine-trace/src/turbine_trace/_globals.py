@@ -9,7 +9,7 @@ tree with each leaf replaced by an ``IrGlobalTensor`` / ``IrGlobalScalar`` intri
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -377,10 +377,37 @@ def _leaf_names(tree: Any) -> list[str]:
 
 
 class _ModuleTensorsDef(GlobalsDef, TreeAbstractifiable):
-    __slots__ = ["_param_list", "_schema", "_tree"]
+    """The tensors of an nn.Module that ``_named_tensors`` lists, as globals."""
 
-    def __init__(self, named: list[tuple[str, torch.Tensor]], attrs: GlobalAttributes):
-        super().__init__(attrs)
+    __slots__ = ["_param_list", "_schema", "_tree"]
+    #: The ``nn.Module`` method listing the tensors (``named_parameters`` / ``named_buffers``).
+    _named_tensors: ClassVar[str]
+
+    def __init__(
+        self,
+        nn_module: torch.nn.Module,
+        *,
+        mutable: bool = False,
+        external: bool | None = None,
+        external_scope: str | None = None,
+        name_mapper: NameMapCallback | None = None,
+        noinline: bool = False,
+        uninitialized: bool | None = None,
+        attrs: GlobalAttributes | None = None,
+    ):
+        _check_module(nn_module, type(self).__name__)
+        super().__init__(
+            _make_attrs(
+                attrs,
+                mutable=mutable,
+                external=external,
+                external_scope=external_scope,
+                name_mapper=name_mapper,
+                noinline=noinline,
+                uninitialized=uninitialized,
+            )
+        )
+        named: list[tuple[str, torch.Tensor]] = list(getattr(nn_module, self._named_tensors)())
         self._param_list = named
         self._tree = dict(named)
         _, self._schema = tree_flatten(self._tree)
@@ -413,32 +440,7 @@ class export_parameters(_ModuleTensorsDef):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        nn_module: torch.nn.Module,
-        *,
-        mutable: bool = False,
-        external: bool | None = None,
-        external_scope: str | None = None,
-        name_mapper: NameMapCallback | None = None,
-        noinline: bool = False,
-        uninitialized: bool | None = None,
-        attrs: GlobalAttributes | None = None,
-    ):
-        _check_module(nn_module, "export_parameters")
-        super().__init__(
-            list(nn_module.named_parameters()),
-            _make_attrs(
-                attrs,
-                mutable=mutable,
-                external=external,
-                external_scope=external_scope,
-                name_mapper=name_mapper,
-                noinline=noinline,
-                uninitialized=uninitialized,
-            ),
-        )
+    _named_tensors = "named_parameters"
 
 
 class export_buffers(_ModuleTensorsDef):
@@ -452,32 +454,7 @@ class export_buffers(_ModuleTensorsDef):
     """
 
     __slots__ = ()
-
-    def __init__(
-        self,
-        nn_module: torch.nn.Module,
-        *,
-        mutable: bool = False,
-        external: bool | None = None,
-        external_scope: str | None = None,
-        name_mapper: NameMapCallback | None = None,
-        noinline: bool = False,
-        uninitialized: bool | None = None,
-        attrs: GlobalAttributes | None = None,
-    ):
-        _check_module(nn_module, "export_buffers")
-        super().__init__(
-            list(nn_module.named_buffers()),
-            _make_attrs(
-                attrs,
-                mutable=mutable,
-                external=external,
-                external_scope=external_scope,
-                name_mapper=name_mapper,
-                noinline=noinline,
-                uninitialized=uninitialized,
-            ),
-        )
+    _named_tensors = "named_buffers"
 
 
 def _check_module(m: Any, what: str) -> None:
@@ -675,6 +652,21 @@ class LiveGlobalCollectionProxy:
     @property
     def raw_collection(self) -> Any:
         return self._raw_collection
+
+    @staticmethod
+    def unwrap(value: Any) -> Any:
+        """``value`` with every proxy replaced by its collection, recursively (in tuples other
+        than named tuples, lists and dicts): what a procedure returns or stores."""
+        unwrap = LiveGlobalCollectionProxy.unwrap
+        if isinstance(value, LiveGlobalCollectionProxy):
+            return unwrap(value.raw_collection)
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(unwrap(v) for v in value)
+        if isinstance(value, list):
+            return [unwrap(v) for v in value]
+        if isinstance(value, dict):
+            return {k: unwrap(v) for k, v in value.items()}
+        return value
 
     def __getitem__(self, key: Any) -> Any:
         return _wrap_live(self._raw_collection[key])

@@ -161,7 +161,9 @@ class ProcedureTrace(IrTrace):
 
     def _trace_py_func(self, py_f: Callable[..., Any]) -> None:
         with new_ir_trace_scope(self):
-            result = _unproxy(py_f(*self.proxy_posargs, **self.proxy_kwargs))
+            result = LiveGlobalCollectionProxy.unwrap(
+                py_f(*self.proxy_posargs, **self.proxy_kwargs)
+            )
             if result is None:
                 self.emit_return()
                 return
@@ -193,8 +195,8 @@ class ProcedureTrace(IrTrace):
             ProcedureTraceError: the target is not assignable (e.g. an immutable global), or the
                 value does not fit it.
         """
-        updated_value = _unproxy(updated_value)
-        target = _unproxy(target)
+        updated_value = LiveGlobalCollectionProxy.unwrap(updated_value)
+        target = LiveGlobalCollectionProxy.unwrap(target)
         if isinstance(target, Intrinsic):
             self._assign_leaf(target, updated_value)
             return
@@ -240,18 +242,6 @@ def _set_schema_attr(func_op: Any, name: str, spec: Any) -> None:
         return
     with func_op.context:
         func_op.attributes[name] = StringAttr.get(text)
-
-
-def _unproxy(value: Any) -> Any:
-    if isinstance(value, LiveGlobalCollectionProxy):
-        return _unproxy(value.raw_collection)
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_unproxy(v) for v in value)
-    if isinstance(value, list):
-        return [_unproxy(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _unproxy(v) for k, v in value.items()}
-    return value
 
 
 def _arg_label(path: tuple[Any, ...]) -> str:
