@@ -131,3 +131,33 @@ def test_imports_are_not_kept_for_a_discarded_module_builder():
         del b
         gc.collect()
         assert len(double._imported) == 0  # nothing (no MLIR types, no context) kept alive
+
+
+@pytest.mark.parametrize("key", ["x", "arg0_1"])
+def test_dynamic_shapes_by_name_or_legacy_graph_argument_name(key, iree_device):
+    # torch's legacy graph-argument names (arg0_1: the first argument) work like names.
+    def scale_add(x, y):
+        return x * 2 + y
+
+    scaled = jittable(scale_add, dynamic_shapes={key: {0: torch.export.Dim("n", max=1024)}})
+    b = Built()
+    with b:
+        _procedure(
+            b,
+            "main",
+            (AbstractTensor(4, 8), AbstractTensor(8)),
+            lambda x, y: scaled(x, y),
+        )
+    asm = b.asm()
+    assert re.search(r"func.func private @scale_add\(%arg0: !torch.vtensor<\[\?,8\],f32>", asm)
+    module = iree_device.load(iree_device.compile(asm, extra_args=["--iree-input-type=torch"]))
+    x, y = torch.randn(4, 8), torch.randn(8)
+    got = torch.from_numpy(module.main(x.numpy(), y.numpy()).to_host())
+    torch.testing.assert_close(got, x * 2 + y)
+
+
+def test_dynamic_shapes_unknown_key_names_the_choices():
+    bad = jittable(lambda x: x + 1, dynamic_shapes={"arg5_1": {0: torch.export.Dim("n")}})
+    b = Built()
+    with pytest.raises(JittableError, match=r"arg0_1 .. arg0_1 by position"), b:
+        _procedure(b, "main", (AbstractTensor(4),), lambda x: bad(x))

@@ -824,7 +824,12 @@ def _run_iree_input_pipeline(info: CompiledModuleInstanceInfo) -> None:
 # Module helpers shared with ExportOutput
 # ---------------------------------------------------------------------------------------------
 def verify_module(module_op: Any, *, what: str = "the module") -> None:
-    """Verifies ``module_op``; raises :class:`ExportError` with the verifier's diagnostics."""
+    """Verifies ``module_op``; raises :class:`ExportError` with the verifier's diagnostics.
+
+    Besides MLIR's verifiers, checks what IREE 3.13's do not: a ``flow.tensor.reshape``
+    (``IREE.tensor_reshape``) between static shapes of different element counts.
+    """
+    from turbine_ir import reshape_element_count_errors
     from turbine_ir.ir import MLIRError
 
     try:
@@ -832,6 +837,9 @@ def verify_module(module_op: Any, *, what: str = "the module") -> None:
     except MLIRError as e:
         details = "\n".join(str(d) for d in e.error_diagnostics) or str(e)
         raise ExportError(f"{what} failed verification:\n{details}") from None
+    errors = reshape_element_count_errors(module_op)
+    if errors:
+        raise ExportError(f"{what} failed verification:\n" + "\n".join(errors))
 
 
 def save_module(module_op: Any, path: str | Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,7 +69,8 @@ class jittable(CallableIntrinsic):
         wrapped_f: The torch function.
         decompose_ops: Extra ops to decompose (added to the current AOT table).
         decomposition_table: A table to use instead of the current AOT table.
-        dynamic_shapes: ``torch.export`` dynamic shapes by argument name, added to the dynamic
+        dynamic_shapes: ``torch.export`` dynamic shapes by argument name (or torch's legacy
+            graph-argument name ``arg<N>_1`` for the N-th argument), added to the dynamic
             dimensions the traced arguments already have.
         function_name: Name of the private function(s) (default: ``wrapped_f.__name__``).
         passes: Pass names to apply; ``"functorch_functionalize"`` is what the import always does
@@ -204,13 +206,20 @@ class jittable(CallableIntrinsic):
         except TypeError as e:
             raise JittableError(f"{self!r}: {e}") from None
         out: dict[int, dict[int, Any]] = {}
+        by_position = list(bound.arguments.values())
         for name, dims in shapes.items():
-            if name not in bound.arguments:
+            legacy = re.fullmatch(r"arg(\d+)_1", name)
+            if name in bound.arguments:
+                value = bound.arguments[name]
+            elif legacy is not None and int(legacy.group(1)) < len(by_position):
+                # torch's legacy graph-argument names: arg0_1 is the first argument.
+                value = by_position[int(legacy.group(1))]
+            else:
                 raise JittableError(
                     f"{self!r}: dynamic_shapes names argument {name!r}, but the function's "
-                    f"arguments are {list(bound.arguments)}"
+                    f"arguments are {list(bound.arguments)} (or arg0_1 .. "
+                    f"arg{len(by_position) - 1}_1 by position)"
                 )
-            value = bound.arguments[name]
             if isinstance(value, IrTensor) and dims:
                 out[id(value)] = dict(dims)
         return out

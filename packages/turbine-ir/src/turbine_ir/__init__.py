@@ -17,6 +17,7 @@ from ._affinity import (
     device_promise_asm,
     device_promise_attr,
 )
+from ._checks import reshape_element_count_errors
 from ._dtypes import (
     IREE_TYPE_ASM_TO_TORCH_DTYPE,
     SIGNED_MLIR_TYPE_ASM_TO_TORCH_DTYPE,
@@ -85,6 +86,7 @@ __all__ = [
     "element_type_to_torch_dtype",
     "ir",
     "passmanager",
+    "reshape_element_count_errors",
     "tensor_storage_key",
     "tensor_to_bytes",
     "tensor_to_dense_attr",

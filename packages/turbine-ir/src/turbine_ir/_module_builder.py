@@ -21,6 +21,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, func, tensor, util
 
 from ._affinity import GLOBAL_AFFINITY_ATTR, device_promise_attr
+from ._checks import reshape_element_count_errors
 from ._dtypes import (
     element_type_to_torch_dtype,
     torch_dtype_to_element_type,
@@ -615,11 +616,15 @@ class ModuleBuilder:
     # Finishing ---------------------------------------------------------------------------
 
     def finalize_construct(self) -> None:
-        """Verifies the module; on failure dumps it and raises :class:`IrBuildError`."""
+        """Verifies the module (MLIR's verifiers, then :func:`reshape_element_count_errors`);
+        on failure dumps it and raises :class:`IrBuildError`."""
         try:
             self.module_op.verify()
         except ir.MLIRError as e:
             self.handle_mlir_error(self.module_op, e, "module failed to verify")
+        errors = reshape_element_count_errors(self.module_op)
+        if errors:
+            raise IrBuildError("module failed to verify:\n" + "\n".join(errors))
 
     def make_dump_dir(self) -> Path:
         """A fresh per-run directory for IR dumps (under ``options.dump_dir`` /

@@ -15,7 +15,7 @@ from typing import Any, TypeAlias, TypeGuard, TypeVar
 import torch
 
 from turbine_ir import element_type_to_torch_dtype
-from turbine_ir.dialects import flow, tensor, util
+from turbine_ir.dialects import arith, flow, tensor, util
 from turbine_ir.ir import IndexType, RankedTensorType, ShapedType, Type, Value
 
 from . import _scalars
@@ -69,10 +69,14 @@ class IREEEmitter:
     ) -> IrScalar:
         """Gets the dimension size of a tensor at a static position.
 
+        Emits ``%c0 = arith.constant 0 : index`` and ``%dim = tensor.dim %t, %c0`` (static
+        dimensions too, as the reference does), once per tensor and dimension.
+
         Args:
             source: The tensor.
             index: The dimension (negative counts from the end).
-            dtype: An integer torch dtype to convert the ``index`` result to.
+            dtype: An integer torch dtype to convert the ``index`` result to
+                (``arith.index_castui``).
         """
         source = _tensor_arg(source, "source")
         if not isinstance(index, int) or not -source.rank <= index < source.rank:
@@ -84,9 +88,9 @@ class IREEEmitter:
         if dtype is not None:
             if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
                 raise _OpError(f"dtype must be an integer torch dtype, got {dtype}")
-            value = _scalars.cast_scalar(
-                value, trace.module_builder.torch_dtype_to_iree_type(dtype)
-            )
+            value = arith.IndexCastUIOp(
+                trace.module_builder.torch_dtype_to_iree_type(dtype), value
+            ).result
         return IrImmediateScalar(value)
 
     @_emitter
@@ -119,14 +123,8 @@ class IREEEmitter:
         source_value = source.ir_value
         source_dims = source.get_dynamic_dim_values(resolved_ir_value=source_value)
         shape, dynamic = _dims(result_dims, "result_dims")
-        static_in = source.shape
-        if None not in static_in and None not in [None if d < 0 else d for d in shape]:
-            n_in, n_out = _numel(static_in), _numel(shape)
-            if n_in != n_out:
-                raise _OpError(
-                    f"cannot reshape {source.ir_type} ({n_in} elements) to {tuple(shape)} "
-                    f"({n_out} elements)"
-                )
+        # An element-count mismatch is not refused here (the reference emits the op too): the
+        # verifier of flow.tensor.reshape reports it (ExportOutput.verify() / compile).
         result_type = RankedTensorType.get(shape, source.element_type)
         value = flow.TensorReshapeOp(result_type, source_value, source_dims, dynamic).result
         result = IrImmediateTensor(value, source.dtype)
@@ -155,9 +153,8 @@ class IREEEmitter:
                 "scalar) or a (start, length) pair"
             )
         source_value = source.ir_value
-        cache: dict[int, Value] = {}
-        offsets = _MixedIndices(cache)
-        sizes = _MixedIndices(cache)
+        starts: list[Any] = []
+        lengths: list[Any] = []
         for i, index in enumerate(indices):
             if isinstance(index, (tuple, list)):
                 if len(index) not in (1, 2):
@@ -166,8 +163,9 @@ class IREEEmitter:
                 length = index[1] if len(index) == 2 else 1
             else:
                 start, length = index, 1
-            offsets.add(start, f"start of index {i}")
-            sizes.add(length, f"length of index {i}")
+            for value, what in ((start, f"start of index {i}"), (length, f"length of index {i}")):
+                if _is_int(value) and value < 0:
+                    raise _OpError(f"{what} is {value}; sizes and offsets must be non-negative")
             static_dim = source.shape[i]
             if (
                 _is_int(start)
@@ -179,10 +177,36 @@ class IREEEmitter:
                     f"index {i}: [{start}, {start + length}) is out of bounds for dimension "
                     f"{i} of size {static_dim}"
                 )
+            starts.append(start)
+            lengths.append(length)
+        if _is_contiguous(source.shape, [v if _is_int(v) else None for v in lengths]):
+            # As the reference: flow.tensor.slice %src[starts for lengths], length constants
+            # first (one per value), then one constant per start.
+            source_dims = source.get_dynamic_dim_values(resolved_ir_value=source_value)
+            length_cache: dict[int, Value] = {}
+            length_values = [
+                _index_value(v, f"length of index {i}", length_cache) for i, v in enumerate(lengths)
+            ]
+            start_values = [_index_value(v, f"start of index {i}") for i, v in enumerate(starts)]
+            shape = [v if _is_int(v) else _DYNAMIC for v in lengths]
+            result_dims = [lv for v, lv in zip(lengths, length_values) if not _is_int(v)]
+            result_type = RankedTensorType.get(shape, source.element_type)
+            value = flow.TensorSliceOp(
+                result_type, source_value, source_dims, start_values, length_values, result_dims
+            ).result
+            result = IrImmediateTensor(value, source.dtype)
+            result.set_dynamic_dim_values(result_dims)
+            return result
+        # Not a contiguous range of the source: IREE 3.13 performs flow.tensor.slice as ONE
+        # contiguous copy (x[1:3, 2:5] of a 5x6 tensor returns 6 consecutive elements, static
+        # or dynamic), so emit tensor.extract_slice, which IREE lowers correctly.
+        cache: dict[int, Value] = {}
+        offsets = _MixedIndices(cache)
+        sizes = _MixedIndices(cache)
+        for i, (start, length) in enumerate(zip(starts, lengths, strict=True)):
+            offsets.add(start, f"start of index {i}")
+            sizes.add(length, f"length of index {i}")
         result_type = RankedTensorType.get(sizes.static, source.element_type)
-        # tensor.extract_slice, not flow.tensor.slice: IREE 3.13 lowers a flow.tensor.slice of
-        # dynamic shape as one contiguous copy, which is wrong unless the slice spans whole
-        # inner dimensions; from extract_slice IREE picks a copy or a dispatch as appropriate.
         value = tensor.ExtractSliceOp(
             result_type,
             source_value,
@@ -217,7 +241,11 @@ class IREEEmitter:
         if isinstance(value, (bool, int, float)):
             fill = _scalars.constant(element_type, value)
         else:
-            fill = _scalars.cast_scalar(_scalar_value(value, "value"), element_type, what="value")
+            fill = _scalar_value(value, "value")
+            if _scalars.is_index_type(fill.type) and _scalars.is_integer_type(element_type):
+                fill = arith.IndexCastUIOp(element_type, fill).result  # as the reference
+            else:
+                fill = _scalars.cast_scalar(fill, element_type, what="value")
         result_type = RankedTensorType.get(shape, element_type)
         result = IrImmediateTensor(
             flow.TensorSplatOp(result_type, fill, dynamic).result, torch_dtype
@@ -265,6 +293,15 @@ class IREEEmitter:
                 f"got {len(start_indices)} start indices for a rank-{target.rank} target "
                 f"{target.ir_type}; give one per dimension"
             )
+        for i, start in enumerate(start_indices):
+            if _is_int(start) and start < 0:
+                raise _OpError(f"start index {i} is {start}; offsets must be non-negative")
+            static, size = target.shape[i], update.shape[i]
+            if _is_int(start) and static is not None and size is not None and start + size > static:
+                raise _OpError(
+                    f"start index {i}: update of size {size} at offset {start} does not fit "
+                    f"in dimension {i} of size {static}"
+                )
         cache: dict[int, Value] = {}
         target_value = target.ir_value
         target_dims = target.get_dynamic_dim_values(
@@ -274,15 +311,6 @@ class IREEEmitter:
         update_dims = update.get_dynamic_dim_values(
             constant_cache=cache, resolved_ir_value=update_value
         )
-        offsets = _MixedIndices(cache)
-        for i, start in enumerate(start_indices):
-            offsets.add(start, f"start index {i}")
-            static, size = target.shape[i], update.shape[i]
-            if _is_int(start) and static is not None and size is not None and start + size > static:
-                raise _OpError(
-                    f"start index {i}: update of size {size} at offset {start} does not fit "
-                    f"in dimension {i} of size {static}"
-                )
         if _may_alias(update_value, target_value):
             # IREE 3.13 performs an update whose source is a view of the target's own buffer
             # (e.g. shifting rows of a cache: update = slice of target) as an in-place copy of
@@ -291,19 +319,31 @@ class IREEEmitter:
             update_value = util.OptimizationBarrierOp([update_value.type], [update_value]).results[
                 0
             ]
-        # tensor.insert_slice, not flow.tensor.update: IREE 3.13 lowers a dynamically shaped
-        # flow.tensor.update as one contiguous copy (wrong for an update narrower than the
-        # target's inner dimensions); from insert_slice it picks a copy or a dispatch.
-        value = tensor.InsertSliceOp(
-            update_value,
-            target_value,
-            offsets.values,
-            update_dims,
-            [],
-            offsets.static,
-            [_DYNAMIC if d is None else d for d in update.shape],
-            [1] * target.rank,
-        ).result
+        if _is_contiguous(target.shape, update.shape):
+            # As the reference: flow.tensor.update %upd, %tgt[starts] (one constant per start).
+            start_values = [
+                _index_value(v, f"start index {i}") for i, v in enumerate(start_indices)
+            ]
+            value = flow.TensorUpdateOp(
+                target_value, target_dims, start_values, update_value, update_dims
+            ).result
+        else:
+            # Not a contiguous range of the target: IREE 3.13 performs flow.tensor.update as ONE
+            # contiguous copy (a 2x2 update at [1, 1] of a 4x4 target writes 4 consecutive
+            # elements), static or dynamic; IREE lowers tensor.insert_slice correctly.
+            offsets = _MixedIndices(cache)
+            for i, start in enumerate(start_indices):
+                offsets.add(start, f"start index {i}")
+            value = tensor.InsertSliceOp(
+                update_value,
+                target_value,
+                offsets.values,
+                update_dims,
+                [],
+                offsets.static,
+                [_DYNAMIC if d is None else d for d in update.shape],
+                [1] * target.rank,
+            ).result
         result = IrImmediateTensor(value, target.dtype)
         result.set_dynamic_dim_values(target_dims)
         return result
@@ -313,6 +353,16 @@ IREE = IREEEmitter()
 
 
 _DYNAMIC = ShapedType.get_dynamic_size()
+
+
+def _is_contiguous(full: Sequence[int | None], part: Sequence[int | None]) -> bool:
+    """Whether a box of sizes ``part`` (``None``: unknown) inside a row-major tensor of sizes
+    ``full`` is one contiguous range of elements, whatever its offsets: every dimension after
+    the first one of size other than 1 is taken whole."""
+    k = 0
+    while k < len(part) and part[k] == 1:
+        k += 1
+    return all(p is not None and p == f for p, f in zip(part[k + 1 :], full[k + 1 :], strict=True))
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -398,13 +448,6 @@ def _dims(dims: Sequence[Any], what: str) -> tuple[list[int], list[Value]]:
             dynamic.append(_index_value(d, f"{what}[{i}]"))
             shape.append(ShapedType.get_dynamic_size())
     return shape, dynamic
-
-
-def _numel(shape: Sequence[int | None]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d or 0)
-    return n
 
 
 def _element_type(trace: IrTrace, dtype: Any) -> tuple[Type, torch.dtype | None]:

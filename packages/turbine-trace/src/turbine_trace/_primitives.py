@@ -226,11 +226,13 @@ class IrTensor(Intrinsic):
         constant_cache: dict[int, Value] | None = None,
         resolved_ir_value: Value | None = None,
     ) -> Value:
-        """Gets a dimension as an Index value.
+        """Gets a dimension as an Index value: ``tensor.dim`` (static dimensions too, as the
+        reference does), or the value set with :meth:`set_dynamic_dim_values`.
 
         Requires that an InsertionPoint and Location are on the context stack.
 
-        This will cache the dim value, returning the cached value later if requested.
+        This will cache the dim value, returning the cached value later if requested (not for
+        globals, which are loaded anew at each use).
 
         Args:
             index: The dimension (negative counts from the end).
@@ -244,9 +246,6 @@ class IrTensor(Intrinsic):
             raise ProcedureTraceError(
                 f"dimension {index} is out of range for rank-{self.rank} tensor {self.ir_type}"
             )
-        static = self._shape[index]
-        if static is not None:
-            return _index_constant(static, constant_cache)
         cached = self._cached_dim_values.get(index)
         if cached is not None:
             return cached

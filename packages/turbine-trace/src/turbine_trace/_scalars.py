@@ -10,6 +10,7 @@ from typing import Any
 
 from turbine_ir.dialects import arith
 from turbine_ir.ir import (  # type: ignore[attr-defined]  # FloatType comes from the `*` import
+    F32Type,
     F64Type,
     FloatAttr,
     FloatType,
@@ -159,10 +160,24 @@ def _rank(t: Type) -> int:
 def binary_op(op: str, lhs: Value | Any, rhs: Value | Any) -> Value:
     """Applies ``op`` to two scalars, at least one of them an IR value.
 
-    Python numbers take the type of the IR operand (a float with an integer operand promotes the
-    operation to f64); two IR operands of different types are promoted to the wider kind
-    (integer < index < float).
+    Python numbers take the type of the IR operand; a Python float with an integer/index
+    operand makes the operation f32, as in the reference (``arith.sitofp`` of the operand to
+    f32, an f32 constant, the f32 op). Two IR operands of different types are promoted to the
+    wider kind (integer < index < float).
     """
+    for py, ir_side in ((rhs, "lhs"), (lhs, "rhs")):
+        other = lhs if ir_side == "lhs" else rhs
+        if (
+            isinstance(py, float)
+            and isinstance(other, Value)
+            and not is_float_type(other.type)
+            and (is_integer_type(other.type) or is_index_type(other.type))
+        ):
+            promoted = cast_scalar(other, F32Type.get(), what="integer operand")
+            if ir_side == "lhs":
+                lhs = promoted
+            else:
+                rhs = promoted
     if not isinstance(lhs, Value):
         lhs = _py_operand(lhs, rhs.type)
     if not isinstance(rhs, Value):
@@ -197,6 +212,4 @@ def _py_operand(value: Any, other_type: Type) -> Value:
             f"cannot combine {type(value).__name__} {value!r} with an IR scalar of type "
             f"{other_type}; use an int, a float or an IR scalar"
         )
-    if isinstance(value, float) and not is_float_type(other_type):
-        return constant(F64Type.get(), value)
     return constant(other_type, value)
