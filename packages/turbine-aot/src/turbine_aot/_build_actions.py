@@ -632,7 +632,11 @@ class TurbineBuilderAction(BuildAction):
 
                     key = f"turbine-generate-{self._output_paths()[0].stem}-{uuid.uuid4().hex[:8]}"
                     job = submit_to_dask(
-                        self.dask_address, self.jobs, self._remotable_thunk(), key=key
+                        self.dask_address,
+                        self.jobs,
+                        self._remotable_thunk(),
+                        key=key,
+                        desc=self.desc,
                     )
                 else:
                     pool = get_generator_pool(max_workers=self.jobs, mp_context=self.mp_context)

@@ -7,20 +7,36 @@ Everything else about the action (up-front pickling check, fingerprints, atomic 
 reporting) is unchanged: only where the thunk runs differs. Outputs are written by the workers
 at the build's paths, so with a remote cluster the output directory must be on a file system
 the workers share. Needs ``pip install distributed``.
+
+A worker process that dies while running a variant (a native crash, SIGKILL, the out-of-memory
+killer) does not fail the build at once: the variant is submitted again, up to
+:data:`WORKER_DEATH_RETRIES` times, and runs on another worker (a local cluster's nanny restarts
+the dead one). A variant whose worker dies on every attempt fails with a
+:class:`WorkerDiedError` naming it; the other variants are built. The local cluster listens on
+127.0.0.1 only, runs one task per single-threaded worker (so a death costs only the variant
+running there) and leaves retrying to this module (``allowed-failures`` 0).
 """
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
 from typing import Any
 
 from ._build_actions import BuildActionError
+from ._build_actions_pool import WorkerDiedError
 
-__all__ = ["submit_to_dask"]
+__all__ = ["WORKER_DEATH_RETRIES", "submit_to_dask"]
+
+#: How many more times a variant is run after the worker process running it died.
+WORKER_DEATH_RETRIES = 2
+_CLOSE_TIMEOUT_S = 20
+
+logger = logging.getLogger("turbine.aot.build_actions")
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, int], Any] = {}
@@ -32,6 +48,7 @@ class DaskUnavailableError(BuildActionError):
 
 def _client(address: str, workers: int) -> Any:
     try:
+        import dask
         from dask.distributed import Client, LocalCluster
     except ImportError as e:
         raise DaskUnavailableError(
@@ -48,12 +65,21 @@ def _client(address: str, workers: int) -> Any:
             os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
             logging.getLogger("distributed").setLevel(logging.WARNING)
             if address == "local":
-                cluster = LocalCluster(
-                    n_workers=workers,
-                    threads_per_worker=1,  # torch.export is not thread-safe.
-                    processes=True,
-                    dashboard_address=None,
-                )
+                with dask.config.set(
+                    {
+                        # A death fails the task at once; submit_to_dask retries it itself.
+                        "distributed.scheduler.allowed-failures": 0,
+                        # One task per worker: a death never hits a variant queued behind.
+                        "distributed.scheduler.worker-saturation": 1.0,
+                    }
+                ):
+                    cluster = LocalCluster(
+                        n_workers=workers,
+                        threads_per_worker=1,  # torch.export is not thread-safe.
+                        processes=True,
+                        host="127.0.0.1",  # reachable from this machine only
+                        dashboard_address=None,
+                    )
                 client = Client(cluster)
             else:
                 client = Client(address)
@@ -62,21 +88,60 @@ def _client(address: str, workers: int) -> Any:
 
 
 def submit_to_dask(
-    address: str, workers: int, thunk: Any, *, key: str
+    address: str,
+    workers: int,
+    thunk: Any,
+    *,
+    key: str,
+    desc: str | None = None,
+    retries: int = WORKER_DEATH_RETRIES,
 ) -> concurrent.futures.Future:
-    """Runs ``thunk()`` on the cluster; the returned future resolves to its result or error."""
+    """Runs ``thunk()`` on the cluster; the returned future resolves to its result or error.
+
+    When the worker running it dies, ``thunk`` is submitted again (``retries`` times at most,
+    under a new key); then the future fails with :class:`WorkerDiedError` naming ``desc``.
+    """
+    from dask.distributed import KilledWorker
+
     client = _client(address, workers)
     result: concurrent.futures.Future = concurrent.futures.Future()
     result.set_running_or_notify_cancel()
-    dask_future = client.submit(thunk, pure=False, key=key)
+    what = desc or key
 
-    def done(f: Any) -> None:
+    def submit(attempt: int) -> None:
+        name = key if attempt == 0 else f"{key}-retry{attempt}"
+        client.submit(thunk, pure=False, key=name).add_done_callback(lambda f: done(f, attempt))
+
+    def done(f: Any, attempt: int) -> None:
         try:
-            result.set_result(f.result())
+            value = f.result()
+        except KilledWorker as e:
+            if attempt < retries:
+                logger.warning(
+                    "%s: its Dask worker died (attempt %d of %d); running it again on another "
+                    "worker",
+                    what,
+                    attempt + 1,
+                    retries + 1,
+                )
+                try:
+                    submit(attempt + 1)
+                except BaseException as again:  # the client closed meanwhile
+                    result.set_exception(again)
+                return
+            err = WorkerDiedError(
+                f"{what}: the Dask worker process running it died on each of {attempt + 1} "
+                "attempts (a native crash, a kill signal or the out-of-memory killer), each time "
+                "on another worker; it was not built. The workers' logs may say why; build it "
+                f"without --turbine-generate-dask to debug it in one process. Dask said: {e}"
+            )
+            result.set_exception(err)
         except BaseException as e:  # The worker's exception, re-raised with its traceback.
             result.set_exception(e)
+        else:
+            result.set_result(value)
 
-    dask_future.add_done_callback(done)
+    submit(0)
     return result
 
 
@@ -87,12 +152,13 @@ def close_dask_clients() -> None:
         _clients.clear()
     for client in clients:
         cluster = getattr(client, "cluster", None)
-        try:
-            client.close()
-            if cluster is not None:
-                cluster.close()
-        except Exception:  # Best effort at exit.
-            pass
+        # Bounded: closing a local cluster while a nanny restarts a killed worker can wait
+        # forever (distributed 2026.8), which would hang the build at exit.
+        with contextlib.suppress(Exception):  # best effort at exit
+            client.close(timeout=_CLOSE_TIMEOUT_S)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=_CLOSE_TIMEOUT_S)
 
 
 atexit.register(close_dask_clients)
