@@ -106,6 +106,7 @@ _SUBMODULES = (
     "decompositions",
     "exporter",
     "fx_programs",
+    "llm",
     "params",
     "passes",
     "runtime",

@@ -533,6 +533,7 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU threads for eager and IREE (default: each's own)",
     )
     common(d)
+    importlib.import_module("turbine_aot._cli_llm").register(sub, common, _COMMANDS)
     return p
 
 

@@ -1,0 +1,268 @@
+"""LLM generation: turbine's compiled prefill + decode against eager ``transformers`` generate.
+
+For each model (random init from a config: nothing is downloaded) and thread count, in its own
+child process (peak RSS per run):
+
+* eager: ``model.generate(do_sample=False)`` with its static cache (``cache_implementation=
+  "static"``, the baseline the issue names) and with the default dynamic cache;
+* turbine: ``turbine_aot.llm.export_causal_lm`` (weights external, global KV cache) compiled
+  with turbine's defaults for this CPU and run by ``turbine_aot.llm.load(...).generate``.
+
+Both sides are timed the same way, interleaved round by round: ``prefill`` = a generate of one
+new token (the prompt's forward plus the first argmax), ``decode`` = (generate of N tokens -
+generate of 1) / (N - 1). turbine's own per-call timings are printed beside. The bandwidth
+limit is the weight bytes read per decode step divided by the copy bandwidth measured here
+(``torch`` copy of 512 MiB, counting read + write traffic, same threads).
+
+Usage::
+
+    python benchmarks/llm_bench.py                       # llama-2.5m, gpt2-tiny, llama-110m; 1 and 2 threads
+    python benchmarks/llm_bench.py --models llama-2.5m --threads 2 --new-tokens 64
+    python benchmarks/llm_bench.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+import _harness
+
+MODELS = {
+    # hidden 256, 4 layers, GQA 8/2: the issue's overhead-bound model (10 MB of weights).
+    "llama-2.5m": dict(
+        kind="llama",
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    ),
+    "gpt2-tiny": dict(kind="gpt2", vocab_size=1024, n_embd=256, n_layer=4, n_head=8),
+    # hidden 768, 12 layers, vocab 32000: the issue's bandwidth-bound model (~437 MB).
+    "llama-110m": dict(
+        kind="llama",
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=1536,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    ),
+}
+DEFAULT_MODELS = ("llama-2.5m", "gpt2-tiny", "llama-110m")
+
+
+def _build(name: str):
+    import torch
+    import torchvision_compat
+
+    torchvision_compat.install()
+    import transformers
+
+    spec = dict(MODELS[name])
+    kind = spec.pop("kind")
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_positions=1024, **spec)
+        return transformers.GPT2LMHeadModel(cfg).eval()
+    cfg = transformers.LlamaConfig(max_position_embeddings=1024, **spec)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def copy_bandwidth_gbs(mib: int = 512) -> float:
+    """Best of 5 ``dst.copy_(src)`` of ``mib`` MiB: (read + write) bytes / s, in GB/s."""
+    import torch
+
+    n = mib * 2**20 // 4
+    src, dst = torch.ones(n), torch.empty(n)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n * 4 / best / 1e9
+
+
+def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    device = "local-sync" if threads == 1 else "local-task"
+    if threads > 1:
+        _harness.set_runtime_flags([f"--task_topology_max_group_count={threads}"])
+    from turbine_aot import llm
+
+    model = _build(name)
+    params = sum(p.numel() for p in model.parameters())
+    weight_bytes = sum(
+        t.numel() * t.element_size() for t in {id(p): p for p in model.parameters()}.values()
+    )
+    t0 = time.perf_counter()
+    eo = llm.export_causal_lm(model, max_seq_len=args.prompt + args.new_tokens + 8)
+    export_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lm = llm.load(eo, device=device)
+    compile_s = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=g)
+    mask = torch.ones_like(prompt)
+    n = args.new_tokens
+
+    def eager(tokens: int, cache: str | None):
+        kw = {"cache_implementation": cache} if cache else {}
+        with torch.no_grad():
+            return model.generate(
+                prompt,
+                attention_mask=mask,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=0,
+                disable_compile=True,
+                **kw,
+            )
+
+    same = torch.equal(lm.generate(prompt, n), eager(n, "static"))
+    decode_ms: list[float] = []
+
+    def turbine_n():
+        lm.generate(prompt, n)
+        decode_ms.append(lm.timings.decode_ms_per_token)
+
+    fns = {
+        "turbine/1": lambda: lm.generate(prompt, 1),
+        "turbine/N": turbine_n,
+        "eager-static/1": lambda: eager(1, "static"),
+        "eager-static/N": lambda: eager(n, "static"),
+        "eager-dynamic/1": lambda: eager(1, None),
+        "eager-dynamic/N": lambda: eager(n, None),
+    }
+    times = _harness.time_interleaved(fns, calls=args.rounds, warmup=1, budget_s=args.budget_s)
+    res: dict = {
+        "model": name,
+        "threads": threads,
+        "params_m": params / 1e6,
+        "weight_mb": weight_bytes / 1e6,
+        "export_s": export_s,
+        "compile_load_s": compile_s,
+        "greedy_equal_eager_static": same,
+        "new_tokens": n,
+        "prompt": args.prompt,
+    }
+    for who in ("turbine", "eager-static", "eager-dynamic"):
+        one, full = times[f"{who}/1"]["wall"], times[f"{who}/N"]["wall"]
+        res[who] = {"prefill_ms": one * 1e3, "decode_ms": (full - one) / (n - 1) * 1e3}
+    decode_ms.sort()
+    res["turbine"]["decode_ms_internal"] = decode_ms[len(decode_ms) // 2]
+    bw = copy_bandwidth_gbs()
+    res["copy_bw_gbs"] = bw
+    res["bandwidth_limit_ms"] = weight_bytes / (bw * 1e9) * 1e3
+    res["peak_rss_mb"] = _harness.peak_rss_mb()
+    res["load_avg"] = os.getloadavg()[0]
+    return res
+
+
+def _table(rows: list[dict]) -> str:
+    head = (
+        "| model | params | threads | prefill turbine / eager-static (ms) | ratio | decode turbine / "
+        "eager-static / eager-dynamic (ms/token) | tokens/s ratio vs static | bandwidth limit (ms) "
+        "| turbine / limit | greedy == eager | peak RSS (MiB) |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        t, s, d = r["turbine"], r["eager-static"], r["eager-dynamic"]
+        lines.append(
+            f"| {r['model']} | {r['params_m']:.1f}M | {r['threads']} | "
+            f"{t['prefill_ms']:.2f} / {s['prefill_ms']:.2f} | {t['prefill_ms'] / s['prefill_ms']:.2f}x | "
+            f"{t['decode_ms']:.2f} / {s['decode_ms']:.2f} / {d['decode_ms']:.2f} | "
+            f"{s['decode_ms'] / t['decode_ms']:.2f}x | {r['bandwidth_limit_ms']:.2f} | "
+            f"{t['decode_ms'] / r['bandwidth_limit_ms']:.2f}x | {r['greedy_equal_eager_static']} | "
+            f"{r['peak_rss_mb']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS), choices=list(MODELS))
+    p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--budget-s", type=float, default=60.0, help="timing budget per run")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="per-run child timeout")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        res = run_child(args.child, args.child_threads, args)
+        Path(args.child_json).write_text(json.dumps(res, indent=1))
+        return 0
+    rows = []
+    for name in args.models:
+        for threads in args.threads:
+            with tempfile.TemporaryDirectory() as td:
+                out = str(Path(td) / "r.json")
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    name,
+                    "--child-threads",
+                    str(threads),
+                    "--child-json",
+                    out,
+                    "--prompt",
+                    str(args.prompt),
+                    "--new-tokens",
+                    str(args.new_tokens),
+                    "--rounds",
+                    str(args.rounds),
+                    "--budget-s",
+                    str(args.budget_s),
+                ]
+                print(f"[llm_bench] {name}, {threads} thread(s) ...", flush=True)
+                try:
+                    rc = subprocess.run(cmd, timeout=args.timeout_s).returncode
+                except subprocess.TimeoutExpired:
+                    print(f"[llm_bench] {name}/{threads}: timed out after {args.timeout_s:.0f}s")
+                    continue
+                if rc != 0:
+                    print(f"[llm_bench] {name}/{threads}: child failed (rc {rc})")
+                    continue
+                r = json.loads(Path(out).read_text())
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    if rows:
+        print()
+        bws = ", ".join(f"{r['copy_bw_gbs']:.1f}" for r in rows)
+        loads = ", ".join(f"{r['load_avg']:.1f}" for r in rows)
+        print(f"copy bandwidth: {bws} GB/s; load average at the end of each run: {loads}")
+        print(_table(rows))
+    if args.json:
+        _harness_write(Path(args.json), rows)
+    return 0 if rows else 1
+
+
+def _harness_write(path: Path, rows: list[dict]) -> None:
+    from turbine_params import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(rows, indent=1).encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""turbine_aot.llm: causal LMs exported as prefill + decode, generating what eager generates.
+
+Small random-init configs (nothing is downloaded): a Llama-family model with GQA and RoPE and
+GPT-2, fp32, compared token by token with ``transformers``' greedy ``generate``. Where ids
+differ, the test names the first differing position and passes only if the eager top-2 logits
+there are within 1e-4 (a tie that float rounding may break either way).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+
+from turbine_aot import llm  # noqa: E402
+from turbine_aot._cli import main as cli_main  # noqa: E402
+
+NEW_TOKENS = 32
+TIE = 1e-4
+
+
+def _llama(layers: int = 2, **over) -> torch.nn.Module:
+    cfg = transformers.LlamaConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # GQA: 2 query heads per KV head
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        **over,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _gpt2() -> torch.nn.Module:
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=128, n_embd=64, n_layer=2, n_head=4)
+    torch.manual_seed(1)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def _prompts(vocab: int, lengths: list[int], seed: int = 3) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
+
+
+def _eager_greedy(model, prompt: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF greedy generate of one prompt: (new ids, per-step logits [n, vocab])."""
+    with torch.no_grad():
+        out = model.generate(
+            prompt.unsqueeze(0),
+            attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    return out.sequences[0, prompt.numel() :], torch.stack(out.logits, 1)[0]
+
+
+def assert_same_greedy(
+    got: torch.Tensor, want: torch.Tensor, eager_logits: torch.Tensor, what: str
+):
+    """Equal ids, or a first difference where the eager top-2 logits tie within TIE."""
+    if torch.equal(got, want):
+        return
+    pos = int((got != want).nonzero()[0, 0])
+    top2 = eager_logits[pos].topk(2).values
+    gap = float(top2[0] - top2[1])
+    assert gap <= TIE, (
+        f"{what}: first differing generated token at position {pos}: turbine {int(got[pos])}, "
+        f"eager {int(want[pos])}; eager top-2 logits differ by {gap:.3g} (> {TIE}: not a tie)"
+    )
+    print(f"{what}: differs from position {pos} on, at a tie (top-2 gap {gap:.2g})")
+
+
+# ----------------------------------------------------------------------------- IR (no compile)
+def test_exported_module_has_prefill_decode_shared_weights_and_cache_globals():
+    model = _llama(layers=1)
+    eo = llm.export_causal_lm(model, max_seq_len=48)
+    ir = str(eo.mlir_module)
+    # FileCheck-style: the two entry points with their ABI.
+    assert re.search(
+        r"func\.func @prefill\(%arg0: !torch\.vtensor<\[1,\?\],si64>, %arg1: "
+        r"!torch\.vtensor<\[1\],si64>\) -> !torch\.vtensor<\[1,320\],f32>",
+        ir,
+    ), ir[:2000]
+    assert re.search(
+        r"func\.func @decode\(%arg0: !torch\.vtensor<\[1,1\],si64>, %arg1: "
+        r"!torch\.vtensor<\[1\],si64>\) -> !torch\.vtensor<\[1,320\],f32>",
+        ir,
+    )
+    # One mutable global per layer for keys and values, [batch, kv_heads, max_seq, head_dim].
+    for kind in "kv":
+        assert re.search(
+            rf"util\.global private mutable @__auto\.kv_cache\.{kind}0 = .* : "
+            r"tensor<1x2x48x16xf32>",
+            ir,
+        )
+        assert len(re.findall(rf"util\.global\.store %\S+, @__auto\.kv_cache\.{kind}0", ir)) == 2
+    # Weights are external, declared once and loaded by both functions.
+    decl = re.findall(
+        r"util\.global private @(\S+) = #flow\.parameter\.named<\"model\"::\"model\.embed_tokens\.weight\">",
+        ir,
+    )
+    assert len(decl) == 1
+    assert len(re.findall(rf"util\.global\.load @{re.escape(decl[0])} ", ir)) == 2
+    assert "dense_resource<torch_tensor_320x64" not in ir  # no weight data inline
+    # The description the runner reads from the compiled module.
+    info = re.search(r'iree\.reflection = \{turbine\.llm = "(.*?)"\}', ir).group(1)
+    assert json.loads(info.replace("\\22", '"'))["max_seq_len"] == 48
+
+
+def test_argument_cache_is_an_argument_and_a_result():
+    eo = llm.export_causal_lm(_llama(layers=1), max_seq_len=16, kv_cache="argument")
+    ir = str(eo.mlir_module)
+    cache = r"!torch\.vtensor<\[1,2,1,2,16,16\],f32>"
+    assert re.search(
+        rf"func\.func @decode\(%arg0: !torch\.vtensor<\[1,1\],si64>, %arg1: "
+        rf"!torch\.vtensor<\[1\],si64>, %arg2: {cache}\) -> \(!torch\.vtensor<\[1,320\],f32>, {cache}\)",
+        ir,
+    )
+    assert "util.global private mutable" not in ir
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def llama_model():
+    return _llama()
+
+
+@pytest.fixture(scope="module")
+def llama_batch2(llama_model):
+    return llm.load(llm.export_causal_lm(llama_model, max_seq_len=64, batch_size=2))
+
+
+def test_llama_gqa_generates_eager_greedy_ids(llama_model, llama_batch2):
+    """Prompts of lengths 1..20 in batches of 2 (padding, own positions), 32 new tokens."""
+    prompts = _prompts(320, [5, 12, 1, 20, 3])
+    mask_rows, rows = [], []
+    width = max(p.numel() for p in prompts)
+    for p in prompts:  # left padding, as transformers does
+        rows.append(torch.cat([torch.zeros(width - p.numel(), dtype=torch.long), p]))
+        mask_rows.append(torch.cat([torch.zeros(width - p.numel()), torch.ones(p.numel())]))
+    out = llama_batch2.generate(
+        torch.stack(rows), NEW_TOKENS, attention_mask=torch.stack(mask_rows).long()
+    )
+    assert out.shape == (5, width + NEW_TOKENS)
+    for i, p in enumerate(prompts):
+        want, logits = _eager_greedy(llama_model, p, NEW_TOKENS)
+        assert_same_greedy(out[i, width:], want, logits, f"llama prompt {i} (len {p.numel()})")
+    t = llama_batch2.timings
+    assert t.decode_steps == 3 * (NEW_TOKENS - 1) and t.prefill_ms > 0
+    print("llama batch 2:", t.to_json())
+
+
+def test_llama_batched_generate_matches_transformers_batched_generate(llama_model, llama_batch2):
+    prompts = _prompts(320, [7, 2], seed=5)
+    out = llama_batch2.generate([p.tolist() for p in prompts], 8)  # lists: left-padded here
+    ids = torch.zeros(2, 7, dtype=torch.long)
+    mask = torch.zeros(2, 7, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, 7 - p.numel() :], mask[i, 7 - p.numel() :] = p, 1
+    with torch.no_grad():
+        want = llama_model.generate(
+            ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0
+        )
+    assert torch.equal(out, want)
+
+
+def test_gpt2_generates_eager_greedy_ids():
+    model = _gpt2()
+    lm = llm.load(llm.export_causal_lm(model, max_seq_len=64))
+    for i, p in enumerate(_prompts(300, [4, 9, 17], seed=7)):
+        out = lm.generate(p.unsqueeze(0), NEW_TOKENS)
+        assert torch.equal(out[0, : p.numel()], p)
+        want, logits = _eager_greedy(model, p, NEW_TOKENS)
+        assert_same_greedy(out[0, p.numel() :], want, logits, f"gpt2 prompt {i}")
+
+
+def test_argument_cache_generates_the_same_ids_and_reset(llama_model):
+    lm = llm.load(llm.export_causal_lm(llama_model, max_seq_len=48, kv_cache="argument"))
+    p = _prompts(320, [6], seed=11)[0]
+    want, logits = _eager_greedy(llama_model, p, NEW_TOKENS)
+    out = lm.generate(p, NEW_TOKENS)
+    assert_same_greedy(out[0, 6:], want, logits, "argument cache")
+    # The raw entry points: the cache tensor goes in and comes back updated.
+    lm.reset()
+    first = lm.prefill(torch.cat([p, p[:1]]).unsqueeze(0), torch.tensor([6]))
+    assert int(first.argmax()) == int(want[0])
+    assert lm._cache is not None and lm._cache.abs().sum() > 0
+    second = lm.decode(first.argmax(-1, keepdim=True), torch.tensor([6]))
+    assert int(second.argmax()) == int(want[1])
+
+
+def test_eos_stops_and_pads():
+    model = _llama(layers=1)
+    lm = llm.load(llm.export_causal_lm(model, max_seq_len=32))
+    p = _prompts(320, [4], seed=2)[0]
+    free = lm.generate(p, 10)[0, 4:]
+    eos = int(free[2])
+    stopped = lm.generate(p, 10, eos_token_id=eos)[0, 4:]
+    assert stopped.tolist() == free[:3].tolist()  # stops once every sequence is done
+    with pytest.raises(llm.LLMError, match=r"needs 34 cache positions; .* max_seq_len 32"):
+        lm.generate(p, 31)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_numerics_vs_fp32(dtype, llama_model):
+    """Reports prefill-logit errors and greedy agreement of bf16/fp16 against fp32 eager."""
+    lm = llm.load(llm.export_causal_lm(llama_model, max_seq_len=48, dtype=dtype))
+    p = _prompts(320, [9], seed=13)[0]
+    want, ref_logits = _eager_greedy(llama_model, p, 16)
+    got = lm.prefill(torch.cat([p]).unsqueeze(0), torch.tensor([9])).float()[0]
+    err = float((got - ref_logits[0]).abs().max())
+    scale = float(ref_logits[0].abs().max())
+    eager_half = model_half = llama_model.to(dtype)
+    try:
+        with torch.no_grad():
+            eager_logits = model_half(p.unsqueeze(0)).logits[0, -1].float()
+    finally:
+        llama_model.to(torch.float32)
+    eager_err = float((eager_logits - ref_logits[0]).abs().max())
+    out = lm.generate(p, 16)[0, 9:]
+    agree = int((out == want).cumprod(0).sum())
+    print(
+        f"{dtype}: prefill logits max abs err vs fp32 {err:.3g} (eager {dtype} {eager_err:.3g}; "
+        f"logit scale {scale:.3g}); greedy agrees with fp32 for {agree}/16 tokens"
+    )
+    assert got.dtype == torch.float32 and lm.info.dtype == str(dtype).removeprefix("torch.")
+    assert err <= max(4 * eager_err, 0.05 * scale)  # the same precision class as eager
+    del eager_half
+
+
+# ----------------------------------------------------------------------------- other families (eager)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: transformers.MistralForCausalLM(
+            transformers.MistralConfig(
+                vocab_size=200,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                sliding_window=None,
+            )
+        ),
+        lambda: transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(
+                vocab_size=200,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        ),
+        lambda: transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(
+                vocab_size=200,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+            )
+        ),
+    ],
+    ids=["mistral", "qwen2", "qwen3"],
+)
+def test_adapter_programs_in_eager_match_transformers(make):
+    """The prefill/decode programs (before export) give HF's greedy ids for the other families."""
+    from turbine_aot.llm._export import CausalLMInfo, _CausalLMRoot
+    from turbine_aot.llm._hf import adapt_hf_model
+
+    torch.manual_seed(0)
+    model = make().eval()
+    lm = adapt_hf_model(model, 32)
+    layout = lm.kv_cache_layout
+    info = CausalLMInfo(
+        32, 1, "global", 200, layout.num_layers, layout.num_kv_heads, layout.head_dim, "float32"
+    )
+    root = _CausalLMRoot(lm, info)
+    p = _prompts(200, [5], seed=4)[0]
+    want, logits = _eager_greedy(model, p, 12)
+    got = []
+    with torch.no_grad():
+        tok = root.prefill(p.unsqueeze(0), torch.tensor([5])).argmax(-1)
+        got.append(tok)
+        for i in range(11):
+            tok = root.decode(tok.unsqueeze(1), torch.tensor([5 + i])).argmax(-1)
+            got.append(tok)
+    assert_same_greedy(torch.cat(got), want, logits, type(model).__name__)
+
+
+# ----------------------------------------------------------------------------- plain nn.Module
+class TinyLM(torch.nn.Module):
+    """A plain module under the calling convention: cache.update + additive mask."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.pos = torch.nn.Embedding(64, dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, vocab)
+        self.vocab_size = vocab
+        self.kv_cache_layout = llm.KVCacheLayout(num_layers=1, num_kv_heads=heads, head_dim=self.hd)
+
+    def forward(self, input_ids, *, position_ids, attention_mask, cache):
+        b, s = input_ids.shape
+        h = self.emb(input_ids) + self.pos(position_ids)
+        q, k, v = self.qkv(h).view(b, s, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+        k, v = cache.update(k, v, 0)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask)
+        return self.out(h + a.transpose(1, 2).reshape(b, s, -1))
+
+
+def _tiny_greedy(model: TinyLM, prompt: torch.Tensor, n: int) -> list[int]:
+    """Reference: no cache at all, the whole sequence each step."""
+    ids = prompt.tolist()
+
+    class NoCache:
+        def update(self, k, v, layer):
+            return k, v
+
+    for _ in range(n):
+        x = torch.tensor([ids])
+        s = x.shape[1]
+        causal = torch.full((s, s), torch.finfo(torch.float32).min).triu(1)
+        with torch.no_grad():
+            logits = model(
+                x, position_ids=torch.arange(s)[None], attention_mask=causal, cache=NoCache()
+            )
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[prompt.numel() :]
+
+
+def test_plain_module_following_the_calling_convention():
+    torch.manual_seed(0)
+    model = TinyLM().eval()
+    lm = llm.load(llm.export_causal_lm(model, max_seq_len=40, external_parameters=False))
+    p = torch.tensor([3, 1, 4, 1, 5])
+    assert lm.generate(p, 20)[0, 5:].tolist() == _tiny_greedy(model, p, 20)
+
+
+# ----------------------------------------------------------------------------- errors
+def test_unsupported_models_and_options_are_refused():
+    bert = transformers.BertLMHeadModel(
+        transformers.BertConfig(
+            vocab_size=50,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            is_decoder=True,
+        )
+    )
+    with pytest.raises(llm.LLMExportError, match=r"model_type 'bert'.*supported: llama, .*gpt2"):
+        llm.export_causal_lm(bert, max_seq_len=16)
+    with pytest.raises(llm.LLMExportError, match="kv_cache must be one of global, argument"):
+        llm.export_causal_lm(_llama(1), max_seq_len=16, kv_cache="paged")
+    with pytest.raises(
+        llm.LLMExportError, match="exceeds LlamaForCausalLM's max_position_embeddings 128"
+    ):
+        llm.export_causal_lm(_llama(1), max_seq_len=512)
+    with pytest.raises(llm.LLMExportError, match="kv_cache_layout"):
+        llm.export_causal_lm(torch.nn.Linear(2, 2), max_seq_len=16)
+    with pytest.raises(llm.LLMError, match=r"is not from turbine_aot\.llm\.export_causal_lm"):
+        import turbine_aot
+
+        llm.load(turbine_aot.export(torch.nn.Linear(2, 2), args=(torch.randn(1, 2),)))
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_llm_export_and_generate(tmp_path, capsys):
+    src = tmp_path / "tiny_config.py"
+    src.write_text(
+        "from transformers import LlamaConfig\n"
+        "config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,\n"
+        "    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,\n"
+        "    max_position_embeddings=64)\n"
+    )
+    bundle = tmp_path / "tiny_llm"
+    assert (
+        cli_main(
+            ["--json", "llm", "export", f"{src}:config", "--max-seq-len", "32", "-o", str(bundle)]
+        )
+        == 0
+    )
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["functions"] == ["prefill", "decode"]
+    assert (bundle / "params" / "model.irpa").is_file() and (bundle / "module.vmfb").is_file()
+    assert (
+        cli_main(
+            ["--json", "llm", "generate", str(bundle), "--ids", "1,2,3", "--max-new-tokens", "12"]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["ids"]) == 12 and result["tokens_per_s"] > 0
+    # The same ids as eager: rebuild the model the CLI built (same seed).
+    torch.manual_seed(0)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiny_config_ref", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = transformers.AutoModelForCausalLM.from_config(mod.config).eval()
+    want, logits = _eager_greedy(model, torch.tensor([1, 2, 3]), 12)
+    assert_same_greedy(torch.tensor(result["ids"]), want, logits, "cli")
+    # A user error is one line, status 2.
+    assert cli_main(["llm", "generate", str(bundle), "--ids", "1,x"]) == 2
+    assert "bad --ids '1,x'" in capsys.readouterr().err
