@@ -160,6 +160,7 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     "turbine_fx": "compiler side (imports torch): not loaded by run-only paths",
     "turbine_aot._build_actions_dask": "optional: imports dask",
     "turbine_aot._demo": "the demo's model and table: only for `turbine-aot demo`",
+    "turbine_aot.llm": "imports torch and turbine_fx: only for `turbine-aot llm` commands",
 }
 
 

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from turbine_aot import runtime as R
+from turbine_aot._cli import CliError, _load_source
 from turbine_aot._cli_progress import Stages
 
 __all__ = ["register"]
@@ -64,8 +66,6 @@ def _cmd_llm(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 def _build_model(obj: Any, seed: int) -> Any:
     import torch
 
-    from turbine_aot._cli import CliError
-
     if isinstance(obj, torch.nn.Module):
         return obj
     if hasattr(obj, "model_type") and hasattr(obj, "to_dict"):  # a transformers config
@@ -84,9 +84,6 @@ def _build_model(obj: Any, seed: int) -> Any:
 
 def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     import torch
-
-    from turbine_aot import runtime as R
-    from turbine_aot._cli import CliError, _load_source
 
     from .llm import export_causal_lm
 
@@ -122,8 +119,6 @@ def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 
 
 def _parse_ids(text: str) -> list[int]:
-    from turbine_aot._cli import CliError
-
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
@@ -136,8 +131,6 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _generate(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
-    from turbine_aot._cli import CliError
-
     from .llm import load
 
     prompts = [_parse_ids(t) for t in args.ids]

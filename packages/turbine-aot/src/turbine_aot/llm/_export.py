@@ -28,6 +28,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from turbine_aot import export as _aot_export
+from turbine_fx import FxProgramsBuilder
+from turbine_ir import ir
+from turbine_params import externalize_module_parameters, save_module_parameters
+
 from ._errors import LLMExportError
 from ._hf import adapt_hf_model, is_hf_causal_lm
 from ._kv_cache import ArgumentKVCache, GlobalKVCache, KVCacheLayout
@@ -231,9 +236,6 @@ def export_causal_lm(
     Raises:
         LLMExportError: an unsupported model or option (the message lists what is supported).
     """
-    import turbine_aot
-    from turbine_fx import FxProgramsBuilder
-
     if kv_cache not in _KV_MODES:
         raise LLMExportError(f"kv_cache must be one of {', '.join(_KV_MODES)}; got {kv_cache!r}")
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -266,10 +268,8 @@ def export_causal_lm(
     # externalize_module_parameters marks them; the marks stay on the tensors).
     weights = dict(model.state_dict(keep_vars=True))
     if external_parameters:
-        from turbine_params import externalize_module_parameters
-
         externalize_module_parameters(model)
-    eo = _export_programs(FxProgramsBuilder, root, info, turbine_aot)
+    eo = _export_programs(root, info)
     _annotate(eo, info)
     eo.llm = info
     eo.llm_parameters = {n: t.detach() for n, t in weights.items()} if external_parameters else None
@@ -277,8 +277,8 @@ def export_causal_lm(
     return eo
 
 
-def _export_programs(builder_cls: Any, root: _CausalLMRoot, info: CausalLMInfo, aot: Any) -> Any:
-    fxb = builder_cls(root)
+def _export_programs(root: _CausalLMRoot, info: CausalLMInfo) -> Any:
+    fxb = FxProgramsBuilder(root)
     batch = info.batch_size
     seq = torch.export.Dim("seq", min=info.min_prefill_len, max=info.max_seq_len)
     example_ids = torch.zeros((batch, min(4, info.max_seq_len)), dtype=torch.int64)
@@ -320,13 +320,11 @@ def _export_programs(builder_cls: Any, root: _CausalLMRoot, info: CausalLMInfo, 
                 f"torch.export of {type(root.lm).__name__} as prefill/decode failed: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             ) from e
-    return aot.export(fxb)
+    return _aot_export(fxb)
 
 
 def _annotate(eo: Any, info: CausalLMInfo) -> None:
     """Records ``info`` as the ``iree.reflection`` entry ``turbine.llm`` of ``@prefill``."""
-    from turbine_ir import ir
-
     module_op = eo.mlir_module
     with module_op.context:
         for op in module_op.regions[0].blocks[0].operations:
@@ -346,6 +344,4 @@ def _annotate(eo: Any, info: CausalLMInfo) -> None:
 
 
 def _save_parameters(path: Any, model: nn.Module) -> None:
-    from turbine_params import save_module_parameters
-
     save_module_parameters(path, model)

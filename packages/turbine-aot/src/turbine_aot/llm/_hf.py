@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._errors import LLMExportError
 from ._kv_cache import KVCacheLayout
 
 __all__ = ["LLAMA_LIKE", "GPT2Adapter", "LlamaLikeAdapter", "adapt_hf_model", "is_hf_causal_lm"]
@@ -123,8 +124,6 @@ class GPT2Adapter(nn.Module):
 
 
 def _check_config(model: Any, max_seq_len: int) -> None:
-    from ._errors import LLMExportError
-
     config = model.config
     kind = config.model_type
     name = type(model).__name__

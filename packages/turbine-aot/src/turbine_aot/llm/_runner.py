@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .. import runtime as R
 from ._errors import LLMError
 from ._export import REFLECTION_KEY, CausalLMInfo
 
@@ -272,8 +273,6 @@ def load(
     Raises:
         LLMError: ``source`` is not a causal-LM export.
     """
-    from turbine_aot import runtime as R
-
     if hasattr(source, "mlir_module"):
         info = getattr(source, "llm", None)
         if not isinstance(info, CausalLMInfo):
