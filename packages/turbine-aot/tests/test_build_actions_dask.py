@@ -8,7 +8,6 @@ timeout, so a hang fails the test instead of stalling CI.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
