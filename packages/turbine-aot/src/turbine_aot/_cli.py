@@ -576,8 +576,10 @@ def main(argv: list[str] | None = None) -> int:
             e.errors[0].message if getattr(e, "errors", None) else str(e)
         )
         first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-        if not isinstance(e, CliError) and not getattr(e, "cli_message", None):
-            first = with_root_cause(e, first)
+        if not isinstance(e, CliError):
+            # An export's cli_message says what torch.export said; a kernel's own error at the
+            # root (a shape mismatch) is added, torch's wrapping exception types are not.
+            first = with_root_cause(e, first, builtin_only=bool(getattr(e, "cli_message", None)))
         if args.json:
             print(json.dumps({"ok": False, "error": first}))
         print(f"turbine-aot: error: {first}", file=sys.stderr)
