@@ -326,6 +326,8 @@ def save_bundle(
             "replace it: give the bundle a new path"
         )
     is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
+    if is_export:
+        module._last_compile_flags = None  # set by ExportOutput.compile if it compiles now
     data, mpath = _module_bytes_or_path(
         module, device=devices, compile_flags=compile_flags, cache=cache
     )
@@ -342,7 +344,11 @@ def save_bundle(
         from turbine_aot._targets import program_traits
 
         traits = program_traits(module)
-        recorded_flags = device_compile_flags(devices, compile_flags, **traits)
+        # The flags it was compiled with: without the speed-only defaults when those failed
+        # (a compile-cache hit records the defaults it was looked up with).
+        recorded_flags = getattr(module, "_last_compile_flags", None) or device_compile_flags(
+            devices, compile_flags, **traits
+        )
     else:
         recorded_flags = list(compile_flags or [])
     recorded_flags = recorded_flags or None

@@ -268,7 +268,7 @@ def _read_program(data: bytes) -> Any:
 
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot import runtime as R
-    from turbine_aot._targets import check_program_for_target, program_traits, retry_flags
+    from turbine_aot._targets import check_program_for_target, compile_with_fallback, program_traits
 
     src = Path(args.input)
     if not src.is_file():
@@ -291,14 +291,9 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         )
 
     with st("compile"):
-        try:
-            vmfb = compile_with(flags)
-        except R.CompileError:
-            retry = retry_flags(flags, user_flags)
-            if retry is None:
-                raise
-            flags = retry
-            vmfb = compile_with(flags)
+        vmfb, flags = compile_with_fallback(
+            compile_with, flags, user_flags, errors=(R.CompileError,)
+        )
     out = Path(args.output or src.with_suffix(".vmfb").name)
     from ._iree_session import atomic_write_bytes
 
@@ -382,9 +377,18 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     module: Any = src
     flags = None
     if src.suffix in (".mlir", ".mlirbc"):
-        flags = R.device_compile_flags(devices, list(args.flag or []))
+        from turbine_aot._targets import compile_with_fallback
+
+        user_flags = list(args.flag or [])
+        flags = R.device_compile_flags(devices, user_flags)
+        data = src.read_bytes()
         with st("compile"):
-            module = R.compile_mlir(src.read_bytes(), flags, target=",".join(devices))
+            module, flags = compile_with_fallback(
+                lambda f: R.compile_mlir(data, f, target=",".join(devices)),
+                flags,
+                user_flags,
+                errors=(R.CompileError,),
+            )
     with st("bundle"):
         b = R.save_bundle(
             args.output,
