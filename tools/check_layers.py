@@ -513,7 +513,6 @@ KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = [
     ("turbine_aot._exporter", "turbine_aot._targets"),
     ("turbine_aot._iree_session", "numpy"),
     ("turbine_aot._runtime", "numpy"),
-    ("turbine_aot._runtime", "turbine_aot._targets"),
     ("turbine_aot._runtime_tensors", "numpy"),
     ("turbine_fx._fx_programs", "turbine_params"),
     ("turbine_ir._global_attrs", "turbine_params"),

@@ -1,4 +1,4 @@
-"""Exception types of turbine_aot's export and compile API."""
+"""Exception types of turbine_aot's export, compile and runtime API."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ __all__ = [
     "Diagnostic",
     "ExportError",
     "TurbineAotError",
+    "TurbineRuntimeError",
 ]
 
 
@@ -24,6 +25,10 @@ class TurbineAotError(Exception):
     """
 
     cli_message: str | None = None
+
+
+class TurbineRuntimeError(RuntimeError):
+    """Loading or calling a compiled module failed; the message says what, where and what to do."""
 
 
 class ExportError(TurbineAotError, ValueError):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -17,6 +18,7 @@ from iree.compiler.api import Output, Session
 from ._errors import CompileError, ExportError
 from ._export_errors import torch_export_error
 from ._iree_session import CapturedInvocation, new_session, output_to_file, session_context
+from ._signatures import compile_record, eager_defaults, record_module_signatures
 
 if TYPE_CHECKING:
     from ._compiled_module import CompiledModule, ImportPhase
@@ -149,9 +151,6 @@ class ExportOutput:
         self.session = session
         self.compiled_module = compiled_module
         self.importer_uses_session = importer_uses_session
-        #: The flags the last compile() used (None before one): without the speed-only defaults
-        #: when compiling with them failed (_targets.compile_with_fallback).
-        self._last_compile_flags: list[str] | None = None
 
     # ---- the IR ---------------------------------------------------------------------------
     @property
@@ -233,7 +232,7 @@ class ExportOutput:
                 default Vulkan target: name one with ``--iree-vulkan-target=...``).
         """
         from ._compiled_module import CompiledModule, ImportPhase
-        from ._targets import check_program_for_target, compile_with_fallback, program_traits
+        from ._targets import check_program_for_target, program_traits, retry_flags
 
         user_flags = [*self._session_flags(), *extra_args]
         flags = compile_flags_for(
@@ -251,19 +250,32 @@ class ExportOutput:
         self.verify()
         phase = info.current_import_phase
         compile_from = "input" if phase is not None and phase >= ImportPhase.FULL else None
-        # A default that is only a speed-up must not cost a compile: on failure, once more
-        # without the speed-only defaults (a warning names them).
-        result, used = compile_with_fallback(
-            lambda f: self._compile(f, save_to, compile_from, target_device, target_backends),
-            flags,
-            user_flags,
-            errors=(CompileError,),
-            logger=_log,
-        )
-        self._last_compile_flags = used
-        return result
+        try:
+            return self._compile(flags, save_to, compile_from, target_device, target_backends)
+        except CompileError:
+            # A default that is only a speed-up must not cost a compile.
+            retry = retry_flags(flags, user_flags)
+            if retry is None:
+                raise
+            dropped = sorted(set(flags) - set(retry))
+            _log.warning("compile failed with %s; compiling without it", " ".join(dropped))
+            return self._compile(retry, save_to, compile_from, target_device, target_backends)
 
     def _compile(
+        self,
+        flags: list[str],
+        save_to: str | Path | Output | None,
+        compile_from: str | None,
+        target_device: str | Sequence[str] | None,
+        target_backends: str | Sequence[str] | None,
+    ) -> Output | None:
+        # The .vmfb records its flags and compiler version (turbine-aot inspect shows them).
+        with compile_record(self.mlir_module, flags):
+            return self._compile_recorded(
+                flags, save_to, compile_from, target_device, target_backends
+            )
+
+    def _compile_recorded(
         self,
         flags: list[str],
         save_to: str | Path | Output | None,
@@ -529,7 +541,7 @@ def export(
         cm_class = mdl
         if module_name is not None:
             cm_class = CompiledModuleMeta(mdl.__name__, (mdl,), {}, export_name=module_name)
-        return _instantiate(cm_class)
+        return _with_signatures(_instantiate(cm_class))
 
     if isinstance(mdl, CompiledModule):
         raise TypeError(
@@ -581,7 +593,37 @@ def export(
     cm_class = CompiledModule.create_from_dict(
         "ExportedModule", dct, export_name=module_name or "module"
     )
-    return _instantiate(cm_class)
+    return _with_signatures(
+        _instantiate(cm_class), mdl if isinstance(mdl, torch.nn.Module) else None
+    )
+
+
+def _with_signatures(eo: ExportOutput, eager: Any = None) -> ExportOutput:
+    """Records each function's call signature (argument/result trees, names, tensor specs) in
+    the module so that the compiled module is called like the eager one (see _signatures.py).
+
+    Never fails the export: a signature that cannot be recorded is logged and left out (that
+    function then takes flat arguments)."""
+    import inspect
+
+    from ._compiled_module import CompiledModule
+
+    try:
+        class_info = CompiledModule.get_info(eo.compiled_module).class_info
+        programs = {d.export_name: d.program for _, d in class_info.exported_programs}
+        names: dict[str, list[str]] = {}
+        for _, proc in class_info.export_procs:
+            with contextlib.suppress(TypeError, ValueError):
+                names[proc.export_name] = list(inspect.signature(proc.callable).parameters)[1:]
+        defaults = {f: eager_defaults(eager, p) for f, p in programs.items()} if eager else {}
+        record_module_signatures(eo.mlir_module, programs, arg_names=names, defaults=defaults)
+    except Exception as e:  # a record is a convenience: never fail an export for it
+        _log.warning(
+            "call signatures not recorded (%s: %s); calls take flat arguments",
+            type(e).__name__,
+            e,
+        )
+    return eo
 
 
 def _instantiate(cm_class: Any) -> ExportOutput:

@@ -14,14 +14,21 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turbine_aot._runtime_tensors import (
-    buffer_view_to_tensor,
-    element_type_name,
-    tensor_to_buffer_view,
+from turbine_aot._errors import TurbineRuntimeError
+from turbine_aot._runtime_tensors import buffer_view_to_tensor, tensor_to_buffer_view
+from turbine_aot._signatures import (
+    FunctionSignature,
+    Leaf,
+    TensorSpec,
+    check_tensor,
+    function_signature,
+    parse_abi_declaration,
+    rebuild_results,
+    signatures_from_mlir,
+    type_error,
 )
 
 __all__ = [
@@ -31,6 +38,7 @@ __all__ = [
     "LoadedModule",
     "TensorSpec",
     "TurbineRuntimeError",
+    "function_signature",
     "load_module",
     "parse_abi_declaration",
     "signatures_from_mlir",
@@ -45,212 +53,9 @@ DEFAULT_PARAMETER_SCOPE = "model"
 _KNOWN_DRIVERS = ("local-task", "local-sync", "vulkan", "cuda", "hip", "metal")
 
 
-class TurbineRuntimeError(RuntimeError):
-    """Loading or calling a compiled module failed; the message says what, where and what to do."""
-
-
 class _NoSuchFunctionError(TurbineRuntimeError, AttributeError):
     """A module has no function of that name: an AttributeError too, so ``hasattr``,
     ``getattr(m, name, default)`` and duck-typing probes answer instead of raising."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One argument or result of an exported function, as its ABI declares it.
-
-    Attributes:
-        shape: dimensions; ``None`` for a dynamic one.
-        dtype: the MLIR element type (``"f32"``, ``"bf16"``, ``"i64"``...), or the whole type
-            for a non-tensor value (``"i64"`` scalar, ``"!hal.buffer_view"``).
-        is_tensor: False for scalars and opaque values.
-        device: the device name from ``iree.abi.affinity`` (``"__device_1"``), if any.
-    """
-
-    shape: tuple[int | None, ...]
-    dtype: str
-    is_tensor: bool = True
-    device: str | None = None
-
-    @property
-    def torch_dtype(self):
-        """The torch dtype, or None when the element type has none."""
-        return element_type_name(self.dtype) if self.is_tensor else None
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (used by bundle manifests)."""
-        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
-        if not self.is_tensor:
-            out["is_tensor"] = False
-        if self.device is not None:
-            out["device"] = self.device
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> TensorSpec:
-        return cls(
-            shape=tuple(d["shape"]),
-            dtype=d["dtype"],
-            is_tensor=d.get("is_tensor", True),
-            device=d.get("device"),
-        )
-
-    def __str__(self) -> str:
-        if not self.is_tensor:
-            return self.dtype
-        dims = "x".join("?" if d is None else str(d) for d in self.shape)
-        return f"tensor<{dims + 'x' if dims else ''}{self.dtype}>"
-
-
-@dataclass(frozen=True)
-class FunctionSignature:
-    """Arguments and results of one exported function (from its ``iree.abi.declaration``)."""
-
-    name: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "inputs": [s.to_json() for s in self.inputs],
-            "outputs": [s.to_json() for s in self.outputs],
-        }
-
-    @classmethod
-    def from_json(cls, name: str, d: Mapping[str, Any]) -> FunctionSignature:
-        return cls(
-            name,
-            tuple(TensorSpec.from_json(x) for x in d["inputs"]),
-            tuple(TensorSpec.from_json(x) for x in d["outputs"]),
-        )
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Splits on commas not nested in <>, (), {}, []."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "<({[":
-            depth += 1
-        elif ch in ">)}]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
-    return parts
-
-
-_TENSOR_RE = re.compile(r"^tensor<(.*)>$")
-_VTENSOR_RE = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],\s*(.+)>$")
-# torch-dialect dtype spellings that differ from the builtin ones at the ABI
-_TORCH_DTYPE_TO_ABI = {"si8": "i8", "si16": "i16", "si32": "i32", "si64": "i64", "ui8": "ui8"}
-_AFFINITY_RE = re.compile(
-    r"iree\.abi\.affinity\s*=\s*#hal\.device\.(?:promise|affinity)<@([\w.$-]+)"
-)
-
-
-def _parse_value(decl: str) -> TensorSpec:
-    # "%input0: tensor<?x4xf32> {iree.abi.affinity = ...}" or "tensor<4xf32>"
-    body = decl.split(":", 1)[1].strip() if decl.startswith("%") else decl.strip()
-    attrs = ""
-    if "{" in body:
-        # the type itself never contains '{' (tensor encodings are not part of the ABI)
-        idx = body.index("{")
-        body, attrs = body[:idx].strip(), body[idx:]
-    m = _AFFINITY_RE.search(attrs)
-    device = m.group(1) if m else None
-    vm = _VTENSOR_RE.match(body)
-    if vm:
-        dims = tuple(
-            None if d.strip() in ("?", "-1") else int(d)
-            for d in vm.group(1).split(",")
-            if d.strip()
-        )
-        dtype = vm.group(2).strip()
-        return TensorSpec(dims, _TORCH_DTYPE_TO_ABI.get(dtype, dtype), device=device)
-    tm = _TENSOR_RE.match(body)
-    if not tm:
-        return TensorSpec((), body, is_tensor=False, device=device)
-    parts = _split_top_level_x(tm.group(1))
-    dims = tuple(None if p == "?" else int(p) for p in parts[:-1])
-    return TensorSpec(dims, parts[-1], device=device)
-
-
-def _split_top_level_x(text: str) -> list[str]:
-    """``4x?xcomplex<f32>`` -> ``['4', '?', 'complex<f32>']``."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        if ch == "x" and depth == 0 and cur and all(c.isdigit() or c == "?" for c in cur):
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
-    """Parses IREE's ``iree.abi.declaration`` reflection string into a signature.
-
-    Args:
-        name: the function name.
-        declaration: e.g. ``"sync func @main(%input0: tensor<?x4xf32>) -> (%output0: ...)"``.
-
-    Returns:
-        The signature; unknown constructs become non-tensor specs holding the type text.
-    """
-    m = re.search(r"@[\w.$-]+\(", declaration)
-    if not m:
-        return FunctionSignature(name, (), ())
-    start, depth = m.end(), 1
-    i = start
-    while i < len(declaration) and depth:
-        depth += {"(": 1, ")": -1}.get(declaration[i], 0)
-        i += 1
-    ins = tuple(_parse_value(p) for p in _split_top_level(declaration[start : i - 1]))
-    res = declaration[i:].strip().removeprefix("->").strip()
-    if res.startswith("(") and res.endswith(")"):
-        res = res[1:-1]
-    outs = tuple(_parse_value(p) for p in _split_top_level(res)) if res else ()
-    return FunctionSignature(name, ins, outs)
-
-
-def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
-    """Signatures of the public functions of an MLIR module (an ``Operation`` or an object with
-    ``mlir_module``, e.g. ``ExportOutput``), for modules whose ``.vmfb`` carries no ABI
-    reflection (torch-dialect input). Argument affinities come from ``iree.abi.affinity``.
-    """
-    from ._targets import public_functions
-
-    out: dict[str, FunctionSignature] = {}
-    for f in public_functions(module_op, kinds=("func.func",)):
-        attrs = f.attributes
-        name = str(attrs["sym_name"]).strip('"')
-        ftype = str(attrs["function_type"])
-        arg_attrs = [str(a) for a in attrs["arg_attrs"]] if "arg_attrs" in attrs else []
-        m = re.match(r"^\((.*)\)\s*->\s*(.*)$", ftype, re.S)
-        if not m:
-            continue
-        arg_types = _split_top_level(m.group(1))
-        decl_args = [
-            f"{t} {arg_attrs[i]}" if i < len(arg_attrs) and arg_attrs[i] != "{}" else t
-            for i, t in enumerate(arg_types)
-        ]
-        res = m.group(2).strip()
-        if res.startswith("(") and res.endswith(")"):
-            res = res[1:-1]
-        out[name] = FunctionSignature(
-            name,
-            tuple(_parse_value(a) for a in decl_args),
-            tuple(_parse_value(r) for r in _split_top_level(res)) if res else (),
-        )
-    return out
 
 
 def _module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | None, Path | None]:
@@ -410,17 +215,56 @@ class LoadedFunction:
     def name(self) -> str:
         return self.signature.name
 
-    def __call__(self, *args: Any) -> Any:
+    @property
+    def label(self) -> str:
+        """``module.function``, as errors name it."""
+        return f"{self._module.name}.{self.signature.name}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls the function like the eager program.
+
+        With recorded call signatures (modules exported by turbine): positional and keyword
+        arguments, nested inputs, the eager result structure (tensor, tuple, dict,
+        ``ModelOutput``...). Without (a bare ``.vmfb`` from elsewhere): flat tensor arguments;
+        one tensor for a single result, a tuple for several, None for none.
+
+        Raises:
+            CallArgumentTypeError: wrong count, unknown/missing keyword, another structure.
+            CallArgumentValueError: dtype, rank, a static dimension, a dynamic dimension outside
+                its exported range.
+            TurbineRuntimeError: IREE failed while running the function.
+        """
+        call = self.signature.call
+        if call is not None:
+            flat = call.bind(self.label, args, kwargs)
+            results = self._invoke(flat)
+            if call.return_schema is not None:
+                return rebuild_results(call, results)
+            return _pack(results)
+        if kwargs:
+            raise type_error(
+                f"{self.label}() got keyword argument(s) {', '.join(map(repr, kwargs))}, but "
+                "this module records no argument names (it was not exported by turbine): pass "
+                f"its {len(self.signature.inputs)} argument(s) positionally"
+            )
+        return _pack(self.call_flat(*args))
+
+    def call_flat(self, *args: Any) -> list[Any]:
+        """Calls with the compiled function's flat arguments (one per ABI argument, as
+        ``iree-run-module`` takes them); returns the flat results. Checked like a call."""
+        call = self.signature.call
+        if call is not None:
+            call.check_flat(self.label, args)
+        else:
+            _check_flat_args(self.label, args, self.signature.inputs)
+        return self._invoke(args)
+
+    def _invoke(self, args: Sequence[Any]) -> list[Any]:
         import iree.runtime as rt
         import numpy as np
         import torch
 
         sig = self.signature
-        if sig.inputs and len(args) != len(sig.inputs):
-            raise TurbineRuntimeError(
-                f"{self._module.name}.{sig.name} takes {len(sig.inputs)} argument(s) "
-                f"({', '.join(str(s) for s in sig.inputs)}); got {len(args)}"
-            )
         m = self._module
         inputs = rt.VmVariantList(len(args))
         for i, arg in enumerate(args):
@@ -429,8 +273,6 @@ class LoadedFunction:
             if isinstance(arg, np.ndarray):
                 arg = torch.from_numpy(arg)
             if isinstance(arg, torch.Tensor):
-                spec = sig.inputs[i] if i < len(sig.inputs) else None
-                _check_arg(m.name, sig.name, i, arg, spec)
                 bv = tensor_to_buffer_view(device, arg, driver=driver, zero_copy=self._zero_copy)
                 inputs.push_ref(bv.ref)
             elif isinstance(arg, bool | int):
@@ -440,8 +282,8 @@ class LoadedFunction:
             elif isinstance(arg, rt.HalBufferView):
                 inputs.push_ref(arg.ref)
             else:
-                raise TurbineRuntimeError(
-                    f"argument {i} of {m.name}.{sig.name} is a {type(arg).__name__}; pass a "
+                raise type_error(
+                    f"{self.label}(): argument {i} is {type(arg).__name__}; pass a "
                     "torch.Tensor, numpy array, int or float"
                 )
         outputs = rt.VmVariantList(max(len(sig.outputs), 1))
@@ -449,7 +291,7 @@ class LoadedFunction:
             m._context.invoke(self._fn, inputs, outputs)
         except Exception as e:
             raise TurbineRuntimeError(
-                f"calling {m.name}.{sig.name} on {', '.join(m.device_uris)} failed: {e}"
+                f"calling {self.label} on {', '.join(m.device_uris)} failed: {e}"
             ) from e
         results = [self._convert(outputs, i) for i in range(len(outputs))]
         if self._zero_copy and not self._copy_results:
@@ -459,9 +301,7 @@ class LoadedFunction:
             for r in results:
                 if isinstance(r, torch.Tensor):
                     r._turbine_inputs = keep  # type: ignore[attr-defined]
-        if len(results) == 1:
-            return results[0]
-        return tuple(results) if results else None
+        return results
 
     def _convert(self, vlist: Any, i: int) -> Any:
         import iree.runtime as rt
@@ -483,22 +323,30 @@ class LoadedFunction:
         return [self._convert(sub, j) for j in range(len(sub))]
 
 
-def _check_arg(module: str, fn: str, i: int, arg: Any, spec: TensorSpec | None) -> None:
-    if spec is None or not spec.is_tensor:
-        return
-    want = spec.torch_dtype
-    if want is not None and arg.dtype != want:
-        raise TurbineRuntimeError(
-            f"argument {i} of {module}.{fn} must be {spec} ({want}); got {arg.dtype} "
-            f"{tuple(arg.shape)}; convert it with .to({want})"
+def _pack(results: list[Any]) -> Any:
+    if len(results) == 1:
+        return results[0]
+    return tuple(results) if results else None
+
+
+def _check_flat_args(label: str, args: Sequence[Any], specs: Sequence[TensorSpec]) -> None:
+    """Count, dtype, rank and static dims of flat arguments against the ABI's specs (modules
+    without recorded call signatures)."""
+    import numpy as np
+    import torch
+
+    if specs and len(args) != len(specs):
+        raise type_error(
+            f"{label}() takes {len(specs)} argument(s) "
+            f"({', '.join(str(s) for s in specs)}); got {len(args)}"
         )
-    shape = tuple(arg.shape)
-    if len(shape) != len(spec.shape) or any(
-        d is not None and d != s for d, s in zip(spec.shape, shape)
-    ):
-        raise TurbineRuntimeError(
-            f"argument {i} of {module}.{fn} must have shape {spec} ; got {list(shape)}"
-        )
+    for i, (arg, spec) in enumerate(zip(args, specs)):
+        if isinstance(arg, np.ndarray):
+            arg = torch.from_numpy(arg)
+        if not spec.is_tensor or not isinstance(arg, torch.Tensor):
+            continue
+        leaf = Leaf(str(i), "tensor", i, spec.dtype, spec.shape)
+        check_tensor(f"{label}(): argument {i}", leaf, arg, {}, {})
 
 
 class LoadedModule:
@@ -542,13 +390,7 @@ class LoadedModule:
             if fname.startswith("__") or "$" in fname:
                 continue  # __init, and main$async (takes fences: not a plain call)
             fn = vm_module.lookup_function(fname)
-            decl = (fn.reflection or {}).get("iree.abi.declaration", "")
-            if decl:
-                sig = parse_abi_declaration(fname, decl)
-            elif signatures and fname in signatures:
-                sig = signatures[fname]
-            else:
-                sig = FunctionSignature(fname, (), ())
+            sig = function_signature(fname, fn.reflection, (signatures or {}).get(fname))
             self.functions[fname] = LoadedFunction(self, fn, sig, copy_results, zero_copy_inputs)
 
     def _device_index(self, name: str | None) -> int:
