@@ -1,4 +1,4 @@
-"""The ``turbine-aot`` command line: export, compile, run, bundle, demo.
+"""The ``turbine-aot`` command line: export, compile, run, bundle, inspect, demo.
 
 Errors a user can fix (missing file, bad shape string, unknown device, compile failure) print one
 line ``turbine-aot: error: ...`` and exit with status 2, without a traceback (``--debug`` shows
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import io
 import json
 import re
 import sys
@@ -26,6 +27,8 @@ from turbine_aot._cli_errors import (
     with_root_cause,
 )
 from turbine_aot._cli_progress import Stages
+from turbine_aot._inspect import format_report, inspect_path
+from turbine_aot._signatures import compile_record
 
 __all__ = ["CliError", "main", "parse_input_spec"]
 
@@ -91,17 +94,23 @@ def parse_input_spec(spec: str) -> tuple[tuple[int, ...], Any]:
 
 
 def _make_input(spec: str, generator: Any) -> Any:
+    """An input tensor from ``SHAPExDTYPE`` (random values), iree-run-module's value syntax
+    ``SHAPExDTYPE=V1,V2,...`` (or one value, repeated; spaces work as separators too), or a
+    ``.npy`` file (``file.npy`` or ``@file.npy``)."""
     import numpy as np
     import torch
 
     if spec.endswith(".npy"):
-        path = Path(spec)
+        path = Path(spec.removeprefix("@"))
         if not path.is_file():
-            raise CliError(f"input file {spec!r} does not exist")
+            raise CliError(f"input file {str(path)!r} does not exist")
         return torch.from_numpy(np.load(path))
-    shape, dtype = parse_input_spec(spec)
+    type_part, eq, values = spec.partition("=")
+    shape, dtype = parse_input_spec(type_part)
 
     def make() -> Any:
+        if eq:
+            return _values_tensor(spec, shape, dtype, values)
         if dtype.is_floating_point:
             return torch.randn(shape, generator=generator).to(dtype)
         if dtype == torch.bool:
@@ -109,6 +118,40 @@ def _make_input(spec: str, generator: Any) -> Any:
         return torch.randint(0, 10, shape, generator=generator).to(dtype)
 
     return input_tensor(spec, make, shape, dtype, CliError)
+
+
+def _values_tensor(spec: str, shape: tuple[int, ...], dtype: Any, text: str) -> Any:
+    import math
+
+    import torch
+
+    items = [v for v in re.split(r"[,\s]+", text.strip()) if v]
+    count = math.prod(shape)
+    if len(items) not in (1, count):
+        raise CliError(
+            f"--input {spec!r}: {len(items)} values for shape {list(shape)} ({count} elements); "
+            f"give {count} values or one value for all"
+        )
+    try:
+        if dtype == torch.bool:
+            vals: list[Any] = [v.lower() in ("1", "true") for v in items]
+            bad = [v for v in items if v.lower() not in ("0", "1", "true", "false")]
+            if bad:
+                raise ValueError(bad[0])
+        elif dtype.is_floating_point or dtype.is_complex:
+            vals = [float(v) for v in items]
+        else:
+            vals = [int(v, 0) for v in items]
+    except ValueError as e:
+        raise CliError(
+            f"--input {spec!r}: {str(e).split(': ')[-1]} is not a "
+            f"{str(dtype).removeprefix('torch.')} value"
+        ) from None
+    wide = torch.float64 if dtype.is_floating_point else None
+    t = torch.tensor(vals, dtype=wide) if wide is not None else torch.tensor(vals)
+    if len(vals) == 1:
+        t = t.reshape(()).expand(shape).clone()
+    return t.reshape(shape).to(dtype)
 
 
 def _load_source(spec: str) -> Any:
@@ -221,14 +264,7 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     if args.dynamic:
         dynamic = [dict() for _ in inputs]
         for spec in args.dynamic:
-            m = re.fullmatch(r"(\d+):(\d+)(?::(\d+))?", spec)
-            if not m or int(m.group(1)) >= len(inputs):
-                raise CliError(
-                    f"bad --dynamic {spec!r}: expected ARG:DIM[:MAX] with ARG < {len(inputs)}, "
-                    "e.g. 0:1:512 makes dimension 1 of input 0 dynamic up to 512"
-                )
-            a, d = int(m.group(1)), int(m.group(2))
-            kw = {"max": int(m.group(3))} if m.group(3) else {}
+            a, d, kw = _parse_dynamic(spec, inputs)
             dynamic[a][d] = torch.export.Dim(f"arg{a}_dim{d}", **kw)
             dynamic_flags[f"arg{a}_dim{d}"] = spec
     with st("export"), quiet_torch_export_logs(not args.debug):
@@ -255,6 +291,36 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     return {"mlir": str(out), "external_params": args.external_params, "timings": st.timings}
 
 
+def _parse_dynamic(spec: str, inputs: list[Any]) -> tuple[int, int, dict[str, int]]:
+    """``ARG:DIM``, ``ARG:DIM:MAX`` or ``ARG:DIM:MIN:MAX`` -> (arg, dim, Dim keywords)."""
+    m = re.fullmatch(r"(\d+):(\d+)(?::(\d+))?(?::(\d+))?", spec)
+    usage = (
+        f"expected ARG:DIM, ARG:DIM:MAX or ARG:DIM:MIN:MAX with ARG < {len(inputs)}, e.g. "
+        "0:1:1:512 makes dimension 1 of input 0 dynamic from 1 to 512"
+    )
+    if not m or int(m.group(1)) >= len(inputs):
+        raise CliError(f"bad --dynamic {spec!r}: {usage}")
+    a, d = int(m.group(1)), int(m.group(2))
+    if d >= inputs[a].dim():
+        raise CliError(
+            f"bad --dynamic {spec!r}: input {a} has {inputs[a].dim()} dimension(s); {usage}"
+        )
+    kw: dict[str, int] = {}
+    if m.group(4):
+        kw = {"min": int(m.group(3)), "max": int(m.group(4))}
+    elif m.group(3):
+        kw = {"max": int(m.group(3))}
+    if "min" in kw and kw["min"] > kw["max"]:
+        raise CliError(f"bad --dynamic {spec!r}: MIN {kw['min']} is above MAX {kw['max']}")
+    size = inputs[a].shape[d]
+    if size < kw.get("min", 0) or size > kw.get("max", size):
+        raise CliError(
+            f"bad --dynamic {spec!r}: the example input {a} has size {size} in dimension {d}, "
+            "outside the range; give an example inside it"
+        )
+    return a, d, kw
+
+
 def _read_program(data: bytes) -> Any:
     """The MLIR module in ``data`` (text or bytecode), or ``None`` when it does not parse here
     (the compiler then reports what is wrong)."""
@@ -268,7 +334,7 @@ def _read_program(data: bytes) -> Any:
 
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot import runtime as R
-    from turbine_aot._targets import check_program_for_target, compile_with_fallback, program_traits
+    from turbine_aot._targets import check_program_for_target, program_traits, retry_flags
 
     src = Path(args.input)
     if not src.is_file():
@@ -282,18 +348,28 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     flags = R.device_compile_flags(devices, user_flags, **traits)
     if module is not None:
         check_program_for_target(module, flags)
-    del module
     cache: Any = False if args.no_cache else (args.cache_dir or True)
 
     def compile_with(flags: list[str]) -> bytes:
+        source = data
+        if module is not None:  # the .vmfb records its flags and compiler version (inspect)
+            buf = io.BytesIO()
+            with compile_record(module.operation, flags):
+                module.operation.write_bytecode(buf)
+            source = buf.getvalue()
         return R.compile_mlir(
-            data, flags, input_type=args.input_type, target=",".join(devices), cache=cache
+            source, flags, input_type=args.input_type, target=",".join(devices), cache=cache
         )
 
     with st("compile"):
-        vmfb, flags = compile_with_fallback(
-            compile_with, flags, user_flags, errors=(R.CompileError,)
-        )
+        try:
+            vmfb = compile_with(flags)
+        except R.CompileError:
+            retry = retry_flags(flags, user_flags)
+            if retry is None:
+                raise
+            flags = retry
+            vmfb = compile_with(flags)
     out = Path(args.output or src.with_suffix(".vmfb").name)
     from ._iree_session import atomic_write_bytes
 
@@ -327,18 +403,22 @@ def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
                 verify=args.verify,
             )
     fn = m[args.function]
+    call = fn.signature.call
     gen = torch.Generator().manual_seed(args.seed)
     specs = list(args.input or [])
     if not specs and fn.signature.inputs:
-        if any(None in s.shape for s in fn.signature.inputs):
+        dynamic = [i for i, s in enumerate(fn.signature.inputs) if None in s.shape]
+        if dynamic:
             raise CliError(
-                f"{args.function} has dynamic dimensions: give --input for each argument"
+                f"{args.function} has dynamic dimensions ({_input_names(fn)}): give --input "
+                "for each argument, e.g. -i 1x16xi64 or -i 1x4xi64=1,2,3,4"
             )
         specs = [str(s).removeprefix("tensor<").removesuffix(">") for s in fn.signature.inputs]
     inputs = [_make_input(s, gen) for s in specs]
     with st("run"):
-        results = fn(*inputs)
-    outs = list(results) if isinstance(results, tuple) else [results]
+        # Flat ABI arguments, checked like a Python call (dtype, rank, dims and their ranges).
+        outs = fn.call_flat(*inputs)
+    names = _output_names(fn, len(outs))
     written = []
     if args.output_dir:
         d = Path(args.output_dir)
@@ -348,23 +428,59 @@ def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             p = d / f"{args.function}_{i}.npy"
             np.save(p, t.numpy())
             written.append(str(p))
+    in_names = _input_names(fn).split(", ") if fn.signature.inputs else []
     result: dict[str, Any] = {
         "function": args.function,
-        "inputs": [f"{list(x.shape)} {str(x.dtype).removeprefix('torch.')}" for x in inputs],
+        "inputs": [
+            {
+                "name": in_names[i] if i < len(in_names) else str(i),
+                "shape": list(x.shape),
+                "dtype": str(x.dtype).removeprefix("torch."),
+            }
+            for i, x in enumerate(inputs)
+        ],
         "outputs": [
-            {"shape": list(r.shape), "dtype": str(r.dtype).removeprefix("torch.")} for r in outs
+            {"name": names[i], "shape": list(r.shape), "dtype": str(r.dtype).removeprefix("torch.")}
+            for i, r in enumerate(outs)
         ],
         "written": written,
     }
     if args.check_eager:
         with st("eager check"):
             eager = _load_source(args.check_eager)
-            report = R.check_numerics(fn, eager, *inputs)
+            if call is not None:
+                # The eager model takes the structured call the flat inputs come from.
+                e_args, e_kwargs = call.unflatten_inputs(inputs)
+                report = R.check_numerics(
+                    lambda *a: fn(*a, **e_kwargs), lambda *a: eager(*a, **e_kwargs), *e_args
+                )
+            else:
+                report = R.check_numerics(fn, eager, *inputs)
         result["numerics"] = report.to_json()
         result["report"] = str(report)
         result["ok"] = report.ok
     result["timings"] = st.timings
     return result
+
+
+def _input_names(fn: Any) -> str:
+    call = fn.signature.call
+    if call is not None:
+        return ", ".join(leaf.path for leaf in call.flat_inputs())
+    return ", ".join(str(i) for i in range(len(fn.signature.inputs)))
+
+
+def _output_names(fn: Any, n: int) -> list[str]:
+    call = fn.signature.call
+    if call is not None and call.return_schema is not None:
+        leaves = call.flat_results()
+        if len(leaves) == n:
+            return [leaf.path for leaf in leaves]
+    return [str(i) for i in range(n)]
+
+
+def _cmd_inspect(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
+    return inspect_path(args.path)
 
 
 def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
@@ -377,18 +493,9 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     module: Any = src
     flags = None
     if src.suffix in (".mlir", ".mlirbc"):
-        from turbine_aot._targets import compile_with_fallback
-
-        user_flags = list(args.flag or [])
-        flags = R.device_compile_flags(devices, user_flags)
-        data = src.read_bytes()
+        flags = R.device_compile_flags(devices, list(args.flag or []))
         with st("compile"):
-            module, flags = compile_with_fallback(
-                lambda f: R.compile_mlir(data, f, target=",".join(devices)),
-                flags,
-                user_flags,
-                errors=(R.CompileError,),
-            )
+            module = R.compile_mlir(src.read_bytes(), flags, target=",".join(devices))
     with st("bundle"):
         b = R.save_bundle(
             args.output,
@@ -444,13 +551,89 @@ def _print_text(command: str, result: dict[str, Any], st: Stages) -> None:
         )
         print("result: " + ("OK, IREE matches eager" if result["ok"] else "MISMATCH against eager"))
         return
-    for k, v in result.items():
-        if k == "timings":
-            continue
-        if k == "report":
-            print(v)
-        else:
-            print(f"{k}: {v}")
+    if command == "inspect":
+        print(format_report(result))
+        return
+    for line in _text_lines(command, result):
+        print(line)
+
+
+def _tensor_rows(rows: list[dict[str, Any]]) -> list[str]:
+    width = max((len(str(r.get("name", ""))) for r in rows), default=0)
+    return [
+        f"  {r.get('name', '')!s:<{width}}  {r['dtype']} {list(r['shape'])}".rstrip() for r in rows
+    ]
+
+
+def _text_lines(command: str, result: dict[str, Any]) -> list[str]:
+    """A command's result as formatted text (what --json prints as one object)."""
+    lines: list[str] = []
+    if command == "export":
+        lines.append(f"wrote {result['mlir']}")
+        if result.get("external_params"):
+            lines.append(f"parameters: {result['external_params']}")
+    elif command == "compile":
+        lines.append(f"wrote {result['vmfb']} ({result['bytes']} bytes)")
+        lines.append("compile flags:")
+        lines += [f"  {f}" for f in result.get("flags") or []]
+    elif command == "run":
+        lines.append(f"function: {result['function']}")
+        lines.append("inputs:")
+        lines += _tensor_rows(result["inputs"])
+        lines.append("outputs:")
+        lines += _tensor_rows(result["outputs"])
+        if result.get("written"):
+            lines.append("written:")
+            lines += [f"  {w}" for w in result["written"]]
+        if "report" in result:
+            lines.append("")
+            lines.append(result["report"])
+            lines.append("result: " + ("OK, matches eager" if result["ok"] else "MISMATCH"))
+    elif command == "bundle":
+        lines.append(f"wrote bundle {result['bundle']}")
+        lines.append(f"functions: {', '.join(result['functions'])}")
+        example = (result.get("iree_run_module") or {}).get("example")
+        if example:
+            lines.append(f"run it without Python: {example}")
+    else:  # a command without its own layout: one "key: value" line per scalar
+        for k, v in result.items():
+            if k != "timings":
+                lines.append(f"{k}: {_plain(v)}")
+    return lines
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(v) for v in value)
+    return str(value)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the package versions, torch's and IREE's."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        from turbine_params import versions_text
+
+        print(
+            versions_text(
+                "turbine-aot",
+                [
+                    "turbine-params",
+                    "turbine-ir",
+                    "turbine-trace",
+                    "turbine-fx",
+                    "torch",
+                    "iree-base-compiler",
+                    "iree-base-runtime",
+                ],
+            )
+        )
+        parser.exit()
 
 
 # ----------------------------------------------------------------------------- parser
@@ -459,28 +642,47 @@ def _parser() -> argparse.ArgumentParser:
         prog="turbine-aot",
         description="Export PyTorch programs, compile them with IREE, run and bundle them.",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    p.add_argument(
+        "--version", action=_VersionAction, help="print the turbine, torch and IREE versions"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=_JSON_HELP)
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
 
     e = sub.add_parser("export", help="export an nn.Module or CompiledModule to MLIR")
     e.add_argument(
         "source", help="file.py[:NAME] or package.module:NAME (nn.Module, class or factory)"
     )
-    e.add_argument("--input", "-i", action="append", help="example input SHAPExDTYPE or file.npy")
-    e.add_argument("--dynamic", action="append", help="ARG:DIM[:MAX] dynamic dimension")
+    e.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        help="example input (repeat per argument): SHAPExDTYPE (random), SHAPExDTYPE=V1,V2,... "
+        "or file.npy",
+    )
+    e.add_argument(
+        "--dynamic",
+        action="append",
+        metavar="ARG:DIM[:MIN]:MAX",
+        help="make dimension DIM of input ARG dynamic (ARG:DIM, ARG:DIM:MAX or ARG:DIM:MIN:MAX, "
+        "like torch.export.Dim(min=, max=)); repeatable",
+    )
     e.add_argument("--external-params", metavar="FILE.irpa", help="externalize weights to FILE")
-    e.add_argument("--function-name", default=None)
+    e.add_argument(
+        "--function-name", default=None, help="name of the exported function (default: main)"
+    )
     e.add_argument(
         "--non-strict",
         action="store_true",
         help="torch.export with strict=False (traces forward() as Python, not with TorchDynamo)",
     )
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument(
+        "--seed", type=int, default=0, help="seed of the random example inputs (default 0)"
+    )
     e.add_argument("-o", "--output", help="output .mlir / .mlirbc (default: <source>.mlir)")
     common(e)
 
@@ -490,19 +692,27 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--flag", "-X", action="append", help="extra iree-compile flag (repeatable)")
     c.add_argument("--input-type", default="auto", help="--iree-input-type (auto, torch, ...)")
     c.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
-    c.add_argument("--cache-dir", default=None)
-    c.add_argument("-o", "--output")
+    c.add_argument(
+        "--cache-dir", default=None, help="compile cache directory (default: the user cache)"
+    )
+    c.add_argument("-o", "--output", help="output .vmfb (default: <input>.vmfb here)")
     common(c)
 
     r = sub.add_parser("run", help="run a .vmfb or a bundle")
     r.add_argument("module", help="a .vmfb, or a bundle directory / archive")
-    r.add_argument("--function", "-f", default="main")
-    r.add_argument("--input", "-i", action="append", help="SHAPExDTYPE (random) or file.npy")
+    r.add_argument("--function", "-f", default="main", help="function to call (default: main)")
+    r.add_argument(
+        "--input",
+        "-i",
+        action="append",
+        help="one per function argument: SHAPExDTYPE (random values), SHAPExDTYPE=V1,V2,... "
+        "(iree-run-module syntax; one value fills the tensor) or [@]file.npy",
+    )
     r.add_argument("--parameters", "-p", action="append", help="[SCOPE=]FILE (repeatable)")
     r.add_argument("--device", "-d", action="append", help="device URI (repeat for multi-device)")
     r.add_argument("--output-dir", help="write each result as <function>_<i>.npy here")
     r.add_argument("--check-eager", metavar="SOURCE", help="compare with this eager model")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument(
         "--verify",
         action="store_true",
@@ -526,10 +736,12 @@ def _parser() -> argparse.ArgumentParser:
     common(b)
 
     d = sub.add_parser("demo", help="export, compile, run and compare an embedded transformer")
-    d.add_argument("--device", default="local-task")
+    d.add_argument("--device", default="local-task", help="device URI (default: local-task)")
     d.add_argument("--workdir", default=None, help="keep the .irpa/.vmfb here")
-    d.add_argument("--repeat", type=int, default=20)
-    d.add_argument("--no-cache", action="store_true")
+    d.add_argument(
+        "--repeat", type=int, default=20, help="calls timed per side (default 20; median)"
+    )
+    d.add_argument("--no-cache", action="store_true", help="bypass the compile cache")
     d.add_argument(
         "--threads",
         type=int,
@@ -537,8 +749,22 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU threads for eager and IREE (default: each's own)",
     )
     common(d)
+
+    i = sub.add_parser(
+        "inspect",
+        help="show what a .vmfb, bundle or .mlir holds: functions, parameters, flags",
+        description="Functions with their argument/result specs and trees (dynamic dimensions "
+        "with their ranges), the parameter scopes and keys the module reads with their sizes, "
+        "and the compile flags, devices and versions that built it where recorded.",
+    )
+    i.add_argument("path", help="a .vmfb, a bundle (directory, .tar, .tar.gz) or .mlir/.mlirbc")
+    common(i)
     importlib.import_module("turbine_aot._cli_llm").register(sub, common, _COMMANDS)
     return p
+
+
+_JSON_HELP = "print one JSON object on stdout instead of text (progress goes to stderr)"
+_DEBUG_HELP = "show the traceback of an error instead of one line"
 
 
 _COMMANDS = {
@@ -547,6 +773,7 @@ _COMMANDS = {
     "run": _cmd_run,
     "bundle": _cmd_bundle,
     "demo": _cmd_demo,
+    "inspect": _cmd_inspect,
 }
 
 
@@ -580,10 +807,8 @@ def main(argv: list[str] | None = None) -> int:
             e.errors[0].message if getattr(e, "errors", None) else str(e)
         )
         first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-        if not isinstance(e, CliError):
-            # An export's cli_message says what torch.export said; a kernel's own error at the
-            # root (a shape mismatch) is added, torch's wrapping exception types are not.
-            first = with_root_cause(e, first, builtin_only=bool(getattr(e, "cli_message", None)))
+        if not isinstance(e, CliError) and not getattr(e, "cli_message", None):
+            first = with_root_cause(e, first)
         if args.json:
             print(json.dumps({"ok": False, "error": first}))
         print(f"turbine-aot: error: {first}", file=sys.stderr)

@@ -18,6 +18,7 @@ from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
 from ._module import externalize_module_parameters, save_module_parameters
 from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
+from ._versions import versions_text
 
 __all__ = [
     "DTypeInfo",
@@ -48,5 +49,6 @@ __all__ = [
     "strip_archive",
     "torch_checkpoint_to_irpa",
     "verify_archive",
+    "versions_text",
 ]
 __version__ = "0.1.0"

@@ -11,6 +11,7 @@ import json
 import sys
 
 from ._errors import ParameterArchiveError
+from ._versions import versions_text
 
 
 def _fmt_shape(shape: tuple[int, ...] | None) -> str:
@@ -88,11 +89,28 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, read from package metadata (imports neither torch nor IREE)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        print(versions_text("turbine-params", ["numpy", "torch", "iree-base-runtime"]))
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="turbine-params", description="Inspect, convert, strip and verify .irpa archives."
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    p.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the turbine-params, numpy, torch and IREE versions (torch and IREE are "
+        "optional: 'not installed' when missing)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("inspect", help="list entries: key, dtype, shape, bytes, offset, type")
     s.add_argument("archive")
