@@ -112,6 +112,54 @@ def test_archive_unpacked_copy_is_removed(parts, tmp_path, monkeypatch):
         assert list(scratch.iterdir()) == []
 
 
+_KILLED_LOADER = r"""
+import sys, time
+from turbine_aot import runtime as R
+m = R.load_bundle(sys.argv[1])
+print("loaded", flush=True)
+time.sleep(600)
+"""
+
+
+def test_unpacked_copy_of_a_killed_loader_is_removed_by_the_next_load(parts, tmp_path):
+    """A process killed (SIGKILL) while it holds a .tar bundle cannot remove the copy it
+    unpacked into the temp directory; the next archive load does (owner-named directory)."""
+    import os
+    import signal
+    import stat
+
+    d, vmfb, _ = parts
+    R.save_bundle(tmp_path / "b.tar", vmfb, parameters=_params(d))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_LOADER, str(tmp_path / "b.tar")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "loaded"
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = scratch.iterdir()
+    assert left.name.startswith(".turbine-bundle.turbine~") and (left / "manifest.json").exists()
+    assert stat.S_IMODE(left.stat().st_mode) == 0o700  # private, as mkdtemp's
+    loader = subprocess.run(
+        [sys.executable, "-c", _KILLED_LOADER.replace("time.sleep(600)", ""), tmp_path / "b.tar"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert loader.returncode == 0, loader.stderr
+    assert list(scratch.iterdir()) == []
+
+
 def test_bundle_has_the_usual_permissions_and_no_leftovers(parts, tmp_path, monkeypatch):
     """A deployed bundle is readable like any file the user writes (umask, not mkdtemp's 0700 /
     mkstemp's 0600), and a failed archive write leaves neither a temp dir nor a temp file."""

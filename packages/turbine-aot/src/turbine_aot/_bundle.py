@@ -326,6 +326,8 @@ def save_bundle(
             "replace it: give the bundle a new path"
         )
     is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
+    if is_export:
+        module._last_compile_flags = None  # set by ExportOutput.compile if it compiles now
     data, mpath = _module_bytes_or_path(
         module, device=devices, compile_flags=compile_flags, cache=cache
     )
@@ -342,7 +344,11 @@ def save_bundle(
         from turbine_aot._targets import program_traits
 
         traits = program_traits(module)
-        recorded_flags = device_compile_flags(devices, compile_flags, **traits)
+        # The flags it was compiled with: without the speed-only defaults when those failed
+        # (a compile-cache hit records the defaults it was looked up with).
+        recorded_flags = getattr(module, "_last_compile_flags", None) or device_compile_flags(
+            devices, compile_flags, **traits
+        )
     else:
         recorded_flags = list(compile_flags or [])
     recorded_flags = recorded_flags or None
@@ -447,7 +453,7 @@ def read_bundle(
     if src.is_file():
         if not tarfile.is_tarfile(src):
             raise BundleError(f"{str(src)!r} is neither a bundle directory nor a .tar archive")
-        out = Path(extract_to) if extract_to else Path(tempfile.mkdtemp(prefix="turbine-bundle-"))
+        out = Path(extract_to) if extract_to else _unpack_dir()
         try:
             with tarfile.open(src) as tf:
                 _extract_archive(tf, src, out)
@@ -457,6 +463,16 @@ def read_bundle(
                 shutil.rmtree(out, ignore_errors=True)
             raise
     return _read_bundle_dir(src, verify=verify)
+
+
+def _unpack_dir() -> Path:
+    """A new private (0700) directory in the system temp directory to unpack an archive into,
+    named for its owner: one that a process killed while holding a bundle left behind is
+    removed by the next unpack (``turbine_params.make_owned_temp``), so copies of weights do
+    not pile up in /tmp."""
+    tmp = make_owned_temp(Path(tempfile.gettempdir()) / "turbine-bundle", directory=True)
+    os.chmod(tmp, 0o700)
+    return tmp
 
 
 def _unsafe_path(name: str) -> str | None:
@@ -662,7 +678,7 @@ def load_bundle(
             release.
     """
     # An archive is unpacked into a temporary directory that lives as long as the module.
-    unpacked = Path(tempfile.mkdtemp(prefix="turbine-bundle-")) if Path(path).is_file() else None
+    unpacked = _unpack_dir() if Path(path).is_file() else None
     try:
         bundle = read_bundle(path, extract_to=unpacked, verify=verify)
         devices = (

@@ -334,7 +334,7 @@ def _read_program(data: bytes) -> Any:
 
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot import runtime as R
-    from turbine_aot._targets import check_program_for_target, program_traits, retry_flags
+    from turbine_aot._targets import check_program_for_target, compile_with_fallback, program_traits
 
     src = Path(args.input)
     if not src.is_file():
@@ -362,14 +362,9 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         )
 
     with st("compile"):
-        try:
-            vmfb = compile_with(flags)
-        except R.CompileError:
-            retry = retry_flags(flags, user_flags)
-            if retry is None:
-                raise
-            flags = retry
-            vmfb = compile_with(flags)
+        vmfb, flags = compile_with_fallback(
+            compile_with, flags, user_flags, errors=(R.CompileError,)
+        )
     out = Path(args.output or src.with_suffix(".vmfb").name)
     from ._iree_session import atomic_write_bytes
 
@@ -493,9 +488,18 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     module: Any = src
     flags = None
     if src.suffix in (".mlir", ".mlirbc"):
-        flags = R.device_compile_flags(devices, list(args.flag or []))
+        from turbine_aot._targets import compile_with_fallback
+
+        user_flags = list(args.flag or [])
+        flags = R.device_compile_flags(devices, user_flags)
+        data = src.read_bytes()
         with st("compile"):
-            module = R.compile_mlir(src.read_bytes(), flags, target=",".join(devices))
+            module, flags = compile_with_fallback(
+                lambda f: R.compile_mlir(data, f, target=",".join(devices)),
+                flags,
+                user_flags,
+                errors=(R.CompileError,),
+            )
     with st("bundle"):
         b = R.save_bundle(
             args.output,
@@ -807,8 +811,10 @@ def main(argv: list[str] | None = None) -> int:
             e.errors[0].message if getattr(e, "errors", None) else str(e)
         )
         first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-        if not isinstance(e, CliError) and not getattr(e, "cli_message", None):
-            first = with_root_cause(e, first)
+        if not isinstance(e, CliError):
+            # An export's cli_message says what torch.export said; a kernel's own error at the
+            # root (a shape mismatch) is added, torch's wrapping exception types are not.
+            first = with_root_cause(e, first, builtin_only=bool(getattr(e, "cli_message", None)))
         if args.json:
             print(json.dumps({"ok": False, "error": first}))
         print(f"turbine-aot: error: {first}", file=sys.stderr)

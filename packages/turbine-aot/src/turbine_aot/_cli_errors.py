@@ -52,14 +52,16 @@ def root_cause(e: BaseException) -> BaseException:
         e = nxt
 
 
-def with_root_cause(e: BaseException, text: str) -> str:
+def with_root_cause(e: BaseException, text: str, *, builtin_only: bool = False) -> str:
     """``text`` plus the innermost cause's first line when it says something ``text`` does not
     (torch wraps "a and b must have same reduction dim" in "RuntimeError when making fake tensor
-    call")."""
+    call"); with ``builtin_only``, only a cause of a builtin type (a kernel's RuntimeError)."""
     cause = root_cause(e)
     said = first_line(str(cause))
     if cause is e or not said or said in text or type(cause).__module__.startswith("turbine"):
         return text  # turbine's own errors already say it
+    if builtin_only and type(cause).__module__ != "builtins":
+        return text
     return f"{text} (cause: {type(cause).__name__}: {said})"
 
 

@@ -151,6 +151,9 @@ class ExportOutput:
         self.session = session
         self.compiled_module = compiled_module
         self.importer_uses_session = importer_uses_session
+        #: The flags the last compile() used (None before one): without the speed-only defaults
+        #: when compiling with them failed (_targets.compile_with_fallback).
+        self._last_compile_flags: list[str] | None = None
 
     # ---- the IR ---------------------------------------------------------------------------
     @property
@@ -232,7 +235,7 @@ class ExportOutput:
                 default Vulkan target: name one with ``--iree-vulkan-target=...``).
         """
         from ._compiled_module import CompiledModule, ImportPhase
-        from ._targets import check_program_for_target, program_traits, retry_flags
+        from ._targets import check_program_for_target, compile_with_fallback, program_traits
 
         user_flags = [*self._session_flags(), *extra_args]
         flags = compile_flags_for(
@@ -250,16 +253,17 @@ class ExportOutput:
         self.verify()
         phase = info.current_import_phase
         compile_from = "input" if phase is not None and phase >= ImportPhase.FULL else None
-        try:
-            return self._compile(flags, save_to, compile_from, target_device, target_backends)
-        except CompileError:
-            # A default that is only a speed-up must not cost a compile.
-            retry = retry_flags(flags, user_flags)
-            if retry is None:
-                raise
-            dropped = sorted(set(flags) - set(retry))
-            _log.warning("compile failed with %s; compiling without it", " ".join(dropped))
-            return self._compile(retry, save_to, compile_from, target_device, target_backends)
+        # A default that is only a speed-up must not cost a compile: on failure, once more
+        # without the speed-only defaults (a warning names them).
+        result, used = compile_with_fallback(
+            lambda f: self._compile(f, save_to, compile_from, target_device, target_backends),
+            flags,
+            user_flags,
+            errors=(CompileError,),
+            logger=_log,
+        )
+        self._last_compile_flags = used
+        return result
 
     def _compile(
         self,

@@ -13,19 +13,27 @@ What each default buys is measured by ``benchmarks/models_bench.py`` and recorde
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "CUDA_FP32_SPLIT_K_FLAG",
+    "SPEED_ONLY_GROUPS",
     "TARGETS",
+    "SpeedOnlyGroup",
     "Target",
     "TargetError",
     "check_program_for_target",
+    "compile_with_fallback",
     "default_compile_flags",
     "default_runtime_flags",
+    "fallback_flags",
     "float_types",
     "has_dynamic_shapes",
     "merge_flags",
@@ -210,7 +218,7 @@ _CPU_DYNAMIC_SHAPE_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-vector-pproc-strate
 # eager), batch 8 25.7 -> 13.5 ms, MLP batch 8 0.43 -> 0.09 ms; MLP batch 4096 13.5 -> 14.3 ms
 # (-5 %). Not for fp16/bf16 (halves throughput at large M: MLP batch 4096 fp16 0.56 -> 1.78 ms)
 # nor for dynamic programs (IREE 3.13 fails: "'tensor.empty' op incorrect number of dynamic
-# sizes"); ExportOutput.compile retries without it if the compiler fails.
+# sizes"); like every speed-only default (SPEED_ONLY_GROUPS), it is dropped if the compile fails.
 CUDA_FP32_SPLIT_K_FLAG = "--iree-dispatch-creation-split-matmul-reduction=32"
 _OPT_LEVELS = ("O0", "O1", "O2", "O3")
 # --iree-opt-level=O3 fuses more (layer norms into their neighbours): 18 % faster on the static
@@ -455,18 +463,147 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
         )
 
 
-def retry_flags(flags: Sequence[str], user_flags: Sequence[str]) -> list[str] | None:
-    """The flags to compile with again after ``flags`` failed, or ``None``.
+@dataclass(frozen=True)
+class SpeedOnlyGroup:
+    """Default flags that only make a module faster: dropped when a compile with them fails.
 
-    Some defaults are only speed-ups that IREE 3.13 fails to compile on some programs (today:
-    :data:`CUDA_FP32_SPLIT_K_FLAG`). After a failure they are dropped, unless the user asked
-    for them (``user_flags``), so a default never costs a compile.
+    Attributes:
+        name: what the group does, for the warning (``"data tiling + ukernels"``).
+        flags: the flags, exactly as :func:`default_compile_flags` writes them.
+        targets: the target names for which the group is speed only (on another target the same
+            flags may be needed for correct results: channels-last convolutions on CUDA).
     """
-    optional = [CUDA_FP32_SPLIT_K_FLAG]
-    dropped = [f for f in optional if f in flags and f not in user_flags]
+
+    name: str
+    flags: tuple[str, ...]
+    targets: tuple[str, ...]
+
+
+#: turbine's speed-only defaults, by group. When a compile with turbine's defaults fails, it is
+#: compiled again without every group it holds (unless the user named the flags): a default that
+#: is only a speed-up must never turn a working compile into a failure. Target selection
+#: (device, ``--iree-llvmcpu-target-cpu``, ``--iree-cuda-target``) is not speed only and stays.
+SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
+    SpeedOnlyGroup(
+        "data tiling + ukernels",
+        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS,
+        ("llvm-cpu",),
+    ),
+    SpeedOnlyGroup("channels-last convolutions", (_CHANNELS_LAST_FLAG,), ("llvm-cpu",)),
+    SpeedOnlyGroup("peeled dynamic vector loops", _CPU_DYNAMIC_SHAPE_FLAGS, ("llvm-cpu",)),
+    SpeedOnlyGroup("split-K fp32 matmuls", (CUDA_FP32_SPLIT_K_FLAG,), ("cuda",)),
+)
+
+
+def _flag_targets(flags: Sequence[str]) -> set[str]:
+    """turbine target names that a flag list compiles for (from the device/backend flags)."""
+    found: set[str] = set()
+    for f in flags:
+        key, _, value = f.partition("=")
+        if key in (
+            "--iree-hal-target-device",
+            "--iree-hal-local-target-device-backends",
+            "--iree-hal-target-backends",
+        ):
+            for v in value.split(","):
+                v = re.sub(r"\[\d+\]$", "", v.strip())
+                if v == "local":
+                    continue
+                try:
+                    found.add(resolve_target(v).name)
+                except TargetError:
+                    found.add(v)
+    return found
+
+
+def fallback_flags(
+    flags: Sequence[str], user_flags: Sequence[str] = ()
+) -> tuple[list[str], list[SpeedOnlyGroup]] | None:
+    """The flags to compile with again after ``flags`` failed, and the groups dropped.
+
+    Every :data:`SPEED_ONLY_GROUPS` group that is speed only for a target the flags compile for
+    is removed, except flags the user named (``user_flags``, by flag name).
+
+    Returns:
+        ``(flags, dropped groups)``, or ``None`` when nothing can be dropped (the failure is not
+        a speed-only default's).
+    """
+    targets = _flag_targets(flags)
+    user_keys = {_flag_key(f) for f in user_flags}
+    dropped: list[SpeedOnlyGroup] = []
+    drop: set[str] = set()
+    for group in SPEED_ONLY_GROUPS:
+        if not targets.intersection(group.targets):
+            continue
+        present = [f for f in group.flags if f in flags and _flag_key(f) not in user_keys]
+        if present:
+            dropped.append(group)
+            drop.update(present)
     if not dropped:
         return None
-    return [f for f in flags if f not in dropped]
+    return [f for f in flags if f not in drop], dropped
+
+
+def retry_flags(flags: Sequence[str], user_flags: Sequence[str]) -> list[str] | None:
+    """The flags to compile with again after ``flags`` failed, or ``None``
+    (:func:`fallback_flags` without the dropped groups)."""
+    fb = fallback_flags(flags, user_flags)
+    return None if fb is None else fb[0]
+
+
+def compile_with_fallback(
+    compile_fn: Callable[[list[str]], T],
+    flags: Sequence[str],
+    user_flags: Sequence[str] = (),
+    *,
+    errors: tuple[type[BaseException], ...] = (Exception,),
+    logger: logging.Logger | None = None,
+) -> tuple[T, list[str]]:
+    """Calls ``compile_fn(flags)``; if it fails, once more without the speed-only defaults.
+
+    The rule for every compile path (``ExportOutput.compile``, ``turbine-aot compile``/``bundle``,
+    the compile cache): a speed-only default (:data:`SPEED_ONLY_GROUPS`) must never turn a
+    working compile into a failure. The retry logs a warning naming the groups and flags dropped.
+    When the retry fails too, the first error is raised (it is the one for the flags asked for).
+
+    Args:
+        compile_fn: compiles with the given flags; raises one of ``errors`` on failure.
+        flags: turbine's defaults merged with the user's flags.
+        user_flags: the flags the user named (never dropped).
+        errors: the exceptions that mean "the compiler failed".
+        logger: where the warning goes (``turbine.aot`` by default).
+
+    Returns:
+        ``(result, the flags it was compiled with)``.
+    """
+    flags = list(flags)
+    try:
+        return compile_fn(flags), flags
+    except errors as first:
+        fb = fallback_flags(flags, user_flags)
+        if fb is None:
+            raise
+        retry, dropped = fb
+        (logger or logging.getLogger("turbine.aot")).warning(
+            "compiling with turbine's default flags failed (%s); compiling again without the "
+            "speed-only defaults %s (%s). The module works but may be slower; pass those flags "
+            "yourself to see the failure.",
+            _first_line(first),
+            ", ".join(g.name for g in dropped),
+            " ".join(f for f in flags if f not in retry),
+        )
+        try:
+            return compile_fn(retry), retry
+        except errors:
+            raise first from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.strip()[:300]
+    return (text.splitlines() or [type(error).__name__])[0][:300]
 
 
 def default_runtime_flags(target: str = "llvm-cpu", *, workers: int | None = None) -> list[str]:

@@ -47,6 +47,12 @@ DEFAULT_DECOMPOSITION_OPS: tuple[Any, ...] = (
     # Not registered in IREE's torch dialect (imported as torch.operator); several
     # decompositions (logsumexp, ...) produce it.
     _aten.squeeze.dims,
+    # torch.nn.utils.parametrizations.weight_norm (audio models' Conv1d) calls _weight_norm,
+    # which torch decomposes to this op; IREE 3.13 lowers it, for dim != 0, to a norm of dynamic
+    # shape ("'tensor.cast' op operand type 'tensor<1x1x?xf32>' and result type
+    # 'tensor<128x32x16xf32>' are cast incompatible"). torch's decomposition (v * g / ||v||
+    # over the other dims, via linalg_vector_norm) stays static.
+    _aten._weight_norm_interface.default,
     # Performance, not correctness (turbine's own forms, _turbine_decompositions.py): IREE
     # 3.13's attention op is ~50x slower than eager on CPU, and N-d linear compiles to batched
     # matmuls; as matmul + softmax and 2-d mm, a GPT-2-shaped model goes from 2.4x eager CPU

@@ -1,0 +1,211 @@
+"""A speed-only default never turns a working compile into a failure (``_targets``
+``compile_with_fallback``): every compile path retries without the speed-only groups and warns.
+
+The forced cases make the compiler fail whenever a speed-only flag is present (the retry is a real
+compile); the real case is a program IREE 3.13 fails to compile with turbine's defaults only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import turbine_aot
+from turbine_aot import runtime
+from turbine_aot._targets import (
+    COMPILE_FLAGS_ENV,
+    SPEED_ONLY_GROUPS,
+    compile_with_fallback,
+    default_compile_flags,
+    fallback_flags,
+)
+
+DATA_TILING = "--iree-opt-data-tiling=true"
+SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
+
+
+@pytest.fixture(autouse=True)
+def _no_env_flags(monkeypatch):
+    monkeypatch.delenv(COMPILE_FLAGS_ENV, raising=False)
+
+
+def _speed_only(flags) -> list[str]:
+    return [f for g in SPEED_ONLY_GROUPS for f in g.flags if f in flags]
+
+
+def test_fallback_flags_drop_every_speed_only_group_per_target():
+    cpu = default_compile_flags("llvm-cpu", dynamic_shapes=True, use_env=False)
+    retry, dropped = fallback_flags(cpu)
+    assert [g.name for g in dropped] == [
+        "data tiling + ukernels",
+        "channels-last convolutions",
+        "peeled dynamic vector loops",
+    ]
+    assert _speed_only(retry) == []
+    # Target selection stays: the device and the host CPU.
+    assert retry == [
+        "--iree-hal-target-device=local",
+        "--iree-hal-local-target-device-backends=llvm-cpu",
+        "--iree-llvmcpu-target-cpu=host",
+    ]
+    # The user's own flags are never dropped (by flag name).
+    retry, dropped = fallback_flags(cpu, [DATA_TILING])
+    assert DATA_TILING in retry and "data tiling + ukernels" in [g.name for g in dropped]
+    # CUDA: split-K is speed only; channels-last is needed for correct fp16 convolutions.
+    cuda = default_compile_flags("cuda", fp32_only=True, use_env=False)
+    retry, dropped = fallback_flags(cuda)
+    assert [g.name for g in dropped] == ["split-K fp32 matmuls"]
+    assert SPLIT_K not in retry and any("channels-last" in f for f in retry)
+    # Nothing speed-only: nothing to retry.
+    assert fallback_flags(default_compile_flags("vmvx", use_env=False)) is None
+    assert fallback_flags(default_compile_flags("cuda", use_env=False)) is None
+
+
+def test_compile_with_fallback_warns_and_raises_the_first_error(caplog):
+    flags = default_compile_flags("llvm-cpu", use_env=False)
+    calls: list[list[str]] = []
+
+    def fails_with_tiling(f):
+        calls.append(f)
+        if DATA_TILING in f:
+            raise RuntimeError("error: 'func.func' op exceeded stack allocation limit")
+        return "vmfb"
+
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        result, used = compile_with_fallback(fails_with_tiling, flags)
+    assert result == "vmfb" and used == calls[1] and DATA_TILING not in used
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "data tiling + ukernels, channels-last convolutions" in record.getMessage()
+    assert "exceeded stack allocation limit" in record.getMessage()
+
+    def always_fails(f):
+        raise RuntimeError(f"error: failed with {len(f)} flags")
+
+    with pytest.raises(RuntimeError, match=f"failed with {len(flags)} flags"):
+        compile_with_fallback(always_fails, flags)
+    with pytest.raises(RuntimeError, match="error: failed"):  # nothing to drop: no retry
+        compile_with_fallback(always_fails, default_compile_flags("vmvx", use_env=False))
+
+
+class _Forced:
+    """Makes ``ExportOutput._compile`` fail while a speed-only flag is present."""
+
+    def __init__(self, monkeypatch):
+        from turbine_aot._exporter import ExportOutput
+
+        real = ExportOutput._compile
+        self.seen: list[list[str]] = []
+
+        def _compile(eo, flags, *args):
+            self.seen.append(list(flags))
+            if _speed_only(flags):
+                raise turbine_aot.CompileError("compile (forced)", [], flags=list(flags))
+            return real(eo, flags, *args)
+
+        monkeypatch.setattr(ExportOutput, "_compile", _compile)
+
+
+def _export():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    return model, x, turbine_aot.export(model, args=(x,))
+
+
+def test_export_output_compile_falls_back(monkeypatch, caplog, tmp_path):
+    forced = _Forced(monkeypatch)
+    model, x, eo = _export()
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        eo.compile(save_to=tmp_path / "m.vmfb")
+    assert len(forced.seen) == 2 and _speed_only(forced.seen[1]) == []
+    assert eo._last_compile_flags == forced.seen[1]
+    assert any("speed-only defaults" in r.getMessage() for r in caplog.records)
+    m = runtime.load_module(tmp_path / "m.vmfb")
+    torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_user_flags_are_kept_in_the_retry(monkeypatch):
+    forced = _Forced(monkeypatch)
+    _, _, eo = _export()
+    with pytest.raises(turbine_aot.CompileError):  # the user asked for data tiling: it stays
+        eo.compile(save_to=None, extra_args=[DATA_TILING])
+    assert len(forced.seen) == 2 and DATA_TILING in forced.seen[1]
+
+
+def test_compile_cache_and_bundle_fall_back(monkeypatch, tmp_path):
+    forced = _Forced(monkeypatch)
+    model, x, eo = _export()
+    cache = runtime.CompileCache(tmp_path / "cache")
+    vmfb = runtime.compile_export_output(eo, cache=cache)
+    assert len(forced.seen) == 2
+    m = runtime.load_module(vmfb)
+    torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
+    # The bundle records the flags it was compiled with.
+    bundle = runtime.save_bundle(tmp_path / "b", eo, cache=False)
+    assert _speed_only(bundle.manifest["compile_flags"]) == []
+    torch.testing.assert_close(runtime.load_bundle(tmp_path / "b").main(x), model(x))
+
+
+def test_cli_compile_falls_back(monkeypatch, tmp_path, capsys, caplog):
+    from turbine_aot import _cli
+
+    _, _, eo = _export()
+    src = tmp_path / "m.mlir"
+    eo.save_mlir(src)
+    seen: list[list[str]] = []
+    real = runtime.compile_mlir
+
+    def compile_mlir(data, flags, **kw):
+        seen.append(list(flags))
+        if _speed_only(flags):
+            raise turbine_aot.CompileError("compile (forced)", [], flags=list(flags))
+        return real(data, flags, **kw)
+
+    monkeypatch.setattr(runtime, "compile_mlir", compile_mlir)
+    out = tmp_path / "m.vmfb"
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        rc = _cli.main(["compile", str(src), "-o", str(out), "--input-type", "torch", "--no-cache"])
+    assert rc == 0 and out.is_file()
+    assert len(seen) == 2 and _speed_only(seen[1]) == []
+    assert any("speed-only defaults" in r.getMessage() for r in caplog.records)
+
+
+class _LrasppHead(nn.Module):
+    """The end of torchvision's LR-ASPP MobileNetV3 segmentation model (backbone.16 and the
+    head): a 1×1 conv 160 -> 960 + BatchNorm + hardswish whose output feeds a 1×1 conv branch
+    and a global-pool gate, multiplied."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = nn.Sequential(
+            nn.Conv2d(160, 960, 1, bias=False), nn.BatchNorm2d(960), nn.Hardswish()
+        )
+        self.cbr = nn.Sequential(nn.Conv2d(960, 128, 1, bias=False), nn.BatchNorm2d(128), nn.ReLU())
+        self.scale = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Conv2d(960, 128, 1, bias=False), nn.Sigmoid()
+        )
+
+    def forward(self, x):
+        y = self.last(x)
+        return self.cbr(y) * self.scale(y)
+
+
+def test_real_failure_of_the_defaults_falls_back(caplog, tmp_path):
+    # IREE 3.13 compiles this with channels-last convolutions alone and with data tiling alone,
+    # but not with both (turbine's llvm-cpu defaults): "'func.func' op exceeded stack allocation
+    # limit of 32768 bytes for function. Got 51200 bytes".
+    torch.manual_seed(0)
+    model = _LrasppHead().eval()
+    x = torch.randn(1, 160, 8, 8)
+    eo = turbine_aot.export(model, args=(x,))
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        eo.compile(save_to=tmp_path / "head.vmfb")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "exceeded stack allocation limit" in warning
+    assert "data tiling + ukernels, channels-last convolutions" in warning
+    assert _speed_only(eo._last_compile_flags) == []
+    m = runtime.load_module(tmp_path / "head.vmfb")
+    torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
