@@ -352,7 +352,7 @@ def test_plain_module_following_the_calling_convention():
     model = TinyLM().eval()
     lm = llm.load(llm.export_causal_lm(model, max_seq_len=40, external_parameters=False))
     p = torch.tensor([3, 1, 4, 1, 5])
-    assert lm.generate(p, 20)[0, 5:].tolist() == _tiny_greedy(model, p, 20)
+    assert lm.generate(p.tolist(), 20)[0, 5:].tolist() == _tiny_greedy(model, p, 20)  # flat list
 
 
 # ----------------------------------------------------------------------------- errors

@@ -210,9 +210,12 @@ def _as_batch(
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
     else:
-        seqs = [list(map(int, s)) for s in input_ids]
-        if seqs and not isinstance(input_ids[0], (list, tuple, torch.Tensor)):
-            seqs = [list(map(int, input_ids))]
+        rows = list(input_ids)
+        if not rows:
+            raise LLMError("generate: input_ids is empty")
+        if not isinstance(rows[0], (list, tuple, torch.Tensor)):
+            rows = [rows]  # one prompt as a flat list of ids
+        seqs = [[int(t) for t in row] for row in rows]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), pad, dtype=torch.int64)
         mask = torch.zeros((len(seqs), width), dtype=torch.int64)
