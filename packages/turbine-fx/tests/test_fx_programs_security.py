@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -159,3 +160,170 @@ def test_etc_passwd_as_graph_is_rejected_before_it_is_read(tmp_path):
     with _Reads() as reads, pytest.raises(FxProgramsError, match="absolute path"):
         FxPrograms.load(path)
     assert reads == [os.path.realpath(path)]  # the descriptor only
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("meta", 2, "expected true or false"),
+        ("shape", [2**62, 2**62], "larger than any tensor"),
+        ("shape", [-1], "integer >= 0"),
+        ("dtype", "_dynamo", "torch dtype name"),
+        ("dtype", "Tensor", "torch dtype name"),
+    ],
+)
+def test_a_bad_tensor_description_is_an_error_naming_the_field(tmp_path, field, value, message):
+    path = _save_set(tmp_path)
+
+    def edit(d):
+        d["tensors"]["t0"][field] = value
+        d["tensors"]["t0"]["meta"] = d["tensors"]["t0"]["meta"] if field == "meta" else True
+
+    _edit(path, edit)
+    with pytest.raises(
+        FxProgramsError, match=rf"set\.json: tensors\.t0\.{field}(\[0\])?: .*{message}"
+    ):
+        FxPrograms.load(path)
+
+
+# -- item 1: no string of a graph file is ever evaluated ---------------------------------------
+
+
+class Dynamic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        return self.proj(x[1:]) + y  # x: 2*d + 1 rows, y: 2*d rows (a derived dim)
+
+
+@pytest.fixture(scope="module")
+def dynamic_set(tmp_path_factory) -> Path:
+    fxb = FxProgramsBuilder(Dynamic())
+    d = torch.export.Dim("d", min=2, max=100)
+    fxb.export_program(
+        lambda m, x, y: m(x, y),
+        args=(torch.randn(9, 4), torch.randn(8, 4)),
+        dynamic_shapes={"args": ({0: 2 * d + 1}, {0: 2 * d})},
+        name="main",
+    )
+    path = tmp_path_factory.mktemp("dynamic") / "set.json"
+    fxb.save(path)
+    return path
+
+
+def _copy_set(src: Path, directory: Path) -> tuple[Path, Path]:
+    """A copy of the saved set in ``directory``: (descriptor, graph file of 'main')."""
+    for f in src.parent.iterdir():
+        shutil.copy(f, directory / f.name)
+    descriptor = json.loads(src.read_text())
+    return directory / src.name, directory / descriptor["programs"]["main"]["file"]
+
+
+def _first_expr(doc) -> dict:
+    stack = [doc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            if isinstance(v.get("expr_str"), str):
+                return v
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    raise AssertionError("the dynamic program has no symbolic expression")
+
+
+def _payload(marker: Path) -> str:
+    """The issue's payload: a 'size' that runs a shell command when sympy evaluates it."""
+    return (
+        f"Symbol.__new__.__globals__['__builtins__']['__import__']('os').system('touch {marker}')"
+    )
+
+
+def _tamper(graph: Path, where: str, payload: str) -> None:
+    doc = json.loads(graph.read_text())
+    if where == "expr_str":
+        _first_expr(doc)["expr_str"] = payload
+    elif where == "range_constraints":
+        doc["range_constraints"][payload] = {"min_val": 2, "max_val": 100}
+    elif where == "guards_code":
+        doc["guards_code"].append(payload)
+    elif where == "target":
+        doc["graph_module"]["graph"]["nodes"][0]["target"] = payload
+    graph.write_text(json.dumps(doc))
+
+
+def _torch_load(graph: Path, path: Path) -> None:
+    """What loading did before it checked the graph: torch's deserializer on the file; then
+    .module() (which compiles guards_code into a guard function when the program has example
+    inputs) and a call."""
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+
+    descriptor = json.loads(path.read_text())
+    from turbine_fx._fx_programs import _load_tensors
+
+    tensors = _load_tensors(path.parent / descriptor["data_file"], descriptor["tensors"])
+    binding = descriptor["bindings"]["main"]
+    state = {k: tensors[v] for k, v in binding["state_dict"].items()}
+    example = ((torch.randn(9, 4), torch.randn(8, 4)), {})
+    ep = deserialize(SerializedArtifact(graph.read_bytes(), state, {}, example))  # type: ignore[arg-type]
+    ep.module()(*example[0])
+
+
+@pytest.mark.parametrize("where", ["expr_str", "guards_code"])
+def test_the_payload_runs_in_torchs_own_deserializer(tmp_path, dynamic_set, where):
+    """Proof that the payloads below are live: torch alone runs them (so the next test's
+    checks are what keep them from running)."""
+    path, graph = _copy_set(dynamic_set, tmp_path)
+    marker = tmp_path / "ran"
+    payload = (
+        _payload(marker)
+        if where == "expr_str"
+        else f"__import__('os').system('touch {marker}') != 0"
+    )
+    _tamper(graph, where, payload)
+    with pytest.raises(Exception):  # noqa: B017 - torch fails after running the command
+        _torch_load(graph, path)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ("expr_str", "expr_str"),
+        ("guards_code", "guards_code[1]"),
+        ("range_constraints", "range_constraints["),
+        ("target", "graph_module.graph.nodes[0].target"),
+    ],
+)
+def test_load_refuses_a_code_payload_and_runs_nothing(tmp_path, dynamic_set, where, field):
+    path, graph = _copy_set(dynamic_set, tmp_path)
+    marker = tmp_path / "ran"
+    assert len(json.loads(graph.read_text())["guards_code"]) == 1  # the payload is [1]
+    payload = _payload(marker)
+    _tamper(graph, where, payload)
+    with pytest.raises(FxProgramsError) as err:
+        FxPrograms.load(path)
+    message = str(err.value)
+    assert message.startswith(f"{graph}: ") and field in message, message
+    assert "is not one torch writes" in message
+    assert not marker.exists()
+    # A load that follows it (the same process, torch's caches warm) still runs nothing.
+    with pytest.raises(FxProgramsError):
+        FxPrograms.load(path)
+    assert not marker.exists()
+
+
+def test_the_untampered_dynamic_set_loads_and_runs(dynamic_set):
+    """The checks accept what torch wrote for a program with a derived dim (2*d + 1)."""
+    ep = FxPrograms.load(dynamic_set).programs["main"]
+    x, y = torch.randn(11, 4), torch.randn(10, 4)
+    w, b = ep.state_dict["proj.weight"], ep.state_dict["proj.bias"]
+    (out,) = ep.graph_module(w, b, x, y)
+    torch.testing.assert_close(out, x[1:] @ w.T + b + y)
+    assert sorted((r.lower, r.upper) for r in ep.range_constraints.values()) == [
+        (2, 100),
+        (4, 200),
+        (5, 201),
+    ]

@@ -42,7 +42,7 @@ from turbine_params import atomic_output_file, atomic_write_bytes
 
 from ._decompositions import current_aot_decompositions
 from ._errors import FxProgramsError
-from ._fx_programs_validate import CheckedDescriptor, check_descriptor, dtype_named
+from ._fx_programs_validate import CheckedDescriptor, check_descriptor, check_graph, dtype_named
 
 __all__ = ["FxPrograms", "FxProgramsBuilder"]
 
@@ -169,10 +169,16 @@ class FxPrograms:
     def load(path: str | os.PathLike) -> FxPrograms:
         """Loads a set saved by :meth:`save`, with tensor sharing re-established.
 
-        Only JSON and safetensors are read; no code from the files is executed.
+        Only JSON and safetensors are read, and nothing of the files is executed: the
+        descriptor and every path it names are checked first (each file must be a regular file
+        in the descriptor's directory), then every graph file, whose expression strings (which
+        torch's deserializer would evaluate) must pass a strict parser, before torch's
+        deserializer sees any of them (see docs/security.md).
 
         Raises:
-            FxProgramsError: The descriptor is missing, of another format, or inconsistent.
+            FxProgramsError: The descriptor is missing, of another format, or inconsistent; a
+                path leaves the directory; a graph file holds a string torch does not write.
+                The message names the file and the JSON field.
         """
         path = Path(path)
         try:
@@ -197,6 +203,16 @@ class FxPrograms:
     @staticmethod
     def _from_descriptor(path: Path, checked: CheckedDescriptor) -> FxPrograms:
         descriptor = checked.descriptor
+        # Every graph is read and checked before torch's deserializer sees any of them.
+        graphs: dict[str, bytes] = {}
+        for name, graph_path in checked.graph_paths.items():
+            try:
+                graphs[name] = graph_path.read_bytes()
+            except OSError as e:
+                raise FxProgramsError(
+                    f"{path}: cannot read the graph of program '{name}': {e}"
+                ) from e
+            check_graph(graph_path, graphs[name])
         tensors = _load_tensors(checked.data_path, descriptor["tensors"])
         result = FxPrograms()
         from turbine_params import DeviceAffinity
@@ -210,13 +226,7 @@ class FxPrograms:
                 raise FxProgramsError(
                     f"{path}: program '{name}' refers to tensor {e} which is not in the descriptor"
                 ) from None
-            try:
-                graph_bytes = checked.graph_paths[name].read_bytes()
-            except OSError as e:
-                raise FxProgramsError(
-                    f"{path}: cannot read the graph of program '{name}': {e}"
-                ) from e
-            result.programs[name] = _deserialize_graph(graph_bytes, state_dict, constants, name)
+            result.programs[name] = _deserialize_graph(graphs[name], state_dict, constants, name)
             if info.get("arg_device"):
                 result.arg_devices[name] = {
                     int(i): DeviceAffinity(o, q) for i, (o, q) in info["arg_device"].items()

@@ -1,4 +1,4 @@
-"""Checks an FxPrograms descriptor (and the files it names) before anything of it is used.
+"""Checks an FxPrograms descriptor and the files it names before anything of them is used.
 
 ``FxPrograms.load`` reads files that may come from anywhere. Everything of a descriptor is
 checked here first, against what ``FxPrograms.save`` writes: its structure (every field of the
@@ -6,12 +6,16 @@ type save gives it), and every path, which must name a regular file directly ins
 descriptor's directory (no absolute path, no ``..``, no directory part, no symbolic link that
 leads out of the directory). A descriptor that fails is an ``FxProgramsError`` naming the file
 and the JSON field path (``programs.main.file``); nothing it names has been opened then.
+Each graph file is then checked by :func:`check_graph` before torch's deserializer sees any of
+them: every string torch would evaluate must pass the strict parsers of ``_fx_programs_exprs``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +23,10 @@ from typing import Any
 
 import torch
 
+from . import _fx_programs_exprs as exprs
 from ._errors import FxProgramsError
 
-__all__ = ["CheckedDescriptor", "check_descriptor", "member_path"]
+__all__ = ["CheckedDescriptor", "check_descriptor", "check_graph", "member_path"]
 
 _RESAVE = "save the set again with FxPrograms.save"
 
@@ -188,6 +193,8 @@ def _tensor(info: object, file: Path, where: tuple) -> None:
     _expect(isinstance(shape, list), file, (*where, "shape"), "a list of sizes", shape)
     for i, n in enumerate(shape):
         _uint(n, file, (*where, "shape", i))
+    if math.prod(shape) * dtype.itemsize >= 2**62:
+        fail(file, (*where, "shape"), f"{dtype}{shape} is larger than any tensor can be")
     parameter = _bool(info["parameter"], file, (*where, "parameter"))
     requires_grad = _bool(info["requires_grad"], file, (*where, "requires_grad"))
     if parameter and requires_grad and not (dtype.is_floating_point or dtype.is_complex):
@@ -279,3 +286,83 @@ def check_descriptor(path: Path, descriptor: dict[str, Any]) -> CheckedDescripto
         for name, info in programs.items()
     }
     return CheckedDescriptor(descriptor, data_path, graph_paths)
+
+
+# -- graph files --------------------------------------------------------------------------------
+
+_META_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,20}")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_graph(file: Path, data: bytes) -> None:
+    """Checks a graph file (torch's ``*.ep.json``) before torch's deserializer may see it.
+
+    Every string torch evaluates or resolves is checked with the strict parsers of
+    ``_fx_programs_exprs``, wherever it is in the document: symbolic expressions (``expr_str``),
+    range-constraint keys, ``guards_code``, node targets, ``as_operator`` arguments and the
+    targets of ``source_fn_stack`` metadata.
+
+    Raises:
+        FxProgramsError: naming ``file`` and the JSON field path of the first bad string.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        fail(file, (), f"not a JSON document: {e}")
+    if not isinstance(doc, dict):
+        fail(file, (), f"expected an object, found {type(doc).__name__}")
+
+    def check(where: tuple, value: object, checker, what: str) -> None:
+        try:
+            checker(value)
+        except exprs.ExprError as e:
+            fail(
+                file,
+                where,
+                f"{what} {_shown(value)} is not one torch writes: {e}",
+                "the file was altered or is not from FxPrograms.save; FxPrograms.load refuses "
+                "it before torch's deserializer sees it: " + _RESAVE,
+            )
+
+    ranges = doc.get("range_constraints")
+    if ranges is not None:
+        ranges = _dict(ranges, file, ("range_constraints",))
+        for key, bounds in ranges.items():
+            where = ("range_constraints", key)
+            check(where, key, exprs.check_sym_key, "the symbol")
+            bounds = _dict(bounds, file, where)
+            for end in ("min_val", "max_val"):
+                v = bounds.get(end)
+                _expect(v is None or _is_int(v), file, (*where, end), "null or an integer", v)
+    guards = doc.get("guards_code")
+    if guards is not None:
+        _expect(isinstance(guards, list), file, ("guards_code",), "a list of guards", guards)
+        assert isinstance(guards, list)
+        for i, guard in enumerate(guards):
+            check(("guards_code", i), guard, exprs.check_guard, "the guard")
+
+    stack: list[tuple[object, tuple]] = [(doc, ())]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, list):
+            stack.extend((v, (*where, i)) for i, v in enumerate(value))
+            continue
+        if not isinstance(value, dict):
+            continue
+        for key, v in value.items():
+            at = (*where, key)
+            if key == "expr_str":
+                check(at, v, exprs.check_sym_expr, "the symbolic expression")
+            elif key == "as_operator" or (key == "target" and "inputs" in value):
+                check(at, v, exprs.check_target, "the operator")
+            elif key == "source_fn_stack" and isinstance(v, str):
+                for item in v.split(";"):
+                    target = item.rpartition(",")[2]
+                    if not _META_TARGET.fullmatch(target) or "__" in target:
+                        fail(file, at, f"source function {_shown(target)} is not a name", _RESAVE)
+            else:
+                stack.append((v, at))
