@@ -237,9 +237,9 @@ def test_export_output_ir_access(mlp_output, tmp_path, capsys):
     out.print_readable()
     printed = capsys.readouterr().out
     assert "func.func @main" in printed and "dense_resource" in printed
-    assert "torch_tensor_32x16_float32:" not in printed  # the 2 KiB weight blob is elided
+    assert "torch_tensor_32_16_torch.float32:" not in printed  # the 2 KiB weight blob is elided
     out.print_readable(large_elements_limit=1 << 20)
-    assert "torch_tensor_32x16_float32:" in capsys.readouterr().out
+    assert "torch_tensor_32_16_torch.float32:" in capsys.readouterr().out
     out.save_mlir(tmp_path / "m.mlir")
     out.save_mlir(tmp_path / "m.mlirbc")
     assert "func.func @main" in (tmp_path / "m.mlir").read_text()

@@ -60,7 +60,9 @@ def test_called_twice_with_different_shapes(iree_device):
     # (2,8,scale=2) and (?,8,scale=3)
     assert len(re.findall(r"func.func private @project(_\d+)?\(", asm)) == 2
     assert len(re.findall(r"func.func private @project_again(_\d+)?\(", asm)) == 1
-    assert asm.count("util.global private @__auto.lifted_tensor") == 1  # WEIGHT, deduplicated
+    # WEIGHT, deduplicated, named as the reference names lifted constants
+    assert asm.count("util.global private @__auto.constant_8_8_torch.float32 =") == 1
+    assert "@__auto.constant_8_8_torch.float32$1" not in asm
     assert len(re.findall(r"call @project(_\d+)?\(", asm)) == 3
 
     vmfb = iree_device.compile(asm, extra_args=["--iree-input-type=torch"])

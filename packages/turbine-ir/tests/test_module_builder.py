@@ -36,9 +36,9 @@ def test_inline_global(mb, check_ir):
     assert mb.last_global_op == op
     check_ir(
         str(mb.module_op),
-        r"^  util\.global private @__auto\.w = dense_resource<torch_tensor_2x3_int16> : "
+        r"^  util\.global private @__auto\.w = dense_resource<torch_tensor_2_3_torch.int16> : "
         r"tensor<2x3xi16>$",
-        r"torch_tensor_2x3_int16: \"0x02000000(0000){6}\"",  # int16: declared alignment 2
+        r"torch_tensor_2_3_torch.int16: \"0x02000000(0000){6}\"",  # int16: declared alignment 2
     )
 
 
@@ -108,7 +108,7 @@ def test_mutable_noinline_global(mb, check_ir):
     check_ir(
         str(mb.module_op),
         r"^  util\.global private mutable @__auto\.state <inlining_policy = #util\.inline\.never> "
-        r"= dense_resource<\w+> : tensor<4xi64>$",
+        r"= dense_resource<torch_tensor_4_torch\.int64> : tensor<4xi64>$",
     )
 
 

@@ -42,7 +42,8 @@ def test_export_global_inline_tensor(harness):
         return g
 
     harness.check(
-        r"util.global private @_consts.w = (dense_resource<\w+>|dense<.*>) : tensor<4xf32>",
+        r"util.global private @_consts.w = "
+        r"(dense_resource<torch_tensor_4_torch\.float32>|dense<.*>) : tensor<4xf32>",
         r"func.func @read\(\) -> tensor<4xf32>",
         r"util.global.load @_consts.w : tensor<4xf32>",
     )

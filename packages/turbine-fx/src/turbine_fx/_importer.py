@@ -446,16 +446,34 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
 
     # Creating / finding globals ------------------------------------------------------------
 
-    def _global_for(self, name: str, tensor: torch.Tensor, *, mutable: bool):
+    def _global_for(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        *,
+        mutable: bool,
+        symbol: str | None = None,
+        blob_name: str | None = None,
+    ):
+        """The global for ``tensor`` (created on first use; one per tensor and tied storage).
+
+        ``name`` is the logical name (state_dict name, or the constant's); the symbol is
+        ``symbol`` if given, else ``__auto.<external_name>`` for a tensor with an
+        ``ExternalTensorTrait`` and ``__auto.<name>`` otherwise.
+        """
+        trait = ExternalTensorTrait.get(tensor)
+        if symbol is None:
+            symbol = f"__auto.{trait.external_name if trait is not None else name}"
         # State on the meta device (a KV cache of a model built on "meta") has no data; as a
         # mutable global it starts as zeros (a splat: nothing is materialized).
-        zero_state = mutable and tensor.is_meta and ExternalTensorTrait.get(tensor) is None
+        zero_state = mutable and tensor.is_meta and trait is None
         try:
             symbol, op, gtype = self.mb.get_or_create_tensor_global(
-                f"__auto.{name}",
+                symbol,
                 tensor,
                 attrs=GlobalAttributes(mutable=mutable, uninitialized=True if zero_state else None),
                 logical_name=name,
+                blob_name=blob_name,
             )
         except Exception as e:
             raise FxImportError(
@@ -519,15 +537,46 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
     def resolve_literal(self, gni, literal, info) -> Value | None:
         if not isinstance(literal, torch.Tensor):
             return None
-        name = self.constant_names.get(id(literal))
+        known = self.mb.global_ref_tracker.lookup(literal)
+        if known is not None and not known.is_empty:
+            # Already a global (another program, or an earlier use): load it.
+            symbol, gtype = self._global_for("", literal, mutable=False)
+            return self._load(symbol, gtype, gni._cc.tensor_to_vtensor_type(literal))
+        if ExternalTensorTrait.get(literal) is not None:
+            # A weight the user tagged: always an external parameter, whatever its size
+            # (inlining it would bake the weight into the module).
+            name = self.constant_names.get(id(literal), "constant")
+            symbol, gtype = self._global_for(name, literal, mutable=False)
+            return self._load(symbol, gtype, gni._cc.tensor_to_vtensor_type(literal))
         small = literal.numel() <= inline_constant_limit and not self.constants_as_globals
-        if name is None or (small and not literal.is_meta):
+        if small or literal.is_meta or literal.numel() == 0:
             if literal.numel() >= 1 and not literal.is_meta:
                 return _inline_literal(self.mb, literal, gni)
-            return None  # the importer's own path (empty tensors)
-        symbol, gtype = self._global_for(name, literal, mutable=False)
-        vtype = gni._cc.tensor_to_vtensor_type(literal)
-        return self._load(symbol, gtype, vtype)
+            return None  # the importer's own path (empty tensors; meta fails there clearly)
+        # A lifted constant: `__auto.constant_<dims>_<dtype>` (repeats `$1`, `$2`, ...), its
+        # data blob named as the global (the reference's scheme).
+        symbol = _unique_constant_symbol(self.mb, literal)
+        symbol, gtype = self._global_for(
+            self.constant_names.get(id(literal), symbol),
+            literal,
+            mutable=False,
+            symbol=symbol,
+            blob_name=symbol,
+        )
+        return self._load(symbol, gtype, gni._cc.tensor_to_vtensor_type(literal))
+
+
+def _unique_constant_symbol(mb: ModuleBuilder, tensor: torch.Tensor) -> str:
+    """``__auto.constant_<dims joined by _>_<str(dtype)>``, then ``…$1``, ``…$2`` if taken."""
+    base = f"__auto.constant_{'_'.join(str(d) for d in tensor.shape)}_{tensor.dtype}"
+    candidate, n = base, 0
+    while True:
+        try:
+            mb.symbol_table[candidate]
+        except KeyError:
+            return candidate
+        n += 1
+        candidate = f"{base}${n}"
 
 
 def _bf16_dense_initializer(op: Operation, tensor: torch.Tensor) -> None:

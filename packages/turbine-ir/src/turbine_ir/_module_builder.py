@@ -536,6 +536,7 @@ class ModuleBuilder:
         *,
         attrs: GlobalAttributes,
         logical_name: str | None = None,
+        blob_name: str | None = None,
     ) -> tuple[str, ir.Operation, ir.Type]:
         """Creates a ``util.global`` for a tensor (builtin tensor type, not ``!torch.vtensor``).
 
@@ -545,7 +546,8 @@ class ModuleBuilder:
         for bf16/float8 and one-element tensors). Inline bf16 data also gets
         ``inlining_policy = #util.inline.never`` unless ``options.bf16_noinline`` is off (IREE
         3.13's SPIR-V backend miscomputes bf16 constants inlined into dispatches).
-        A tensor with a ``DeviceTensorTrait`` gets ``stream.affinity``.
+        A tensor with a ``DeviceTensorTrait`` gets ``stream.affinity``. ``blob_name`` names the
+        inline data's resource (default ``torch_tensor_<dims joined by _>_<str(dtype)>``).
 
         Does not consult :attr:`global_ref_tracker`; :meth:`get_or_create_tensor_global` does.
 
@@ -569,7 +571,7 @@ class ModuleBuilder:
             elif attrs.uninitialized:
                 initial = self._uninitialized(global_type)
             else:
-                initial = tensor_to_dense_attr(t, self.context)
+                initial = tensor_to_dense_attr(t, self.context, blob_name=blob_name)
         # IREE 3.13 inlines small constant globals into dispatches, and its SPIR-V backend then
         # computes wrong values from bf16 constants: keep inline bf16 data out of dispatches.
         bf16_noinline = (
@@ -596,6 +598,7 @@ class ModuleBuilder:
         *,
         attrs: GlobalAttributes,
         logical_name: str | None = None,
+        blob_name: str | None = None,
     ) -> tuple[str, ir.Operation, ir.Type]:
         """Like :meth:`create_tensor_global`, but one global per tensor (and per tied storage).
 
@@ -605,7 +608,7 @@ class ModuleBuilder:
         mapping = self.global_ref_tracker.track(t)
         if mapping.is_empty:
             mapping.value = self.create_tensor_global(
-                symbol_name, t, attrs=attrs, logical_name=logical_name
+                symbol_name, t, attrs=attrs, logical_name=logical_name, blob_name=blob_name
             )
         value = mapping.value
         if isinstance(value, tuple) and len(value) == 3:

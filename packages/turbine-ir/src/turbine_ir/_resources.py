@@ -117,7 +117,9 @@ def tensor_to_dense_resource_attr(
 
     Args:
         t: A CPU (or any device; it is copied to host) strided tensor of a mappable dtype.
-        name: Resource blob name hint (MLIR makes it unique); default derives from shape/dtype.
+        name: Resource blob name hint (MLIR makes it unique); default
+            ``torch_tensor_<dims joined by _>_<str(dtype)>`` (e.g. ``torch_tensor_2_40_torch.float32``),
+            the name the reference ``iree.turbine.aot`` gives inline tensor data.
         context: MLIR context (default: the current one).
 
     Raises:
@@ -128,8 +130,7 @@ def tensor_to_dense_resource_attr(
     _check_materializable(t, "tensor_to_dense_resource_attr")
     ttype = torch_tensor_type(list(t.shape), t.dtype, context)
     if name is None:
-        shape = "x".join(str(d) for d in t.shape) or "scalar"
-        name = f"torch_tensor_{shape}_{str(t.dtype).removeprefix('torch.')}"
+        name = inline_blob_name(t)
     buf = _copy_out(t)
     # The buffer itself is RESOURCE_ALIGNMENT-aligned, but the alignment *declared* on the
     # resource is the element size: the bytecode writer records it, and a reader then demands
@@ -142,6 +143,11 @@ def tensor_to_dense_resource_attr(
         alignment=declared_resource_alignment(t.element_size()),
         context=ttype.context,
     )
+
+
+def inline_blob_name(t: torch.Tensor) -> str:
+    """``torch_tensor_<dims joined by _>_<str(dtype)>``: the default name of inline tensor data."""
+    return f"torch_tensor_{'_'.join(str(d) for d in t.shape)}_{t.dtype}"
 
 
 def declared_resource_alignment(element_size: int) -> int:
@@ -164,7 +170,9 @@ def _emulated_float_formats() -> dict[torch.dtype, str]:
 _DENSE_ELEMENTS_FORMATS = _emulated_float_formats()
 
 
-def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> ir.Attribute:
+def tensor_to_dense_attr(
+    t: torch.Tensor, context: ir.Context | None = None, *, blob_name: str | None = None
+) -> ir.Attribute:
     """The attribute IREE compiles best for ``t``'s data (what globals and literals use).
 
     * empty → ``dense<>``; one element → a ``dense<…>`` splat (better constant folding);
@@ -175,7 +183,7 @@ def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> 
     * everything else → ``dense_resource`` (:func:`tensor_to_dense_resource_attr`).
 
     Complex empty/one-element tensors stay resources: the Python bindings cannot wrap complex
-    ``dense`` attributes.
+    ``dense`` attributes. ``blob_name`` names the resource (default :func:`inline_blob_name`).
     """
     from iree.compiler import ir
 
@@ -198,4 +206,4 @@ def tensor_to_dense_attr(t: torch.Tensor, context: ir.Context | None = None) -> 
         return ir.DenseElementsAttr.get(
             view, type=ttype.element_type, shape=list(t.shape), context=ttype.context
         )
-    return tensor_to_dense_resource_attr(t, context=context)
+    return tensor_to_dense_resource_attr(t, name=blob_name, context=context)
