@@ -55,7 +55,7 @@ def test_every_torch_dtype_round_trips(tmp_path, dtype, shape):
                 t.reshape(-1).view(torch.uint8).numpy()
             )
             md = json.loads(e.metadata[len(b"PYTORCH:") :])
-            assert md["type"] == "Tensor" and md["dtype"] == str(dtype)
+            assert md["type"] == "Tensor" and md["dtype"] == str(dtype).removeprefix("torch.")
             assert md["shape"] == list(shape)
             assert md["dtype_desc"]["itemsize"] == dtype.itemsize
 

@@ -135,7 +135,8 @@ class ParameterArchiveBuilder:
     def add_module(self, module: Any, *, prefix: str = "") -> None:
         """Adds all parameters and persistent buffers from a module hierarchy.
 
-        Keys are ``prefix + state_dict name``; tied parameters get one entry per name that share
+        Keys are state_dict names joined to ``prefix`` with a dot (``prefix="foobar.model"``:
+        ``foobar.model.classifier.weight``); tied parameters get one entry per name that share
         the stored bytes.
         """
         from ._module import module_tensors

@@ -1,8 +1,10 @@
 """Element types: torch dtype names <-> item sizes, numpy dtypes and safetensors names.
 
 Archives describe tensors with the string ``PYTORCH:`` + JSON whose ``dtype`` is a torch dtype
-name (``"torch.float32"``). This table lets the numpy-only path read and write every such name
-without importing torch.
+name without the ``torch.`` prefix (``"float32"``, ``"bfloat16"``), as the reference
+``iree.turbine.aot`` writes and reads them; readers also accept the prefixed spelling
+(``"torch.float32"``, which earlier turbine archives hold). This table lets the numpy-only path
+read and write every such name without importing torch.
 """
 
 from __future__ import annotations
@@ -222,10 +224,10 @@ class TensorMetadata:
         return self.numel * self.dtype.itemsize
 
     def encode(self) -> bytes:
-        """``PYTORCH:`` + JSON, the form other tools read."""
+        """``PYTORCH:`` + JSON, the form other tools read (``"dtype": "float32"``, no prefix)."""
         doc = {
             "type": "Tensor",
-            "dtype": self.dtype.torch_name,
+            "dtype": self.dtype.name,
             "shape": list(self.shape),
             "dtype_desc": self.dtype.desc(),
         }

@@ -251,6 +251,22 @@ class ParameterIndexEntry:
             raise ParameterArchiveError(f"entry {self.key!r} is not backed by a file")
         return self.file.path, self.offset
 
+    @property
+    def file_view(self) -> memoryview:
+        """The entry's bytes as a read-only ``memoryview`` (format ``"B"``), as in
+        ``iree.runtime.ParameterIndexEntry``: zero-copy over the mapping of an archive opened
+        with ``mmap=True`` (a copy read from the file otherwise).
+
+        Raises:
+            ParameterArchiveError: (a ``ValueError``) the entry is not file-backed (a splat).
+        """
+        if self.file is None:
+            raise ParameterArchiveError(
+                f"entry {self.key!r} is not file storage based ({self.entry_type}); check "
+                f"is_file first, or use flat_array()"
+            )
+        return memoryview(self.file.flat_array(self.offset, self.length)).toreadonly()
+
     def flat_array(self) -> np.ndarray:
         """The entry's bytes as a flat uint8 numpy array (a view where possible)."""
         if self.file is not None:

@@ -15,17 +15,32 @@ __all__ = [
 ]
 
 
-def module_tensors(module: Any, *, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yields ``(prefix + name, tensor)`` for every parameter and persistent buffer.
+def prefixed_name(prefix: str, name: str) -> str:
+    """``prefix.name`` (``name`` alone for an empty prefix), as the reference joins them.
 
-    Names are ``state_dict`` names; tied tensors appear once per name (the same object twice),
-    which is how the archive writer recognises them and stores their bytes once. Non-persistent
-    buffers are skipped, as ``state_dict`` does.
+    A prefix that already ends with ``.`` is not given a second one.
+
+    Example:
+        >>> prefixed_name("foobar.model", "classifier.weight")
+        'foobar.model.classifier.weight'
+    """
+    if not prefix:
+        return name
+    return f"{prefix}{name}" if prefix.endswith(".") else f"{prefix}.{name}"
+
+
+def module_tensors(module: Any, *, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yields ``(name, tensor)`` for every parameter and persistent buffer.
+
+    Names are ``state_dict`` names, joined to ``prefix`` with a dot (:func:`prefixed_name`); tied
+    tensors appear once per name (the same object twice), which is how the archive writer
+    recognises them and stores their bytes once. Non-persistent buffers are skipped, as
+    ``state_dict`` does.
     """
     state = module.state_dict(keep_vars=True)
     for name, value in state.items():
         if _is_tensor(value):
-            yield prefix + name, value
+            yield prefixed_name(prefix, name), value
 
 
 def _is_tensor(value: Any) -> bool:
@@ -39,7 +54,7 @@ def externalize_module_parameters(
 ) -> None:
     """Externalizes parameters and persistent buffers in a module by name.
 
-    Sets an :class:`ExternalTensorTrait` ``(external_scope, prefix + name)`` on each of them, so
+    Sets an :class:`ExternalTensorTrait` ``(external_scope, "<prefix>.<name>")`` on each of them, so
     that exporters reference them as ``#flow.parameter.named<scope::name>`` instead of embedding
     their data. A tensor reachable under two names (tied weights) keeps the first name: the archive
     written by :func:`save_module_parameters` holds both names for the same bytes, so either
@@ -48,7 +63,8 @@ def externalize_module_parameters(
     Args:
         module: A ``torch.nn.Module``.
         external_scope: Parameter scope; ``""`` is written as ``"model"`` by the exporters.
-        prefix: Prepended to every state_dict name.
+        prefix: Joined to every state_dict name with a dot (``prefix="foobar.model"`` gives
+            ``foobar.model.classifier.weight``).
     """
     seen: set[int] = set()
     for name, tensor in module_tensors(module, prefix=prefix):
@@ -66,7 +82,8 @@ def save_module_parameters(file_path: str | Path, module: Any, *, prefix: str = 
     Args:
         file_path: Destination; ``.irpa`` is appended when it has no such suffix.
         module: A ``torch.nn.Module``.
-        prefix: Prepended to every state_dict name.
+        prefix: Joined to every state_dict name with a dot (``prefix="foobar.model"`` gives
+            keys ``foobar.model.classifier.weight``).
     """
     from ._builder import ParameterArchiveBuilder
 
