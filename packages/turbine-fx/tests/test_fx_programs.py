@@ -142,7 +142,7 @@ def test_two_entry_points_saved_loaded_and_exported_again(iree_device, tmp_path)
     b = Built()
     with b:
         for name, program in loaded.programs.items():
-            import_exported_program(b.mb, program, symbol_name=name)
+            import_exported_program(b.mb, program.target, symbol_name=name)
     asm = b.asm()
     # One set of globals for both entry points; the cache is mutable.
     assert asm.count("util.global private @__auto.proj.weight") == 1
@@ -172,11 +172,11 @@ def test_arg_device_is_kept_through_save_and_load(tmp_path):
     fxb.export_program(
         lambda m, x: m(x), args=(torch.randn(2, 4),), name="p", arg_device={0: DeviceAffinity(1)}
     )
-    assert fxb.programs["p"]._turbine_arg_device == {0: DeviceAffinity(1)}
+    assert fxb.programs["p"].arg_device == {0: DeviceAffinity(1)}
     fxb.save(tmp_path / "s.json")
     loaded = FxPrograms.load(tmp_path / "s.json")
     assert loaded.arg_devices == {"p": {0: DeviceAffinity(1)}}
-    assert loaded.programs["p"]._turbine_arg_device == {0: DeviceAffinity(1)}
+    assert loaded.programs["p"].arg_device == {0: DeviceAffinity(1)}
 
 
 def test_export_program_decomposes_only_needed_nodes():

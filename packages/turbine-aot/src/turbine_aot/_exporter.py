@@ -555,6 +555,7 @@ def export(
 
     fx_programs_type = _fx_programs_type()
     programs: dict[str, Any]
+    fx_devices: dict[str, Any] = {}
     if isinstance(mdl, torch.nn.Module):
         start = time.perf_counter()
         program = _torch_export(mdl, args, kwargs, dynamic_shapes, strict_export)
@@ -577,7 +578,13 @@ def export(
             raise ValueError(
                 "export() of FxPrograms: function_name is not allowed (each program keeps its name)"
             )
-        programs = dict(getattr(mdl, "programs", {}))
+        from turbine_fx import program_and_arg_device
+
+        # Values are FxProgram wrappers (.target, .arg_device); a bare ExportedProgram a user
+        # stored in the dict works too.
+        programs = {}
+        for name, value in getattr(mdl, "programs", {}).items():
+            programs[name], fx_devices[name] = program_and_arg_device(value)
     else:
         raise TypeError(
             f"export() accepts {_ACCEPTED}; got {type(mdl).__module__}.{type(mdl).__qualname__}"
@@ -587,7 +594,9 @@ def export(
     program_devices: dict[str, Any] = dict(getattr(mdl, "arg_devices", None) or {})
     dct: dict[str, Any] = {}
     for i, (name, program) in enumerate(programs.items()):
-        device = arg_device if arg_device is not None else program_devices.get(name)
+        device = arg_device
+        if device is None:
+            device = fx_devices.get(name) if fx_devices.get(name) else program_devices.get(name)
         dct[f"_program_{i}"] = ExportedProgramDef(
             program,
             name,

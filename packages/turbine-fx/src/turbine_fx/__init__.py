@@ -20,7 +20,7 @@ from ._errors import (
     TurbineFxError,
     UnsupportedOpError,
 )
-from ._fx_programs import FxPrograms, FxProgramsBuilder
+from ._fx_programs import FxProgram, FxPrograms, FxProgramsBuilder, program_and_arg_device
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 from ._jittable import jittable
 from ._program_prep import PreparedProgram, prepare_program
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_DECOMPOSITION_OPS",
     "DecompositionError",
     "FxImportError",
+    "FxProgram",
     "FxPrograms",
     "FxProgramsBuilder",
     "FxProgramsError",
@@ -44,6 +45,7 @@ __all__ = [
     "jittable",
     "passes",
     "prepare_program",
+    "program_and_arg_device",
     "verify_lowering",
 ]
 __version__ = "0.1.0"

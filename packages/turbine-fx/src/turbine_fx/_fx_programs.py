@@ -44,7 +44,7 @@ from ._decompositions import current_aot_decompositions
 from ._errors import FxProgramsError
 from ._fx_programs_validate import CheckedDescriptor, check_descriptor, check_graph, dtype_named
 
-__all__ = ["FxPrograms", "FxProgramsBuilder"]
+__all__ = ["FxProgram", "FxPrograms", "FxProgramsBuilder", "program_and_arg_device"]
 
 _FORMAT = "turbine-fx-programs"
 _VERSION = 1
@@ -54,16 +54,51 @@ _VERSION_SHARED_STORAGE = 2
 _VERSIONS = (_VERSION, _VERSION_SHARED_STORAGE)
 
 
+class FxProgram:
+    """One program of an :class:`FxPrograms` set, as the reference stores it.
+
+    Attributes:
+        target: The ``torch.export.ExportedProgram``.
+        arg_device: ``{flat argument index: DeviceAffinity}`` or ``None``.
+
+    Other attribute reads (``state_dict``, ``graph``, ...) are forwarded to ``target``, so code
+    written against bare ``ExportedProgram`` values keeps working.
+    """
+
+    __slots__ = ("arg_device", "target")
+
+    def __init__(self, target: ExportedProgram, *, arg_device: Mapping[int, Any] | None = None):
+        self.target = target
+        self.arg_device: dict[int, Any] | None = dict(arg_device) if arg_device else None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FxProgram.__slots__:  # not set yet (copy/unpickle): no forwarding loop
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
+    def __repr__(self) -> str:
+        return f"FxProgram(target=<ExportedProgram>, arg_device={self.arg_device!r})"
+
+
+def program_and_arg_device(value: Any) -> tuple[ExportedProgram, dict[int, Any] | None]:
+    """``(ExportedProgram, arg_device)`` of a ``programs`` value: an :class:`FxProgram`, or a bare
+    ``ExportedProgram`` a user put in the dict (its affinities then come from ``arg_devices``)."""
+    if isinstance(value, FxProgram):
+        return value.target, value.arg_device
+    return value, None
+
+
 class FxPrograms:
     """Represents a named set of ExportedPrograms whose lifted tensors are shared.
 
     Attributes:
-        programs: Program name → ``ExportedProgram`` (insertion ordered).
+        programs: Program name → :class:`FxProgram` (``.target``: the ``ExportedProgram``,
+            ``.arg_device``), insertion ordered.
         arg_devices: Program name → ``{flat argument index: DeviceAffinity}``.
     """
 
     def __init__(self) -> None:
-        self.programs: dict[str, ExportedProgram] = {}
+        self.programs: dict[str, FxProgram] = {}
         self.arg_devices: dict[str, dict[int, Any]] = {}
 
     def __repr__(self) -> str:
@@ -112,8 +147,9 @@ class FxPrograms:
 
         descriptor_programs: dict[str, Any] = {}
         graphs: dict[str, bytes] = {}  # written once every program is known to be saveable
-        for name, ep in self.programs.items():
+        for name, value in self.programs.items():
             _check_name(name)
+            ep, _ = program_and_arg_device(value)
             sd_keys = {k: key_for(v, f"{name}:{k}") for k, v in ep.state_dict.items()}
             const_keys = {}
             for k, v in ep.constants.items():
@@ -226,14 +262,13 @@ class FxPrograms:
                 raise FxProgramsError(
                     f"{path}: program '{name}' refers to tensor {e} which is not in the descriptor"
                 ) from None
-            result.programs[name] = _deserialize_graph(graphs[name], state_dict, constants, name)
+            program = _deserialize_graph(graphs[name], state_dict, constants, name)
+            result.programs[name] = FxProgram(program)
             if info.get("arg_device"):
                 result.arg_devices[name] = {
                     int(i): DeviceAffinity(o, q) for i, (o, q) in info["arg_device"].items()
                 }
-                result.programs[name]._turbine_arg_device = dict(  # type: ignore[attr-defined]
-                    result.arg_devices[name]
-                )
+                result.programs[name].arg_device = dict(result.arg_devices[name])
         return result
 
 
@@ -307,13 +342,16 @@ class FxProgramsBuilder(FxPrograms):
             f: The function; its first parameter receives the root module.
             args: Example positional arguments (a tuple).
             kwargs: Example keyword arguments.
-            dynamic_shapes: As for ``torch.export.export`` (for the arguments after the module).
+            dynamic_shapes: As ``torch.export.export`` takes them for a ``forward`` with ``f``'s
+                signature after the module: keyed by ``f``'s parameter names (or a tuple in their
+                order); ``def f(m, *args)`` takes ``{"args": (spec, spec, ...)}``.
             strict: ``torch.export`` strict mode (TorchDynamo); ``False`` traces with Python.
             name: Program name (default: ``f.__name__``).
             arg_device: Flat argument index → ``DeviceAffinity``.
 
         Returns:
-            The ExportedProgram when called with ``f``, else a decorator returning it.
+            The ExportedProgram when called with ``f``, else a decorator returning it (the set
+            stores it as an :class:`FxProgram` with the ``arg_device``).
         """
 
         def export(fn: Callable) -> ExportedProgram:
@@ -328,7 +366,7 @@ class FxProgramsBuilder(FxPrograms):
                 )
             example_args = tuple(args) if args is not None else ()
             shapes = dynamic_shapes
-            if isinstance(shapes, dict) and shapes:
+            if shapes:
                 shapes = _dynamic_shapes_for(fn, shapes, len(example_args))
             program = torch.export.export(
                 _EntryModule(self.root_module, fn),
@@ -338,11 +376,9 @@ class FxProgramsBuilder(FxPrograms):
                 strict=strict,
             )
             program = _apply_aot_decompositions(program)
-            self.programs[program_name] = program
+            self.programs[program_name] = FxProgram(program, arg_device=arg_device)
             if arg_device:
                 self.arg_devices[program_name] = dict(arg_device)
-                # turbine_aot.export(FxPrograms) reads the affinities from the program.
-                program._turbine_arg_device = dict(arg_device)  # type: ignore[attr-defined]
             return program
 
         if f is not None:
@@ -350,19 +386,48 @@ class FxProgramsBuilder(FxPrograms):
         return export
 
 
-def _dynamic_shapes_for(fn: Callable, shapes: dict, num_args: int) -> Any:
-    """Maps ``dynamic_shapes`` keyed by ``fn``'s parameter names to the wrapper's ``forward``.
+def _dynamic_shapes_for(fn: Callable, shapes: Any, num_args: int) -> Any:
+    """Maps the user's ``dynamic_shapes`` for ``fn(module, ...)`` onto the wrapper's ``forward``.
 
-    The wrapper takes ``*args, **kwargs``; torch.export wants the specs in that form then: one
-    entry per positional argument, ``None`` for a static one. (torch 2.13 rejects dynamic
-    shapes for a ``**kwargs`` wrapper; keyword arguments stay static.)
+    The user writes specs against ``fn``'s own signature, as ``torch.export.export`` takes them
+    for a ``forward`` of that signature: a dict keyed by parameter name, or a tuple in parameter
+    order; a ``*args`` parameter takes a tuple with one spec per argument it collects. The
+    wrapper takes ``*args, **kwargs``, so torch.export wants ``{"args": (one spec per positional
+    argument)}``. (torch 2.13 rejects dynamic shapes for a ``**kwargs`` wrapper; keyword
+    arguments stay static.) Specs already in the wrapper's form are passed through.
     """
     import inspect
 
-    params = list(inspect.signature(fn).parameters)[1:]  # skip the module
-    if not set(shapes) <= set(params):
+    params = list(inspect.signature(fn).parameters.values())[1:]  # skip the module
+    if isinstance(shapes, (tuple, list)):
+        if len(shapes) > len(params):
+            return shapes  # not in fn's form: let torch.export report it
+        shapes = {p.name: spec for p, spec in zip(params, shapes)}
+    if not isinstance(shapes, dict) or not set(shapes) <= {p.name for p in params}:
         return shapes
-    return {"args": tuple(shapes.get(p) for p in params[:num_args])}
+    specs: list[Any] = []
+    for p in params:
+        if len(specs) >= num_args:
+            break
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            specs.append(shapes.get(p.name))
+        elif p.kind == p.VAR_POSITIONAL:
+            rest = num_args - len(specs)
+            spec = shapes.get(p.name)
+            if spec is None:
+                specs += [None] * rest
+            elif not isinstance(spec, (tuple, list)) or len(spec) != rest:
+                raise FxProgramsError(
+                    f"export_program: dynamic_shapes[{p.name!r}] needs one spec per argument "
+                    f"collected by *{p.name} ({rest}: args has {num_args} elements, "
+                    f"{num_args - rest} of them for the parameters before it), got {spec!r}"
+                )
+            else:
+                specs += list(spec)
+            break
+        else:
+            break
+    return {"args": tuple(specs)}
 
 
 def _apply_aot_decompositions(program: ExportedProgram) -> ExportedProgram:
