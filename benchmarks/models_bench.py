@@ -16,10 +16,13 @@ Compile variants (``--variants``):
 * ``host-dt-uk`` — host + data tiling + ukernels;
 * ``turbine`` — turbine's defaults: ``turbine_aot.export`` then ``ExportOutput.compile()`` with
   no arguments (``turbine_aot._targets.default_compile_flags``);
-* ``attention-op`` — turbine's defaults *without* its SDPA and linear decompositions
-  (``extend_aot_decompositions(remove_ops=...)``): IREE's own attention op and N-d linear, what
-  the defaults bought (``benchmarks/NOTES-decompositions.md``); only for the models they change
-  (GPT).
+* ``attention-op`` — turbine's defaults *without* its linear decomposition and its CPU rewrite of
+  attention (``extend_aot_decompositions(remove_ops=...)``, ``TURBINE_CPU_ATTENTION=keep``):
+  IREE's own attention op and N-d linear, what the defaults bought
+  (``benchmarks/NOTES-decompositions.md``); only for the models they change (GPT);
+* ``export-sdpa`` — turbine's defaults with attention decomposed at export time
+  (``extend_aot_decompositions(add_ops=[aten.scaled_dot_product_attention])``), the default
+  before attention moved to compile time: it should time as ``turbine`` (GPT models only).
 
 Usage::
 
@@ -52,7 +55,9 @@ if str(HERE) not in sys.path:
 ALL_MODELS = ("mlp", "resnet18", "gpt", "gpt-dyn", "mlp-bf16", "gpt-bf16")
 # Export-only cases, run when named in --models: the ~1.6e9-parameter bf16 Llama on meta.
 EXPORT_ONLY_MODELS = ("llama-meta",)
-ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "attention-op")
+ALL_VARIANTS = ("generic", "host", "host-dt-uk", "turbine", "attention-op", "export-sdpa")
+# Variants that are an export choice compiled with turbine's default flags.
+_EXPORT_VARIANTS = ("turbine", "attention-op", "export-sdpa")
 ATTENTION_MODELS = ("gpt", "gpt-dyn")
 # gpt-dyn: only turbine's default and eager by default (the static GPT covers the flag study).
 DEFAULT_VARIANTS = {
@@ -108,7 +113,7 @@ def _variant_flags(variant: str, target: str) -> tuple[bool, list[str]]:
     """(host_cpu, extra_args) for ``ExportOutput.compile`` giving exactly this variant's flags."""
     from turbine_aot._targets import default_compile_flags
 
-    if variant in ("turbine", "attention-op") or target != "llvm-cpu":
+    if variant in _EXPORT_VARIANTS or target != "llvm-cpu":
         return True, []
     # The reference's flag sets: no channels-last conversion (that one is turbine's own).
     options = {
@@ -241,9 +246,9 @@ def run_child(args: argparse.Namespace) -> dict:
 
     variants = list(args.variants or DEFAULT_VARIANTS.get(args.child, ALL_VARIANTS))
     if on_cuda:
-        variants = [v for v in variants if v in ("turbine", "attention-op")]
-    if args.child not in ATTENTION_MODELS and "attention-op" in variants:
-        variants.remove("attention-op")
+        variants = [v for v in variants if v in _EXPORT_VARIANTS]
+    if args.child not in ATTENTION_MODELS:
+        variants = [v for v in variants if v not in ("attention-op", "export-sdpa")]
     exports = {"turbine": eo}
     if "attention-op" in variants:
         import torch as _torch
@@ -259,6 +264,16 @@ def run_child(args: argparse.Namespace) -> dict:
                 )
             result["export_attention_op_s"] = time.perf_counter() - t0
         module = module.to(dev)
+    if "export-sdpa" in variants:
+        import torch as _torch
+
+        with turbine_aot.extend_aot_decompositions(
+            add_ops=[_torch.ops.aten.scaled_dot_product_attention]
+        ):
+            exports["export-sdpa"] = turbine_aot.export(
+                case.module.cpu(), args=case.args, dynamic_shapes=case.dynamic_shapes
+            )
+        module = module.to(dev)
     calls: dict[str, Any] = {}
     td = tempfile.mkdtemp(prefix="turbine-bench-")
     for v in variants:
@@ -269,9 +284,14 @@ def run_child(args: argparse.Namespace) -> dict:
         try:
             with _PeakRss() as rss:
                 t0 = time.perf_counter()
-                exports.get(v, eo).compile(
-                    save_to=path, target_device=target, host_cpu=host_cpu, extra_args=extra
-                )
+                if v == "attention-op":  # IREE's attention op on CPU too
+                    os.environ["TURBINE_CPU_ATTENTION"] = "keep"
+                try:
+                    exports.get(v, eo).compile(
+                        save_to=path, target_device=target, host_cpu=host_cpu, extra_args=extra
+                    )
+                finally:
+                    os.environ.pop("TURBINE_CPU_ATTENTION", None)
                 row["compile_s"] = time.perf_counter() - t0
             row["compile_peak_rss_mb"] = rss.peak
             row["module_bytes"] = path.stat().st_size

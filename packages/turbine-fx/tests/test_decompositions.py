@@ -28,16 +28,18 @@ def test_default_table_holds_ops_iree_cannot_lower():
 
 
 def test_default_table_uses_turbine_forms_for_attention_and_linear():
-    """SDPA and linear are decomposed by default for CPU speed, with turbine's own forms."""
+    """linear is decomposed by default (turbine's 2-d form); SDPA stays attention unless asked
+    for (turbine_aot rewrites it when compiling for a CPU), then in turbine's form."""
     from turbine_fx._turbine_decompositions import linear_as_2d, sdpa_as_matmul_softmax
 
     table = current_aot_decompositions()
-    assert table[aten.scaled_dot_product_attention.default] is sdpa_as_matmul_softmax
+    assert aten.scaled_dot_product_attention.default not in table
     assert table[aten.linear.default] is linear_as_2d
-    with extend_aot_decompositions(remove_ops=[aten.scaled_dot_product_attention, aten.linear]):
-        kept = current_aot_decompositions()
-        assert aten.scaled_dot_product_attention.default not in kept
-        assert aten.linear.default not in kept
+    with extend_aot_decompositions(add_ops=[aten.scaled_dot_product_attention]):
+        added = current_aot_decompositions()
+        assert added[aten.scaled_dot_product_attention.default] is sdpa_as_matmul_softmax
+    with extend_aot_decompositions(remove_ops=[aten.linear]):
+        assert aten.linear.default not in current_aot_decompositions()
 
 
 def test_extend_nests_and_restores():

@@ -486,14 +486,22 @@ def test_unsupported_higher_order_op_names_the_node(tmp_path, monkeypatch):
     assert "func.func @main" not in b.asm()
 
 
-def test_default_cpu_decompositions_of_attention_and_linear(iree_device):
-    """SDPA -> matmul/softmax and N-d linear -> 2-d mm (turbine's own, default decompositions)."""
+def test_attention_kept_by_default_and_decomposed_on_request(iree_device):
+    """The exported IR keeps SDPA (target-neutral); decomposing it at export is the user's choice
+    (turbine's matmul/softmax form), as is N-d linear -> 2-d mm (a default decomposition)."""
+    from turbine_fx import extend_aot_decompositions
+
     torch.manual_seed(0)
     m = TinyAttention()
     batch, seq = torch.export.Dim("batch", max=8), torch.export.Dim("seq", max=64)
-    b, _ = _import(m, (torch.randn(2, 5, 16),), dynamic_shapes={"x": {0: batch, 1: seq}})
+    shapes = {"x": {0: batch, 1: seq}}
+    b, _ = _import(m, (torch.randn(2, 5, 16),), dynamic_shapes=shapes)
     asm = b.asm()
-    assert "scaled_dot_product_attention" not in asm and "torch.aten.linear" not in asm
+    assert "torch.aten.scaled_dot_product_attention" in asm and "torch.aten.linear" not in asm
+    with extend_aot_decompositions(add_ops=[torch.ops.aten.scaled_dot_product_attention]):
+        b, _ = _import(m, (torch.randn(2, 5, 16),), dynamic_shapes=shapes)
+    asm = b.asm()
+    assert "scaled_dot_product_attention" not in asm
     assert "torch.aten.softmax" in asm or "torch.aten._softmax" in asm
     # Decomposed, dynamic attention compiles on every backend (vmvx/vulkan included).
     calls = [(torch.randn(1, 3, 16),), (torch.randn(4, 7, 16),)]

@@ -287,15 +287,24 @@ class ExportOutput:
         target_device: str | Sequence[str] | None,
         target_backends: str | Sequence[str] | None,
     ) -> Output | None:
+        from ._cpu_attention import module_for_compile
+
         start = time.perf_counter()
-        if _tool_only_flags(flags) or _places_globals_on_devices(self.mlir_module):
-            # The tool runs in a subprocess: a compiler crash becomes a CompileError instead of
-            # taking Python down (iree-compile 3.13 segfaults on some placed globals).
-            _log.info("compiling with the iree-compile tool (flags %s)", flags)
-            result = _compile_with_tool(self.mlir_module, flags, save_to, compile_from)
-            _log.info("compiled in %.2f s", time.perf_counter() - start)
-            return result
-        module_bytes = _module_bytecode(self.mlir_module)
+        # CPU targets get attention as matmul + softmax (on a copy: the exported IR stays
+        # target-neutral and can be compiled again for another target).
+        module_op, owned = module_for_compile(self.mlir_module, flags)
+        try:
+            if _tool_only_flags(flags) or _places_globals_on_devices(module_op):
+                # The tool runs in a subprocess: a compiler crash becomes a CompileError instead
+                # of taking Python down (iree-compile 3.13 segfaults on some placed globals).
+                _log.info("compiling with the iree-compile tool (flags %s)", flags)
+                result = _compile_with_tool(module_op, flags, save_to, compile_from)
+                _log.info("compiled in %.2f s", time.perf_counter() - start)
+                return result
+            module_bytes = _module_bytecode(module_op)
+        finally:
+            if owned:
+                getattr(module_op, "operation", module_op).erase()
         session = new_session(flags)
         stage = f"compile ({' '.join(_as_list(target_device) or _as_list(target_backends)) or 'session flags'})"
         with CapturedInvocation(session, stage=stage, flags=flags) as inv:

@@ -53,12 +53,13 @@ DEFAULT_DECOMPOSITION_OPS: tuple[Any, ...] = (
     # 'tensor<128x32x16xf32>' are cast incompatible"). torch's decomposition (v * g / ||v||
     # over the other dims, via linalg_vector_norm) stays static.
     _aten._weight_norm_interface.default,
-    # Performance, not correctness (turbine's own forms, _turbine_decompositions.py): IREE
-    # 3.13's attention op is ~50x slower than eager on CPU, and N-d linear compiles to batched
-    # matmuls; as matmul + softmax and 2-d mm, a GPT-2-shaped model goes from 2.4x eager CPU
-    # time to ~1.0x (docs/performance.md). Targets that want iree_linalg_ext.attention opt
-    # out with extend_aot_decompositions(remove_ops=[aten.scaled_dot_product_attention]).
-    _aten.scaled_dot_product_attention.default,
+    # Performance, not correctness (turbine's own form, _turbine_decompositions.py): N-d
+    # linear compiles to batched matmuls; as a 2-d mm it is faster on every target measured.
+    # scaled_dot_product_attention is *not* here: the exported IR keeps it (GPU targets want
+    # IREE's fused attention op); turbine_aot rewrites it as matmul + softmax when compiling
+    # for a CPU (IREE 3.13's CPU attention is ~50x slower than eager). Add it with
+    # extend_aot_decompositions(add_ops=[aten.scaled_dot_product_attention]) to decompose it
+    # at export time for every target.
     _aten.linear.default,
 )
 

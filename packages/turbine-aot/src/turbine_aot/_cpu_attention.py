@@ -1,0 +1,328 @@
+"""CPU-only rewrite of attention in the torch-dialect module handed to IREE.
+
+The exported IR keeps ``torch.aten.scaled_dot_product_attention`` (target-neutral: GPU targets
+want IREE's fused attention op, and in fp16 it is closer to eager). IREE 3.13's CPU code for that
+op is ~50× slower than eager's attention, while the same computation written as matmul + mask +
+softmax + matmul reaches IREE's data-tiled matmul path (docs/performance.md, section 9). IREE has
+no flag for it: its torch input pipeline keeps the op legal on purpose, and torch-mlir's own
+decomposition handles neither masks nor ``is_causal``. So :func:`module_for_compile` rewrites each
+attention op of a copy of the module, for CPU targets only, into::
+
+    scores = (q * scale) @ k.transpose(-2, -1)        # k, v repeated per group when enable_gqa
+    scores = scores.masked_fill(~causal, -inf)        # is_causal: keep j <= i
+    scores = scores.masked_fill(~mask, -inf) | scores + mask   # bool | float attn_mask
+    out = softmax(scores, -1) @ v
+
+the form turbine's export-time decomposition (``turbine_fx._turbine_decompositions``) produces,
+which a user can still choose at export time with
+``extend_aot_decompositions(add_ops=[torch.ops.aten.scaled_dot_product_attention])``.
+``TURBINE_CPU_ATTENTION=keep`` in the environment hands CPU targets IREE's attention op instead
+(for measuring it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["SDPA_OP", "decompose_attention", "module_for_compile", "targets_only_cpu"]
+
+_log = logging.getLogger("turbine.aot")
+
+SDPA_OP = "torch.aten.scaled_dot_product_attention"
+_CPU_BACKENDS = frozenset({"llvm-cpu", "vmvx"})
+_VTENSOR = re.compile(r"^!torch\.vtensor<\[(.*)\],(.+)>$")
+
+
+def targets_only_cpu(flags: Sequence[str]) -> bool:
+    """Whether ``flags`` compile for CPU devices only (``llvm-cpu`` / ``vmvx``, local devices)."""
+    backends: list[str] = []
+    local_backends: list[str] = []
+    devices: list[str] = []
+    for f in flags:
+        name, _, value = f.partition("=")
+        values = [v.strip() for v in value.split(",") if v.strip()]
+        if name == "--iree-hal-target-backends":
+            backends += values
+        elif name == "--iree-hal-local-target-device-backends":
+            local_backends += values
+        elif name == "--iree-hal-target-device":
+            devices += values
+    if backends:
+        return all(b in _CPU_BACKENDS for b in backends)
+    if devices:
+        local = all(d.split("[", 1)[0] == "local" for d in devices)
+        return local and bool(local_backends) and all(b in _CPU_BACKENDS for b in local_backends)
+    return False
+
+
+def _walk(op: Any):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child.operation
+                yield from _walk(child.operation)
+
+
+def _has_attention(module_op: Any) -> bool:
+    return any(op.name == SDPA_OP for op in _walk(module_op))
+
+
+def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
+    """The module to hand to IREE for ``flags``: for CPU targets, a copy with attention rewritten.
+
+    Returns:
+        ``(module, owned)``: ``owned`` is True when ``module`` is a new copy the caller erases
+        after use; otherwise it is ``module_op`` itself (unchanged).
+    """
+    op = getattr(module_op, "operation", module_op)
+    if os.environ.get("TURBINE_CPU_ATTENTION", "").strip().lower() == "keep":
+        return module_op, False
+    if not targets_only_cpu(flags) or not _has_attention(op):
+        return module_op, False
+    copy = op.clone()
+    count = decompose_attention(copy)
+    _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
+    return copy, True
+
+
+# ------------------------------------------------------------------------------------------
+# The rewrite
+
+
+class _TensorType:
+    """Sizes (``None`` = dynamic) and element type of a ``!torch.vtensor``."""
+
+    def __init__(self, sizes: list[int | None], dtype: str):
+        self.sizes = sizes
+        self.dtype = dtype
+
+    @staticmethod
+    def of(value: Any) -> _TensorType | None:
+        m = _VTENSOR.match(str(value.type))
+        if m is None:
+            return None
+        dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
+        return _TensorType([None if d == "?" else int(d) for d in dims], m.group(2))
+
+    def with_sizes(self, sizes: list[int | None], dtype: str | None = None) -> _TensorType:
+        return _TensorType(list(sizes), dtype or self.dtype)
+
+    def asm(self) -> str:
+        return f"!torch.vtensor<[{','.join('?' if s is None else str(s) for s in self.sizes)}],{self.dtype}>"
+
+
+def _broadcast(a: list[int | None], b: list[int | None]) -> list[int | None]:
+    n = max(len(a), len(b))
+    a = [1] * (n - len(a)) + a
+    b = [1] * (n - len(b)) + b
+    out: list[int | None] = []
+    for x, y in zip(a, b):
+        if x == y:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        elif y == 1:
+            out.append(x)
+        else:
+            out.append(None)
+    return out
+
+
+def _constant(value: Any) -> Any:
+    """The Python value of a ``torch.constant.*`` operand (``None`` for none), else a marker."""
+    from turbine_ir.ir import BoolAttr, FloatAttr, IntegerAttr
+
+    owner = value.owner
+    name = getattr(owner, "name", None)
+    if name == "torch.constant.none":
+        return None
+    if name == "torch.constant.float":
+        return FloatAttr(owner.attributes["value"]).value
+    if name == "torch.constant.bool":
+        return BoolAttr(owner.attributes["value"]).value
+    if name == "torch.constant.int":
+        return IntegerAttr(owner.attributes["value"]).value
+    return _NOT_CONSTANT
+
+
+_NOT_CONSTANT = object()
+
+
+class _Builder:
+    """Creates torch-dialect ops before one op, at its location."""
+
+    def __init__(self, anchor: Any):
+        from turbine_ir.ir import InsertionPoint
+
+        self.ip = InsertionPoint(anchor)
+        self.loc = anchor.location
+        self.context = anchor.context
+
+    def op(self, name: str, result: str, operands: list[Any], attrs: dict | None = None) -> Any:
+        from turbine_ir.ir import Operation, Type
+
+        with self.loc, self.ip:
+            return Operation.create(
+                name,
+                results=[Type.parse(result, self.context)],
+                operands=operands,
+                attributes=attrs or {},
+            ).result
+
+    def int(self, v: int) -> Any:
+        from turbine_ir.ir import IntegerAttr, IntegerType
+
+        with self.loc:
+            attr = IntegerAttr.get(IntegerType.get_signless(64), v)
+        return self.op("torch.constant.int", "!torch.int", [], {"value": attr})
+
+    def float(self, v: float) -> Any:
+        from turbine_ir.ir import F64Type, FloatAttr
+
+        with self.loc:
+            attr = FloatAttr.get(F64Type.get(), v)
+        return self.op("torch.constant.float", "!torch.float", [], {"value": attr})
+
+    def none(self) -> Any:
+        return self.op("torch.constant.none", "!torch.none", [])
+
+    def false(self) -> Any:
+        from turbine_ir.ir import BoolAttr
+
+        with self.loc:
+            attr = BoolAttr.get(False)
+        return self.op("torch.constant.bool", "!torch.bool", [], {"value": attr})
+
+    def int_list(self, values: list[int]) -> Any:
+        return self.op(
+            "torch.prim.ListConstruct", "!torch.list<int>", [self.int(v) for v in values]
+        )
+
+
+def decompose_attention(module_op: Any) -> int:
+    """Rewrites every ``scaled_dot_product_attention`` of ``module_op`` in place (see module doc).
+
+    Ops the rewrite does not cover (non-constant flags or scale, ``dropout_p != 0``, unranked
+    operands, a dynamic head dimension without an explicit scale) are left as they are.
+
+    Returns:
+        How many ops were rewritten.
+    """
+    ops = [op for op in _walk(getattr(module_op, "operation", module_op)) if op.name == SDPA_OP]
+    done = 0
+    for op in ops:
+        if _rewrite_one(op):
+            done += 1
+    return done
+
+
+def _rewrite_one(op: Any) -> bool:
+    q, k, v, mask, dropout, causal, scale, gqa = list(op.operands)
+    dropout_p, is_causal, scale_v, enable_gqa = (
+        _constant(dropout),
+        _constant(causal),
+        _constant(scale),
+        _constant(gqa),
+    )
+    if any(c is _NOT_CONSTANT for c in (dropout_p, is_causal, scale_v, enable_gqa)):
+        return False
+    if dropout_p not in (None, 0.0):
+        return False
+    qt, kt, vt = _TensorType.of(q), _TensorType.of(k), _TensorType.of(v)
+    out_t = _TensorType.of(op.result)
+    if qt is None or kt is None or vt is None or out_t is None:
+        return False
+    if min(len(qt.sizes), len(kt.sizes), len(vt.sizes)) < 2:
+        return False
+    mt = None
+    if _constant(mask) is not None:
+        mt = _TensorType.of(mask)
+        if mt is None:
+            return False
+    if scale_v is None:
+        if qt.sizes[-1] is None:
+            return False
+        scale_v = 1.0 / math.sqrt(qt.sizes[-1])
+    b = _Builder(op)
+
+    if enable_gqa and len(kt.sizes) >= 3 and kt.sizes[-3] != qt.sizes[-3]:
+        hq, hk = qt.sizes[-3], kt.sizes[-3]
+        if hq is None or hk is None or hq % hk:
+            return False
+        k, kt = _repeat_heads(b, k, kt, hq // hk)
+        v, vt = _repeat_heads(b, v, vt, hq // hk)
+
+    batch = _broadcast(qt.sizes[:-2], kt.sizes[:-2])
+    lq, s = qt.sizes[-2], kt.sizes[-2]
+    q_scaled = b.op("torch.aten.mul.Scalar", qt.asm(), [q, b.float(scale_v)])
+    k_t = kt.with_sizes([*kt.sizes[:-2], kt.sizes[-1], kt.sizes[-2]])
+    k_transposed = b.op("torch.aten.transpose.int", k_t.asm(), [k, b.int(-2), b.int(-1)])
+    scores_t = qt.with_sizes([*batch, lq, s])
+    scores = b.op("torch.aten.matmul", scores_t.asm(), [q_scaled, k_transposed])
+    neg_inf = b.float(float("-inf"))
+
+    if is_causal:
+        keep = _causal_keep(b, q, k, lq, s, len(qt.sizes), len(kt.sizes))
+        drop = b.op("torch.aten.logical_not", _TensorType([lq, s], "i1").asm(), [keep])
+        scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
+    if mt is not None:
+        if mt.dtype == "i1":  # masked_fill broadcasts the mask to the scores' shape
+            drop = b.op("torch.aten.logical_not", mt.asm(), [mask])
+            scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
+        else:
+            scores_t = scores_t.with_sizes(_broadcast(scores_t.sizes, mt.sizes))
+            scores = b.op("torch.aten.add.Tensor", scores_t.asm(), [scores, mask, b.int(1)])
+    probs = b.op("torch.aten.softmax.int", scores_t.asm(), [scores, b.int(-1), b.none()])
+    out = b.op("torch.aten.matmul", out_t.asm(), [probs, v])
+    op.result.replace_all_uses_with(out)
+    op.erase()
+    return True
+
+
+def _repeat_heads(b: _Builder, x: Any, xt: _TensorType, rep: int) -> tuple[Any, _TensorType]:
+    """``x.repeat_interleave(rep, dim=-3)`` as unsqueeze + expand + flatten (no data copy)."""
+    rank = len(xt.sizes)
+    heads = xt.sizes[-3]
+    assert heads is not None
+    sizes_u = [*xt.sizes[:-2], 1, *xt.sizes[-2:]]  # [..., H, 1, S, E]
+    u = b.op("torch.aten.unsqueeze", xt.with_sizes(sizes_u).asm(), [x, b.int(rank - 2)])
+    sizes_e = [*xt.sizes[:-2], rep, *xt.sizes[-2:]]
+    expand_to = [-1] * (rank + 1)
+    expand_to[rank - 2] = rep
+    e = b.op(
+        "torch.aten.expand",
+        xt.with_sizes(sizes_e).asm(),
+        [u, b.int_list(expand_to), b.false()],
+    )
+    out_t = xt.with_sizes([*xt.sizes[:-3], heads * rep, *xt.sizes[-2:]])
+    flat = b.op("torch.aten.flatten.using_ints", out_t.asm(), [e, b.int(rank - 3), b.int(rank - 2)])
+    return flat, out_t
+
+
+def _causal_keep(
+    b: _Builder, q: Any, k: Any, lq: int | None, s: int | None, q_rank: int, k_rank: int
+) -> Any:
+    """Bool ``[L, S]``: ``j <= i`` (``torch.ones(L, S).tril()``), from ``arange`` (no literal)."""
+
+    def length(static: int | None, value: Any, rank: int) -> Any:
+        if static is not None:
+            return b.int(static)
+        return b.op("torch.aten.size.int", "!torch.int", [value, b.int(rank - 2)])
+
+    def arange(n: int | None, end: Any) -> Any:
+        none = b.none()
+        return b.op(
+            "torch.aten.arange",
+            _TensorType([n], "si64").asm(),
+            [end, b.int(4), none, none, none],  # dtype 4 = torch.int64
+        )
+
+    rows = arange(lq, length(lq, q, q_rank))
+    cols = arange(s, length(s, k, k_rank))
+    rows2 = b.op("torch.aten.unsqueeze", _TensorType([lq, 1], "si64").asm(), [rows, b.int(1)])
+    return b.op("torch.aten.ge.Tensor", _TensorType([lq, s], "i1").asm(), [rows2, cols])

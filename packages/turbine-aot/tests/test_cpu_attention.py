@@ -1,0 +1,147 @@
+"""Attention stays aten.scaled_dot_product_attention in the exported IR; compiling for a CPU
+rewrites it (matmul + mask + softmax + matmul) in the module handed to IREE, and only then."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import turbine_aot as aot
+from turbine_aot import _exporter
+from turbine_aot._cpu_attention import SDPA_OP, decompose_attention, targets_only_cpu
+from turbine_aot.runtime import load_module
+
+FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
+
+
+class Variants(nn.Module):
+    def forward(self, q, k, v, float_mask, bool_mask):
+        return (
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=0.3),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask),
+        )
+
+
+class GroupedCausal(nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def _variant_inputs():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 8, 16), torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
+    bool_mask = torch.rand(2, 1, 8, 10) > 0.3
+    bool_mask[..., 0] = True  # no fully masked row (eager gives NaN there)
+    return q, k, v, torch.randn(8, 10), bool_mask
+
+
+@pytest.fixture
+def handed_to_iree(monkeypatch):
+    """Records the IR text of every module ExportOutput.compile hands to IREE."""
+    seen: list[str] = []
+    in_process, tool = _exporter._module_bytecode, _exporter._compile_with_tool
+
+    def spy_in_process(module_op):
+        seen.append(str(module_op))
+        return in_process(module_op)
+
+    def spy_tool(module_op, *args):
+        seen.append(str(module_op))
+        return tool(module_op, *args)
+
+    # Both ways ExportOutput.compile hands a module over (the tool for tool-only flags).
+    monkeypatch.setattr(_exporter, "_module_bytecode", spy_in_process)
+    monkeypatch.setattr(_exporter, "_compile_with_tool", spy_tool)
+    return seen
+
+
+def test_exported_ir_keeps_attention():
+    out = aot.export(Variants(), args=_variant_inputs())
+    ir = str(out.mlir_module)
+    assert ir.count(f"= {SDPA_OP} ") == 4
+    assert "torch.aten.softmax" not in ir
+
+
+def test_cpu_compile_rewrites_attention_and_matches_eager(handed_to_iree):
+    args = _variant_inputs()
+    out = aot.export(Variants(), args=args)
+    vmfb = out.compile(None, extra_args=FAST)
+    (ir,) = handed_to_iree
+    assert SDPA_OP not in ir
+    assert ir.count("torch.aten.softmax.int") == 4
+    assert "torch.aten.masked_fill.Scalar" in ir and "torch.aten.ge.Tensor" in ir  # masks
+    assert str(out.mlir_module).count(f"= {SDPA_OP} ") == 4  # the export is left as it was
+    got = load_module(vmfb).main(*args)
+    for g, e in zip(got, Variants()(*args)):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_attention_and_dynamic_sequence_on_cpu(handed_to_iree):
+    torch.manual_seed(0)
+    seq = torch.export.Dim("seq", max=64)
+    shapes = {"q": {2: seq}, "k": {2: seq}, "v": {2: seq}}
+    q, k, v = torch.randn(1, 8, 6, 16), torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
+    out = aot.export(GroupedCausal(), args=(q, k, v), dynamic_shapes=shapes)
+    m = load_module(out.compile(None, extra_args=FAST))
+    assert SDPA_OP not in handed_to_iree[0]
+    assert "torch.aten.flatten.using_ints" in handed_to_iree[0]  # k/v repeated per group
+    q, k, v = torch.randn(1, 8, 20, 16), torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+    torch.testing.assert_close(m.main(q, k, v), GroupedCausal()(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_non_cpu_targets_get_the_attention_op(handed_to_iree):
+    out = aot.export(
+        GroupedCausal(), args=(torch.randn(1, 4, 8, 16),) + (torch.randn(1, 2, 8, 16),) * 2
+    )
+    # No GPU is needed to compile for CUDA; the IR handed over keeps the fused attention op.
+    out.compile(None, target_device="cuda", extra_args=["--iree-cuda-target=sm_80"])
+    assert f"= {SDPA_OP} " in handed_to_iree[-1]
+
+
+def test_targets_only_cpu_reads_the_flags():
+    assert targets_only_cpu(["--iree-hal-target-backends=llvm-cpu"])
+    assert targets_only_cpu(
+        ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu"]
+    )
+    assert targets_only_cpu(
+        [
+            "--iree-hal-target-device=local",
+            "--iree-hal-target-device=local",
+            "--iree-hal-local-target-device-backends=llvm-cpu,vmvx",
+        ]
+    )
+    assert not targets_only_cpu(["--iree-hal-target-device=cuda"])
+    assert not targets_only_cpu(
+        [
+            "--iree-hal-target-device=local",
+            "--iree-hal-target-device=hip",
+            "--iree-hal-local-target-device-backends=llvm-cpu",
+        ]
+    )
+    assert not targets_only_cpu(["--iree-hal-target-backends=llvm-cpu,vulkan-spirv"])
+    assert not targets_only_cpu([])  # no target named: nothing to rewrite for
+
+
+def test_dropout_or_dynamic_flags_are_left_alone():
+    class Dropout(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+    q = torch.randn(1, 1, 4, 8)
+    out = aot.export(Dropout(), args=(q, q, q))
+    assert decompose_attention(out.mlir_module.operation) == 0
+    assert f"= {SDPA_OP} " in str(out.mlir_module)
+
+
+def test_decomposing_at_export_is_still_the_users_choice():
+    from turbine_aot.decompositions import extend_aot_decompositions
+
+    with extend_aot_decompositions(add_ops=[torch.ops.aten.scaled_dot_product_attention]):
+        out = aot.export(Variants(), args=_variant_inputs())
+    ir = str(out.mlir_module)
+    assert SDPA_OP not in ir
+    assert "torch.aten._softmax" in ir or "torch.aten.softmax" in ir
