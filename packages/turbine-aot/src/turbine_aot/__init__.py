@@ -7,7 +7,8 @@ decompositions, ``jittable`` and the submodules ``builtins``, ``compiled_module`
 ``decompositions``, ``exporter``, ``fx_programs``, ``params``, ``passes``, ``support``,
 ``tensor_traits``). The reference's submodule paths import too (also
 ``turbine_aot.support.procedural`` and ``turbine_aot.build_actions``). Beyond the reference: ``turbine_aot.custom_ops`` and the error
-types ``ExportError``, ``CompileError`` (IREE diagnostics attached), ``CompiledModuleError``.
+types ``ExportError``, ``CompileError`` (IREE diagnostics attached), ``CompiledModuleError``,
+and ``default_compile_flags(target, ...)`` (turbine's measured ``iree-compile`` defaults).
 
 Names that live in lower layers (turbine_params, turbine_trace, turbine_fx) are re-exported
 lazily, on first access.
@@ -25,6 +26,7 @@ from ._errors import CompileError as CompileError
 from ._errors import ExportError as ExportError
 from ._errors import TurbineAotError as TurbineAotError
 from ._exporter import ExportOutput, export
+from ._targets import default_compile_flags as default_compile_flags
 
 # Exactly the names ``from iree.turbine.aot import *`` binds (38), submodules included.
 __all__ = [
@@ -115,7 +117,14 @@ _SUBMODULES = (
 )
 
 # Not in __all__ (not reference names) but public.
-_EXTRA = ["CompileError", "CompiledModuleError", "ExportError", "ImportPhase", "TurbineAotError"]
+_EXTRA = [
+    "CompileError",
+    "CompiledModuleError",
+    "ExportError",
+    "ImportPhase",
+    "TurbineAotError",
+    "default_compile_flags",
+]
 
 
 def __getattr__(name: str) -> Any:

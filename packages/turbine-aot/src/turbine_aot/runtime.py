@@ -40,12 +40,17 @@ from turbine_aot._runtime_numerics import (
     check_numerics,
     default_tolerance,
 )
+from turbine_aot._signatures import CallArgumentTypeError, CallArgumentValueError, CallSignature
+from turbine_aot._targets import default_runtime_flags
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",
     "Bundle",
     "BundleError",
     "CacheStats",
+    "CallArgumentTypeError",
+    "CallArgumentValueError",
+    "CallSignature",
     "CompileCache",
     "CompileError",
     "FunctionSignature",
@@ -61,6 +66,7 @@ __all__ = [
     "compile_mlir",
     "compiler_version",
     "default_compile_cache",
+    "default_runtime_flags",
     "default_tolerance",
     "device_compile_flags",
     "load_bundle",
