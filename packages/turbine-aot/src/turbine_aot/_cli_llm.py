@@ -36,9 +36,14 @@ def register(sub: Any, common: Any, commands: dict[str, Any]) -> None:
     e = llm_sub.add_parser("export", help="export a causal LM (prefill + decode) to a bundle")
     e.add_argument("source", help="CONFIG_OR_MODEL.py:NAME or package.module:NAME")
     e.add_argument("--max-seq-len", type=int, required=True, help="KV cache positions")
-    e.add_argument("--batch-size", type=int, default=1)
+    e.add_argument("--batch-size", type=int, default=1, help="sequences per call (default 1)")
     e.add_argument("--dtype", choices=_DTYPES, default=None, help="compute dtype")
-    e.add_argument("--kv-cache", choices=("global", "argument"), default="global")
+    e.add_argument(
+        "--kv-cache",
+        choices=("global", "argument"),
+        default="global",
+        help="keep the KV cache in the module's globals (default) or pass it as an argument",
+    )
     e.add_argument("--device", "-d", default="local-task", help="device URI it is built for")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights of a config")
     e.add_argument("-o", "--output", required=True, help="bundle directory, or .tar / .tar.gz")
@@ -50,7 +55,9 @@ def register(sub: Any, common: Any, commands: dict[str, Any]) -> None:
     g.add_argument(
         "--ids", action="append", required=True, help="prompt token ids 1,2,3 (repeat: a batch)"
     )
-    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument(
+        "--max-new-tokens", type=int, default=32, help="tokens to generate at most (default 32)"
+    )
     g.add_argument("--eos", type=int, default=None, help="end-of-sequence token id")
     g.add_argument("--device", "-d", default=None, help="device URI (default: the bundle's)")
     common(g)
