@@ -123,6 +123,19 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def zoo(session: nox.Session) -> None:
+    """Model zoo: real transformers/torchvision/timm models, defaults vs eager (table + JSON)."""
+    py = _dev_python(session)
+    session.run(py, "benchmarks/zoo.py", *session.posargs, external=True)
+
+
+@nox.session(name="zoo-quick", python=False, tags=["ci"])
+def zoo_quick(session: nox.Session) -> None:
+    """The zoo's quick subset as tests: export -> compile -> run -> numerics vs eager."""
+    _pytest(session, "benchmarks/test_zoo.py", "-s")
+
+
+@nox.session(python=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks (figures and ratios against baselines measured in the same run)."""
     py = _dev_python(session)
