@@ -446,7 +446,7 @@ def _flat_inputs(args: tuple, kwargs: dict) -> list:
 def _max_err(got: Any, expected: Any) -> tuple[float, int]:
     import torch
 
-    g = got if isinstance(got, (list, tuple)) else [got]
+    g = _leaves(got)  # a tensor, a tuple, or the output structure the runtime restored
     e = _leaves(expected)
     if len(g) != len(e):
         raise AssertionError(f"turbine returned {len(g)} tensors, eager {len(e)}")
