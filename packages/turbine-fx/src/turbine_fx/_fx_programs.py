@@ -42,6 +42,7 @@ from turbine_params import atomic_output_file, atomic_write_bytes
 
 from ._decompositions import current_aot_decompositions
 from ._errors import FxProgramsError
+from ._fx_programs_cleanup import remove_orphans, saving_marker
 from ._fx_programs_validate import CheckedDescriptor, check_descriptor, check_graph, dtype_named
 
 __all__ = ["FxProgram", "FxPrograms", "FxProgramsBuilder", "program_and_arg_device"]
@@ -172,31 +173,36 @@ class FxPrograms:
         data_file = f"{stem}.{generation}.tensors.safetensors"
         previous = _files_of_descriptor(path, stem)
         written: list[Path] = []
-        try:
-            for graph_file, graph in graphs.items():
-                written.append(path.parent / graph_file)
-                atomic_write_bytes(path.parent / graph_file, graph, parents=True)
-            written.append(path.parent / data_file)
-            _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
-            shared = any("storage" in m for m in tensor_meta.values())
-            descriptor = {
-                "format": _FORMAT,
-                "version": _VERSION_SHARED_STORAGE if shared else _VERSION,
-                "data_file": data_file,
-                "programs": descriptor_programs,
-                "tensors": tensor_meta,
-                "bindings": bindings,
-            }
-            # The commit point: until this rename, the previous descriptor names its own files.
-            atomic_write_bytes(path, json.dumps(descriptor, indent=1).encode(), parents=True)
-        except BaseException:
-            for f in written:
-                with contextlib.suppress(OSError):
-                    f.unlink()
-            raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The marker tells a cleanup running meanwhile that this generation is being written.
+        with saving_marker(path.parent, stem, generation):
+            try:
+                for graph_file, graph in graphs.items():
+                    written.append(path.parent / graph_file)
+                    atomic_write_bytes(path.parent / graph_file, graph, parents=True)
+                written.append(path.parent / data_file)
+                _save_tensor_data(path.parent / data_file, tensors, tensor_meta)
+                shared = any("storage" in m for m in tensor_meta.values())
+                descriptor = {
+                    "format": _FORMAT,
+                    "version": _VERSION_SHARED_STORAGE if shared else _VERSION,
+                    "data_file": data_file,
+                    "programs": descriptor_programs,
+                    "tensors": tensor_meta,
+                    "bindings": bindings,
+                }
+                # The commit point: until this rename, the previous descriptor names its files.
+                atomic_write_bytes(path, json.dumps(descriptor, indent=1).encode(), parents=True)
+            except BaseException:
+                for f in written:
+                    with contextlib.suppress(OSError):
+                        f.unlink()
+                raise
         for name in previous - {data_file, *graphs}:
             with contextlib.suppress(OSError):
                 (path.parent / name).unlink()
+        # What saves of this set killed midway left behind.
+        remove_orphans(path, stem, {data_file, *graphs})
         return references - len(tensors)
 
     # Loading --------------------------------------------------------------------------------
@@ -221,6 +227,8 @@ class FxPrograms:
             descriptor = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise FxProgramsError(f"cannot read FxPrograms descriptor {path}: {e}") from e
+        if isinstance(descriptor, dict) and descriptor.get("format") == _FORMAT:
+            remove_orphans(path, path.stem, _files_of_descriptor(path, path.stem, descriptor))
         if not isinstance(descriptor, dict):
             descriptor = {}
         if descriptor.get("format") != _FORMAT or descriptor.get("version") not in _VERSIONS:
@@ -444,13 +452,15 @@ def _apply_aot_decompositions(program: ExportedProgram) -> ExportedProgram:
         return program.run_decompositions(current_aot_decompositions())
 
 
-def _files_of_descriptor(path: Path, stem: str) -> set[str]:
+def _files_of_descriptor(path: Path, stem: str, descriptor: Any = None) -> set[str]:
     """The files an existing descriptor at ``path`` names (to remove once it is replaced): only
-    plain names beside it that start with ``<stem>.``, never anything else."""
-    try:
-        descriptor = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return set()
+    plain names beside it that start with ``<stem>.``, never anything else. ``descriptor``:
+    its content, when already read."""
+    if descriptor is None:
+        try:
+            descriptor = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return set()
     if not isinstance(descriptor, dict) or descriptor.get("format") != _FORMAT:
         return set()
     programs = descriptor.get("programs")
