@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from iree.compiler.api import Output, Session
 
+from ._cpu_attention import module_for_compile
 from ._errors import CompileError, ExportError
 from ._export_errors import torch_export_error
 from ._iree_session import CapturedInvocation, new_session, output_to_file, session_context
@@ -287,8 +288,6 @@ class ExportOutput:
         target_device: str | Sequence[str] | None,
         target_backends: str | Sequence[str] | None,
     ) -> Output | None:
-        from ._cpu_attention import module_for_compile
-
         start = time.perf_counter()
         # CPU targets get attention as matmul + softmax (on a copy: the exported IR stays
         # target-neutral and can be compiled again for another target).
