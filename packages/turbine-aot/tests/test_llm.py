@@ -115,7 +115,8 @@ def test_exported_module_has_prefill_decode_shared_weights_and_cache_globals():
     assert len(re.findall(rf"util\.global\.load @{re.escape(decl[0])} ", ir)) == 2
     assert "dense_resource<torch_tensor_320x64" not in ir  # no weight data inline
     # The description the runner reads from the compiled module.
-    info = re.search(r'iree\.reflection = \{turbine\.llm = "(.*?)"\}', ir).group(1)
+    # (an entry of the function's iree.reflection dictionary, beside the runtime's own)
+    info = re.search(r'iree\.reflection = \{[^\n]*turbine\.llm = "([^"]*)"', ir).group(1)
     assert json.loads(info.replace("\\22", '"'))["max_seq_len"] == 48
 
 
