@@ -145,13 +145,13 @@ def test_cleanup_keeps_live_writers_other_hosts_and_other_files(tmp_path):
 
 
 def test_pid_reuse_and_earlier_boot_count_as_gone(tmp_path):
-    from turbine_params import _atomic
+    from turbine_params import _io
 
     if not os.path.exists("/proc/self/stat"):
         pytest.skip("start times come from /proc (Linux); elsewhere a live pid counts as alive")
     target = tmp_path / "w.irpa"
-    host, boot, pid, start = _atomic._owner_tag().removeprefix(_atomic.TEMP_MARKER).split(".")
-    prefix = f".w.irpa.{_atomic.TEMP_MARKER}"
+    host, boot, pid, start = _io._owner_tag().removeprefix(_io.TEMP_MARKER).split(".")
+    prefix = f".w.irpa.{_io.TEMP_MARKER}"
     # This process's pid, but started at another time: the pid was reused since.
     reused = tmp_path / f"{prefix}{host}.{boot}.{pid}.{int(start) + 1}.00000000.tmp"
     other_boot = "ffffffff" if boot != "ffffffff" else "eeeeeeee"

@@ -49,7 +49,7 @@ from iree.build.executor import (
 )
 from iree.build.metadata import CompileSourceMeta
 
-from turbine_params import remove_stale_temps
+from turbine_params import atomic_output_file, remove_stale_temps
 
 from ._build_actions_pool import (
     RemoteJobError,
@@ -60,7 +60,6 @@ from ._build_actions_pool import (
 )
 from ._errors import TurbineAotError
 from ._exporter import ExportOutput
-from ._iree_session import atomic_output_file
 
 __all__ = [
     "BuildActionError",
@@ -328,16 +327,11 @@ class ExportOutputMarshaller(ReturnMarshaller):
                 f"where an ExportOutput (the result of turbine_aot.export(...)) was declared for "
                 f"{path.name}; return what the annotation says"
             )
-        _write_atomically(path, save_mlir)
-
-
-def _write_atomically(path: Path, writer: Callable[[Path], Any]) -> None:
-    """Calls ``writer(tmp)`` on a temp file beside ``path``; renames it over ``path`` on success
-    (``_iree_session.atomic_output_file``: fsync, rename, never a half-written ``path``)."""
-    with atomic_output_file(path) as tmp:
-        writer(tmp)
-        if not tmp.exists() or tmp.stat().st_size == 0:
-            raise GenerationError(f"saving {path.name} wrote nothing (expected data in {tmp})")
+        # A temp file beside ``path``, renamed over it on success: never a half-written ``path``.
+        with atomic_output_file(path, parents=True) as tmp:
+            save_mlir(tmp)
+            if not tmp.exists() or tmp.stat().st_size == 0:
+                raise GenerationError(f"saving {path.name} wrote nothing (expected data in {tmp})")
 
 
 def _remove_stale_temps(path: Path) -> None:

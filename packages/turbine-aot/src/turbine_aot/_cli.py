@@ -366,9 +366,9 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             compile_with, flags, user_flags, errors=(R.CompileError,)
         )
     out = Path(args.output or src.with_suffix(".vmfb").name)
-    from ._iree_session import atomic_write_bytes
+    from turbine_params import atomic_write_bytes
 
-    atomic_write_bytes(out, vmfb)  # usual file mode; no temp file left on failure
+    atomic_write_bytes(out, vmfb, parents=True)  # usual file mode; no temp file left on failure
     return {"vmfb": str(out), "bytes": len(vmfb), "flags": flags, "timings": st.timings}
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from turbine_params import atomic_output_file
+
 from ._errors import CompiledModuleError, CompileError, Diagnostic, ExportError
 from ._program_calls import exported_program_call, unwrap_program
 
@@ -844,10 +846,8 @@ def verify_module(module_op: Any, *, what: str = "the module") -> None:
 
 def save_module(module_op: Any, path: str | Path) -> None:
     """Writes ``module_op`` to ``path``: MLIR bytecode for ``.mlirbc``, text otherwise."""
-    from ._iree_session import atomic_output_file
-
     path = Path(path)
-    with atomic_output_file(path) as tmp:
+    with atomic_output_file(path, parents=True) as tmp:
         if path.suffix == ".mlirbc":
             with open(tmp, "wb") as f:
                 module_op.write_bytecode(f)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from iree.compiler.api import Output, Session
 
+from turbine_params import atomic_write_bytes
+
 from ._cpu_attention import module_for_compile
 from ._errors import CompileError, ExportError
 from ._export_errors import torch_export_error
@@ -397,7 +399,6 @@ def _compile_with_tool(
     from iree.compiler.tools.binaries import find_tool
 
     from ._errors import CompileError, Diagnostic
-    from ._iree_session import atomic_write_bytes
 
     with tempfile.TemporaryDirectory(prefix="turbine-compile-") as tmp:
         src, dst = Path(tmp) / "module.mlirbc", Path(tmp) / "module.vmfb"
@@ -445,7 +446,7 @@ def _compile_with_tool(
     if isinstance(save_to, Output):
         save_to.write(data)
         return None
-    atomic_write_bytes(save_to, data)
+    atomic_write_bytes(save_to, data, parents=True)
     return None
 
 

@@ -10,25 +10,20 @@ Python diagnostic handler, which crashes when IREE calls it from a GIL-released 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from iree.compiler.api import Invocation, Output, Session
 
-from turbine_params import atomic_output_file as _atomic_output_file
-from turbine_params import atomic_write_bytes as _atomic_write_bytes
+from turbine_params import atomic_output_file
 
 from ._errors import CompileError, Diagnostic
 
 __all__ = [
     "CapturedInvocation",
     "TrackedSession",
-    "atomic_output_file",
-    "atomic_write_bytes",
     "new_session",
     "session_context",
     "session_flags",
@@ -257,20 +252,9 @@ def _char_buffer_type() -> type:
     return CharBuffer
 
 
-def atomic_output_file(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Path]:
-    """``turbine_params.atomic_output_file`` creating missing parent directories (as every
-    turbine_aot output does)."""
-    return _atomic_output_file(path, parents=True)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes | memoryview) -> None:
-    """``turbine_params.atomic_write_bytes`` creating missing parent directories."""
-    _atomic_write_bytes(path, data, parents=True)
-
-
 def output_to_file(inv: CapturedInvocation, path: Path, *, bytecode: str = "vm") -> None:
     """Writes the invocation's result to ``path`` through IREE's file output, atomically."""
-    with atomic_output_file(path) as tmp:
+    with atomic_output_file(path, parents=True) as tmp:
         out = Output.open_file(str(tmp))
         try:
             if bytecode == "vm":

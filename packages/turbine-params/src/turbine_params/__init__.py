@@ -8,14 +8,14 @@ return torch tensors, and IREE is never imported (``ParameterIndex.to_iree()`` l
 from __future__ import annotations
 
 from ._archive import ParameterArchive, ParameterArchiveEntry
-from ._atomic import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
-from ._builder import ParameterArchiveBuilder
+from ._builder import ParameterArchiveBuilder, save_module_parameters
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
 from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
 from ._errors import ParameterArchiveError
 from ._format import EntryType
 from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
-from ._module import externalize_module_parameters, save_module_parameters
+from ._io import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
+from ._module import externalize_module_parameters
 from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
 from ._versions import versions_text

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import mmap
 import os
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._atomic import atomic_output_file
 from ._dtypes import TensorMetadata, dtype_info, dtype_info_for_numpy
 from ._errors import ParameterArchiveError
 from ._format import (
@@ -27,14 +24,14 @@ from ._format import (
     layout_archive,
 )
 from ._index import MappedFile, ParameterIndex, ParameterIndexEntry, metadata_bytes
+from ._io import atomic_fd, copy_file_range, write_all
+from ._module import module_tensors
 from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
 
-__all__ = ["ParameterArchiveBuilder", "atomic_writer", "copy_file_range", "write_all"]
+__all__ = ["ParameterArchiveBuilder", "save_module_parameters"]
 
 logger = logging.getLogger("turbine.params")
-
-_COPY_CHUNK = 64 << 20
 
 
 @dataclass
@@ -139,8 +136,6 @@ class ParameterArchiveBuilder:
         ``foobar.model.classifier.weight``); tied parameters get one entry per name that share
         the stored bytes.
         """
-        from ._module import module_tensors
-
         for name, tensor in module_tensors(module, prefix=prefix):
             self.add_tensor(name, tensor)
 
@@ -381,7 +376,7 @@ class ParameterArchiveBuilder:
         )
         progress = Progress(layout.storage_length, f"writing {path.name}")
         try:
-            with atomic_writer(path) as fd:
+            with atomic_fd(path) as fd:
                 write_all(fd, memoryview(layout.head))
                 pos = len(layout.head)
                 for sid, rel in layout.placements.items():
@@ -460,61 +455,17 @@ def _release_pages(data: np.ndarray) -> None:
     libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
 
 
-def write_all(fd: int, data: memoryview) -> None:
-    """Writes every byte (``os.write`` may write less than asked, and at most ~2 GB a call)."""
-    data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-    while len(data):
-        n = os.write(fd, data[: 1 << 30])
-        data = data[n:]
+def save_module_parameters(file_path: str | Path, module: Any, *, prefix: str = "") -> None:
+    """One shot save of parameters and persistent buffers on a module.
 
+    More options are available by using a :class:`ParameterArchiveBuilder`.
 
-def copy_file_range(src_fd: int, dst_fd: int, offset: int, length: int) -> None:
-    """Copies ``length`` bytes at ``offset`` of ``src_fd`` to the position of ``dst_fd``.
-
-    Uses the kernel's ``copy_file_range`` (no user-space buffer) and falls back to chunked
-    ``pread``/``write``.
+    Args:
+        file_path: Destination; ``.irpa`` is appended when it has no such suffix.
+        module: A ``torch.nn.Module``.
+        prefix: Joined to every state_dict name with a dot (``prefix="foobar.model"`` gives
+            keys ``foobar.model.classifier.weight``).
     """
-    done = 0
-    fast = hasattr(os, "copy_file_range")
-    while done < length:
-        n = 0
-        if fast:
-            try:
-                n = os.copy_file_range(src_fd, dst_fd, min(length - done, 1 << 30), offset + done)
-            except OSError:
-                fast = False
-                continue
-            if n == 0:
-                fast = False
-                continue
-        else:
-            chunk = os.pread(src_fd, min(length - done, _COPY_CHUNK), offset + done)
-            if not chunk:
-                raise ParameterArchiveError(
-                    "unexpected end of source file while copying", offset=offset + done
-                )
-            write_all(dst_fd, memoryview(chunk))
-            n = len(chunk)
-        done += n
-
-
-@contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[int]:
-    """:func:`atomic_output_file` for writers that want a file descriptor (``os.write``,
-    ``copy_file_range``): yields one open for writing on the temporary file.
-
-    Raises:
-        ParameterArchiveError: ``path``'s directory does not exist.
-    """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise ParameterArchiveError(
-            f"cannot save: directory {str(directory)!r} does not exist", path=path
-        )
-    with atomic_output_file(path) as tmp:
-        fd = os.open(tmp, os.O_WRONLY)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
+    builder = ParameterArchiveBuilder()
+    builder.add_module(module, prefix=prefix)
+    builder.save(file_path)

@@ -17,91 +17,22 @@ from typing import Any
 import numpy as np
 
 from ._archive import ParameterArchive
-from ._builder import ParameterArchiveBuilder, atomic_writer, copy_file_range, write_all
-from ._dtypes import TensorMetadata, dtype_info_for_safetensors
+from ._builder import ParameterArchiveBuilder
 from ._errors import ParameterArchiveError
 from ._format import DEFAULT_DATA_ALIGNMENT
+from ._io import atomic_fd, copy_file_range, write_all
 from ._progress import Progress
+from ._safetensors import read_safetensors_header
 
 __all__ = [
     "irpa_to_safetensors",
-    "read_safetensors_header",
     "safetensors_to_irpa",
     "torch_checkpoint_to_irpa",
 ]
 
 logger = logging.getLogger("turbine.params")
 
-_MAX_SAFETENSORS_HEADER = 100 << 20  # the safetensors library's own limit
 _SPLAT_CHUNK = 16 << 20
-
-
-def read_safetensors_header(
-    path: str | os.PathLike,
-) -> tuple[int, list[tuple[str, TensorMetadata, int, int]]]:
-    """Parses a .safetensors header.
-
-    Returns:
-        (absolute offset of the data section, [(name, metadata, begin, end)] sorted by offset,
-        with begin/end relative to the data section).
-
-    Raises:
-        ParameterArchiveError: malformed header, unknown dtype, or ranges past the end of file.
-    """
-    p = os.fspath(path)
-    size = os.path.getsize(p)
-    with open(p, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ParameterArchiveError(
-                "file truncated: expected an 8-byte safetensors header length", path=p, offset=0
-            )
-        (n,) = struct.unpack("<Q", head)
-        if n > min(_MAX_SAFETENSORS_HEADER, size - 8):
-            raise ParameterArchiveError(
-                f"safetensors header length {n} exceeds the file ({size} bytes) or the "
-                f"{_MAX_SAFETENSORS_HEADER}-byte limit; not a safetensors file?",
-                path=p,
-                offset=0,
-            )
-        raw = f.read(n)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ParameterArchiveError(
-            f"safetensors header is not valid UTF-8 JSON ({e})", path=p, offset=8
-        ) from None
-    if not isinstance(doc, dict):
-        raise ParameterArchiveError("safetensors header is not a JSON object", path=p, offset=8)
-    base = 8 + n
-    out = []
-    for name, desc in doc.items():
-        if name == "__metadata__":
-            continue
-        try:
-            info = dtype_info_for_safetensors(desc["dtype"])
-            shape = tuple(int(s) for s in desc["shape"])
-            begin, end = (int(x) for x in desc["data_offsets"])
-        except ParameterArchiveError as e:
-            raise ParameterArchiveError(f"tensor {name!r}: {e.reason}", path=p, offset=8) from None
-        except (KeyError, TypeError, ValueError) as e:
-            raise ParameterArchiveError(
-                f"tensor {name!r}: malformed header entry {desc!r} ({e}); expected dtype, shape "
-                f"and data_offsets",
-                path=p,
-                offset=8,
-            ) from None
-        md = TensorMetadata(info, shape)
-        if not 0 <= begin <= end or base + end > size or end - begin != md.nbytes:
-            raise ParameterArchiveError(
-                f"tensor {name!r}: data_offsets [{begin}, {end}) do not hold {md.nbytes} bytes "
-                f"of {info.torch_name}{list(shape)} inside the file ({size} bytes)",
-                path=p,
-                offset=base + begin,
-            )
-        out.append((name, md, begin, end))
-    out.sort(key=lambda t: t[2])
-    return base, out
 
 
 def safetensors_to_irpa(
@@ -193,7 +124,7 @@ def irpa_to_safetensors(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         blob += b" " * (-len(blob) % 8)
         _check_free_space(path, 8 + len(blob) + offset, src)
         progress = Progress(offset, f"writing {path.name}")
-        with atomic_writer(path) as fd:
+        with atomic_fd(path) as fd:
             write_all(fd, memoryview(struct.pack("<Q", len(blob)) + blob))
             for entry in plan:
                 progress.advance(entry.length)

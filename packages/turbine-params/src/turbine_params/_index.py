@@ -15,6 +15,7 @@ import numpy as np
 from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
 from ._format import EntryTable, EntryType, RawEntry, parse_archive
+from ._safetensors import read_safetensors_header
 
 __all__ = [
     "MAX_SPLAT_BYTES_ENV",
@@ -546,8 +547,6 @@ class ParameterIndex:
     def _load_safetensors(
         self, file_path: str | os.PathLike, *, mmap: bool, writable: bool
     ) -> None:
-        from ._convert import read_safetensors_header
-
         base, tensors = read_safetensors_header(file_path)
         f = MappedFile(file_path, mmap=mmap, writable=writable)
         self._materialize()

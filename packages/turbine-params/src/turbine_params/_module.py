@@ -1,18 +1,16 @@
-"""Module-level helpers: enumerate, externalize and save the parameters of an ``nn.Module``."""
+"""The torch ``nn.Module`` adapter: enumerate and externalize a module's parameters and buffers.
+
+(The archive builder takes modules through :func:`module_tensors`; this module never imports it.)
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from ._traits import ExternalTensorTrait
 
-__all__ = [
-    "externalize_module_parameters",
-    "module_tensors",
-    "save_module_parameters",
-]
+__all__ = ["externalize_module_parameters", "module_tensors"]
 
 
 def prefixed_name(prefix: str, name: str) -> str:
@@ -72,21 +70,3 @@ def externalize_module_parameters(
             continue
         seen.add(id(tensor))
         ExternalTensorTrait(external_scope=external_scope, external_name=name).set(tensor)
-
-
-def save_module_parameters(file_path: str | Path, module: Any, *, prefix: str = "") -> None:
-    """One shot save of parameters and persistent buffers on a module.
-
-    More options are available by using a :class:`ParameterArchiveBuilder`.
-
-    Args:
-        file_path: Destination; ``.irpa`` is appended when it has no such suffix.
-        module: A ``torch.nn.Module``.
-        prefix: Joined to every state_dict name with a dot (``prefix="foobar.model"`` gives
-            keys ``foobar.model.classifier.weight``).
-    """
-    from ._builder import ParameterArchiveBuilder
-
-    builder = ParameterArchiveBuilder()
-    builder.add_module(module, prefix=prefix)
-    builder.save(file_path)
