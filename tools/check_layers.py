@@ -466,25 +466,10 @@ def check_lazy_imports(
 
 
 #: Import cycles that existed when the cycle rule was introduced (issue 18 removes them).
-KNOWN_CYCLES: list[list[str]] = [
-    [
-        "turbine_aot",
-        "turbine_aot._bundle",
-        "turbine_aot._compile_cache",
-        "turbine_aot._exporter",
-        "turbine_aot._module_check",
-        "turbine_aot._runtime",
-        "turbine_aot.runtime",
-    ],
-    [
-        "turbine_aot._build_actions",
-        "turbine_aot._build_actions_dask",
-    ],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 #: Function-level imports of ordinary modules that existed then: (importer, imported).
 KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = [
-    ("turbine_aot._bundle", "turbine_aot._targets"),
     ("turbine_aot._cli", "numpy"),
     ("turbine_aot._cli", "turbine_aot._compile_cache"),
     ("turbine_aot._cli", "turbine_aot._errors"),
@@ -492,18 +477,9 @@ KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = [
     ("turbine_aot._cli", "turbine_aot._targets"),
     ("turbine_aot._cli", "turbine_aot.runtime"),
     ("turbine_aot._cli", "turbine_params"),
-    ("turbine_aot._compile_cache", "turbine_aot._targets"),
     ("turbine_aot._compiled_module", "turbine_aot._custom_ops"),
     ("turbine_aot._demo", "turbine_aot._targets"),
-    ("turbine_aot._demo", "turbine_aot.runtime"),
     ("turbine_aot._demo", "turbine_params"),
-    ("turbine_aot._exporter", "turbine_aot._compiled_module"),
-    ("turbine_aot._exporter", "turbine_aot._errors"),
-    ("turbine_aot._exporter", "turbine_aot._iree_session"),
-    ("turbine_aot._exporter", "turbine_aot._targets"),
-    ("turbine_aot._iree_session", "numpy"),
-    ("turbine_aot._runtime", "numpy"),
-    ("turbine_aot._runtime_tensors", "numpy"),
     ("turbine_fx._fx_programs", "turbine_params"),
     ("turbine_ir._global_attrs", "turbine_params"),
     ("turbine_params._cli", "turbine_params._tools"),

@@ -27,6 +27,7 @@ from ._errors import ExportError as ExportError
 from ._errors import TurbineAotError as TurbineAotError
 from ._exporter import ExportOutput, export
 from ._targets import default_compile_flags as default_compile_flags
+from ._version import __version__ as __version__
 
 # Exactly the names ``from iree.turbine.aot import *`` binds (38), submodules included.
 __all__ = [
@@ -69,7 +70,6 @@ __all__ = [
     "support",
     "tensor_traits",
 ]
-__version__ = "0.1.0"
 
 # Re-exported from lower layers: name -> module.
 _LAZY: dict[str, str] = {

@@ -27,7 +27,7 @@ import os
 import threading
 from typing import Any
 
-from ._build_actions import BuildActionError
+from ._build_actions_errors import BuildActionError
 from ._build_actions_pool import WorkerDiedError
 
 __all__ = ["WORKER_DEATH_RETRIES", "submit_to_dask"]

@@ -40,6 +40,8 @@ from turbine_aot._runtime import (
     load_module,
     signatures_from_mlir,
 )
+from turbine_aot._targets import device_compile_flags, program_traits, resolve_target
+from turbine_aot._version import __version__ as turbine_aot_version
 from turbine_params import (
     ParameterArchive,
     ParameterArchiveError,
@@ -97,12 +99,7 @@ def _versions() -> dict[str, str | None]:
         out["torch"] = torch.__version__.split("+")[0]
     except Exception:
         out["torch"] = None
-    try:
-        import turbine_aot
-
-        out["turbine_aot"] = turbine_aot.__version__
-    except Exception:
-        out["turbine_aot"] = None
+    out["turbine_aot"] = turbine_aot_version
     return out
 
 
@@ -132,8 +129,6 @@ def _signatures_of(vmfb: bytes) -> tuple[str, dict[str, FunctionSignature]]:
 
 
 def _device_records(devices: Sequence[str]) -> list[dict[str, Any]]:
-    from turbine_aot._targets import resolve_target
-
     out = []
     for uri in devices:
         driver = uri.split("://", 1)[0].split(":", 1)[0]
@@ -310,8 +305,6 @@ def save_bundle(
         BundleError: ``path`` exists (without ``overwrite``), a parameter file is missing, or
             the module is not a ``.vmfb``.
     """
-    from turbine_aot._compile_cache import device_compile_flags
-
     devices = [device] if isinstance(device, str) else list(device)
     dest = Path(path)
     archive = dest.name.endswith((".tar", ".tar.gz", ".tgz"))
@@ -341,8 +334,6 @@ def save_bundle(
     params = _normalize_parameters(parameters)
     recorded_flags: list[str] | None
     if is_export:
-        from turbine_aot._targets import program_traits
-
         traits = program_traits(module)
         # The flags it was compiled with: without the speed-only defaults when those failed
         # (a compile-cache hit records the defaults it was looked up with).

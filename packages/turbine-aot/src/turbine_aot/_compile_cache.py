@@ -33,6 +33,7 @@ from turbine_params import atomic_output_file
 
 from ._errors import CompileError as _AotCompileError
 from ._errors import Diagnostic
+from ._targets import compile_flags_for, program_traits, resolve_target
 
 __all__ = [
     "CacheStats",
@@ -42,7 +43,6 @@ __all__ = [
     "compile_mlir",
     "compiler_version",
     "default_compile_cache",
-    "device_compile_flags",
 ]
 
 logger = logging.getLogger("turbine.aot.compile_cache")
@@ -307,42 +307,6 @@ def compile_mlir(
     return vmfb
 
 
-def device_compile_flags(
-    devices: Sequence[str],
-    extra: Sequence[str] | None = None,
-    *,
-    dynamic_shapes: bool = False,
-    fp32_only: bool = False,
-) -> list[str]:
-    """turbine's default compile flags for one device URI or several (``__device_N`` order).
-
-    One device: ``_targets.default_compile_flags`` for its driver (``dynamic_shapes``,
-    ``fp32_only``: what ``_targets.program_traits`` says of the program). Several: the same, with one
-    ``--iree-hal-target-device`` per device (``_targets.target_device_flags``), which IREE names
-    ``__device_0``, ``__device_1``, ... — the names the exporter's
-    ``#hal.device.promise<@__device_N>`` affinities refer to.
-    """
-    from turbine_aot._targets import (
-        default_compile_flags,
-        merge_flags,
-        resolve_target,
-        target_device_flags,
-    )
-
-    drivers = [d.split("://", 1)[0].split(":", 1)[0] for d in devices]
-    base = default_compile_flags(drivers[0], dynamic_shapes=dynamic_shapes, fp32_only=fp32_only)
-    if len(drivers) > 1:
-        targets = [resolve_target(d) for d in drivers]
-        backends = sorted({t.local_backend for t in targets if t.local_backend})
-        base = [f for f in base if not f.startswith("--iree-hal-target-device=")]
-        dev_flags = target_device_flags([t.hal_device for t in targets])
-        if backends:
-            base = [f for f in base if not f.startswith("--iree-hal-local-target-device-backends")]
-            dev_flags.append(f"--iree-hal-local-target-device-backends={','.join(backends)}")
-        base = dev_flags + base
-    return merge_flags(base, extra or ())
-
-
 def export_output_ir(export_output: Any) -> bytes:
     """The MLIR bytecode of an ``ExportOutput``'s module (at its current import phase)."""
     import io
@@ -375,26 +339,16 @@ def compile_export_output(
     Returns:
         The ``.vmfb`` bytes.
     """
-    from turbine_aot._targets import resolve_target
-
     devices = [device] if isinstance(device, str) else list(device)
     targets = [resolve_target(d.split("://", 1)[0].split(":", 1)[0]).name for d in devices]
     target_device: str | list[str] = targets[0] if len(targets) == 1 else targets
     extra = list(compile_flags or ())
-    flags: list[str] = list(extra)
-    try:
-        from turbine_aot._exporter import compile_flags_for
-
-        session_flags = getattr(export_output, "_session_flags", lambda: [])()
-        from turbine_aot._targets import program_traits
-
-        flags = compile_flags_for(
-            target_device=target_device,
-            extra_args=[*session_flags, *extra],
-            **program_traits(export_output),
-        )
-    except ImportError:  # pragma: no cover - exporter not installed
-        pass
+    session_flags = getattr(export_output, "_session_flags", lambda: [])()
+    flags = compile_flags_for(
+        target_device=target_device,
+        extra_args=[*session_flags, *extra],
+        **program_traits(export_output),
+    )
     c = _resolve_cache(cache)
     key = ""
     if c:

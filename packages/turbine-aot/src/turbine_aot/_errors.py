@@ -1,4 +1,5 @@
-"""Exception types of turbine_aot's export, compile and runtime API."""
+"""Exception types of turbine_aot: export and compile (``TurbineAotError``), running
+(``TurbineRuntimeError``)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,6 @@ class TurbineAotError(Exception):
     """
 
     cli_message: str | None = None
-
-
-class TurbineRuntimeError(RuntimeError):
-    """Loading or calling a compiled module failed; the message says what, where and what to do."""
 
 
 class ExportError(TurbineAotError, ValueError):
@@ -98,3 +95,13 @@ class CompileError(TurbineAotError):
     def errors(self) -> list[Diagnostic]:
         """The error diagnostics only."""
         return [d for d in self.diagnostics if d.severity == "error"]
+
+
+class TurbineRuntimeError(RuntimeError):
+    """Loading or calling a compiled module failed; the message says what, where and what to do.
+
+    Attributes:
+        cli_message: as for :class:`TurbineAotError` (set where the CLI words the fix otherwise).
+    """
+
+    cli_message: str | None = None

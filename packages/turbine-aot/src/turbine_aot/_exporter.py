@@ -6,128 +6,47 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from iree.compiler.api import Output, Session
 
 from turbine_params import atomic_write_bytes
 
+from ._compiled_module import (
+    CompiledModule,
+    CompiledModuleMeta,
+    ExportedProgramDef,
+    ImportPhase,
+    save_module,
+    verify_module,
+)
 from ._cpu_attention import module_for_compile
-from ._errors import CompileError, ExportError
+from ._errors import CompileError, Diagnostic, ExportError
 from ._export_errors import torch_export_error
-from ._iree_session import CapturedInvocation, new_session, output_to_file, session_context
+from ._iree_session import (
+    CapturedInvocation,
+    new_session,
+    output_to_file,
+    session_context,
+    session_flags,
+)
 from ._signatures import compile_record, eager_defaults, record_module_signatures
+from ._targets import as_list as _as_list
+from ._targets import (
+    check_program_for_target,
+    compile_flags_for,
+    compile_with_fallback,
+    program_traits,
+)
+from .runtime import load_module
 
-if TYPE_CHECKING:
-    from ._compiled_module import CompiledModule, ImportPhase
-
-__all__ = ["ExportOutput", "compile_flags_for", "export"]
+__all__ = ["ExportOutput", "export"]
 
 _log = logging.getLogger("turbine.aot")
-
-
-def _as_list(value: str | Sequence[str] | None) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value]
-
-
-def compile_flags_for(
-    *,
-    target_backends: str | Sequence[str] | None = ("llvm-cpu",),
-    target_device: str | Sequence[str] | None = None,
-    host_cpu: bool = True,
-    extra_args: Sequence[str] = (),
-    dynamic_shapes: bool = False,
-    fp32_only: bool = False,
-) -> list[str]:
-    """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
-
-    ``target_device`` (one name or several, for multi-device programs) wins over
-    ``target_backends``. Each known target (``llvm-cpu``, ``vmvx``, ``vulkan-spirv``, ``cuda``,
-    ``rocm``, ...) gets turbine's default flags from ``turbine_aot._targets`` (for ``llvm-cpu``:
-    tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
-    ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
-    ``dynamic_shapes`` (the program has dynamic dimensions) and ``fp32_only`` (its floating-point
-    tensors are all fp32) select the defaults measured for such programs (see
-    ``default_compile_flags``; ``_targets.program_traits`` reads both from a module).
-    """
-    from ._targets import (
-        TARGETS,
-        default_compile_flags,
-        merge_flags,
-        resolve_target,
-        target_device_flags,
-    )
-
-    devices = _as_list(target_device)
-    backends = _as_list(target_backends) if not devices else []
-    flags: list[str] = []
-    if devices:
-        targets = [resolve_target(d) for d in devices]
-        if len(targets) == 1:
-            flags = default_compile_flags(
-                targets[0].name,
-                host=host_cpu,
-                dynamic_shapes=dynamic_shapes,
-                fp32_only=fp32_only,
-                use_env=False,
-            )
-        else:
-            # Several devices: one --iree-hal-target-device per device (IREE names them
-            # __device_0, __device_1, ... in order), one set of backend/optimization flags.
-            flags = target_device_flags([t.hal_device for t in targets])
-            backends_local = sorted({t.local_backend for t in targets if t.local_backend})
-            if backends_local:
-                flags.append("--iree-hal-local-target-device-backends=" + ",".join(backends_local))
-            for t in dict.fromkeys(t.name for t in targets):
-                flags = merge_flags(
-                    flags,
-                    [
-                        f
-                        for f in default_compile_flags(
-                            t,
-                            host=host_cpu,
-                            dynamic_shapes=dynamic_shapes,
-                            fp32_only=fp32_only,
-                            use_env=False,
-                        )
-                        if not f.startswith(
-                            (
-                                "--iree-hal-target-device=",
-                                "--iree-hal-local-target-device-backends=",
-                            )
-                        )
-                    ],
-                )
-    elif backends:
-        known = [b for b in backends if b in TARGETS or b in ("cpu", "host")]
-        unknown = [b for b in backends if b not in known]
-        if len(known) == 1 and not unknown:
-            flags = default_compile_flags(
-                known[0],
-                host=host_cpu,
-                dynamic_shapes=dynamic_shapes,
-                fp32_only=fp32_only,
-                use_env=False,
-            )
-        else:
-            flags = [f"--iree-hal-target-backends={','.join(backends)}"]
-            if "llvm-cpu" in backends:
-                flags.append(
-                    "--iree-llvmcpu-target-cpu=host"
-                    if host_cpu
-                    else "--iree-llvmcpu-target-cpu=generic"
-                )
-    env_flags = os.environ.get("TURBINE_COMPILE_FLAGS", "").split()
-    return merge_flags(merge_flags(flags, env_flags), list(extra_args))
 
 
 class ExportOutput:
@@ -162,14 +81,10 @@ class ExportOutput:
     @property
     def mlir_module(self) -> Any:
         """Gets the MLIR module (an ``Operation``) resulting from the last import phase."""
-        from ._compiled_module import CompiledModule
-
         return CompiledModule.get_mlir_module(self.compiled_module)
 
     def verify(self) -> None:
         """Runs the verifier on the module, raising :class:`ExportError` on failure."""
-        from ._compiled_module import verify_module
-
         verify_module(self.mlir_module, what="the exported module")
 
     def print_readable(self, large_elements_limit: int = 50) -> None:
@@ -185,15 +100,11 @@ class ExportOutput:
 
     def save_mlir(self, file_path: str | Path) -> None:
         """Saves the current IR to ``file_path`` (bytecode for ``.mlirbc``, else text), atomically."""
-        from ._compiled_module import save_module
-
         save_module(self.mlir_module, file_path)
 
     def import_to(self, import_to: ImportPhase | str) -> None:
         """Moves the module to an import phase (``torch``, ``import``/``custom_op_expansion``,
         ``iree_internal``/``full``). A no-op if already there."""
-        from ._compiled_module import CompiledModule
-
         CompiledModule.run_import(self.compiled_module, import_to)
 
     # ---- compilation ---------------------------------------------------------------------------
@@ -237,9 +148,6 @@ class ExportOutput:
             TargetError: the target cannot compile this program correctly (fp16 on IREE's
                 default Vulkan target: name one with ``--iree-vulkan-target=...``).
         """
-        from ._compiled_module import CompiledModule, ImportPhase
-        from ._targets import check_program_for_target, compile_with_fallback, program_traits
-
         user_flags = [*self._session_flags(), *extra_args]
         flags = compile_flags_for(
             target_backends=target_backends,
@@ -341,8 +249,6 @@ class ExportOutput:
             compiled = turbine_aot.export(model, args=(x,)).load()
             y = compiled.main(x)
         """
-        from .runtime import load_module
-
         return load_module(
             self,
             device=device,
@@ -353,8 +259,6 @@ class ExportOutput:
         )
 
     def _session_flags(self) -> list[str]:
-        from ._iree_session import session_flags
-
         # Replayed as set (list options such as --iree-hal-target-device keep one flag per value).
         return [f for f in session_flags(self.session) if not f.startswith("--iree-input-type=")]
 
@@ -397,8 +301,6 @@ def _compile_with_tool(
     import tempfile
 
     from iree.compiler.tools.binaries import find_tool
-
-    from ._errors import CompileError, Diagnostic
 
     with tempfile.TemporaryDirectory(prefix="turbine-compile-") as tmp:
         src, dst = Path(tmp) / "module.mlirbc", Path(tmp) / "module.vmfb"
@@ -521,8 +423,6 @@ def export(
         ExportError: ``torch.export`` failed (the message says what to try).
     """
     import torch
-
-    from ._compiled_module import CompiledModule, CompiledModuleMeta, ExportedProgramDef
 
     if example_args:
         if args is not None:
@@ -649,8 +549,6 @@ def _with_signatures(eo: ExportOutput, eager: Any = None) -> ExportOutput:
 
 
 def _instantiate(cm_class: Any) -> ExportOutput:
-    from ._compiled_module import CompiledModule
-
     start = time.perf_counter()
     session = new_session()
     inst = cm_class(context=session_context(session), import_to=None)

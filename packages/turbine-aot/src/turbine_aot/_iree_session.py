@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from iree.compiler.api import Invocation, Output, Session
 
 from turbine_params import atomic_output_file
@@ -231,7 +232,6 @@ def _aligned_copy(data: bytes, alignment: int = 64) -> Any:
     The result is a uint8 numpy array (so ``memoryview`` works) that ctypes also accepts as a
     ``char *`` argument (through ``_as_parameter_``).
     """
-    import numpy as np
 
     n = len(data)
     raw = np.empty(n + alignment, dtype=np.uint8)
@@ -242,7 +242,6 @@ def _aligned_copy(data: bytes, alignment: int = 64) -> Any:
 
 
 def _char_buffer_type() -> type:
-    import numpy as np
 
     class CharBuffer(np.ndarray):
         @property

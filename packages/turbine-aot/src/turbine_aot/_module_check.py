@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from turbine_aot._errors import TurbineRuntimeError
+
 __all__ = ["DEFAULT_CHECK_TIMEOUT", "check_module_in_child"]
 
 #: Seconds the checking child may take (device creation + mapping + initializers).
@@ -59,8 +61,6 @@ def check_module_in_child(
     Raises:
         TurbineRuntimeError: the child was killed by a signal (the module crashes IREE) or hung.
     """
-    from turbine_aot._runtime import TurbineRuntimeError
-
     where = repr(str(path)) if data is None else "the given module bytes"
     tmp: str | None = None
     try:

@@ -17,7 +17,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from turbine_aot._compile_cache import compile_export_output
 from turbine_aot._errors import TurbineRuntimeError
+from turbine_aot._module_check import check_module_in_child
 from turbine_aot._runtime_tensors import buffer_view_to_tensor, tensor_to_buffer_view
 from turbine_aot._signatures import (
     FunctionSignature,
@@ -73,8 +77,6 @@ def _module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | N
     if hasattr(module, "map_memory"):  # iree.compiler Output
         return bytes(module.map_memory()), None
     if hasattr(module, "mlir_module") and hasattr(module, "compile"):  # ExportOutput
-        from turbine_aot._compile_cache import compile_export_output
-
         return compile_export_output(module, **compile_kwargs), None
     raise TurbineRuntimeError(
         f"cannot load a module from {type(module).__name__}; pass .vmfb bytes, a .vmfb path, "
@@ -178,7 +180,6 @@ def _parameter_modules(instance: Any, parameters: Any) -> tuple[list[Any], list[
 
 
 def _tensor_bytes(tensor: Any) -> Any:
-    import numpy as np
     import torch
 
     if isinstance(tensor, np.ndarray):
@@ -261,7 +262,6 @@ class LoadedFunction:
 
     def _invoke(self, args: Sequence[Any]) -> list[Any]:
         import iree.runtime as rt
-        import numpy as np
         import torch
 
         sig = self.signature
@@ -498,8 +498,6 @@ def load_module(
         module, device=uris, compile_flags=compile_flags, cache=cache
     )
     if verify:
-        from turbine_aot._module_check import check_module_in_child
-
         check_module_in_child(data, path, uris, parameters)
     devices = _create_devices(uris)
     instance = rt.VmInstance()
@@ -537,7 +535,7 @@ def load_module(
             f"{msg.strip().splitlines()[0] if msg.strip() else type(e).__name__}"
         )
         err = TurbineRuntimeError(f"{what}; {hint}")
-        err.cli_message = f"{what}; {cli_hint}"  # type: ignore[attr-defined]
+        err.cli_message = f"{what}; {cli_hint}"
         raise err from e
     return LoadedModule(
         vm_module,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "LOCAL_DRIVERS",
     "buffer_view_to_tensor",
@@ -134,7 +136,6 @@ def torch_dtype_for_element_type(element_type: Any):
 
 def _page_aligned_copy(array):
     """A 4096-byte aligned contiguous copy of a numpy array (Vulkan imports only at 4096)."""
-    import numpy as np
 
     raw = np.empty(array.nbytes + 4096, dtype=np.uint8)
     offset = (-raw.ctypes.data) % 4096
@@ -236,7 +237,6 @@ def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: b
         A ``torch.Tensor``; on local drivers (and ``copy=False``) it shares the result buffer's
         memory, which IREE gives up to the caller once returned.
     """
-    import numpy as np
     import torch
 
     to_hal, from_hal = _tables()

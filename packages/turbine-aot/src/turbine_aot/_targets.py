@@ -29,10 +29,13 @@ __all__ = [
     "SpeedOnlyGroup",
     "Target",
     "TargetError",
+    "as_list",
     "check_program_for_target",
+    "compile_flags_for",
     "compile_with_fallback",
     "default_compile_flags",
     "default_runtime_flags",
+    "device_compile_flags",
     "fallback_flags",
     "float_types",
     "has_dynamic_shapes",
@@ -624,3 +627,123 @@ def default_runtime_flags(target: str = "llvm-cpu", *, workers: int | None = Non
             raise TargetError(f"workers must be >= 1; got {workers}")
         flags.append(f"--task_topology_max_group_count={workers}")
     return flags
+
+
+def as_list(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def compile_flags_for(
+    *,
+    target_backends: str | Sequence[str] | None = ("llvm-cpu",),
+    target_device: str | Sequence[str] | None = None,
+    host_cpu: bool = True,
+    extra_args: Sequence[str] = (),
+    dynamic_shapes: bool = False,
+    fp32_only: bool = False,
+) -> list[str]:
+    """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
+
+    ``target_device`` (one name or several, for multi-device programs) wins over
+    ``target_backends``. Each known target (``llvm-cpu``, ``vmvx``, ``vulkan-spirv``, ``cuda``,
+    ``rocm``, ...) gets turbine's default flags from ``turbine_aot._targets`` (for ``llvm-cpu``:
+    tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
+    ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
+    ``dynamic_shapes`` (the program has dynamic dimensions) and ``fp32_only`` (its floating-point
+    tensors are all fp32) select the defaults measured for such programs (see
+    ``default_compile_flags``; ``_targets.program_traits`` reads both from a module).
+    """
+    devices = as_list(target_device)
+    backends = as_list(target_backends) if not devices else []
+    flags: list[str] = []
+    if devices:
+        targets = [resolve_target(d) for d in devices]
+        if len(targets) == 1:
+            flags = default_compile_flags(
+                targets[0].name,
+                host=host_cpu,
+                dynamic_shapes=dynamic_shapes,
+                fp32_only=fp32_only,
+                use_env=False,
+            )
+        else:
+            # Several devices: one --iree-hal-target-device per device (IREE names them
+            # __device_0, __device_1, ... in order), one set of backend/optimization flags.
+            flags = target_device_flags([t.hal_device for t in targets])
+            backends_local = sorted({t.local_backend for t in targets if t.local_backend})
+            if backends_local:
+                flags.append("--iree-hal-local-target-device-backends=" + ",".join(backends_local))
+            for t in dict.fromkeys(t.name for t in targets):
+                flags = merge_flags(
+                    flags,
+                    [
+                        f
+                        for f in default_compile_flags(
+                            t,
+                            host=host_cpu,
+                            dynamic_shapes=dynamic_shapes,
+                            fp32_only=fp32_only,
+                            use_env=False,
+                        )
+                        if not f.startswith(
+                            (
+                                "--iree-hal-target-device=",
+                                "--iree-hal-local-target-device-backends=",
+                            )
+                        )
+                    ],
+                )
+    elif backends:
+        known = [b for b in backends if b in TARGETS or b in ("cpu", "host")]
+        unknown = [b for b in backends if b not in known]
+        if len(known) == 1 and not unknown:
+            flags = default_compile_flags(
+                known[0],
+                host=host_cpu,
+                dynamic_shapes=dynamic_shapes,
+                fp32_only=fp32_only,
+                use_env=False,
+            )
+        else:
+            flags = [f"--iree-hal-target-backends={','.join(backends)}"]
+            if "llvm-cpu" in backends:
+                flags.append(
+                    "--iree-llvmcpu-target-cpu=host"
+                    if host_cpu
+                    else "--iree-llvmcpu-target-cpu=generic"
+                )
+    env_flags = os.environ.get("TURBINE_COMPILE_FLAGS", "").split()
+    return merge_flags(merge_flags(flags, env_flags), list(extra_args))
+
+
+def device_compile_flags(
+    devices: Sequence[str],
+    extra: Sequence[str] | None = None,
+    *,
+    dynamic_shapes: bool = False,
+    fp32_only: bool = False,
+) -> list[str]:
+    """turbine's default compile flags for one device URI or several (``__device_N`` order).
+
+    One device: ``_targets.default_compile_flags`` for its driver (``dynamic_shapes``,
+    ``fp32_only``: what ``_targets.program_traits`` says of the program). Several: the same, with one
+    ``--iree-hal-target-device`` per device (``_targets.target_device_flags``), which IREE names
+    ``__device_0``, ``__device_1``, ... — the names the exporter's
+    ``#hal.device.promise<@__device_N>`` affinities refer to.
+    """
+    drivers = [d.split("://", 1)[0].split(":", 1)[0] for d in devices]
+    base = default_compile_flags(drivers[0], dynamic_shapes=dynamic_shapes, fp32_only=fp32_only)
+    if len(drivers) > 1:
+        targets = [resolve_target(d) for d in drivers]
+        backends = sorted({t.local_backend for t in targets if t.local_backend})
+        base = [f for f in base if not f.startswith("--iree-hal-target-device=")]
+        dev_flags = target_device_flags([t.hal_device for t in targets])
+        if backends:
+            base = [f for f in base if not f.startswith("--iree-hal-local-target-device-backends")]
+            dev_flags.append(f"--iree-hal-local-target-device-backends={','.join(backends)}")
+        base = dev_flags + base
+    return merge_flags(base, extra or ())

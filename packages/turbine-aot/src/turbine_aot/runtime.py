@@ -20,7 +20,6 @@ from turbine_aot._compile_cache import (
     compile_mlir,
     compiler_version,
     default_compile_cache,
-    device_compile_flags,
 )
 from turbine_aot._runtime import (
     DEFAULT_PARAMETER_SCOPE,
@@ -41,7 +40,7 @@ from turbine_aot._runtime_numerics import (
     default_tolerance,
 )
 from turbine_aot._signatures import CallArgumentTypeError, CallArgumentValueError, CallSignature
-from turbine_aot._targets import default_runtime_flags
+from turbine_aot._targets import default_runtime_flags, device_compile_flags
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",
