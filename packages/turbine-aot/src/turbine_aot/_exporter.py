@@ -422,7 +422,6 @@ def export(
             extra arguments with a ``CompiledModule``).
         ExportError: ``torch.export`` failed (the message says what to try).
     """
-    import torch
 
     if example_args:
         if args is not None:

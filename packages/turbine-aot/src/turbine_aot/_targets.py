@@ -1,8 +1,12 @@
-"""Target and device resolution, and turbine's default IREE compile flags per target.
+"""The compile-flag policy of the compiler layer: target and device resolution, and turbine's IREE
+compile flags for every target and program trait.
 
-One place decides what a user gets when they name no flags: ``ExportOutput.compile`` and the
-runner call :func:`default_compile_flags` (and :func:`resolve_target` to map a target or driver
-name to the pair IREE needs). The defaults are chosen for speed on the machine that compiles
+One place decides what a user gets when they name no flags: ``ExportOutput.compile``
+(:func:`compile_flags_for`), the runner, bundles and the CLI (:func:`device_compile_flags`) all
+build on :func:`default_compile_flags` (and :func:`resolve_target` to map a target or driver
+name to the pair IREE needs); :func:`program_traits` reads what a program needs
+(dynamic dims, fp32 only), :func:`check_program_for_target` refuses what cannot work, and
+:func:`retry_flags` says which optional defaults a failed compile drops. The defaults are chosen for speed on the machine that compiles
 (``host=True``); a portable build is one flag away (``host=False``), and every default can be
 overridden by passing the same ``--flag=value`` in ``overrides`` / ``extra_args`` (the later value
 replaces the default, see :func:`merge_flags`).
