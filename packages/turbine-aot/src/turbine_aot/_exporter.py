@@ -21,8 +21,6 @@ from ._compiled_module import (
     CompiledModuleMeta,
     ExportedProgramDef,
     ImportPhase,
-    save_module,
-    verify_module,
 )
 from ._cpu_attention import module_for_compile
 from ._errors import CompileError, Diagnostic, ExportError
@@ -34,6 +32,7 @@ from ._iree_session import (
     session_context,
     session_flags,
 )
+from ._module_io import save_module, verify_module
 from ._signatures import compile_record, eager_defaults, record_module_signatures
 from ._targets import as_list as _as_list
 from ._targets import (
@@ -422,6 +421,7 @@ def export(
             extra arguments with a ``CompiledModule``).
         ExportError: ``torch.export`` failed (the message says what to try).
     """
+    import torch
 
     if example_args:
         if args is not None:
