@@ -141,6 +141,54 @@ def _parse_one(
     out: list[Any],
     fast: bool = False,
 ) -> int:
+    """Parses the archive header at ``base`` and its entries (appended to ``out``); returns its
+    ``next_header_offset`` (0: the last header)."""
+    hdr = _parse_header(read, file_size, path, base)
+    if hdr.entry_count == 0:
+        return hdr.next_off
+    table = _EntrySegments(
+        path,
+        base,
+        read(base + hdr.entry_off, hdr.entry_len),
+        read(base + hdr.meta_off, hdr.meta_len) if hdr.meta_len else b"",
+        hdr.entry_off,
+        hdr.stor_off,
+        hdr.stor_len,
+    )
+    if fast:
+        fast_table = EntryTable.parse(
+            table.table,
+            table.metadata,
+            hdr.entry_count,
+            base,
+            hdr.entry_off,
+            hdr.stor_off,
+            hdr.stor_len,
+        )
+        if fast_table is not None:
+            out.append(fast_table)
+            return hdr.next_off
+    out.extend(_parse_entries(table, hdr.entry_count))
+    return hdr.next_off
+
+
+@dataclass(frozen=True)
+class _Header:
+    """The checked fields of one archive header (segment offsets relative to ``base``)."""
+
+    next_off: int
+    entry_count: int
+    entry_off: int
+    entry_len: int
+    meta_off: int
+    meta_len: int
+    stor_off: int
+    stor_len: int
+
+
+def _parse_header(
+    read: Callable[[int, int], bytes], file_size: int, path: str, base: int
+) -> _Header:
     if base % HEADER_ALIGNMENT:
         raise _err(
             path, base, f"archive header is misaligned; expected a multiple of {HEADER_ALIGNMENT}"
@@ -237,42 +285,53 @@ def _parse_one(
             f"entry_count {entry_count} cannot fit in an entry segment of {entry_len} bytes "
             f"(at most {max_entries} entries of >= {ENTRY_HEADER.size} bytes)",
         )
-    if entry_count == 0:
-        return next_off
-    table = read(base + entry_off, entry_len)
-    metadata = read(base + meta_off, meta_len) if meta_len else b""
-    if fast:
-        fast_table = EntryTable.parse(
-            table, metadata, entry_count, base, entry_off, stor_off, stor_len
-        )
-        if fast_table is not None:
-            out.append(fast_table)
-            return next_off
+    return _Header(
+        next_off, entry_count, entry_off, entry_len, meta_off, meta_len, stor_off, stor_len
+    )
 
-    def meta_ref(o: int, n: int, what: str, at: int) -> bytes:
+
+@dataclass(frozen=True)
+class _EntrySegments:
+    """The entry table and metadata segment of one header, for the per-entry parsers."""
+
+    path: str
+    base: int
+    table: bytes
+    metadata: bytes
+    entry_off: int
+    stor_off: int
+    stor_len: int
+
+    def meta_ref(self, o: int, n: int, what: str, at: int) -> bytes:
         if n == 0:
             return b""
+        meta_len = len(self.metadata)
         if o > meta_len or n > meta_len - o:
             raise _err(
-                path,
+                self.path,
                 at,
                 f"{what} reference [{o}, {o + n}) lies outside the metadata segment of "
                 f"{meta_len} bytes",
             )
-        return metadata[o : o + n]
+        return self.metadata[o : o + n]
 
-    def text(raw: bytes, what: str, at: int) -> str:
+    def text(self, raw: bytes, what: str, at: int) -> str:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise _err(
-                path, at, f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})"
+                self.path, at, f"{what} is not valid UTF-8 ({e.reason} at byte {e.start})"
             ) from None
 
+
+def _parse_entries(seg: _EntrySegments, entry_count: int) -> list[RawEntry]:
+    """The entries of one header, each checked by the parser of its type."""
+    out: list[RawEntry] = []
+    path, base, table, entry_len = seg.path, seg.base, seg.table, len(seg.table)
     pos = 0
     unpack_header = ENTRY_HEADER.unpack_from
     for i in range(entry_count):
-        abs_off = base + entry_off + pos
+        abs_off = base + seg.entry_off + pos
         if entry_len - pos < ENTRY_HEADER.size:
             raise _err(
                 path,
@@ -288,108 +347,127 @@ def _parse_one(
                 f"entry {i} has entry_size {size}; expected between {ENTRY_HEADER.size} and the "
                 f"{entry_len - pos} bytes left in the entry table",
             )
-        key = text(meta_ref(name_o, name_n, f"entry {i} name", abs_off + 20), "entry name", abs_off)
-        md = meta_ref(md_o, md_n, f"entry {i} metadata", abs_off + 36)
-        if etype == EntryType.SKIP:
-            out.append(RawEntry(EntryType.SKIP, key, md, abs_off, 0, header_offset=base))
-        elif etype == EntryType.SPLAT:
-            if size < SPLAT_SIZE:
-                raise _err(
-                    path, abs_off, f"splat entry {key!r} has entry_size {size} < {SPLAT_SIZE}"
-                )
-            length, pattern, plen = SPLAT_TAIL.unpack_from(table, pos + ENTRY_HEADER.size)
-            if plen not in SPLAT_PATTERN_LENGTHS:
-                raise _err(
-                    path,
-                    abs_off + 84,
-                    f"splat entry {key!r} has pattern_length {plen}; expected 1, 2, 4, 8 or 16",
-                )
-            if length % plen:
-                raise _err(
-                    path,
-                    abs_off + 60,
-                    f"splat entry {key!r} length {length} is not a multiple of its "
-                    f"{plen}-byte pattern",
-                )
-            out.append(
-                RawEntry(
-                    EntryType.SPLAT,
-                    key,
-                    md,
-                    abs_off,
-                    length,
-                    splat_pattern=bytes(pattern[:plen]),
-                    header_offset=base,
-                )
-            )
-        elif etype == EntryType.DATA:
-            if size < DATA_SIZE:
-                raise _err(path, abs_off, f"data entry {key!r} has entry_size {size} < {DATA_SIZE}")
-            d_off, d_len = DATA_TAIL.unpack_from(table, pos + ENTRY_HEADER.size)
-            if d_len and (d_off > stor_len or d_len > stor_len - d_off):
-                raise _err(
-                    path,
-                    abs_off + 60,
-                    f"data entry {key!r} range [{d_off}, {d_off + d_len}) lies outside the "
-                    f"storage segment of {stor_len} bytes",
-                )
-            data_abs = base + stor_off + d_off
-            if min_align and not _is_pow2(min_align):
-                raise _err(
-                    path,
-                    abs_off + 52,
-                    f"data entry {key!r} minimum_alignment {min_align} is not a power of two",
-                )
-            if d_len and min_align and data_abs % min_align:
-                raise _err(
-                    path,
-                    abs_off + 60,
-                    f"data entry {key!r} is misaligned: its data starts at file offset "
-                    f"{data_abs}, expected a multiple of its minimum_alignment {min_align}",
-                )
-            out.append(
-                RawEntry(
-                    EntryType.DATA,
-                    key,
-                    md,
-                    abs_off,
-                    d_len,
-                    data_offset=data_abs,
-                    minimum_alignment=min_align,
-                    header_offset=base,
-                )
-            )
-        elif etype == EntryType.EXTERNAL:
-            if size < EXTERNAL_SIZE:
-                raise _err(
-                    path, abs_off, f"external entry {key!r} has entry_size {size} < {EXTERNAL_SIZE}"
-                )
-            p_o, p_n, r_off, r_len = EXTERNAL_TAIL.unpack_from(table, pos + ENTRY_HEADER.size)
-            ext = text(meta_ref(p_o, p_n, f"entry {key!r} path", abs_off + 60), "path", abs_off)
-            if not ext:
-                raise _err(path, abs_off + 60, f"external entry {key!r} has an empty file path")
-            out.append(
-                RawEntry(
-                    EntryType.EXTERNAL,
-                    key,
-                    md,
-                    abs_off,
-                    r_len,
-                    data_offset=r_off,
-                    minimum_alignment=min_align,
-                    external_path=ext,
-                    header_offset=base,
-                )
-            )
-        else:
+        name = seg.meta_ref(name_o, name_n, f"entry {i} name", abs_off + 20)
+        key = seg.text(name, "entry name", abs_off)
+        md = seg.meta_ref(md_o, md_n, f"entry {i} metadata", abs_off + 36)
+        parse = _ENTRY_PARSERS.get(etype)
+        if parse is None:
             raise _err(
                 path,
                 abs_off + 8,
                 f"entry {i} has unknown type {etype}; expected 0 (SKIP), 1 (SPLAT), 2 (DATA) "
                 f"or 3 (EXTERNAL)",
             )
+        out.append(parse(seg, key, md, abs_off, pos, size, min_align))
         pos += align(size, ENTRY_ALIGNMENT)
-    return next_off
+    return out
+
+
+def _skip_entry(
+    seg: _EntrySegments, key: str, md: bytes, abs_off: int, pos: int, size: int, min_align: int
+) -> RawEntry:
+    return RawEntry(EntryType.SKIP, key, md, abs_off, 0, header_offset=seg.base)
+
+
+def _splat_entry(
+    seg: _EntrySegments, key: str, md: bytes, abs_off: int, pos: int, size: int, min_align: int
+) -> RawEntry:
+    path = seg.path
+    if size < SPLAT_SIZE:
+        raise _err(path, abs_off, f"splat entry {key!r} has entry_size {size} < {SPLAT_SIZE}")
+    length, pattern, plen = SPLAT_TAIL.unpack_from(seg.table, pos + ENTRY_HEADER.size)
+    if plen not in SPLAT_PATTERN_LENGTHS:
+        raise _err(
+            path,
+            abs_off + 84,
+            f"splat entry {key!r} has pattern_length {plen}; expected 1, 2, 4, 8 or 16",
+        )
+    if length % plen:
+        raise _err(
+            path,
+            abs_off + 60,
+            f"splat entry {key!r} length {length} is not a multiple of its {plen}-byte pattern",
+        )
+    return RawEntry(
+        EntryType.SPLAT,
+        key,
+        md,
+        abs_off,
+        length,
+        splat_pattern=bytes(pattern[:plen]),
+        header_offset=seg.base,
+    )
+
+
+def _data_entry(
+    seg: _EntrySegments, key: str, md: bytes, abs_off: int, pos: int, size: int, min_align: int
+) -> RawEntry:
+    path, stor_len = seg.path, seg.stor_len
+    if size < DATA_SIZE:
+        raise _err(path, abs_off, f"data entry {key!r} has entry_size {size} < {DATA_SIZE}")
+    d_off, d_len = DATA_TAIL.unpack_from(seg.table, pos + ENTRY_HEADER.size)
+    if d_len and (d_off > stor_len or d_len > stor_len - d_off):
+        raise _err(
+            path,
+            abs_off + 60,
+            f"data entry {key!r} range [{d_off}, {d_off + d_len}) lies outside the "
+            f"storage segment of {stor_len} bytes",
+        )
+    data_abs = seg.base + seg.stor_off + d_off
+    if min_align and not _is_pow2(min_align):
+        raise _err(
+            path,
+            abs_off + 52,
+            f"data entry {key!r} minimum_alignment {min_align} is not a power of two",
+        )
+    if d_len and min_align and data_abs % min_align:
+        raise _err(
+            path,
+            abs_off + 60,
+            f"data entry {key!r} is misaligned: its data starts at file offset "
+            f"{data_abs}, expected a multiple of its minimum_alignment {min_align}",
+        )
+    return RawEntry(
+        EntryType.DATA,
+        key,
+        md,
+        abs_off,
+        d_len,
+        data_offset=data_abs,
+        minimum_alignment=min_align,
+        header_offset=seg.base,
+    )
+
+
+def _external_entry(
+    seg: _EntrySegments, key: str, md: bytes, abs_off: int, pos: int, size: int, min_align: int
+) -> RawEntry:
+    path = seg.path
+    if size < EXTERNAL_SIZE:
+        raise _err(path, abs_off, f"external entry {key!r} has entry_size {size} < {EXTERNAL_SIZE}")
+    p_o, p_n, r_off, r_len = EXTERNAL_TAIL.unpack_from(seg.table, pos + ENTRY_HEADER.size)
+    ext = seg.text(seg.meta_ref(p_o, p_n, f"entry {key!r} path", abs_off + 60), "path", abs_off)
+    if not ext:
+        raise _err(path, abs_off + 60, f"external entry {key!r} has an empty file path")
+    return RawEntry(
+        EntryType.EXTERNAL,
+        key,
+        md,
+        abs_off,
+        r_len,
+        data_offset=r_off,
+        minimum_alignment=min_align,
+        external_path=ext,
+        header_offset=seg.base,
+    )
+
+
+_ENTRY_PARSERS: dict[int, Callable[..., RawEntry]] = {
+    EntryType.SKIP: _skip_entry,
+    EntryType.SPLAT: _splat_entry,
+    EntryType.DATA: _data_entry,
+    EntryType.EXTERNAL: _external_entry,
+}
 
 
 # One entry-table row as numpy sees it (fields of every entry type, by offset).
