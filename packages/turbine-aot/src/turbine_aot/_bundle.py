@@ -307,7 +307,29 @@ def save_bundle(
     """
     devices = [device] if isinstance(device, str) else list(device)
     dest = Path(path)
-    archive = dest.name.endswith((".tar", ".tar.gz", ".tgz"))
+    _check_destination(dest, overwrite)
+    vmfb, module_name, sigs, recorded_flags = _compiled_contents(
+        module, devices, compile_flags, cache, signatures
+    )
+    params = _normalize_parameters(parameters)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # A work directory named for its owner (turbine_params.make_owned_temp: a later save to
+    # `dest` removes it if this process is killed) and made with mkdir, not mkdtemp (0700): the
+    # bundle gets the usual permissions (umask), so others can read what was deployed.
+    work = make_owned_temp(dest, directory=True)
+    try:
+        manifest = _fill_bundle(work, vmfb, params, devices, module_name, sigs, recorded_flags)
+        if dest.name.endswith((".tar", ".tar.gz", ".tgz")):
+            _publish_archive(work, dest)
+        else:
+            _publish_directory(work, dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Bundle(dest, manifest)
+
+
+def _check_destination(dest: Path, overwrite: bool) -> None:
     if dest.exists() and not overwrite:
         raise BundleError(
             f"{str(dest)!r} already exists; pass overwrite=True (--force) to replace it"
@@ -318,6 +340,17 @@ def save_bundle(
             f"{str(dest)!r} is a directory but not a bundle (no {MANIFEST}); refusing to "
             "replace it: give the bundle a new path"
         )
+
+
+def _compiled_contents(
+    module: Any,
+    devices: list[str],
+    compile_flags: Sequence[str] | None,
+    cache: Any,
+    signatures: Mapping[str, FunctionSignature] | None,
+) -> tuple[bytes, str, dict[str, FunctionSignature], list[str] | None]:
+    """The ``.vmfb`` bytes (compiled here from an ``ExportOutput``), its module name, its
+    entry-point signatures and the compile flags to record."""
     is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
     if is_export:
         module._last_compile_flags = None  # set by ExportOutput.compile if it compiles now
@@ -331,7 +364,6 @@ def save_bundle(
     for name, sig in (signatures or {}).items():
         if name in sigs and not sigs[name].inputs and not sigs[name].outputs:
             sigs[name] = sig
-    params = _normalize_parameters(parameters)
     recorded_flags: list[str] | None
     if is_export:
         traits = program_traits(module)
@@ -342,79 +374,88 @@ def save_bundle(
         )
     else:
         recorded_flags = list(compile_flags or [])
-    recorded_flags = recorded_flags or None
+    return vmfb, module_name, sigs, recorded_flags or None
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # A work directory named for its owner (turbine_params.make_owned_temp: a later save to
-    # `dest` removes it if this process is killed) and made with mkdir, not mkdtemp (0700): the
-    # bundle gets the usual permissions (umask), so others can read what was deployed.
-    work = make_owned_temp(dest, directory=True)
-    try:
-        (work / MODULE_FILE).write_bytes(vmfb)
-        param_rel: dict[str, list[str]] = {}
-        if params:
-            (work / "params").mkdir()
-        for scope, files in params.items():
-            param_rel[scope] = []
-            for i, f in enumerate(files):
-                safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in scope) or "default"
-                rel = f"params/{safe}{'' if i == 0 else f'-{i}'}{''.join(f.suffixes) or '.irpa'}"
-                _link_or_copy(f, work / rel)
-                param_rel[scope].append(rel)
-        # Per-file size + SHA-256 (hashing reads the weights once, ~1-2 s per GB): every load
-        # checks the sizes, Bundle.verify()/verify=True the hashes.
-        files = {
-            rel: {"size": (work / rel).stat().st_size, "sha256": _sha256_file(work / rel)}
-            for rel in [p for ps in param_rel.values() for p in ps]
-        }
-        module_sha256 = hashlib.sha256(vmfb).hexdigest()
-        files[MODULE_FILE] = {"size": len(vmfb), "sha256": module_sha256}
-        run_flags = [f"--module={MODULE_FILE}"]
-        run_flags += [f"--device={d}" for d in devices]
-        run_flags += [f"--parameters={s}={p}" for s, ps in param_rel.items() for p in ps]
-        manifest = {
-            "format": BUNDLE_FORMAT,
-            "format_version": BUNDLE_FORMAT_VERSION,
-            "module": MODULE_FILE,
-            "module_name": module_name,
-            "module_sha256": module_sha256,
-            "files": files,
-            "functions": {k: s.to_json() for k, s in sigs.items()},
-            "parameters": param_rel,
-            "devices": _device_records(devices),
-            "compile_flags": recorded_flags,
-            "versions": _versions(),
-            "iree_run_module": {
-                "flags": run_flags,
-                "flagfile": FLAGFILE,
-                "example": (
-                    f"cd <bundle> && iree-run-module --flagfile={FLAGFILE} "
-                    f"--function={next(iter(sigs), 'main')} --input=..."
-                ),
-            },
-        }
-        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        (work / FLAGFILE).write_text("\n".join(run_flags) + "\n")
-        for f in (work / MODULE_FILE, work / MANIFEST):
-            with open(f, "rb+") as fh:
-                os.fsync(fh.fileno())
-        if archive:
-            # turbine_params.atomic_output_file: fsynced, renamed, never a half-written archive.
-            mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
-            with atomic_output_file(dest) as tmp_tar, tarfile.open(tmp_tar, mode) as tf:
-                for p in sorted(work.rglob("*")):
-                    tf.add(p, arcname=str(p.relative_to(work)), recursive=False)
-            shutil.rmtree(work)
-        else:
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            elif dest.exists() or dest.is_symlink():
-                dest.unlink()
-            os.replace(work, dest)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return Bundle(dest, manifest)
+
+def _fill_bundle(
+    work: Path,
+    vmfb: bytes,
+    params: dict[str, list[Path]],
+    devices: list[str],
+    module_name: str,
+    sigs: dict[str, FunctionSignature],
+    recorded_flags: list[str] | None,
+) -> dict[str, Any]:
+    """Writes the module, parameter files, manifest and flag file into ``work``; returns the
+    manifest."""
+    (work / MODULE_FILE).write_bytes(vmfb)
+    param_rel: dict[str, list[str]] = {}
+    if params:
+        (work / "params").mkdir()
+    for scope, files in params.items():
+        param_rel[scope] = []
+        for i, f in enumerate(files):
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in scope) or "default"
+            rel = f"params/{safe}{'' if i == 0 else f'-{i}'}{''.join(f.suffixes) or '.irpa'}"
+            _link_or_copy(f, work / rel)
+            param_rel[scope].append(rel)
+    # Per-file size + SHA-256 (hashing reads the weights once, ~1-2 s per GB): every load
+    # checks the sizes, Bundle.verify()/verify=True the hashes.
+    records = {
+        rel: {"size": (work / rel).stat().st_size, "sha256": _sha256_file(work / rel)}
+        for rel in [p for ps in param_rel.values() for p in ps]
+    }
+    module_sha256 = hashlib.sha256(vmfb).hexdigest()
+    records[MODULE_FILE] = {"size": len(vmfb), "sha256": module_sha256}
+    run_flags = [f"--module={MODULE_FILE}"]
+    run_flags += [f"--device={d}" for d in devices]
+    run_flags += [f"--parameters={s}={p}" for s, ps in param_rel.items() for p in ps]
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "format_version": BUNDLE_FORMAT_VERSION,
+        "module": MODULE_FILE,
+        "module_name": module_name,
+        "module_sha256": module_sha256,
+        "files": records,
+        "functions": {k: s.to_json() for k, s in sigs.items()},
+        "parameters": param_rel,
+        "devices": _device_records(devices),
+        "compile_flags": recorded_flags,
+        "versions": _versions(),
+        "iree_run_module": {
+            "flags": run_flags,
+            "flagfile": FLAGFILE,
+            "example": (
+                f"cd <bundle> && iree-run-module --flagfile={FLAGFILE} "
+                f"--function={next(iter(sigs), 'main')} --input=..."
+            ),
+        },
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (work / FLAGFILE).write_text("\n".join(run_flags) + "\n")
+    for f in (work / MODULE_FILE, work / MANIFEST):
+        with open(f, "rb+") as fh:
+            os.fsync(fh.fileno())
+    return manifest
+
+
+def _publish_archive(work: Path, dest: Path) -> None:
+    """The bundle form ``.tar`` / ``.tar.gz``: ``work`` packed into ``dest``, then removed."""
+    # turbine_params.atomic_output_file: fsynced, renamed, never a half-written archive.
+    mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
+    with atomic_output_file(dest) as tmp_tar, tarfile.open(tmp_tar, mode) as tf:
+        for p in sorted(work.rglob("*")):
+            tf.add(p, arcname=str(p.relative_to(work)), recursive=False)
+    shutil.rmtree(work)
+
+
+def _publish_directory(work: Path, dest: Path) -> None:
+    """The directory form: ``work`` renamed to ``dest`` (replacing a previous bundle there)."""
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    elif dest.exists() or dest.is_symlink():
+        dest.unlink()
+    os.replace(work, dest)
 
 
 def read_bundle(
