@@ -527,8 +527,6 @@ def _with_signatures(eo: ExportOutput, eager: Any = None) -> ExportOutput:
     function then takes flat arguments)."""
     import inspect
 
-    from ._compiled_module import CompiledModule
-
     try:
         class_info = CompiledModule.get_info(eo.compiled_module).class_info
         programs = {d.export_name: d.program for _, d in class_info.exported_programs}

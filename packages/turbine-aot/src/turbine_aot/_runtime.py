@@ -332,7 +332,6 @@ def _pack(results: list[Any]) -> Any:
 def _check_flat_args(label: str, args: Sequence[Any], specs: Sequence[TensorSpec]) -> None:
     """Count, dtype, rank and static dims of flat arguments against the ABI's specs (modules
     without recorded call signatures)."""
-    import numpy as np
     import torch
 
     if specs and len(args) != len(specs):

@@ -266,7 +266,7 @@ class ParameterIndexEntry:
                 f"entry {self.key!r} is not file storage based ({self.entry_type}); check "
                 f"is_file first, or use flat_array()"
             )
-        return memoryview(self.file.flat_array(self.offset, self.length)).toreadonly()
+        return memoryview(self.file.flat_array(self.offset, self.length)).toreadonly()  # type: ignore[arg-type]
 
     def flat_array(self) -> np.ndarray:
         """The entry's bytes as a flat uint8 numpy array (a view where possible)."""
