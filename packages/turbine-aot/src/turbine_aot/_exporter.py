@@ -444,59 +444,15 @@ def export(
             "function_name": function_name,
             "arg_device": arg_device,
         }
-        given = [k for k, v in extras.items() if v is not None]
-        if given:
-            raise ValueError(
-                f"export() of the CompiledModule {mdl.__name__}: arguments {given} are not "
-                "allowed (a CompiledModule declares its own procedures and signatures)"
-            )
-        cm_class = mdl
-        if module_name is not None:
-            cm_class = CompiledModuleMeta(mdl.__name__, (mdl,), {}, export_name=module_name)
-        return _with_signatures(_instantiate(cm_class))
-
+        return _export_compiled_module(mdl, module_name, extras)
     if isinstance(mdl, CompiledModule):
         raise TypeError(
             f"export() takes a CompiledModule subclass, not an instance ({type(mdl).__name__}()); "
             "pass the class, or wrap an instance's IR with ExportOutput(session, instance)"
         )
-
-    fx_programs_type = _fx_programs_type()
-    programs: dict[str, Any]
-    fx_devices: dict[str, Any] = {}
-    if isinstance(mdl, torch.nn.Module):
-        start = time.perf_counter()
-        program = _torch_export(mdl, args, kwargs, dynamic_shapes, strict_export)
-        _log.info("torch.export of %s: %.2f s", type(mdl).__name__, time.perf_counter() - start)
-        programs = {function_name or "main": program}
-    elif isinstance(mdl, torch.export.ExportedProgram):
-        if args is not None or kwargs is not None or dynamic_shapes is not None:
-            raise ValueError(
-                "export() of an ExportedProgram: args/kwargs/dynamic_shapes are already fixed by "
-                "the program; do not pass them"
-            )
-        programs = {function_name or "main": mdl}
-    elif fx_programs_type is not None and isinstance(mdl, fx_programs_type):
-        if args is not None or kwargs is not None or dynamic_shapes is not None:
-            raise ValueError(
-                "export() of FxPrograms: the programs are already exported; args/kwargs/"
-                "dynamic_shapes are not allowed"
-            )
-        if function_name is not None:
-            raise ValueError(
-                "export() of FxPrograms: function_name is not allowed (each program keeps its name)"
-            )
-        from turbine_fx import program_and_arg_device
-
-        # Values are FxProgram wrappers (.target, .arg_device); a bare ExportedProgram a user
-        # stored in the dict works too.
-        programs = {}
-        for name, value in getattr(mdl, "programs", {}).items():
-            programs[name], fx_devices[name] = program_and_arg_device(value)
-    else:
-        raise TypeError(
-            f"export() accepts {_ACCEPTED}; got {type(mdl).__module__}.{type(mdl).__qualname__}"
-        )
+    programs, fx_devices = _programs_of(
+        mdl, args, kwargs, dynamic_shapes, function_name, strict_export
+    )
 
     # FxProgramsBuilder.export_program(arg_device=...) records placements per program.
     program_devices: dict[str, Any] = dict(getattr(mdl, "arg_devices", None) or {})
@@ -516,6 +472,72 @@ def export(
     )
     return _with_signatures(
         _instantiate(cm_class), mdl if isinstance(mdl, torch.nn.Module) else None
+    )
+
+
+def _export_compiled_module(
+    cm: Any, module_name: str | None, extras: dict[str, Any]
+) -> ExportOutput:
+    """``export()`` of a ``CompiledModule`` class: no other argument but ``module_name``."""
+    given = [k for k, v in extras.items() if v is not None]
+    if given:
+        raise ValueError(
+            f"export() of the CompiledModule {cm.__name__}: arguments {given} are not "
+            "allowed (a CompiledModule declares its own procedures and signatures)"
+        )
+    cm_class = cm
+    if module_name is not None:
+        cm_class = CompiledModuleMeta(cm.__name__, (cm,), {}, export_name=module_name)
+    return _with_signatures(_instantiate(cm_class))
+
+
+def _programs_of(
+    mdl: Any,
+    args: Any,
+    kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+    function_name: str | None,
+    strict_export: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ExportedPrograms to import by function name, and the device placements FxPrograms
+    wrappers carry, for each kind of export source: an ``nn.Module`` (traced here), an
+    ``ExportedProgram`` or ``FxPrograms`` (already exported)."""
+    import torch
+
+    fx_programs_type = _fx_programs_type()
+    if isinstance(mdl, torch.nn.Module):
+        start = time.perf_counter()
+        program = _torch_export(mdl, args, kwargs, dynamic_shapes, strict_export)
+        _log.info("torch.export of %s: %.2f s", type(mdl).__name__, time.perf_counter() - start)
+        return {function_name or "main": program}, {}
+    if isinstance(mdl, torch.export.ExportedProgram):
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            raise ValueError(
+                "export() of an ExportedProgram: args/kwargs/dynamic_shapes are already fixed by "
+                "the program; do not pass them"
+            )
+        return {function_name or "main": mdl}, {}
+    if fx_programs_type is not None and isinstance(mdl, fx_programs_type):
+        if args is not None or kwargs is not None or dynamic_shapes is not None:
+            raise ValueError(
+                "export() of FxPrograms: the programs are already exported; args/kwargs/"
+                "dynamic_shapes are not allowed"
+            )
+        if function_name is not None:
+            raise ValueError(
+                "export() of FxPrograms: function_name is not allowed (each program keeps its name)"
+            )
+        from turbine_fx import program_and_arg_device
+
+        # Values are FxProgram wrappers (.target, .arg_device); a bare ExportedProgram a user
+        # stored in the dict works too.
+        programs: dict[str, Any] = {}
+        fx_devices: dict[str, Any] = {}
+        for name, value in getattr(mdl, "programs", {}).items():
+            programs[name], fx_devices[name] = program_and_arg_device(value)
+        return programs, fx_devices
+    raise TypeError(
+        f"export() accepts {_ACCEPTED}; got {type(mdl).__module__}.{type(mdl).__qualname__}"
     )
 
 
