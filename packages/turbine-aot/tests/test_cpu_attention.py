@@ -145,3 +145,32 @@ def test_decomposing_at_export_is_still_the_users_choice():
     ir = str(out.mlir_module)
     assert SDPA_OP not in ir
     assert "torch.aten._softmax" in ir or "torch.aten.softmax" in ir
+
+
+@pytest.mark.parametrize("command", ["compile", "bundle"])
+def test_cli_compile_of_an_mlir_file_rewrites_attention_for_cpu(tmp_path, monkeypatch, command):
+    from turbine_aot import runtime
+    from turbine_aot._cli import main
+    from turbine_ir import ir
+
+    args = _variant_inputs()
+    src = tmp_path / "m.mlir"
+    src.write_text(str(aot.export(Variants(), args=args).mlir_module))
+    handed: list[str] = []
+    compile_mlir = runtime.compile_mlir
+
+    def spy(source, flags, **kw):
+        handed.append(str(ir.Module.parse(source, context=ir.Context())))
+        return compile_mlir(source, flags, **kw)
+
+    monkeypatch.setattr(runtime, "compile_mlir", spy)
+    out = tmp_path / ("m.vmfb" if command == "compile" else "b")
+    flags = [f"--flag={f}" for f in FAST]
+    assert main([command, str(src), "-o", str(out), "-d", "local-task", *flags]) == 0
+    (text,) = handed
+    assert SDPA_OP not in text and text.count("torch.aten.softmax.int") == 4
+    assert f"= {SDPA_OP} " in src.read_text()  # the file itself is left as it was
+    if command == "compile":
+        got = load_module(str(out)).main(*args)
+        for g, e in zip(got, Variants()(*args)):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)

@@ -27,6 +27,7 @@ from turbine_aot._cli_errors import (
     with_root_cause,
 )
 from turbine_aot._cli_progress import Stages
+from turbine_aot._cpu_attention import module_for_compile
 from turbine_aot._inspect import format_report, inspect_path
 from turbine_aot._signatures import compile_record
 
@@ -332,6 +333,24 @@ def _read_program(data: bytes) -> Any:
         return None
 
 
+def _source_for_compile(data: bytes, module: Any, flags: list[str]) -> bytes:
+    """What ``compile`` and ``bundle`` hand to IREE for ``flags``, as ExportOutput.compile does:
+    for CPU targets attention rewritten as matmul + softmax (on a copy), and the flags and
+    compiler version recorded in the module (``inspect``). ``data`` itself when it did not parse.
+    """
+    if module is None:
+        return data
+    target, owned = module_for_compile(module.operation, flags)
+    try:
+        buf = io.BytesIO()
+        with compile_record(target.operation, flags):
+            target.operation.write_bytecode(buf)
+        return buf.getvalue()
+    finally:
+        if owned:
+            target.operation.erase()
+
+
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     from turbine_aot import runtime as R
     from turbine_aot._targets import check_program_for_target, compile_with_fallback, program_traits
@@ -351,14 +370,12 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     cache: Any = False if args.no_cache else (args.cache_dir or True)
 
     def compile_with(flags: list[str]) -> bytes:
-        source = data
-        if module is not None:  # the .vmfb records its flags and compiler version (inspect)
-            buf = io.BytesIO()
-            with compile_record(module.operation, flags):
-                module.operation.write_bytecode(buf)
-            source = buf.getvalue()
         return R.compile_mlir(
-            source, flags, input_type=args.input_type, target=",".join(devices), cache=cache
+            _source_for_compile(data, module, flags),
+            flags,
+            input_type=args.input_type,
+            target=",".join(devices),
+            cache=cache,
         )
 
     with st("compile"):
@@ -493,9 +510,12 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         user_flags = list(args.flag or [])
         flags = R.device_compile_flags(devices, user_flags)
         data = src.read_bytes()
+        program = _read_program(data)
         with st("compile"):
             module, flags = compile_with_fallback(
-                lambda f: R.compile_mlir(data, f, target=",".join(devices)),
+                lambda f: R.compile_mlir(
+                    _source_for_compile(data, program, f), f, target=",".join(devices)
+                ),
                 flags,
                 user_flags,
                 errors=(R.CompileError,),
