@@ -206,6 +206,8 @@ def test_a_worker_killed_mid_export(tmp_path: Path) -> None:
         r".*each time on another worker; it was not built",
         result.stderr,
     ), result.stderr
-    assert len(list((tmp_path / "marks").glob("8-*"))) == 3
+    # Each of the 3 attempts died; an attempt can die before the generator writes its mark (its
+    # worker is killed while the nanny restarts it, seen at load 25), so at most 3 marks.
+    assert 1 <= len(list((tmp_path / "marks").glob("8-*"))) <= 3
     assert "Generating flaky" not in result.stderr.split("Root causes:")[-1]
     assert not list(gen.glob(".*.tmp"))  # the killed writers' temporaries are gone

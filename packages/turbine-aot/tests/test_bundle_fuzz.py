@@ -204,3 +204,17 @@ def test_seed_bundles_load(seed):
     for path in (good, tar):
         torch.testing.assert_close(R.load_bundle(path).main(x), x * W)
     assert tarfile.is_tarfile(tar)
+
+
+def test_a_manifest_without_parameters_loads_as_a_bundle_without_parameters(seed, tmp_path):
+    """Found by the fuzz test above: a manifest with no "parameters" key passed the manifest
+    check (it is optional) and then raised KeyError in Bundle.parameters()."""
+    src, _, manifest = seed
+    work = tmp_path / "b"
+    shutil.copytree(src, work)
+    doc = dict(manifest)
+    del doc["parameters"]
+    (work / "manifest.json").write_text(json.dumps(doc))
+    from turbine_aot._bundle import read_bundle
+
+    assert read_bundle(work).parameters() == {}

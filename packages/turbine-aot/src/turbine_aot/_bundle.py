@@ -222,7 +222,9 @@ class Bundle:
         return [d["uri"] for d in self.manifest["devices"]]
 
     def parameters(self) -> dict[str, list[Path]]:
-        return {s: [self.path / p for p in ps] for s, ps in self.manifest["parameters"].items()}
+        return {
+            s: [self.path / p for p in ps] for s, ps in self.manifest.get("parameters", {}).items()
+        }
 
     def iree_run_module_args(self) -> list[str]:
         """``iree-run-module`` flags (paths relative to the bundle) that load this bundle."""
