@@ -196,11 +196,14 @@ def test_a_worker_killed_mid_export(tmp_path: Path) -> None:
     gen = tmp_path / "out" / "genfiles" / "variants"
     built = sorted(p.name for p in gen.glob("*.mlir"))
     assert built == ["flaky.mlir", "v0.mlir", "v1.mlir", "v2.mlir"], result.stderr
-    assert (gen / "flaky.mlir").read_text().startswith("// variant 7 attempt 1")
+    # The first attempt dies; a retry builds it. Which retry depends on timing: under load (a
+    # second test process beside it) a retry's worker can die too, so attempt 1 or 2 builds it.
+    built_by = re.match(r"// variant 7 attempt (\d+)", (gen / "flaky.mlir").read_text())
+    assert built_by and int(built_by.group(1)) in (1, 2)
     marks = sorted(p.name.split("-")[:2] for p in (tmp_path / "marks").iterdir())
-    assert ["7", "0"] in marks and ["7", "1"] in marks  # died once, then ran again
+    assert ["7", "0"] in marks and ["7", built_by.group(1)] in marks  # died, then ran again
     pids = {p.name.split("-")[2] for p in (tmp_path / "marks").glob("7-*")}
-    assert len(pids) == 2  # the retry ran in another worker process
+    assert len(pids) >= 2  # the retry ran in another worker process
     assert re.search(
         r"Generating doomed .*: the Dask worker process running it died on each of 3 attempts "
         r".*each time on another worker; it was not built",
