@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import torch
+from ir_check import check_ir as _check_ir
 
 from turbine_aot import CompiledModule, CompiledModuleError, CompileError, ImportPhase, export
 from turbine_aot.builtins import (
@@ -31,20 +32,6 @@ FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
 
 def _ir(inst) -> str:
     return str(CompiledModule.get_mlir_module(inst))
-
-
-def _check_ir(asm: str, *patterns: str) -> None:
-    """FileCheck-style: each pattern (a regex) must match a line, in order, after the previous."""
-    lines = asm.splitlines()
-    pos = 0
-    for pattern in patterns:
-        rx = re.compile(pattern)
-        for i in range(pos, len(lines)):
-            if rx.search(lines[i]):
-                pos = i + 1
-                break
-        else:
-            raise AssertionError(f"no line matching {pattern!r} after line {pos} in:\n{asm}")
 
 
 class BasicModule(CompiledModule):

@@ -8,10 +8,9 @@ module is constructed, and a bare ``Context()`` works. Compiled with IREE and ru
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from ir_check import check_ir as _check_ir
 
 from turbine_aot import CompiledModule, export, export_global, export_parameters
 from turbine_aot.builtins import (
@@ -24,20 +23,6 @@ from turbine_aot.builtins import (
 from turbine_aot.runtime import load_module
 
 FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
-
-
-def _check_ir(asm: str, *patterns: str) -> None:
-    """FileCheck-style: each pattern (a regex) must match a line, in order, after the previous."""
-    lines = asm.splitlines()
-    pos = 0
-    for pattern in patterns:
-        rx = re.compile(pattern)
-        for i in range(pos, len(lines)):
-            if rx.search(lines[i]):
-                pos = i + 1
-                break
-        else:
-            raise AssertionError(f"no line matching {pattern!r} after line {pos} in:\n{asm}")
 
 
 class Zeros(CompiledModule):
