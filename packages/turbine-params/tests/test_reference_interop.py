@@ -99,13 +99,25 @@ def _turbine_read(path: Path) -> dict:
 
 
 def test_turbine_reads_the_reference_format_fixture():
+    _torch()
     _check_contents(_turbine_read(REFERENCE))
+
+
+def test_turbine_reads_the_reference_format_fixture_with_numpy_alone():
+    """Without torch (the standalone session), metadata and every numpy-viewable entry read."""
     with ParameterArchive(REFERENCE) as archive:
         assert archive["model.norm.weight"].dtype_name == "torch.bfloat16"
         assert archive["model.embed.weight"].shape == (3, 4)
         np.testing.assert_array_equal(
             archive["model.positions"].as_array(), np.arange(5, dtype=np.int64)
         )
+        for key, (dtype, shape, data) in fixtures.EXPECTED.items():
+            if dtype in ("bfloat16", "bool"):
+                continue
+            np.testing.assert_array_equal(
+                archive[key].as_array(), np.frombuffer(data, dtype=dtype).reshape(shape)
+            )
+        assert json.loads(bytes(archive[fixtures.CONFIG_KEY].raw.file_view)) == fixtures.CONFIG
 
 
 def test_reference_reader_reads_the_frozen_turbine_fixture():

@@ -169,8 +169,12 @@ class ParameterArchiveEntry:
 
         A view of the mapped file for data entries (zero-copy with ``mmap=True``); for a splat, a
         view of the pattern when it is one byte, else the pattern repeated.
+
+        Raises:
+            ImportError: torch is not installed (turbine-params alone needs numpy only; use
+                :meth:`as_flat_array`).
         """
-        import torch
+        torch = _import_torch("as_flat_tensor", "as_flat_array")
 
         raw = self.raw
         if raw.length == 0:
@@ -200,8 +204,10 @@ class ParameterArchiveEntry:
         Raises:
             ValueError: (``ParameterArchiveError``) the entry has no tensor metadata, its
                 metadata disagrees with its length, or names an unknown dtype.
+            ImportError: torch is not installed (use :meth:`as_array`; bfloat16 and bool
+                entries read as raw bytes with :meth:`as_flat_array`).
         """
-        import torch
+        torch = _import_torch("as_tensor", "as_array")
 
         md = self._require_md()
         dtype = md.dtype.torch_dtype()
@@ -223,6 +229,17 @@ class ParameterArchiveEntry:
             md = None
         desc = f"{md.dtype.name}{list(md.shape)}" if md else f"{self.length} bytes"
         return f"<ParameterArchiveEntry {self.key!r} {self.entry_type} {desc}>"
+
+
+def _import_torch(method: str, numpy_method: str) -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            f"ParameterArchiveEntry.{method}() needs torch, which is not installed; install "
+            f"torch, or read the entry as a numpy array with {numpy_method}()"
+        ) from e
+    return torch
 
 
 def describe_keys(keys: list[str]) -> str:
