@@ -189,8 +189,32 @@ _DTYPE_CASES = {
 }  # fmt: skip
 
 
+# What IREE 3.13 cannot run of these cases, by backend (the lowering fails or computes wrong).
+_BACKEND_GAPS = {
+    "vmvx": {
+        torch.float16: "vmvx has no f16 arithmetic ('arith.truncf' to f16 does not legalize)",
+        torch.bfloat16: "vmvx has no bf16 arithmetic ('arith.constant' bf16 does not legalize)",
+        **dict.fromkeys(
+            (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64),
+            "vmvx rounds float -> integer casts to nearest; turbine-aot's compile path truncates "
+            "first (its test_cast_fixes runs these casts on vmvx), this test compiles the "
+            "imported module directly",
+        ),
+    },
+    "vulkan-spirv": {
+        torch.float16: "IREE's default Vulkan target has no f16 arithmetic (NaN on lavapipe; "
+        "turbine-aot's compile refuses it with a TargetError)",
+        torch.int64: "IREE's default Vulkan target has no Int64 ('failed to legalize "
+        "unresolved target materialization from i64 to vector<2xi32>')",
+    },
+}
+
+
 @pytest.mark.parametrize("dtype", list(_DTYPE_CASES), ids=lambda d: str(d).split(".")[-1])
 def test_small_constants_per_dtype_run(iree_device, dtype):
+    gap = _BACKEND_GAPS.get(iree_device.name, {}).get(dtype)
+    if gap:
+        pytest.skip(f"IREE 3.13 on {iree_device.name}: {gap}")
     torch.manual_seed(0)
     fn = _DTYPE_CASES[dtype]
     # bf16 programs: IREE may keep intermediates in f32 (1 bf16 ulp at 8 is 0.0625).

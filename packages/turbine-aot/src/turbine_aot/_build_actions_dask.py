@@ -13,8 +13,13 @@ killer) does not fail the build at once: the variant is submitted again, up to
 :data:`WORKER_DEATH_RETRIES` times, and runs on another worker (a local cluster's nanny restarts
 the dead one). A variant whose worker dies on every attempt fails with a
 :class:`WorkerDiedError` naming it; the other variants are built. The local cluster listens on
-127.0.0.1 only, runs one task per single-threaded worker (so a death costs only the variant
-running there) and leaves retrying to this module (``allowed-failures`` 0).
+127.0.0.1 only, runs single-threaded workers and leaves retrying to this module
+(``allowed-failures`` 0). Dask may hand a worker a second variant while it runs one; when that
+worker dies, Dask fails both (and one that just finished there, its result not yet reported).
+On a local cluster each attempt leaves marker files when it starts and when it finishes, so a
+variant that was not running on the dead worker is submitted again without using one of its
+attempts (at most :data:`_FREE_RESUBMITS` times): only the variant that was running pays for
+the death. On a remote cluster (no shared marker directory) every death counts.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ import concurrent.futures
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 from ._build_actions_errors import BuildActionError
@@ -35,11 +43,39 @@ __all__ = ["WORKER_DEATH_RETRIES", "submit_to_dask"]
 #: How many more times a variant is run after the worker process running it died.
 WORKER_DEATH_RETRIES = 2
 _CLOSE_TIMEOUT_S = 20
+#: How many times a variant killed before it started (queued on a dying worker) is resubmitted
+#: without counting as an attempt.
+_FREE_RESUBMITS = 10
 
 logger = logging.getLogger("turbine.aot.build_actions")
 
 _lock = threading.Lock()
 _clients: dict[tuple[str, int], Any] = {}
+_marker_dir: Path | None = None
+
+
+def _local_marker_dir() -> Path:
+    """A directory, private to this build process, where local workers mark started attempts."""
+    global _marker_dir
+    with _lock:
+        if _marker_dir is None:
+            _marker_dir = Path(tempfile.mkdtemp(prefix="turbine-dask-started-"))
+        return _marker_dir
+
+
+class _MarkStarted:
+    """Runs ``thunk`` after creating ``marker`` (picklable: it travels to the worker)."""
+
+    def __init__(self, thunk: Any, marker: str):
+        self.thunk = thunk
+        self.marker = marker
+
+    def __call__(self) -> Any:
+        Path(self.marker + ".started").touch()
+        try:
+            return self.thunk()
+        finally:  # returned or raised: whatever kills the worker later is not this attempt
+            Path(self.marker + ".finished").touch()
 
 
 class DaskUnavailableError(BuildActionError):
@@ -108,14 +144,40 @@ def submit_to_dask(
     result.set_running_or_notify_cancel()
     what = desc or key
 
+    markers = _local_marker_dir() if address == "local" else None
+    resubmits = [0]
+
     def submit(attempt: int) -> None:
         name = key if attempt == 0 else f"{key}-retry{attempt}"
-        client.submit(thunk, pure=False, key=name).add_done_callback(lambda f: done(f, attempt))
+        if resubmits[0]:
+            name += f"-resubmit{resubmits[0]}"
+        job = thunk if markers is None else _MarkStarted(thunk, str(markers / name))
+        client.submit(job, pure=False, key=name).add_done_callback(lambda f: done(f, attempt, name))
 
-    def done(f: Any, attempt: int) -> None:
+    def died_running(name: str) -> bool:
+        """Whether this attempt was running when its worker died (not queued behind the
+        attempt that died, nor finished with its result still on that worker)."""
+        if markers is None:
+            return True
+        started = (markers / f"{name}.started").exists()
+        return started and not (markers / f"{name}.finished").exists()
+
+    def done(f: Any, attempt: int, name: str) -> None:
         try:
             value = f.result()
         except KilledWorker as e:
+            if not died_running(name) and resubmits[0] < _FREE_RESUBMITS:
+                # Queued on the worker that died, or done with its result lost with it: not
+                # this variant's death.
+                resubmits[0] += 1
+                logger.info(
+                    "%s: its Dask worker died while it was not running; submitting it again", what
+                )
+                try:
+                    submit(attempt)
+                except BaseException as again:  # the client closed meanwhile
+                    result.set_exception(again)
+                return
             if attempt < retries:
                 logger.warning(
                     "%s: its Dask worker died (attempt %d of %d); running it again on another "
@@ -150,6 +212,11 @@ def close_dask_clients() -> None:
     with _lock:
         clients = list(_clients.values())
         _clients.clear()
+    global _marker_dir
+    with _lock:
+        markers, _marker_dir = _marker_dir, None
+    if markers is not None:
+        shutil.rmtree(markers, ignore_errors=True)
     for client in clients:
         cluster = getattr(client, "cluster", None)
         # Bounded: closing a local cluster while a nanny restarts a killed worker can wait

@@ -27,7 +27,7 @@ from turbine_aot._cli_errors import (
     with_root_cause,
 )
 from turbine_aot._cli_progress import Stages
-from turbine_aot._cpu_attention import module_for_compile
+from turbine_aot._compile_rewrites import module_for_compile
 from turbine_aot._inspect import format_report, inspect_path
 from turbine_aot._signatures import compile_record
 

@@ -5,7 +5,7 @@ want IREE's fused attention op, and in fp16 it is closer to eager). IREE 3.13's 
 op is ~50× slower than eager's attention, while the same computation written as matmul + mask +
 softmax + matmul reaches IREE's data-tiled matmul path (docs/performance.md, section 9). IREE has
 no flag for it: its torch input pipeline keeps the op legal on purpose, and torch-mlir's own
-decomposition handles neither masks nor ``is_causal``. So :func:`module_for_compile` rewrites each
+decomposition handles neither masks nor ``is_causal``. So ``_compile_rewrites.module_for_compile`` rewrites each
 attention op of a copy of the module, for CPU targets only, into::
 
     scores = (q * scale) @ k.transpose(-2, -1)        # k, v repeated per group when enable_gqa
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SDPA_OP", "decompose_attention", "module_for_compile", "targets_only_cpu"]
+__all__ = ["SDPA_OP", "decompose_attention", "has_attention", "targets_only_cpu"]
 
 _log = logging.getLogger("turbine.aot")
 
@@ -68,26 +67,8 @@ def _walk(op: Any):
                 yield from _walk(child.operation)
 
 
-def _has_attention(module_op: Any) -> bool:
+def has_attention(module_op: Any) -> bool:
     return any(op.name == SDPA_OP for op in _walk(module_op))
-
-
-def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
-    """The module to hand to IREE for ``flags``: for CPU targets, a copy with attention rewritten.
-
-    Returns:
-        ``(module, owned)``: ``owned`` is True when ``module`` is a new copy the caller erases
-        after use; otherwise it is ``module_op`` itself (unchanged).
-    """
-    op = getattr(module_op, "operation", module_op)
-    if os.environ.get("TURBINE_CPU_ATTENTION", "").strip().lower() == "keep":
-        return module_op, False
-    if not targets_only_cpu(flags) or not _has_attention(op):
-        return module_op, False
-    copy = op.clone()
-    count = decompose_attention(copy)
-    _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
-    return copy, True
 
 
 # ------------------------------------------------------------------------------------------

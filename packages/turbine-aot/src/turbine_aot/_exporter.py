@@ -16,13 +16,13 @@ from iree.compiler.api import Output, Session
 
 from turbine_params import atomic_write_bytes
 
+from ._compile_rewrites import module_for_compile
 from ._compiled_module import (
     CompiledModule,
     CompiledModuleMeta,
     ExportedProgramDef,
     ImportPhase,
 )
-from ._cpu_attention import module_for_compile
 from ._errors import CompileError, Diagnostic, ExportError
 from ._export_errors import torch_export_error
 from ._iree_session import (

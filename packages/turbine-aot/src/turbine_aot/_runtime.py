@@ -22,7 +22,11 @@ import numpy as np
 from turbine_aot._compile_cache import compile_export_output
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._module_check import check_module_in_child
-from turbine_aot._runtime_tensors import buffer_view_to_tensor, tensor_to_buffer_view
+from turbine_aot._runtime_tensors import (
+    buffer_view_to_tensor,
+    element_type_name,
+    tensor_to_buffer_view,
+)
 from turbine_aot._signatures import (
     FunctionSignature,
     Leaf,
@@ -294,6 +298,7 @@ class LoadedFunction:
                 f"calling {self.label} on {', '.join(m.device_uris)} failed: {e}"
             ) from e
         results = [self._convert(outputs, i) for i in range(len(outputs))]
+        results = [self._signed_as_declared(i, r) for i, r in enumerate(results)]
         if self._zero_copy and not self._copy_results:
             # A result may be an imported argument's buffer (a function returning its input):
             # keep the argument tensors alive as long as the results.
@@ -302,6 +307,27 @@ class LoadedFunction:
                 if isinstance(r, torch.Tensor):
                     r._turbine_inputs = keep  # type: ignore[attr-defined]
         return results
+
+    def _signed_as_declared(self, i: int, result: Any) -> Any:
+        """IREE's buffer views are signless (a ``uint8`` result comes back as ``int8``): the
+        recorded signature's dtype (``ui8``) is restored as a view, bits unchanged."""
+        import torch
+
+        outs = self.signature.outputs
+        if not isinstance(result, torch.Tensor) or i >= len(outs) or not outs[i].is_tensor:
+            return result
+        want = element_type_name(outs[i].dtype)
+        if (
+            want is None
+            or want == result.dtype
+            or want.is_floating_point
+            or result.dtype.is_floating_point
+            or want == torch.bool
+            or result.dtype == torch.bool
+            or want.itemsize != result.dtype.itemsize
+        ):
+            return result
+        return result.view(want)
 
     def _convert(self, vlist: Any, i: int) -> Any:
         import iree.runtime as rt

@@ -1,0 +1,49 @@
+"""What the compile path hands IREE: a copy of the exported module with target fixes applied.
+
+The exported IR stays target-neutral (and the reference's); each compile rewrites a copy for its
+flags:
+
+- CPU targets: attention as matmul + softmax (:mod:`._cpu_attention`; IREE's CPU attention is
+  ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
+- every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
+  integer casts truncated first (:mod:`._cast_fixes`; IREE 3.13 computes wrong values
+  otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ._cast_fixes import fix_float_to_int_casts, float_to_int_casts, targets_vmvx
+from ._cpu_attention import decompose_attention, has_attention, targets_only_cpu
+
+__all__ = ["module_for_compile"]
+
+_log = logging.getLogger("turbine.aot")
+
+
+def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
+    """The module to hand to IREE for ``flags``: a rewritten copy when a fix applies.
+
+    Returns:
+        ``(module, owned)``: ``owned`` is True when ``module`` is a new copy the caller erases
+        after use; otherwise it is ``module_op`` itself (unchanged).
+    """
+    op = getattr(module_op, "operation", module_op)
+    keep = os.environ.get("TURBINE_CPU_ATTENTION", "").strip().lower() == "keep"
+    attention = not keep and targets_only_cpu(flags) and has_attention(op)
+    vmvx = targets_vmvx(list(flags))
+    casts = bool(float_to_int_casts(op, vmvx))
+    if not attention and not casts:
+        return module_op, False
+    copy = op.clone()
+    if attention:
+        count = decompose_attention(copy)
+        _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
+    if casts:
+        count = fix_float_to_int_casts(copy, vmvx)
+        _log.info("%d float -> integer cast(s) rewritten for IREE (vmvx: %s)", count, vmvx)
+    return copy, True
