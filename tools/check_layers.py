@@ -469,23 +469,7 @@ def check_lazy_imports(
 KNOWN_CYCLES: list[list[str]] = []
 
 #: Function-level imports of ordinary modules that existed then: (importer, imported).
-KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = [
-    ("turbine_aot._cli", "numpy"),
-    ("turbine_aot._cli", "turbine_aot._compile_cache"),
-    ("turbine_aot._cli", "turbine_aot._errors"),
-    ("turbine_aot._cli", "turbine_aot._runtime"),
-    ("turbine_aot._cli", "turbine_aot._targets"),
-    ("turbine_aot._cli", "turbine_aot.runtime"),
-    ("turbine_aot._cli", "turbine_params"),
-    ("turbine_aot._compiled_module", "turbine_aot._custom_ops"),
-    ("turbine_aot._demo", "turbine_aot._targets"),
-    ("turbine_aot._demo", "turbine_params"),
-    ("turbine_fx._fx_programs", "turbine_params"),
-    ("turbine_ir._global_attrs", "turbine_params"),
-    ("turbine_params._cli", "turbine_params._tools"),
-    ("turbine_params._dtypes", "numpy"),
-    ("turbine_params._index", "turbine_params._sources"),
-]
+KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = []
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from turbine_aot import _export_errors
+from turbine_aot import runtime as R
 from turbine_aot._bundle import check_parameter_file
 from turbine_aot._cli_errors import (
     check_input_dtypes,
@@ -27,9 +30,24 @@ from turbine_aot._cli_errors import (
     with_root_cause,
 )
 from turbine_aot._cli_progress import Stages
+from turbine_aot._compile_cache import CompileError as CacheCompileError
 from turbine_aot._compile_rewrites import module_for_compile
+from turbine_aot._errors import TurbineAotError
 from turbine_aot._inspect import format_report, inspect_path
+from turbine_aot._runtime import TurbineRuntimeError
 from turbine_aot._signatures import compile_record
+from turbine_aot._targets import (
+    TargetError,
+    check_program_for_target,
+    compile_with_fallback,
+    program_traits,
+)
+from turbine_params import (
+    atomic_write_bytes,
+    externalize_module_parameters,
+    save_module_parameters,
+    versions_text,
+)
 
 __all__ = ["CliError", "main", "parse_input_spec"]
 
@@ -98,7 +116,6 @@ def _make_input(spec: str, generator: Any) -> Any:
     """An input tensor from ``SHAPExDTYPE`` (random values), iree-run-module's value syntax
     ``SHAPExDTYPE=V1,V2,...`` (or one value, repeated; spaces work as separators too), or a
     ``.npy`` file (``file.npy`` or ``@file.npy``)."""
-    import numpy as np
     import torch
 
     if spec.endswith(".npy"):
@@ -255,7 +272,6 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     if args.external_params:
         if not isinstance(obj, torch.nn.Module):
             raise CliError("--external-params needs an nn.Module")
-        from turbine_params import externalize_module_parameters, save_module_parameters
 
         with st("save params"):
             externalize_module_parameters(obj)
@@ -352,8 +368,6 @@ def _source_for_compile(data: bytes, module: Any, flags: list[str]) -> bytes:
 
 
 def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
-    from turbine_aot import runtime as R
-    from turbine_aot._targets import check_program_for_target, compile_with_fallback, program_traits
 
     src = Path(args.input)
     if not src.is_file():
@@ -383,17 +397,13 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             compile_with, flags, user_flags, errors=(R.CompileError,)
         )
     out = Path(args.output or src.with_suffix(".vmfb").name)
-    from turbine_params import atomic_write_bytes
 
     atomic_write_bytes(out, vmfb, parents=True)  # usual file mode; no temp file left on failure
     return {"vmfb": str(out), "bytes": len(vmfb), "flags": flags, "timings": st.timings}
 
 
 def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
-    import numpy as np
     import torch
-
-    from turbine_aot import runtime as R
 
     target = Path(args.module)
     if not target.exists():
@@ -496,7 +506,6 @@ def _cmd_inspect(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 
 
 def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
-    from turbine_aot import runtime as R
 
     src = Path(args.module)
     if not src.is_file():
@@ -505,8 +514,6 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     module: Any = src
     flags = None
     if src.suffix in (".mlir", ".mlirbc"):
-        from turbine_aot._targets import compile_with_fallback
-
         user_flags = list(args.flag or [])
         flags = R.device_compile_flags(devices, user_flags)
         data = src.read_bytes()
@@ -641,7 +648,6 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        from turbine_params import versions_text
 
         print(
             versions_text(
@@ -803,17 +809,7 @@ _COMMANDS = {
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [CliError, FileNotFoundError]
-    from turbine_aot._compile_cache import CompileError as CacheCompileError
-    from turbine_aot._runtime import TurbineRuntimeError
-    from turbine_aot._targets import TargetError
-
-    types += [TurbineRuntimeError, CacheCompileError, TargetError]
-    try:
-        from turbine_aot._errors import TurbineAotError
-
-        types.append(TurbineAotError)
-    except ImportError:  # pragma: no cover
-        pass
+    types += [TurbineRuntimeError, CacheCompileError, TargetError, TurbineAotError]
     return tuple(types)
 
 

@@ -28,6 +28,7 @@ from ._compiled_module_info import (
     instance_infos,
 )
 from ._compiled_module_trace import import_exports
+from ._custom_ops import expand_custom_ops_in_module
 from ._errors import CompiledModuleError, CompileError, Diagnostic
 from ._input_pipeline import run_iree_input_pipeline
 from ._module_io import save_module, verify_module
@@ -211,7 +212,6 @@ class CompiledModule(metaclass=CompiledModuleMeta):
     @staticmethod
     def expand_custom_ops(inst: CompiledModule) -> None:
         """Replaces ``torch.operator`` ops of registered custom ops by their expansions."""
-        from ._custom_ops import expand_custom_ops_in_module
 
         info = CompiledModule.get_info(inst)
         expand_custom_ops_in_module(info.module_builder)

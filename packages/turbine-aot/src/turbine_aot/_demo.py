@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from turbine_aot._targets import default_runtime_flags
+from turbine_params import externalize_module_parameters, save_module_parameters
+
 __all__ = ["DemoConfig", "build_demo_model", "run_demo"]
 
 
@@ -124,7 +127,6 @@ def run_demo(
 
     import turbine_aot
     from turbine_aot import runtime as R
-    from turbine_params import externalize_module_parameters, save_module_parameters
 
     tmp = None
     if workdir is None:
@@ -134,8 +136,6 @@ def run_demo(
     work.mkdir(parents=True, exist_ok=True)
     runtime_flags: list[str] = []
     if threads is not None:
-        from turbine_aot._targets import default_runtime_flags
-
         torch.set_num_threads(threads)
         runtime_flags = default_runtime_flags(device, workers=threads)
     try:

@@ -38,7 +38,13 @@ import torch
 import torch.nn as nn
 from torch.export import ExportedProgram
 
-from turbine_params import atomic_output_file, atomic_write_bytes
+from turbine_params import (
+    DeviceAffinity,
+    DeviceTensorTrait,
+    ExternalTensorTrait,
+    atomic_output_file,
+    atomic_write_bytes,
+)
 
 from ._decompositions import current_aot_decompositions
 from ._errors import FxProgramsError
@@ -259,7 +265,6 @@ class FxPrograms:
             check_graph(graph_path, graphs[name])
         tensors = _load_tensors(checked.data_path, descriptor["tensors"])
         result = FxPrograms()
-        from turbine_params import DeviceAffinity
 
         for name, info in descriptor["programs"].items():
             binding = descriptor["bindings"][name]
@@ -489,7 +494,6 @@ def _check_name(name: str) -> None:
 
 
 def _describe_tensor(t: torch.Tensor, owner: str) -> dict[str, Any]:
-    from turbine_params import DeviceTensorTrait, ExternalTensorTrait
 
     ext = ExternalTensorTrait.get(t)
     dev = DeviceTensorTrait.get(t)
@@ -549,8 +553,6 @@ def _dtype(name: str) -> torch.dtype:
 
 def _load_tensors(data_path: Path, meta: dict[str, dict]) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
-
-    from turbine_params import DeviceTensorTrait, ExternalTensorTrait
 
     out: dict[str, torch.Tensor] = {}
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from turbine_params import DeviceTensorTrait, ExternalTensorTrait
+
 __all__ = ["DEFAULT_PARAMETER_SCOPE", "GlobalAttributes"]
 
 #: The scope an empty external scope is written as (``--parameters=model=file.irpa``).
@@ -107,17 +109,9 @@ class GlobalAttributes:
 
 
 def _external_trait(t: Any) -> Any:
-    try:
-        from turbine_params import ExternalTensorTrait
-    except ImportError:  # pragma: no cover - turbine_params is a dependency
-        return None
     return ExternalTensorTrait.get(t)
 
 
 def device_trait(t: Any) -> Any:
     """The tensor's ``DeviceTensorTrait`` or ``None``."""
-    try:
-        from turbine_params import DeviceTensorTrait
-    except ImportError:  # pragma: no cover
-        return None
     return DeviceTensorTrait.get(t)

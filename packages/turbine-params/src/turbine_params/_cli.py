@@ -11,6 +11,7 @@ import json
 import sys
 
 from ._errors import ParameterArchiveError
+from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._versions import versions_text
 
 
@@ -19,7 +20,6 @@ def _fmt_shape(shape: tuple[int, ...] | None) -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from ._tools import describe_archive
 
     rows = describe_archive(args.archive, include_skipped=args.all)
     if args.json:
@@ -65,7 +65,6 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from ._tools import convert_parameters
 
     out = convert_parameters(args.src, args.dst, data_alignment=args.alignment)
     print(f"wrote {out}")
@@ -73,7 +72,6 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _strip(args: argparse.Namespace) -> int:
-    from ._tools import strip_archive
 
     out = strip_archive(args.src, args.dst, keep=tuple(args.keep))
     print(f"wrote {out}")
@@ -81,7 +79,6 @@ def _strip(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from ._tools import verify_archive
 
     n, total = verify_archive(args.archive, against=args.against)
     extra = f", identical to {args.against}" if args.against else ""

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ._errors import ParameterArchiveError
 
 __all__ = [
@@ -66,7 +68,6 @@ class DTypeInfo:
 
     def numpy_dtype(self) -> Any:
         """The numpy dtype; uses ``ml_dtypes`` for bfloat16/float8 when it is installed."""
-        import numpy as np
 
         if self.numpy is not None:
             return np.dtype(self.numpy)
@@ -176,7 +177,6 @@ def dtype_info(name: Any) -> DTypeInfo:
 
 def dtype_info_for_numpy(dtype: Any) -> DTypeInfo:
     """The entry for a numpy dtype (byte order ignored; ml_dtypes types by name)."""
-    import numpy as np
 
     dt = np.dtype(dtype)
     if dt.kind in "biufc":

@@ -16,6 +16,7 @@ from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
 from ._format import EntryTable, EntryType, RawEntry, parse_archive
 from ._safetensors import read_safetensors_header
+from ._sources import host_bytes, host_nbytes
 
 __all__ = [
     "MAX_SPLAT_BYTES_ENV",
@@ -280,7 +281,6 @@ class ParameterIndexEntry:
             if len(pattern) == 1:
                 return np.broadcast_to(pattern, (self.length,))
             return np.broadcast_to(pattern, (reps, len(pattern))).reshape(-1)
-        from ._sources import host_bytes
 
         return host_bytes(self._buffer)
 
@@ -371,7 +371,6 @@ class ParameterIndex:
 
     def add_buffer(self, key: str, buffer: Any, *, metadata: bytes | str | None = None) -> None:
         """Adds a host buffer (numpy array, torch tensor or bytes-like) under ``key``."""
-        from ._sources import host_nbytes
 
         self.add(
             ParameterIndexEntry(
