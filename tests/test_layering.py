@@ -227,3 +227,33 @@ def test_a_known_lazy_import_that_is_gone_must_leave_the_list(tmp_path):
     violations = check_layers.check_tree(root, known_lazy=[("turbine_aot._a", "numpy")])
     assert len(violations) == 1
     assert "remove it from KNOWN_LAZY_IMPORTS" in violations[0].rule
+
+
+def test_the_compiler_layer_imports_nothing_above_it(tmp_path):
+    """turbine_aot._compiler sits below the exporter and the runtime: importing either (relative
+    or absolute, at module level or in a function) is reported; _errors and itself are fine."""
+    root = _make_tree(
+        tmp_path,
+        {
+            _aot("_errors.py"): "X = 1\n",
+            _aot("_exporter.py"): "from ._compiler.targets import F\n",
+            _aot("_runtime.py"): "from ._compiler import targets\n",
+            _aot("_compiler/__init__.py"): "",
+            _aot("_compiler/targets.py"): "from .._errors import X\nF = X\n",
+            _aot("_compiler/cache.py"): (
+                "from .targets import F\n"
+                "def g():\n"
+                "    from turbine_aot._runtime import targets\n"
+                "    return targets\n"
+            ),
+            _aot("_compiler/invoke.py"): "from .. import _exporter\n",
+        },
+    )
+    found = check_layers.check_sublayers(
+        [check_layers.package_graph(check_layers._sources(root, "turbine_aot"), "turbine_aot")]
+    )
+    assert sorted((v.importer, v.imported) for v in found) == [
+        ("turbine_aot._compiler.cache", "turbine_aot._runtime"),
+        ("turbine_aot._compiler.invoke", "turbine_aot._exporter"),
+    ], found
+    assert all("sub-layer" in v.rule for v in found)

@@ -12,7 +12,10 @@ A package may import only lower layers (and itself). In addition:
   hidden behind function-level imports is still a cycle: each module has one place in the
   package's order, below every module it imports;
 * a function-level (lazy) import is for an optional or heavy dependency only: the imported module
-  must be on ``LAZY_IMPORTS_ALLOWED`` (by module), with the reason it may not load at import time.
+  must be on ``LAZY_IMPORTS_ALLOWED`` (by module), with the reason it may not load at import time;
+* a sub-layer inside a package (``SUBLAYERS``: turbine-aot's compiler layer ``_compiler``) imports,
+  of its own package, only itself and the modules listed for it: the exporter and the runtime sit
+  above it.
 
 Every import statement counts, including those inside functions (lazy imports are still
 dependencies); imports under ``if TYPE_CHECKING:`` count for the layers only (they never run).
@@ -38,6 +41,10 @@ MLIR_MODULES = (
     "iree.compiler.rewrite",
 )
 MLIR_OWNER = "turbine_ir"
+#: sub-layer -> the modules of its package (outside it) that it may import.
+SUBLAYERS: dict[str, tuple[str, ...]] = {
+    "turbine_aot._compiler": ("turbine_aot._errors",),
+}
 
 
 @dataclass(frozen=True)
@@ -139,7 +146,34 @@ def check_tree(
         graphs.append(package_graph(src, package))
     violations.extend(check_cycles(graphs, known_cycles))
     violations.extend(check_lazy_imports(graphs, known_lazy))
+    violations.extend(check_sublayers(graphs))
     return violations
+
+
+def check_sublayers(graphs: Iterable[PackageGraph]) -> list[Violation]:
+    """Imports from a sub-layer (``SUBLAYERS``) of modules of its package above it."""
+    found: list[Violation] = []
+    for graph in graphs:
+        for sub, allowed in SUBLAYERS.items():
+            if not _matches(sub, graph.package):
+                continue
+            for e in graph.edges:
+                if (
+                    _matches(e.importer, sub)
+                    and not _matches(e.imported, sub)
+                    and e.imported not in allowed
+                ):
+                    found.append(
+                        Violation(
+                            e.path,
+                            e.line,
+                            e.importer,
+                            e.imported,
+                            f"{sub} is a sub-layer: of {graph.package} it imports only itself "
+                            f"and {', '.join(allowed)} (SUBLAYERS in tools/check_layers.py)",
+                        )
+                    )
+    return found
 
 
 # -- inside a package: cycles and lazy imports ----------------------------------------------------

@@ -354,7 +354,7 @@ def test_bundle_from_a_vmfb_records_the_call_signatures(nested, tmp_path):
 
 
 def test_default_compile_flags_is_public_api():
-    from turbine_aot import _targets
+    from turbine_aot._compiler import targets as _targets
 
     assert turbine_aot.default_compile_flags is _targets.default_compile_flags
     assert "default_compile_flags" in dir(turbine_aot)

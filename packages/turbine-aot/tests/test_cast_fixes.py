@@ -1,4 +1,4 @@
-"""float -> integer casts give eager's values on every backend (``_cast_fixes``).
+"""float -> integer casts give eager's values on every backend (``_compiler.casts``).
 
 IREE 3.13 computes two of them wrongly, silently: float -> uint8 saturates at 127 on llvm-cpu
 (``200.7 -> 127``), and vmvx rounds every float -> integer cast to nearest (``2.5 -> 3``,
@@ -13,8 +13,8 @@ import torch
 from ir_check import check_ir
 
 from turbine_aot import export
-from turbine_aot._compile_rewrites import module_for_compile
-from turbine_aot._targets import default_compile_flags
+from turbine_aot._compiler.rewrites import module_for_compile
+from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.runtime import load_module
 
 # every value a uint8 holds, fractions on both sides of .5, negatives (eager wraps them on x86)

@@ -1,4 +1,4 @@
-"""A speed-only default never turns a working compile into a failure (``_targets``
+"""A speed-only default never turns a working compile into a failure (``_compiler.targets``
 ``compile_with_fallback``): every compile path retries without the speed-only groups and warns.
 
 The forced cases make the compiler fail whenever a speed-only flag is present (the retry is a real
@@ -15,7 +15,7 @@ from torch import nn
 
 import turbine_aot
 from turbine_aot import runtime
-from turbine_aot._targets import (
+from turbine_aot._compiler.targets import (
     COMPILE_FLAGS_ENV,
     SPEED_ONLY_GROUPS,
     compile_with_fallback,

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import turbine_aot as aot
-from turbine_aot import _exporter
-from turbine_aot._cpu_attention import SDPA_OP, decompose_attention, targets_only_cpu
+from turbine_aot._compiler import invoke
+from turbine_aot._compiler.attention import SDPA_OP, decompose_attention, targets_only_cpu
 from turbine_aot.runtime import load_module
 
 FAST = ["--iree-opt-data-tiling=false", "--iree-llvmcpu-enable-ukernels=none"]
@@ -43,7 +43,7 @@ def _variant_inputs():
 def handed_to_iree(monkeypatch):
     """Records the IR text of every module ExportOutput.compile hands to IREE."""
     seen: list[str] = []
-    in_process, tool = _exporter._module_bytecode, _exporter._compile_with_tool
+    in_process, tool = invoke.module_bytecode, invoke.compile_with_tool
 
     def spy_in_process(module_op):
         seen.append(str(module_op))
@@ -54,8 +54,8 @@ def handed_to_iree(monkeypatch):
         return tool(module_op, *args)
 
     # Both ways ExportOutput.compile hands a module over (the tool for tool-only flags).
-    monkeypatch.setattr(_exporter, "_module_bytecode", spy_in_process)
-    monkeypatch.setattr(_exporter, "_compile_with_tool", spy_tool)
+    monkeypatch.setattr(invoke, "module_bytecode", spy_in_process)
+    monkeypatch.setattr(invoke, "compile_with_tool", spy_tool)
     return seen
 
 

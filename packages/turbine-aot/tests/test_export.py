@@ -433,12 +433,12 @@ def test_load_one_call_path(mlp_output, tmp_path):
 
 
 def test_tool_only_flags_fall_back_to_iree_compile(mlp_output):
-    from turbine_aot._exporter import _tool_only_flags
+    from turbine_aot._compiler.invoke import tool_only_flags
 
     model, out = mlp_output
     # A global option of the iree-compile tool, not a compiler-session option.
     flag = "--iree-dispatch-creation-experimental-set-data-tiling-ops=convolution"
-    assert _tool_only_flags([flag, "--iree-opt-data-tiling=true"]) == [flag]
+    assert tool_only_flags([flag, "--iree-opt-data-tiling=true"]) == [flag]
     x = torch.randn(2, 16)
     loaded = load_module(out.compile(None, extra_args=[*FAST, flag]))
     torch.testing.assert_close(loaded.main(x), model(x), rtol=1e-4, atol=1e-4)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from turbine_aot._targets import (
+from turbine_aot._compiler.targets import (
     COMPILE_FLAGS_ENV,
     TARGETS,
     TargetError,
@@ -314,7 +314,7 @@ def test_cuda_splits_fp32_matmul_reductions_of_static_programs_only():
     other = "--iree-dispatch-creation-split-matmul-reduction=4"
     over = default_compile_flags("cuda", fp32_only=True, overrides=[other], use_env=False)
     assert other in over and SPLIT_K not in over
-    from turbine_aot._targets import retry_flags
+    from turbine_aot._compiler.targets import retry_flags
 
     flags = default_compile_flags("cuda", fp32_only=True, use_env=False)
     assert retry_flags(flags, []) == [f for f in flags if f != SPLIT_K]
@@ -324,7 +324,7 @@ def test_cuda_splits_fp32_matmul_reductions_of_static_programs_only():
 
 def test_program_traits():
     import turbine_aot
-    from turbine_aot._targets import float_types, program_traits
+    from turbine_aot._compiler.targets import float_types, program_traits
 
     lin = nn.Linear(8, 4).eval()
     x = torch.randn(2, 8)

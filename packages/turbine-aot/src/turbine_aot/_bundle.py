@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from turbine_aot._bundle_manifest import check_manifest_shape
+from turbine_aot._compiler.targets import device_compile_flags, program_traits, resolve_target
 from turbine_aot._runtime import (
     DEFAULT_PARAMETER_SCOPE,
     FunctionSignature,
@@ -40,7 +41,6 @@ from turbine_aot._runtime import (
     load_module,
     signatures_from_mlir,
 )
-from turbine_aot._targets import device_compile_flags, program_traits, resolve_target
 from turbine_aot._version import __version__ as turbine_aot_version
 from turbine_params import (
     ParameterArchive,

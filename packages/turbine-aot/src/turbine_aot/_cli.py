@@ -30,18 +30,18 @@ from turbine_aot._cli_errors import (
     with_root_cause,
 )
 from turbine_aot._cli_progress import Stages
-from turbine_aot._compile_cache import CompileError as CacheCompileError
-from turbine_aot._compile_rewrites import module_for_compile
-from turbine_aot._errors import TurbineAotError
-from turbine_aot._inspect import format_report, inspect_path
-from turbine_aot._runtime import TurbineRuntimeError
-from turbine_aot._signatures import compile_record
-from turbine_aot._targets import (
+from turbine_aot._compiler.cache import CompileError as CacheCompileError
+from turbine_aot._compiler.rewrites import module_for_compile
+from turbine_aot._compiler.targets import (
     TargetError,
     check_program_for_target,
     compile_with_fallback,
     program_traits,
 )
+from turbine_aot._errors import TurbineAotError
+from turbine_aot._inspect import format_report, inspect_path
+from turbine_aot._runtime import TurbineRuntimeError
+from turbine_aot._signatures import compile_record
 from turbine_params import (
     atomic_write_bytes,
     externalize_module_parameters,

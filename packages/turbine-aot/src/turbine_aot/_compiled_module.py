@@ -103,7 +103,7 @@ class CompiledModule(metaclass=CompiledModuleMeta):
         module = None
         if module_op is None:
             if context is None:
-                from ._iree_session import new_session, session_context
+                from ._compiler.session import new_session, session_context
 
                 session = new_session()
                 context = session_context(session)

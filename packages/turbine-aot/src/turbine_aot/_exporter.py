@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import time
 import warnings
@@ -14,33 +13,29 @@ from typing import Any
 
 from iree.compiler.api import Output, Session
 
-from turbine_params import atomic_write_bytes
-
-from ._compile_rewrites import module_for_compile
 from ._compiled_module import (
     CompiledModule,
     CompiledModuleMeta,
     ExportedProgramDef,
     ImportPhase,
 )
-from ._errors import CompileError, Diagnostic, ExportError
-from ._export_errors import torch_export_error
-from ._iree_session import (
-    CapturedInvocation,
+from ._compiler.invoke import compile_module
+from ._compiler.session import (
     new_session,
-    output_to_file,
     session_context,
     session_flags,
 )
-from ._module_io import save_module, verify_module
-from ._signatures import compile_record, eager_defaults, record_module_signatures
-from ._targets import as_list as _as_list
-from ._targets import (
+from ._compiler.targets import as_list as _as_list
+from ._compiler.targets import (
     check_program_for_target,
     compile_flags_for,
     compile_with_fallback,
     program_traits,
 )
+from ._errors import CompileError
+from ._export_errors import torch_export_error
+from ._module_io import save_module, verify_module
+from ._signatures import compile_record, eager_defaults, record_module_signatures
 from .runtime import load_module
 
 __all__ = ["ExportOutput", "export"]
@@ -73,7 +68,7 @@ class ExportOutput:
         self.compiled_module = compiled_module
         self.importer_uses_session = importer_uses_session
         #: The flags the last compile() used (None before one): without the speed-only defaults
-        #: when compiling with them failed (_targets.compile_with_fallback).
+        #: when compiling with them failed (_compiler.targets.compile_with_fallback).
         self._last_compile_flags: list[str] | None = None
 
     # ---- the IR ---------------------------------------------------------------------------
@@ -197,37 +192,11 @@ class ExportOutput:
         target_device: str | Sequence[str] | None,
         target_backends: str | Sequence[str] | None,
     ) -> Output | None:
-        start = time.perf_counter()
-        # CPU targets get attention as matmul + softmax (on a copy: the exported IR stays
-        # target-neutral and can be compiled again for another target).
-        module_op, owned = module_for_compile(self.mlir_module, flags)
-        try:
-            if _tool_only_flags(flags) or _places_globals_on_devices(module_op):
-                # The tool runs in a subprocess: a compiler crash becomes a CompileError instead
-                # of taking Python down (iree-compile 3.13 segfaults on some placed globals).
-                _log.info("compiling with the iree-compile tool (flags %s)", flags)
-                result = _compile_with_tool(module_op, flags, save_to, compile_from)
-                _log.info("compiled in %.2f s", time.perf_counter() - start)
-                return result
-            module_bytes = _module_bytecode(module_op)
-        finally:
-            if owned:
-                getattr(module_op, "operation", module_op).erase()
-        session = new_session(flags)
-        stage = f"compile ({' '.join(_as_list(target_device) or _as_list(target_backends)) or 'session flags'})"
-        with CapturedInvocation(session, stage=stage, flags=flags) as inv:
-            inv.parse_bytes(module_bytes)
-            inv.run_pipeline(compile_from=compile_from)
-            if save_to is None:
-                out = Output.open_membuffer()
-                inv.inv.output_vm_bytecode(out)
-                return out
-            if isinstance(save_to, Output):
-                inv.inv.output_vm_bytecode(save_to)
-                return None
-            output_to_file(inv, Path(save_to))
-            _log.info("compiled to %s in %.2f s", save_to, time.perf_counter() - start)
-            return None
+        named = " ".join(_as_list(target_device) or _as_list(target_backends)) or "session flags"
+        # The exported IR stays target-neutral: target fixes go to a copy (compile_module).
+        return compile_module(
+            self.mlir_module, flags, save_to, compile_from=compile_from, stage=f"compile ({named})"
+        )
 
     def load(
         self,
@@ -260,107 +229,6 @@ class ExportOutput:
     def _session_flags(self) -> list[str]:
         # Replayed as set (list options such as --iree-hal-target-device keep one flag per value).
         return [f for f in session_flags(self.session) if not f.startswith("--iree-input-type=")]
-
-
-def _tool_only_flags(flags: Sequence[str]) -> list[str]:
-    """The flags an in-process session rejects (global options of the iree-compile tool, or
-    unknown flags): those need the tool."""
-    probe = Session()
-    try:
-        probe.set_flags(*flags)
-        return []
-    except ValueError:
-        pass
-    rejected = []
-    for flag in flags:
-        try:
-            Session().set_flags(flag)
-        except ValueError:
-            rejected.append(flag)
-    return rejected
-
-
-def _places_globals_on_devices(module_op: Any) -> bool:
-    """Whether any global carries a device placement (``stream.affinity``, from a
-    ``DeviceTensorTrait``): iree-compile 3.13 crashes on some of those (a global placed on a
-    second device), so such modules compile out of process."""
-    body = module_op.regions[0].blocks[0]
-    return any(
-        op.operation.name == "util.global" and "stream.affinity" in op.operation.attributes
-        for op in body.operations
-    )
-
-
-def _compile_with_tool(
-    module_op: Any, flags: list[str], save_to: Any, compile_from: str | None
-) -> Output | None:
-    """Compiles with the ``iree-compile`` tool in a subprocess (for tool-only flags)."""
-    import re
-    import subprocess
-    import tempfile
-
-    from iree.compiler.tools.binaries import find_tool
-
-    with tempfile.TemporaryDirectory(prefix="turbine-compile-") as tmp:
-        src, dst = Path(tmp) / "module.mlirbc", Path(tmp) / "module.vmfb"
-        with open(src, "wb") as f:
-            # Bytecode: keeps the user's locations, and weights are not hex-printed.
-            module_op.operation.write_bytecode(f)
-        cmd = [find_tool("iree-compile"), str(src), "--iree-input-type=torch", *flags]
-        if compile_from:
-            cmd.append(f"--compile-from={compile_from}")
-        cmd += ["-o", str(dst)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode < 0:
-            raise CompileError(
-                "compile (iree-compile tool)",
-                [
-                    Diagnostic(
-                        "error",
-                        f"iree-compile crashed (signal {-proc.returncode}); this is a compiler "
-                        "bug, not a problem in your program. Its report:\n"
-                        + "\n".join(proc.stderr.strip().splitlines()[:12]),
-                    )
-                ],
-                flags=flags,
-            )
-        if proc.returncode != 0:
-            blocks = re.split(r"\n(?=\S[^\n]*(?:error|warning|note): )", proc.stderr.strip())
-            diags = [
-                Diagnostic(
-                    "error" if " error: " in b or b.startswith("error") else "warning",
-                    b.strip(),
-                )
-                for b in blocks
-                if b.strip()
-            ]
-            raise CompileError(
-                "compile (iree-compile tool)",
-                diags or [Diagnostic("error", proc.stderr)],
-                flags=flags,
-            )
-        data = dst.read_bytes()
-    if save_to is None:
-        out = Output.open_membuffer()
-        out.write(data)
-        return out
-    if isinstance(save_to, Output):
-        save_to.write(data)
-        return None
-    atomic_write_bytes(save_to, data, parents=True)
-    return None
-
-
-def _module_bytecode(module_op: Any) -> bytes:
-    buf = io.BytesIO()
-    try:
-        module_op.write_bytecode(buf)
-    except Exception as e:  # e.g. the module does not verify
-        raise ExportError(
-            f"cannot serialize the exported module for compilation: {e}. "
-            "Run export_output.verify() to see what is wrong."
-        ) from e
-    return buf.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from turbine_aot._compile_cache import compile_export_output
+from turbine_aot._compiler.cache import compile_export_output
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._module_check import check_module_in_child
 from turbine_aot._runtime_tensors import (

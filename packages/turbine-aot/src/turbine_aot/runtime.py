@@ -12,7 +12,7 @@ See ``docs/running.md``.
 from __future__ import annotations
 
 from turbine_aot._bundle import Bundle, BundleError, load_bundle, read_bundle, save_bundle
-from turbine_aot._compile_cache import (
+from turbine_aot._compiler.cache import (
     CacheStats,
     CompileCache,
     CompileError,
@@ -21,6 +21,7 @@ from turbine_aot._compile_cache import (
     compiler_version,
     default_compile_cache,
 )
+from turbine_aot._compiler.targets import default_runtime_flags, device_compile_flags
 from turbine_aot._runtime import (
     DEFAULT_PARAMETER_SCOPE,
     FunctionSignature,
@@ -40,7 +41,6 @@ from turbine_aot._runtime_numerics import (
     default_tolerance,
 )
 from turbine_aot._signatures import CallArgumentTypeError, CallArgumentValueError, CallSignature
-from turbine_aot._targets import default_runtime_flags, device_compile_flags
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",

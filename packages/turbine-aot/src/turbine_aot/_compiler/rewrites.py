@@ -3,10 +3,10 @@
 The exported IR stays target-neutral (and the reference's); each compile rewrites a copy for its
 flags:
 
-- CPU targets: attention as matmul + softmax (:mod:`._cpu_attention`; IREE's CPU attention is
+- CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
-  integer casts truncated first (:mod:`._cast_fixes`; IREE 3.13 computes wrong values
+  integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
 """
 
@@ -17,8 +17,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ._cast_fixes import fix_float_to_int_casts, float_to_int_casts, targets_vmvx
-from ._cpu_attention import decompose_attention, has_attention, targets_only_cpu
+from .attention import decompose_attention, has_attention, targets_only_cpu
+from .casts import fix_float_to_int_casts, float_to_int_casts, targets_vmvx
 
 __all__ = ["module_for_compile"]
 

@@ -20,7 +20,7 @@ from iree.compiler.api import Invocation, Output, Session
 
 from turbine_params import atomic_output_file
 
-from ._errors import CompileError, Diagnostic
+from .._errors import CompileError, Diagnostic
 
 __all__ = [
     "CapturedInvocation",

@@ -654,12 +654,12 @@ def compile_flags_for(
 
     ``target_device`` (one name or several, for multi-device programs) wins over
     ``target_backends``. Each known target (``llvm-cpu``, ``vmvx``, ``vulkan-spirv``, ``cuda``,
-    ``rocm``, ...) gets turbine's default flags from ``turbine_aot._targets`` (for ``llvm-cpu``:
+    ``rocm``, ...) gets turbine's default flags from ``turbine_aot._compiler.targets`` (for ``llvm-cpu``:
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
     ``dynamic_shapes`` (the program has dynamic dimensions) and ``fp32_only`` (its floating-point
     tensors are all fp32) select the defaults measured for such programs (see
-    ``default_compile_flags``; ``_targets.program_traits`` reads both from a module).
+    ``default_compile_flags``; ``targets.program_traits`` reads both from a module).
     """
     devices = as_list(target_device)
     backends = as_list(target_backends) if not devices else []
@@ -733,9 +733,9 @@ def device_compile_flags(
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
-    One device: ``_targets.default_compile_flags`` for its driver (``dynamic_shapes``,
-    ``fp32_only``: what ``_targets.program_traits`` says of the program). Several: the same, with one
-    ``--iree-hal-target-device`` per device (``_targets.target_device_flags``), which IREE names
+    One device: ``targets.default_compile_flags`` for its driver (``dynamic_shapes``,
+    ``fp32_only``: what ``targets.program_traits`` says of the program). Several: the same, with one
+    ``--iree-hal-target-device`` per device (``targets.target_device_flags``), which IREE names
     ``__device_0``, ``__device_1``, ... — the names the exporter's
     ``#hal.device.promise<@__device_N>`` affinities refer to.
     """

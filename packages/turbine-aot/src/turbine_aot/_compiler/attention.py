@@ -5,7 +5,7 @@ want IREE's fused attention op, and in fp16 it is closer to eager). IREE 3.13's 
 op is ~50× slower than eager's attention, while the same computation written as matmul + mask +
 softmax + matmul reaches IREE's data-tiled matmul path (docs/performance.md, section 9). IREE has
 no flag for it: its torch input pipeline keeps the op legal on purpose, and torch-mlir's own
-decomposition handles neither masks nor ``is_causal``. So ``_compile_rewrites.module_for_compile`` rewrites each
+decomposition handles neither masks nor ``is_causal``. So ``rewrites.module_for_compile`` rewrites each
 attention op of a copy of the module, for CPU targets only, into::
 
     scores = (q * scale) @ k.transpose(-2, -1)        # k, v repeated per group when enable_gqa

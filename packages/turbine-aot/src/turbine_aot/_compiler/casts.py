@@ -12,7 +12,7 @@ in IREE 3.13 compute something else, with no error:
   cast is exact whatever the rounding.
 
 :func:`fix_float_to_int_casts` rewrites a module in place; the compile path applies it to the
-copy handed to IREE (``_compile_rewrites.module_for_compile``), so the exported IR stays the
+copy handed to IREE (``rewrites.module_for_compile``), so the exported IR stays the
 one the reference emits.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._cpu_attention import _Builder, _TensorType, _walk
+from .attention import _Builder, _TensorType, _walk
 
 __all__ = ["CAST_OPS", "fix_float_to_int_casts", "float_to_int_casts", "targets_vmvx"]
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from turbine_params import atomic_output_file
 
-from ._errors import CompileError as _AotCompileError
-from ._errors import Diagnostic
-from ._targets import compile_flags_for, program_traits, resolve_target
+from .._errors import CompileError as _AotCompileError
+from .._errors import Diagnostic
+from .targets import compile_flags_for, program_traits, resolve_target
 
 __all__ = [
     "CacheStats",
