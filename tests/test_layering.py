@@ -126,6 +126,18 @@ def test_allowed_imports_pass(tmp_path):
             "turbine_aot._top -> turbine_aot.sub.x (line 1) -> turbine_aot._top (line 1)",
             id="subpackage, parent-relative",
         ),
+        pytest.param(
+            {
+                _aot("_cli.py"): (
+                    "import importlib\n\ndef parser():\n"
+                    "    importlib.import_module('turbine_aot._cli_llm').register()\n"
+                ),
+                _aot("_cli_llm.py"): "from turbine_aot._cli import parser\n",
+            },
+            "turbine_aot._cli -> turbine_aot._cli_llm (in a function, line 4) -> "
+            "turbine_aot._cli (line 1)",
+            id="hidden behind importlib.import_module",
+        ),
     ],
 )
 def test_import_cycles_are_reported(tmp_path, files, cycle):

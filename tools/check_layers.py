@@ -230,6 +230,25 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
+def _literal_import_module(node: ast.AST) -> ast.Import | None:
+    """``importlib.import_module("a.b")`` (a literal name) as the ``import a.b`` it is: a
+    dynamic import of a known module is still a dependency (it must not hide a cycle)."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute)):
+        return None
+    func, arg = node.func, node.args[0]
+    if not (
+        func.attr == "import_module"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "importlib"
+        and isinstance(arg, ast.Constant)
+        and isinstance(arg.value, str)
+    ):
+        return None
+    imp = ast.Import(names=[ast.alias(name=arg.value)])
+    imp.lineno, imp.col_offset = node.lineno, node.col_offset
+    return imp
+
+
 def _runtime_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
     """(import statement, lazy) for every import that runs (not under ``if TYPE_CHECKING:``)."""
     out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
@@ -242,6 +261,8 @@ def _runtime_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, b
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 out.append((child, lazy))
+            elif (dynamic := _literal_import_module(child)) is not None:
+                out.append((dynamic, lazy))
             visit(
                 child,
                 lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from turbine_aot import runtime as R
-from turbine_aot._cli import CliError, _load_source
+from turbine_aot._cli_inputs import CliError, _load_source
 from turbine_aot._cli_progress import Stages
 
 __all__ = ["register"]
