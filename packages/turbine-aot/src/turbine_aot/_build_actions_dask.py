@@ -43,8 +43,9 @@ __all__ = ["WORKER_DEATH_RETRIES", "submit_to_dask"]
 #: How many more times a variant is run after the worker process running it died.
 WORKER_DEATH_RETRIES = 2
 _CLOSE_TIMEOUT_S = 20
-#: How many times a variant killed before it started (queued on a dying worker) is resubmitted
-#: without counting as an attempt.
+#: How many times a variant that was not running when its worker died (queued behind the
+#: attempt that died, or finished with its result not yet fetched) is resubmitted without
+#: counting as an attempt.
 _FREE_RESUBMITS = 10
 
 logger = logging.getLogger("turbine.aot.build_actions")
@@ -55,7 +56,8 @@ _marker_dir: Path | None = None
 
 
 def _local_marker_dir() -> Path:
-    """A directory, private to this build process, where local workers mark started attempts."""
+    """A directory, private to this build process, where local workers mark the attempts they
+    start and finish."""
     global _marker_dir
     with _lock:
         if _marker_dir is None:
@@ -64,7 +66,8 @@ def _local_marker_dir() -> Path:
 
 
 class _MarkStarted:
-    """Runs ``thunk`` after creating ``marker`` (picklable: it travels to the worker)."""
+    """Runs ``thunk`` between ``<marker>.started`` and ``<marker>.finished`` (picklable: it
+    travels to the worker)."""
 
     def __init__(self, thunk: Any, marker: str):
         self.thunk = thunk
