@@ -45,6 +45,16 @@ def test_key_depends_on_ir_flags_version_target():
     assert "3.13" in R.compiler_version()
 
 
+def test_key_depends_on_the_rewrites_revision(monkeypatch):
+    """A module compiled before a rewrite changed (e.g. before the float -> uint8 cast fix,
+    when IREE's lowering gave wrong values) is never served after it."""
+    from turbine_aot._compiler import rewrites
+
+    old = R.CompileCache.key(b"ir", ["--a"], target="t", version="1")
+    monkeypatch.setattr(rewrites, "REVISION", rewrites.REVISION + 1)
+    assert R.CompileCache.key(b"ir", ["--a"], target="t", version="1") != old
+
+
 def test_different_flags_miss(tmp_path):
     cache = R.CompileCache(tmp_path)
     R.compile_mlir(MLIR, FLAGS, cache=cache)

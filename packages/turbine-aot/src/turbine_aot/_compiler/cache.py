@@ -1,7 +1,8 @@
 """An on-disk, content-addressed cache of compiled ``.vmfb`` modules.
 
 The key is a SHA-256 over what decides the compiled bytes: the IR bytes, the compile flags (in
-order), the compiler version and revision, and the compile target(s) (``llvm-cpu``, ...) — never
+order), the compiler version and revision, the revision of turbine's compile-time rewrites
+(``rewrites.REVISION``), and the compile target(s) (``llvm-cpu``, ...) — never
 the runtime driver or device URI, so a module loaded on ``local-task`` and on ``local-sync``
 (the same llvm-cpu target and flags) is compiled once. Each entry is one file ``<key[:2]>/<key>.vmfb`` holding a small header
 (magic, payload CRC-32, payload length) and the payload; a read that finds a wrong magic, length
@@ -33,6 +34,7 @@ from turbine_params import atomic_output_file
 
 from .._errors import CompileError as _AotCompileError
 from .._errors import Diagnostic
+from . import rewrites
 from .targets import compile_flags_for, program_traits, resolve_target
 
 __all__ = [
@@ -127,6 +129,7 @@ class CompileCache:
         h = hashlib.sha256()
         h.update(b"turbine-compile-cache-v1\0")
         h.update((version or compiler_version()).encode() + b"\0")
+        h.update(f"rewrites-{rewrites.REVISION}".encode() + b"\0")
         h.update(json.dumps(list(flags)).encode() + b"\0")
         h.update(target.encode() + b"\0")
         h.update(ir)

@@ -20,7 +20,12 @@ from typing import Any
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .casts import fix_float_to_int_casts, float_to_int_casts, targets_vmvx
 
-__all__ = ["module_for_compile"]
+__all__ = ["REVISION", "module_for_compile"]
+
+#: What the rewrites hand IREE, as a number the compile cache keys on: bump it whenever a rewrite
+#: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
+#: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts.
+REVISION = 2
 
 _log = logging.getLogger("turbine.aot")
 
