@@ -17,4 +17,7 @@ def check_ir(asm: str, *patterns: str) -> None:
                 pos = i + 1
                 break
         else:
-            raise AssertionError(f"no line matching {pattern!r} after line {pos} in:\n{asm}")
+            raise AssertionError(
+                f"no line matching {pattern!r} after line {pos} in:\n"
+                + "\n".join(f"{n:3}: {line}" for n, line in enumerate(lines))
+            )

@@ -5,23 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-
-def _check_ir(asm: str, *patterns: str) -> None:
-    """FileCheck-style: each pattern (a regex) must match a line, in order, after the previous."""
-    lines = asm.splitlines()
-    pos = 0
-    for pattern in patterns:
-        rx = re.compile(pattern)
-        for i in range(pos, len(lines)):
-            if rx.search(lines[i]):
-                pos = i + 1
-                break
-        else:
-            raise AssertionError(
-                f"no line matching {pattern!r} after line {pos} in:\n"
-                + "\n".join(f"{n:3}: {line}" for n, line in enumerate(lines))
-            )
+from ir_check import check_ir as _check_ir  # tools/ (the root conftest puts it on sys.path)
 
 
 def _resource_blobs(asm: str) -> dict[str, bytes]:
