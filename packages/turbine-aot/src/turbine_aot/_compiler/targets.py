@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -214,6 +214,13 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
     f"--iree-dispatch-creation-experimental-set-data-tiling-ops={ops}"
     for ops in ("matmul", "scaled_matmul", "convolution")
 )
+# Programs whose convolutions are mostly pointwise (1x1) or depthwise (ResNet-50's bottlenecks,
+# MobileNet, EfficientNet): IREE 3.13's data-tiled convolutions are slow on those (ResNet-50,
+# 1 thread, 96x96: 2.18x eager; 224x224: 2.49x); lowered through im2col to data-tiled matmuls
+# instead they are faster than eager (0.91x; 0.92x), and MobileNetV3 0.86x -> 0.73x,
+# EfficientNet-B0 0.86x -> 0.77x. 3x3 convolutions keep conv data tiling (ResNet-18 shape:
+# 0.92x with it, 1.27x through im2col). Convolutions stay channels-last either way.
+_CPU_POINTWISE_CONV_FLAGS: tuple[str, ...] = ("--iree-global-opt-use-im2col-for-convs",)
 # Programs with dynamic dimensions: vector dimensions of unknown size are peeled (a vector main
 # loop + a remainder) instead of masked. A dynamic attention's softmax is vectorized better:
 # GPT shape, dynamic sequence 1.03x -> 0.98x eager (softmax dispatches 8.6 -> 5.4 ms per call);
@@ -265,6 +272,7 @@ def default_compile_flags(
     opt_level: str | None = None,
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
+    pointwise_convs: bool = False,
     overrides: Sequence[str] = (),
     use_env: bool = True,
 ) -> list[str]:
@@ -330,7 +338,9 @@ def default_compile_flags(
             flags += _CPU_FAST_MATMUL_FLAGS
         if channels_last_conv:
             flags.append(_CHANNELS_LAST_FLAG)
-            if fast_matmul:
+            if fast_matmul and pointwise_convs:
+                flags += _CPU_POINTWISE_CONV_FLAGS
+            elif fast_matmul:
                 flags += _CPU_CONV_DATA_TILING_FLAGS
         if dynamic_shapes:
             flags += _CPU_DYNAMIC_SHAPE_FLAGS
@@ -425,12 +435,54 @@ def float_types(module: object) -> set[str]:
     return found
 
 
+_CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
+_VTENSOR_SIZES = re.compile(r"^!torch\.vtensor<\[([^\]]*)\]")
+
+
+def _walk_ops(op: Any) -> Iterator[Any]:
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                child = getattr(child, "operation", child)
+                yield child
+                yield from _walk_ops(child)
+
+
+def mostly_pointwise_convs(module: object) -> bool:
+    """Whether more than half of a module's 2-D convolutions are pointwise (1x1 kernel) or
+    depthwise (one input channel per group), read from the weights' types (torch dialect)."""
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    pointwise = total = 0
+    try:
+        ops = list(_walk_ops(op))
+    except Exception:  # not a module
+        return False
+    for o in ops:
+        if o.name not in _CONV_OPS or len(o.operands) < 2:
+            continue
+        m = _VTENSOR_SIZES.match(str(o.operands[1].type))
+        dims = [d.strip() for d in m.group(1).split(",")] if m else []
+        if len(dims) != 4:
+            continue  # conv1d / conv3d, or unranked: not counted
+        total += 1
+        _, cin_per_group, kh, kw = dims
+        if (kh, kw) == ("1", "1") or cin_per_group == "1":
+            pointwise += 1
+    return total > 0 and 2 * pointwise > total
+
+
 def program_traits(module: object) -> dict[str, bool]:
     """What turbine's defaults depend on in a program, as ``default_compile_flags`` keywords:
-    ``dynamic_shapes`` (:func:`has_dynamic_shapes`) and ``fp32_only`` (every floating-point
-    type in :func:`float_types` is ``f32``, and there is one)."""
+    ``dynamic_shapes`` (:func:`has_dynamic_shapes`), ``fp32_only`` (every floating-point
+    type in :func:`float_types` is ``f32``, and there is one) and ``pointwise_convs``
+    (:func:`mostly_pointwise_convs`)."""
     floats = float_types(module)
-    return {"dynamic_shapes": has_dynamic_shapes(module), "fp32_only": floats == {"f32"}}
+    return {
+        "dynamic_shapes": has_dynamic_shapes(module),
+        "fp32_only": floats == {"f32"},
+        "pointwise_convs": mostly_pointwise_convs(module),
+    }
 
 
 def uses_float16(module: object) -> bool:
@@ -493,7 +545,7 @@ class SpeedOnlyGroup:
 SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
     SpeedOnlyGroup(
         "data tiling + ukernels",
-        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS,
+        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS + _CPU_POINTWISE_CONV_FLAGS,
         ("llvm-cpu",),
     ),
     SpeedOnlyGroup("channels-last convolutions", (_CHANNELS_LAST_FLAG,), ("llvm-cpu",)),
@@ -649,6 +701,7 @@ def compile_flags_for(
     extra_args: Sequence[str] = (),
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
+    pointwise_convs: bool = False,
 ) -> list[str]:
     """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
 
@@ -657,8 +710,9 @@ def compile_flags_for(
     ``rocm``, ...) gets turbine's default flags from ``turbine_aot._compiler.targets`` (for ``llvm-cpu``:
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
-    ``dynamic_shapes`` (the program has dynamic dimensions) and ``fp32_only`` (its floating-point
-    tensors are all fp32) select the defaults measured for such programs (see
+    ``dynamic_shapes`` (the program has dynamic dimensions), ``fp32_only`` (its floating-point
+    tensors are all fp32) and ``pointwise_convs`` (its convolutions are mostly 1x1 or depthwise)
+    select the defaults measured for such programs (see
     ``default_compile_flags``; ``targets.program_traits`` reads both from a module).
     """
     devices = as_list(target_device)
@@ -672,6 +726,7 @@ def compile_flags_for(
                 host=host_cpu,
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
+                pointwise_convs=pointwise_convs,
                 use_env=False,
             )
         else:
@@ -691,6 +746,7 @@ def compile_flags_for(
                             host=host_cpu,
                             dynamic_shapes=dynamic_shapes,
                             fp32_only=fp32_only,
+                            pointwise_convs=pointwise_convs,
                             use_env=False,
                         )
                         if not f.startswith(
@@ -710,6 +766,7 @@ def compile_flags_for(
                 host=host_cpu,
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
+                pointwise_convs=pointwise_convs,
                 use_env=False,
             )
         else:
@@ -730,6 +787,7 @@ def device_compile_flags(
     *,
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
+    pointwise_convs: bool = False,
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
@@ -740,7 +798,12 @@ def device_compile_flags(
     ``#hal.device.promise<@__device_N>`` affinities refer to.
     """
     drivers = [d.split("://", 1)[0].split(":", 1)[0] for d in devices]
-    base = default_compile_flags(drivers[0], dynamic_shapes=dynamic_shapes, fp32_only=fp32_only)
+    base = default_compile_flags(
+        drivers[0],
+        dynamic_shapes=dynamic_shapes,
+        fp32_only=fp32_only,
+        pointwise_convs=pointwise_convs,
+    )
     if len(drivers) > 1:
         targets = [resolve_target(d) for d in drivers]
         backends = sorted({t.local_backend for t in targets if t.local_backend})
