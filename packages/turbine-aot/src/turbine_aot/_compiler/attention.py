@@ -22,19 +22,16 @@ which a user can still choose at export time with
 
 from __future__ import annotations
 
-import logging
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SDPA_OP", "decompose_attention", "has_attention", "targets_only_cpu"]
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
 
-_log = logging.getLogger("turbine.aot")
+__all__ = ["SDPA_OP", "decompose_attention", "has_attention", "targets_only_cpu"]
 
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
 _CPU_BACKENDS = frozenset({"llvm-cpu", "vmvx"})
-_VTENSOR = re.compile(r"^!torch\.vtensor<\[(.*)\],(.+)>$")
 
 
 def targets_only_cpu(flags: Sequence[str]) -> bool:
@@ -59,42 +56,12 @@ def targets_only_cpu(flags: Sequence[str]) -> bool:
     return False
 
 
-def _walk(op: Any):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child.operation
-                yield from _walk(child.operation)
-
-
 def has_attention(module_op: Any) -> bool:
-    return any(op.name == SDPA_OP for op in _walk(module_op))
+    return any(op.name == SDPA_OP for op in walk(module_op))
 
 
 # ------------------------------------------------------------------------------------------
 # The rewrite
-
-
-class _TensorType:
-    """Sizes (``None`` = dynamic) and element type of a ``!torch.vtensor``."""
-
-    def __init__(self, sizes: list[int | None], dtype: str):
-        self.sizes = sizes
-        self.dtype = dtype
-
-    @staticmethod
-    def of(value: Any) -> _TensorType | None:
-        m = _VTENSOR.match(str(value.type))
-        if m is None:
-            return None
-        dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
-        return _TensorType([None if d == "?" else int(d) for d in dims], m.group(2))
-
-    def with_sizes(self, sizes: list[int | None], dtype: str | None = None) -> _TensorType:
-        return _TensorType(list(sizes), dtype or self.dtype)
-
-    def asm(self) -> str:
-        return f"!torch.vtensor<[{','.join('?' if s is None else str(s) for s in self.sizes)}],{self.dtype}>"
 
 
 def _broadcast(a: list[int | None], b: list[int | None]) -> list[int | None]:
@@ -114,77 +81,6 @@ def _broadcast(a: list[int | None], b: list[int | None]) -> list[int | None]:
     return out
 
 
-def _constant(value: Any) -> Any:
-    """The Python value of a ``torch.constant.*`` operand (``None`` for none), else a marker."""
-    from turbine_ir.ir import BoolAttr, FloatAttr, IntegerAttr
-
-    owner = value.owner
-    name = getattr(owner, "name", None)
-    if name == "torch.constant.none":
-        return None
-    if name == "torch.constant.float":
-        return FloatAttr(owner.attributes["value"]).value
-    if name == "torch.constant.bool":
-        return BoolAttr(owner.attributes["value"]).value
-    if name == "torch.constant.int":
-        return IntegerAttr(owner.attributes["value"]).value
-    return _NOT_CONSTANT
-
-
-_NOT_CONSTANT = object()
-
-
-class _Builder:
-    """Creates torch-dialect ops before one op, at its location."""
-
-    def __init__(self, anchor: Any):
-        from turbine_ir.ir import InsertionPoint
-
-        self.ip = InsertionPoint(anchor)
-        self.loc = anchor.location
-        self.context = anchor.context
-
-    def op(self, name: str, result: str, operands: list[Any], attrs: dict | None = None) -> Any:
-        from turbine_ir.ir import Operation, Type
-
-        with self.loc, self.ip:
-            return Operation.create(
-                name,
-                results=[Type.parse(result, self.context)],
-                operands=operands,
-                attributes=attrs or {},
-            ).result
-
-    def int(self, v: int) -> Any:
-        from turbine_ir.ir import IntegerAttr, IntegerType
-
-        with self.loc:
-            attr = IntegerAttr.get(IntegerType.get_signless(64), v)
-        return self.op("torch.constant.int", "!torch.int", [], {"value": attr})
-
-    def float(self, v: float) -> Any:
-        from turbine_ir.ir import F64Type, FloatAttr
-
-        with self.loc:
-            attr = FloatAttr.get(F64Type.get(), v)
-        return self.op("torch.constant.float", "!torch.float", [], {"value": attr})
-
-    def none(self) -> Any:
-        return self.op("torch.constant.none", "!torch.none", [])
-
-    def false(self) -> Any:
-        from turbine_ir.ir import BoolAttr
-
-        with self.loc:
-            attr = BoolAttr.get(False)
-        return self.op("torch.constant.bool", "!torch.bool", [], {"value": attr})
-
-    def int_list(self, values: list[int]) -> Any:
-        return self.op(
-            "torch.prim.ListConstruct", "!torch.list<int>", [self.int(v) for v in values]
-        )
-
-
 def decompose_attention(module_op: Any) -> int:
     """Rewrites every ``scaled_dot_product_attention`` of ``module_op`` in place (see module doc).
 
@@ -194,7 +90,7 @@ def decompose_attention(module_op: Any) -> int:
     Returns:
         How many ops were rewritten.
     """
-    ops = [op for op in _walk(getattr(module_op, "operation", module_op)) if op.name == SDPA_OP]
+    ops = [op for op in walk(getattr(module_op, "operation", module_op)) if op.name == SDPA_OP]
     done = 0
     for op in ops:
         if _rewrite_one(op):
@@ -205,31 +101,31 @@ def decompose_attention(module_op: Any) -> int:
 def _rewrite_one(op: Any) -> bool:
     q, k, v, mask, dropout, causal, scale, gqa = list(op.operands)
     dropout_p, is_causal, scale_v, enable_gqa = (
-        _constant(dropout),
-        _constant(causal),
-        _constant(scale),
-        _constant(gqa),
+        constant(dropout),
+        constant(causal),
+        constant(scale),
+        constant(gqa),
     )
-    if any(c is _NOT_CONSTANT for c in (dropout_p, is_causal, scale_v, enable_gqa)):
+    if any(c is NOT_CONSTANT for c in (dropout_p, is_causal, scale_v, enable_gqa)):
         return False
     if dropout_p not in (None, 0.0):
         return False
-    qt, kt, vt = _TensorType.of(q), _TensorType.of(k), _TensorType.of(v)
-    out_t = _TensorType.of(op.result)
+    qt, kt, vt = TensorType.of(q), TensorType.of(k), TensorType.of(v)
+    out_t = TensorType.of(op.result)
     if qt is None or kt is None or vt is None or out_t is None:
         return False
     if min(len(qt.sizes), len(kt.sizes), len(vt.sizes)) < 2:
         return False
     mt = None
-    if _constant(mask) is not None:
-        mt = _TensorType.of(mask)
+    if constant(mask) is not None:
+        mt = TensorType.of(mask)
         if mt is None:
             return False
     if scale_v is None:
         if qt.sizes[-1] is None:
             return False
         scale_v = 1.0 / math.sqrt(qt.sizes[-1])
-    b = _Builder(op)
+    b = Builder(op)
 
     if enable_gqa and len(kt.sizes) >= 3 and kt.sizes[-3] != qt.sizes[-3]:
         hq, hk = qt.sizes[-3], kt.sizes[-3]
@@ -249,7 +145,7 @@ def _rewrite_one(op: Any) -> bool:
 
     if is_causal:
         keep = _causal_keep(b, q, k, lq, s, len(qt.sizes), len(kt.sizes))
-        drop = b.op("torch.aten.logical_not", _TensorType([lq, s], "i1").asm(), [keep])
+        drop = b.op("torch.aten.logical_not", TensorType([lq, s], "i1").asm(), [keep])
         scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
     if mt is not None:
         if mt.dtype == "i1":  # masked_fill broadcasts the mask to the scores' shape
@@ -265,7 +161,7 @@ def _rewrite_one(op: Any) -> bool:
     return True
 
 
-def _repeat_heads(b: _Builder, x: Any, xt: _TensorType, rep: int) -> tuple[Any, _TensorType]:
+def _repeat_heads(b: Builder, x: Any, xt: TensorType, rep: int) -> tuple[Any, TensorType]:
     """``x.repeat_interleave(rep, dim=-3)`` as unsqueeze + expand + flatten (no data copy)."""
     rank = len(xt.sizes)
     heads = xt.sizes[-3]
@@ -286,7 +182,7 @@ def _repeat_heads(b: _Builder, x: Any, xt: _TensorType, rep: int) -> tuple[Any, 
 
 
 def _causal_keep(
-    b: _Builder, q: Any, k: Any, lq: int | None, s: int | None, q_rank: int, k_rank: int
+    b: Builder, q: Any, k: Any, lq: int | None, s: int | None, q_rank: int, k_rank: int
 ) -> Any:
     """Bool ``[L, S]``: ``j <= i`` (``torch.ones(L, S).tril()``), from ``arange`` (no literal)."""
 
@@ -299,11 +195,11 @@ def _causal_keep(
         none = b.none()
         return b.op(
             "torch.aten.arange",
-            _TensorType([n], "si64").asm(),
+            TensorType([n], "si64").asm(),
             [end, b.int(4), none, none, none],  # dtype 4 = torch.int64
         )
 
     rows = arange(lq, length(lq, q, q_rank))
     cols = arange(s, length(s, k, k_rank))
-    rows2 = b.op("torch.aten.unsqueeze", _TensorType([lq, 1], "si64").asm(), [rows, b.int(1)])
-    return b.op("torch.aten.ge.Tensor", _TensorType([lq, s], "i1").asm(), [rows2, cols])
+    rows2 = b.op("torch.aten.unsqueeze", TensorType([lq, 1], "si64").asm(), [rows, b.int(1)])
+    return b.op("torch.aten.ge.Tensor", TensorType([lq, s], "i1").asm(), [rows2, cols])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .attention import _Builder, _TensorType, _walk
+from .torch_ir import Builder, TensorType, walk
 
 __all__ = ["CAST_OPS", "fix_float_to_int_casts", "float_to_int_casts", "targets_vmvx"]
 
@@ -58,7 +58,7 @@ def targets_vmvx(flags: list[str] | tuple[str, ...]) -> bool:
 def _needs_fix(op: Any, vmvx: bool) -> bool:
     if op.name not in CAST_OPS or not len(op.operands) or len(op.results) != 1:
         return False
-    src, dst = _TensorType.of(op.operands[0]), _TensorType.of(op.results[0])
+    src, dst = TensorType.of(op.operands[0]), TensorType.of(op.results[0])
     if src is None or dst is None or src.dtype not in _FLOATS or dst.dtype not in _INTS:
         return False
     return vmvx or dst.dtype in _VIA
@@ -66,7 +66,7 @@ def _needs_fix(op: Any, vmvx: bool) -> bool:
 
 def float_to_int_casts(module_op: Any, vmvx: bool) -> list[Any]:
     """The casts of ``module_op`` that :func:`fix_float_to_int_casts` would rewrite."""
-    return [op for op in _walk(getattr(module_op, "operation", module_op)) if _needs_fix(op, vmvx)]
+    return [op for op in walk(getattr(module_op, "operation", module_op)) if _needs_fix(op, vmvx)]
 
 
 def fix_float_to_int_casts(module_op: Any, vmvx: bool) -> int:
@@ -78,9 +78,9 @@ def fix_float_to_int_casts(module_op: Any, vmvx: bool) -> int:
     """
     casts = float_to_int_casts(module_op, vmvx)
     for op in casts:
-        b = _Builder(op)
+        b = Builder(op)
         x = op.operands[0]
-        src, dst = _TensorType.of(x), _TensorType.of(op.results[0])
+        src, dst = TensorType.of(x), TensorType.of(op.results[0])
         assert src is not None and dst is not None
         if vmvx:
             x = b.op("torch.aten.trunc", src.asm(), [x])

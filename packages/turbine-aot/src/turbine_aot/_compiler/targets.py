@@ -20,9 +20,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from .torch_ir import walk
 
 T = TypeVar("T")
 
@@ -439,15 +441,6 @@ _CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
 _VTENSOR_SIZES = re.compile(r"^!torch\.vtensor<\[([^\]]*)\]")
 
 
-def _walk_ops(op: Any) -> Iterator[Any]:
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                child = getattr(child, "operation", child)
-                yield child
-                yield from _walk_ops(child)
-
-
 def mostly_pointwise_convs(module: object) -> bool:
     """Whether more than half of a module's 2-D convolutions are pointwise (1x1 kernel) or
     depthwise (one input channel per group), read from the weights' types (torch dialect)."""
@@ -455,7 +448,7 @@ def mostly_pointwise_convs(module: object) -> bool:
     op = getattr(op, "operation", op)
     pointwise = total = 0
     try:
-        ops = list(_walk_ops(op))
+        ops = list(walk(op))
     except Exception:  # not a module
         return False
     for o in ops:
