@@ -7,6 +7,8 @@ in IREE 3.13 compute something else, with no error:
   ``i8``, which saturates at 127 on ``llvm-cpu`` (``200.7 -> 127``, eager ``200``) and wraps
   differently on ``vmvx``. Written as float -> ``int32`` -> ``uint8`` the value is right for
   every value a ``uint8`` holds (and negative inputs wrap as eager's do on x86: ``-1.5 -> 255``).
+  ``int8`` / ``int16`` / ``uint16`` go through ``int32`` too (out-of-range values then wrap as
+  eager's do instead of saturating), ``uint32`` through ``int64``.
 - every float -> integer cast on ``vmvx``: its VM rounds to nearest (``2.5 -> 3``,
   ``-3.7 -> -4``, eager ``2`` and ``-3``). A ``trunc`` first makes the value integral, so the
   cast is exact whatever the rounding.
@@ -35,7 +37,9 @@ CAST_OPS = frozenset(
 )
 _FLOATS = frozenset({"f16", "bf16", "f32", "f64"})
 _INTS = frozenset({"si8", "si16", "si32", "si64", "ui8", "ui16", "ui32"})
-# unsigned result -> the signed type to convert through (holds every value of the unsigned one)
+# narrow result -> the signed type to convert through: it holds every value of the result type,
+# and the integer narrowing after it wraps as eager does on x86 (int8 of 128.5 is -128, not the
+# 127 a saturating f32 -> i8 conversion gives)
 _VIA = {
     "si8": ("si32", 3),
     "si16": ("si32", 3),
@@ -70,8 +74,9 @@ def float_to_int_casts(module_op: Any, vmvx: bool) -> list[Any]:
 
 
 def fix_float_to_int_casts(module_op: Any, vmvx: bool) -> int:
-    """Rewrites, in place, float -> unsigned casts to go through a signed type and, with
-    ``vmvx``, every float -> integer cast to truncate first (see the module doc).
+    """Rewrites, in place, float -> narrow integer casts (8/16-bit, uint32) to go through a
+    wider signed type and, with ``vmvx``, every float -> integer cast to truncate first (see the
+    module doc).
 
     Returns:
         How many casts were rewritten.
