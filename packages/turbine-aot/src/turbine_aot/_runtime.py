@@ -298,7 +298,7 @@ class LoadedFunction:
                 f"calling {self.label} on {', '.join(m.device_uris)} failed: {e}"
             ) from e
         results = [self._convert(outputs, i) for i in range(len(outputs))]
-        results = [self._signed_as_declared(i, r) for i, r in enumerate(results)]
+        results = [self._with_declared_dtype(i, r) for i, r in enumerate(results)]
         if self._zero_copy and not self._copy_results:
             # A result may be an imported argument's buffer (a function returning its input):
             # keep the argument tensors alive as long as the results.
@@ -308,7 +308,7 @@ class LoadedFunction:
                     r._turbine_inputs = keep  # type: ignore[attr-defined]
         return results
 
-    def _signed_as_declared(self, i: int, result: Any) -> Any:
+    def _with_declared_dtype(self, i: int, result: Any) -> Any:
         """IREE's buffer views are signless (a ``uint8`` result comes back as ``int8``): the
         recorded signature's dtype (``ui8``) is restored as a view, bits unchanged."""
         import torch
