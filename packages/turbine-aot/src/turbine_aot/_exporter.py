@@ -178,25 +178,17 @@ class ExportOutput:
         target_device: str | Sequence[str] | None,
         target_backends: str | Sequence[str] | None,
     ) -> Output | None:
-        # The .vmfb records its flags and compiler version (turbine-aot inspect shows them).
-        with compile_record(self.mlir_module, flags):
-            return self._compile_recorded(
-                flags, save_to, compile_from, target_device, target_backends
-            )
-
-    def _compile_recorded(
-        self,
-        flags: list[str],
-        save_to: str | Path | Output | None,
-        compile_from: str | None,
-        target_device: str | Sequence[str] | None,
-        target_backends: str | Sequence[str] | None,
-    ) -> Output | None:
         named = " ".join(_as_list(target_device) or _as_list(target_backends)) or "session flags"
-        # The exported IR stays target-neutral: target fixes go to a copy (compile_module).
-        return compile_module(
-            self.mlir_module, flags, save_to, compile_from=compile_from, stage=f"compile ({named})"
-        )
+        # The .vmfb records its flags and compiler version (turbine-aot inspect shows them); the
+        # exported IR stays target-neutral: target fixes go to a copy (compile_module).
+        with compile_record(self.mlir_module, flags):
+            return compile_module(
+                self.mlir_module,
+                flags,
+                save_to,
+                compile_from=compile_from,
+                stage=f"compile ({named})",
+            )
 
     def load(
         self,
