@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .targets import flag_targets
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
 
 __all__ = ["SDPA_OP", "decompose_attention", "has_attention", "targets_only_cpu"]
@@ -36,24 +37,8 @@ _CPU_BACKENDS = frozenset({"llvm-cpu", "vmvx"})
 
 def targets_only_cpu(flags: Sequence[str]) -> bool:
     """Whether ``flags`` compile for CPU devices only (``llvm-cpu`` / ``vmvx``, local devices)."""
-    backends: list[str] = []
-    local_backends: list[str] = []
-    devices: list[str] = []
-    for f in flags:
-        name, _, value = f.partition("=")
-        values = [v.strip() for v in value.split(",") if v.strip()]
-        if name == "--iree-hal-target-backends":
-            backends += values
-        elif name == "--iree-hal-local-target-device-backends":
-            local_backends += values
-        elif name == "--iree-hal-target-device":
-            devices += values
-    if backends:
-        return all(b in _CPU_BACKENDS for b in backends)
-    if devices:
-        local = all(d.split("[", 1)[0] == "local" for d in devices)
-        return local and bool(local_backends) and all(b in _CPU_BACKENDS for b in local_backends)
-    return False
+    targets = flag_targets(flags)
+    return bool(targets) and targets <= _CPU_BACKENDS
 
 
 def has_attention(module_op: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .torch_ir import Builder, TensorType, walk
 
-__all__ = ["CAST_OPS", "fix_float_to_int_casts", "float_to_int_casts", "targets_vmvx"]
+__all__ = ["CAST_OPS", "fix_float_to_int_casts", "float_to_int_casts"]
 
 #: The torch-dialect ops that convert a tensor's dtype (operand 0 is the tensor).
 CAST_OPS = frozenset(
@@ -47,16 +47,6 @@ _VIA = {
     "ui16": ("si32", 3),
     "ui32": ("si64", 4),
 }  # torch dtype codes
-
-
-def targets_vmvx(flags: list[str] | tuple[str, ...]) -> bool:
-    """Whether ``flags`` compile for the ``vmvx`` backend (alone or among others)."""
-    for f in flags:
-        name, _, value = f.partition("=")
-        backends = ("--iree-hal-target-backends", "--iree-hal-local-target-device-backends")
-        if name in backends and "vmvx" in (v.strip() for v in value.split(",")):
-            return True
-    return False
 
 
 def _needs_fix(op: Any, vmvx: bool) -> bool:

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
-from .casts import fix_float_to_int_casts, float_to_int_casts, targets_vmvx
+from .casts import fix_float_to_int_casts, float_to_int_casts
+from .targets import flag_targets
 
 __all__ = ["REVISION", "module_for_compile"]
 
@@ -40,7 +41,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     op = getattr(module_op, "operation", module_op)
     keep = os.environ.get("TURBINE_CPU_ATTENTION", "").strip().lower() == "keep"
     attention = not keep and targets_only_cpu(flags) and has_attention(op)
-    vmvx = targets_vmvx(list(flags))
+    vmvx = "vmvx" in flag_targets(flags)
     casts = bool(float_to_int_casts(op, vmvx))
     if not attention and not casts:
         return module_op, False

@@ -43,9 +43,11 @@ __all__ = [
     "default_runtime_flags",
     "device_compile_flags",
     "fallback_flags",
+    "flag_targets",
     "float_types",
     "has_dynamic_shapes",
     "merge_flags",
+    "mostly_pointwise_convs",
     "program_traits",
     "public_functions",
     "resolve_target",
@@ -547,7 +549,7 @@ SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
 )
 
 
-def _flag_targets(flags: Sequence[str]) -> set[str]:
+def flag_targets(flags: Sequence[str]) -> set[str]:
     """turbine target names that a flag list compiles for (from the device/backend flags)."""
     found: set[str] = set()
     for f in flags:
@@ -580,7 +582,7 @@ def fallback_flags(
         ``(flags, dropped groups)``, or ``None`` when nothing can be dropped (the failure is not
         a speed-only default's).
     """
-    targets = _flag_targets(flags)
+    targets = flag_targets(flags)
     user_keys = {_flag_key(f) for f in user_flags}
     dropped: list[SpeedOnlyGroup] = []
     drop: set[str] = set()
