@@ -28,6 +28,29 @@ def _require_dask() -> None:
     )
 
 
+def _build_on_local_dask(tmp_path: Path, build_text: str) -> subprocess.CompletedProcess:
+    """Runs ``build_text`` as an iree.build file on a 2-worker local Dask cluster (bounded)."""
+    _require_dask()
+    build_file = tmp_path / "builder.py"
+    build_file.write_text(build_text)
+    cmd = [
+        sys.executable,
+        str(build_file),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--turbine-generate-dask",
+        "local",
+        "--turbine-generate-jobs",
+        "2",
+    ]
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"Dask build hung for {TIMEOUT_S} s\nstderr so far:\n{e.stderr}")
+
+
 @pytest.mark.slow
 def test_dask_fanout_demo_exports_every_variant(tmp_path: Path) -> None:
     _require_dask()
@@ -90,25 +113,7 @@ BUILD_FILE = textwrap.dedent(
 
 @pytest.mark.slow
 def test_generate_on_a_local_dask_cluster(tmp_path: Path) -> None:
-    _require_dask()
-    build_file = tmp_path / "builder.py"
-    build_file.write_text(BUILD_FILE)
-    cmd = [
-        sys.executable,
-        str(build_file),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--turbine-generate-dask",
-        "local",
-        "--turbine-generate-jobs",
-        "2",
-    ]
-    try:
-        result = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"Dask build hung for {TIMEOUT_S} s\nstderr so far:\n{e.stderr}")
+    result = _build_on_local_dask(tmp_path, BUILD_FILE)
     # The raising generator fails its action with its traceback; the others are built.
     assert result.returncode != 0
     assert "ValueError: variant 9 cannot be exported" in result.stderr
@@ -169,29 +174,7 @@ def test_a_worker_killed_mid_export(tmp_path: Path) -> None:
     """A variant whose worker dies once is retried on another worker and built; one whose
     worker dies on every attempt fails with an error naming it; the others are built; nothing
     hangs."""
-    _require_dask()
-    build_file = tmp_path / "builder.py"
-    build_file.write_text(KILLED_WORKER_BUILD_FILE)
-    cmd = [
-        sys.executable,
-        str(build_file),
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--turbine-generate-dask",
-        "local",
-        "--turbine-generate-jobs",
-        "2",
-    ]
-    try:
-        result = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"Dask build hung for {TIMEOUT_S} s\nstderr so far:\n{e.stderr}")
+    result = _build_on_local_dask(tmp_path, KILLED_WORKER_BUILD_FILE)
     assert result.returncode != 0, result.stdout + result.stderr
     gen = tmp_path / "out" / "genfiles" / "variants"
     built = sorted(p.name for p in gen.glob("*.mlir"))
