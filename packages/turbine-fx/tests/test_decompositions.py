@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -12,7 +13,9 @@ from turbine_fx import (
     DecompositionError,
     current_aot_decompositions,
     extend_aot_decompositions,
+    jittable,
 )
+from turbine_fx._decompositions import resolve_decomposition_ops
 from turbine_fx._program_prep import prepare_program
 
 aten = torch.ops.aten
@@ -76,9 +79,41 @@ def test_composite_implicit_op_can_be_added():
         assert aten.instance_norm.default in t
 
 
-def test_op_without_decomposition_is_an_error():
+def test_ops_without_decomposition_are_skipped_as_in_the_reference(caplog):
+    # The add_ops list of a stateless-Llama export written for iree.turbine.aot: two of the four
+    # have no torch decomposition. The reference skips those silently; so does turbine (a debug
+    # line names them), and the table gets the two that have one.
+    add_ops = [
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention.default,
+        aten.masked_fill_.Scalar,
+        aten.copy,
+    ]
+    caplog.set_level(logging.DEBUG, logger="turbine.fx")
+    with extend_aot_decompositions(from_current=True, add_ops=add_ops) as table:
+        assert aten._scaled_dot_product_flash_attention_for_cpu.default in table
+        assert aten.masked_fill_.Scalar in table
+        assert aten._scaled_dot_product_flash_attention.default not in table
+        assert aten.copy.default not in table
+        assert set(current_aot_decompositions()) == set(table)
+    skipped = [r.getMessage() for r in caplog.records if "no decomposition registered" in r.msg]
+    assert any("_scaled_dot_product_flash_attention.default" in m for m in skipped)
+    assert any("aten.copy" in m for m in skipped)
+
+
+def test_jittable_decompose_ops_skip_ops_without_decomposition():
+    j = jittable(lambda x: x + 1, decompose_ops=[aten.mm.default, aten.gelu])
+    table = j._table()
+    assert aten.gelu.default in table and aten.mm.default not in table
+
+
+def test_resolving_an_op_without_decomposition_or_a_non_op_is_an_error():
+    # resolve_decomposition_ops itself stays strict (the default table is built with it, so a
+    # torch upgrade that drops one of its decompositions is noticed); a non-op is always an
+    # error, in extend_aot_decompositions too.
     with pytest.raises(DecompositionError, match=r"no registered decomposition for aten\.mm"):
-        extend_aot_decompositions(add_ops=[aten.mm.default]).__enter__()
+        resolve_decomposition_ops([aten.mm.default])
+    assert resolve_decomposition_ops([aten.mm.default], skip_missing=True) == {}
     with pytest.raises(DecompositionError, match="is not a torch op"):
         extend_aot_decompositions(add_ops=["gelu"]).__enter__()
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 import torch
-from fx_helpers import Built
+from fx_helpers import Built, run_module
+from ir_check import check_ir
 
 from turbine_fx import JittableError, jittable
 from turbine_fx.passes import functorch_functionalize
@@ -161,5 +162,130 @@ def test_dynamic_shapes_by_name_or_legacy_graph_argument_name(key, iree_device):
 def test_dynamic_shapes_unknown_key_names_the_choices():
     bad = jittable(lambda x: x + 1, dynamic_shapes={"arg5_1": {0: torch.export.Dim("n")}})
     b = Built()
-    with pytest.raises(JittableError, match=r"arg0_1 .. arg0_1 by position"), b:
+    with (
+        pytest.raises(
+            JittableError,
+            match=r"names argument 'arg5_1', but the function's arguments are \['x'\] "
+            r"\(arg0_1 .. arg0_1 for its 1 tensor arguments in flattened order\)",
+        ),
+        b,
+    ):
         _procedure(b, "main", (AbstractTensor(4),), lambda x: bad(x))
+
+
+# A decode step written for iree.turbine.aot: forward(token0, *state0_flat), the KV caches
+# [1, seq, kv_heads, head_dim] sliced up to the current step (dimension 1 dynamic).
+STATE = 4  # 2 layers x (keys, values)
+
+
+@jittable
+def decode_step(token0, *state0_flat):
+    caches = [torch.cat([s.transpose(1, 2), s[:, -1:].transpose(1, 2)], dim=2) for s in state0_flat]
+    new = [c[:, :, -1:].transpose(1, 2) * 0.5 for c in caches]
+    return token0 + 1, *new
+
+
+def _decode_step_procedure(b, dynamic_shapes):
+    args = (AbstractTensor(1, 1, dtype=torch.int64),) + (AbstractTensor(1, None, 2, 4),) * STATE
+    _procedure(
+        b,
+        "decode",
+        args,
+        lambda token, *state: decode_step(token, *state, dynamic_shapes=dynamic_shapes),
+    )
+    return b.asm()
+
+
+def _run_decode_step(iree_device, asm):
+    token = torch.tensor([[3]])
+    state = [torch.randn(1, 5, 2, 4) for _ in range(STATE)]
+    (got,) = run_module(iree_device, asm, "decode", [(token, *state)])
+    want = decode_step(token, *state)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_placeholder_names_count_flattened_tensor_arguments(iree_device):
+    # arg<N>_1 is torch's name of the N-th graph placeholder: the N-th tensor after flattening,
+    # so `*state0_flat` contributes arg1_1 .. arg4_1 (it used to be refused: "names argument
+    # 'arg2_1', but the function's arguments are ['token0', 'state0_flat']").
+    seq = torch.export.Dim("state_arg0_dim", max=31)
+    dynamic_shapes = {"arg0_1": None, **{f"arg{i}_1": {1: seq} for i in range(1, STATE + 1)}}
+    b = Built()
+    with b:
+        asm = _decode_step_procedure(b, dynamic_shapes)
+    state_type = r"!torch\.vtensor<\[1,\?,2,4\],f32>"
+    check_ir(
+        asm,
+        r"= call @decode_step\(%0, %1, %2, %3, %4\)",
+        r"func\.func private @decode_step\(%arg0: !torch\.vtensor<\[1,1\],si64>, "
+        + ", ".join(rf"%arg{i}: {state_type}" for i in range(1, STATE + 1)),
+    )
+    _run_decode_step(iree_device, asm)
+
+
+def test_a_varargs_parameter_takes_one_spec_per_tensor():
+    seq = torch.export.Dim("seq", max=31)
+    b = Built()
+    with b:
+        asm = _decode_step_procedure(b, {"state0_flat": ({1: seq},) * STATE})
+    assert "func.func private @decode_step(" in asm
+    b = Built()
+    with pytest.raises(JittableError, match=r"dynamic_shapes\['state0_flat'\] has 2 entries"), b:
+        _decode_step_procedure(b, {"state0_flat": ({1: seq},) * 2})
+
+
+# The jittable export accepts what the reference's (dynamo's export with aten graphs) accepts:
+# torch.export(strict=False) refuses a named Dim whose range it cannot prove a shape guard over,
+# even a guard true everywhere. Growing a [1, s, 2, 16] KV cache by one step and repeating it for
+# grouped-query attention (transformers' repeat_kv) guards
+# min(16 + 16*s, 32 + 32*s) == 16 + 16*s (a contiguity check), true for every s >= 0.
+@jittable
+def grow_and_repeat(k, new):
+    k = torch.cat([k.transpose(1, 2), new], dim=2)
+    n = k.shape[2]
+    return k[:, :, None].expand(1, 2, 2, n, 16).reshape(1, 4, n, 16)
+
+
+@pytest.mark.parametrize("seq", [{"max": 31}, {}], ids=["bounded", "unbounded"])
+def test_a_guard_true_over_the_dim_range_is_accepted(seq, iree_device):
+    dim = torch.export.Dim("state_arg0_dim", **seq)
+    b = Built()
+    with b:
+        _procedure(
+            b,
+            "main",
+            (AbstractTensor(1, None, 2, 16), AbstractTensor(1, 2, 1, 16)),
+            lambda k, new: grow_and_repeat(k, new, dynamic_shapes={"k": {1: dim}}),
+        )
+    asm = b.asm()
+    check_ir(
+        asm,
+        r"func\.func private @grow_and_repeat\(%arg0: !torch\.vtensor<\[1,\?,2,16\],f32>, "
+        r"%arg1: !torch\.vtensor<\[1,2,1,16\],f32>\) -> !torch\.vtensor<\[1,4,\?,16\],f32>",
+    )
+    assert "_assert_scalar" not in asm  # the checked guard is not imported
+    k, new = torch.randn(1, 5, 2, 16), torch.randn(1, 2, 1, 16)
+    (got,) = run_module(iree_device, asm, "main", [(k, new)])
+    torch.testing.assert_close(got[0], grow_and_repeat(k, new))
+
+
+def test_a_guard_false_somewhere_in_the_range_is_still_refused():
+    sevenths = jittable(lambda x: x.reshape(7, -1))  # the stand-in size of a dynamic dim is 7
+    dim = torch.export.Dim("n", max=30)
+    b = Built()
+    with (
+        pytest.raises(
+            JittableError,
+            match=r"(?s)Constraints violated.*turbine checked the guards over the declared "
+            r"ranges: Eq\(Mod\(s\d+, 7\), 0\): false at s\d+=1",
+        ),
+        b,
+    ):
+        _procedure(
+            b,
+            "main",
+            (AbstractTensor(None),),
+            lambda x: sevenths(x, dynamic_shapes={"x": {0: dim}}),
+        )

@@ -11,6 +11,7 @@ The current table is thread-local and scoped with :func:`extend_aot_decompositio
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 _aten = torch.ops.aten
+logger = logging.getLogger("turbine.fx")
 
 #: Ops decomposed by default. Each entry was found to fail ``iree-compile --iree-input-type=torch``
 #: (iree-base-compiler 3.13) when imported as is, and to compile once decomposed.
@@ -95,7 +97,9 @@ def _has_composite_implicit_kernel(op: Any) -> bool:
         return False
 
 
-def resolve_decomposition_ops(ops: Sequence[Any]) -> dict[Any, Callable]:
+def resolve_decomposition_ops(
+    ops: Sequence[Any], *, skip_missing: bool = False
+) -> dict[Any, Callable]:
     """Builds a decomposition table for ``ops`` from torch's registered decompositions.
 
     turbine's own decompositions (``TURBINE_DECOMPOSITIONS``: SDPA as matmul + softmax, N-d
@@ -103,12 +107,16 @@ def resolve_decomposition_ops(ops: Sequence[Any]) -> dict[Any, Callable]:
 
     Args:
         ops: ``OpOverload`` or ``OpOverloadPacket`` objects (``torch.ops.aten.gelu``).
+        skip_missing: Leave out an op torch has no decomposition for (logged at debug level),
+            as the reference's ``extend_aot_decompositions(add_ops=...)`` and ``jittable``'s
+            ``decompose_ops`` do, instead of raising.
 
     Returns:
         A dict from OpOverload to its decomposition function.
 
     Raises:
-        DecompositionError: An op is not a torch op, or torch registers no decomposition for it.
+        DecompositionError: An op is not a torch op, or (unless ``skip_missing``) torch
+            registers no decomposition for it.
     """
     table: dict[Any, Callable] = {}
     for op in ops:
@@ -125,6 +133,9 @@ def resolve_decomposition_ops(ops: Sequence[Any]) -> dict[Any, Callable]:
             if overload not in found and _has_composite_implicit_kernel(overload):
                 # CompositeImplicitAutograd ops decompose through their own kernel.
                 found[overload] = overload.decompose
+        if not found and skip_missing:
+            logger.debug("no decomposition registered for %s: not added to the table", op)
+            continue
         if not found:
             raise DecompositionError(
                 f"torch has no registered decomposition for {op}; register one with "
@@ -159,7 +170,9 @@ def extend_aot_decompositions(
 
     Args:
         from_current: Start from the current table (``True``) or from an empty one.
-        add_ops: Ops (overloads or packets) to decompose in addition.
+        add_ops: Ops (overloads or packets) to decompose in addition. An op torch has no
+            decomposition for is skipped (a debug log line names it), as in the reference: the
+            table gets the ops that have one.
         remove_ops: Ops (overloads or packets) to stop decomposing.
 
     Yields:
@@ -173,7 +186,7 @@ def extend_aot_decompositions(
     """
     table = current_aot_decompositions() if from_current else {}
     if add_ops:
-        table.update(resolve_decomposition_ops(add_ops))
+        table.update(resolve_decomposition_ops(add_ops, skip_missing=True))
     for op in remove_ops or ():
         for overload in _overloads(op):
             table.pop(overload, None)

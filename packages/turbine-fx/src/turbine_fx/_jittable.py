@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -31,11 +32,14 @@ from turbine_trace import (
 
 from ._decompositions import current_aot_decompositions, resolve_decomposition_ops
 from ._errors import JittableError
+from ._export_guards import is_constraint_violation, unproven_guards
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 
 __all__ = ["jittable"]
 
 _KNOWN_PASSES = ("functorch_functionalize",)
+
+logger = logging.getLogger("turbine.fx")
 
 
 class _FlatModule(torch.nn.Module):
@@ -67,11 +71,13 @@ class jittable(CallableIntrinsic):
 
     Args:
         wrapped_f: The torch function.
-        decompose_ops: Extra ops to decompose (added to the current AOT table).
+        decompose_ops: Extra ops to decompose (added to the current AOT table; an op torch has
+            no decomposition for is skipped, as with ``extend_aot_decompositions``).
         decomposition_table: A table to use instead of the current AOT table.
-        dynamic_shapes: ``torch.export`` dynamic shapes by argument name (or torch's legacy
-            graph-argument name ``arg<N>_1`` for the N-th argument), added to the dynamic
-            dimensions the traced arguments already have.
+        dynamic_shapes: ``torch.export`` dynamic shapes by argument name (a tuple of them for
+            a ``*args`` parameter), or by torch's graph-placeholder name ``arg<N>_1``: the N-th
+            tensor argument in flattened order. Added to the dynamic dimensions the traced
+            arguments already have.
         function_name: Name of the private function(s) (default: ``wrapped_f.__name__``).
         passes: Pass names to apply; ``"functorch_functionalize"`` is what the import always does
             for programs that mutate (``torch.export`` + functionalization), so it is accepted.
@@ -133,7 +139,7 @@ class jittable(CallableIntrinsic):
             else current_aot_decompositions()
         )
         if self.decompose_ops:
-            table.update(resolve_decomposition_ops(self.decompose_ops))
+            table.update(resolve_decomposition_ops(self.decompose_ops, skip_missing=True))
         return table
 
     def resolve_call(
@@ -197,7 +203,14 @@ class jittable(CallableIntrinsic):
         return self._emit_call(proc_trace, symbol, arg_types, ir_leaves, result_info, out_spec)
 
     def _named_dynamic_dims(self, py_args, py_kwargs, extra) -> dict[int, dict[int, Any]]:
-        """Maps id(IR tensor argument) → {dim: Dim} from ``dynamic_shapes`` keyed by name."""
+        """Maps id(IR tensor argument) → {dim: Dim} from ``dynamic_shapes``.
+
+        A key is a parameter name of the function (its value: the dims of that tensor, or a
+        matching tuple/list of them for a ``*args`` or sequence parameter), or torch's
+        graph-placeholder name ``arg<N>_1``: the N-th *tensor* argument after flattening (so
+        ``forward(token, *state)`` called with 1 + 4 tensors has ``arg0_1`` .. ``arg4_1``), as
+        the reference's jittable names them.
+        """
         shapes = {**self.dynamic_shapes, **(extra or {})}
         if not shapes:
             return {}
@@ -205,39 +218,51 @@ class jittable(CallableIntrinsic):
             bound = inspect.signature(self.wrapped_f).bind(*py_args, **py_kwargs)
         except TypeError as e:
             raise JittableError(f"{self!r}: {e}") from None
+        flat, _ = pytree.tree_flatten((list(py_args), dict(py_kwargs)))
+        tensors = [leaf for leaf in flat if isinstance(leaf, IrTensor)]
         out: dict[int, dict[int, Any]] = {}
-        by_position = list(bound.arguments.values())
         for name, dims in shapes.items():
-            legacy = re.fullmatch(r"arg(\d+)_1", name)
+            placeholder = re.fullmatch(r"arg(\d+)_1", name)
             if name in bound.arguments:
-                value = bound.arguments[name]
-            elif legacy is not None and int(legacy.group(1)) < len(by_position):
-                # torch's legacy graph-argument names: arg0_1 is the first argument.
-                value = by_position[int(legacy.group(1))]
+                self._match_named_dims(name, bound.arguments[name], dims, out)
+            elif placeholder is not None and int(placeholder.group(1)) < len(tensors):
+                if dims:
+                    out[id(tensors[int(placeholder.group(1))])] = dict(dims)
             else:
+                positions = (
+                    f"arg0_1 .. arg{len(tensors) - 1}_1 for its {len(tensors)} tensor "
+                    "arguments in flattened order"
+                    if tensors
+                    else "it has no tensor arguments"
+                )
                 raise JittableError(
                     f"{self!r}: dynamic_shapes names argument {name!r}, but the function's "
-                    f"arguments are {list(bound.arguments)} (or arg0_1 .. "
-                    f"arg{len(by_position) - 1}_1 by position)"
+                    f"arguments are {list(bound.arguments)} ({positions})"
                 )
-            if isinstance(value, IrTensor) and dims:
-                out[id(value)] = dict(dims)
         return out
+
+    def _match_named_dims(
+        self, name: str, value: Any, dims: Any, out: dict[int, dict[int, Any]]
+    ) -> None:
+        """Records ``dims`` for the IR tensor(s) of the argument ``name``."""
+        if not dims:
+            return
+        if isinstance(value, IrTensor):
+            out[id(value)] = dict(dims)
+            return
+        if isinstance(value, (tuple, list)) and isinstance(dims, (tuple, list)):
+            if len(dims) != len(value):
+                raise JittableError(
+                    f"{self!r}: dynamic_shapes[{name!r}] has {len(dims)} entries, but the "
+                    f"argument holds {len(value)} values; give one entry (a dict or None) "
+                    "per value"
+                )
+            for i, (v, d) in enumerate(zip(value, dims, strict=True)):
+                self._match_named_dims(f"{name}[{i}]", v, d, out)
 
     def _export_and_import(self, mb, flat, positions, spec, examples, dyn_specs, constants):
         module = _FlatModule(self.wrapped_f, constants, positions, spec)
-        try:
-            program = torch.export.export(
-                module,
-                tuple(examples),
-                dynamic_shapes=(tuple(dyn_specs),) if any(dyn_specs) else None,
-                strict=False,
-            )
-        except Exception as e:
-            raise JittableError(
-                f"{self!r}: torch.export failed for argument shapes "
-                f"{[tuple(t.shape) for t in examples]}: {type(e).__name__}: {e}"
-            ) from e
+        program = self._export(module, examples, (tuple(dyn_specs),) if any(dyn_specs) else None)
         with mb.context:
             func_op = import_exported_program(
                 mb,
@@ -258,6 +283,54 @@ class jittable(CallableIntrinsic):
         dtypes = _user_output_dtypes(program)
         result_info = {"types": result_types, "dtypes": dtypes, "constants": constant_results}
         return symbol, arg_types, result_info, program.call_spec.out_spec
+
+    def _export(self, module, examples, dynamic_shapes):
+        """``torch.export.export(strict=False)``; on a "Constraints violated" refusal, the
+        re-export with the unproven guards as assertions, kept when each holds over the declared
+        ranges (``_export_guards``: what the reference's dynamo-based export accepts)."""
+        shapes = [tuple(t.shape) for t in examples]
+        try:
+            return torch.export.export(
+                module, tuple(examples), dynamic_shapes=dynamic_shapes, strict=False
+            )
+        except Exception as e:
+            if dynamic_shapes is None or not is_constraint_violation(e):
+                raise JittableError(
+                    f"{self!r}: torch.export failed for argument shapes {shapes}: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+            refusal = e
+        try:
+            program = torch.export.export(
+                module,
+                tuple(examples),
+                dynamic_shapes=dynamic_shapes,
+                strict=False,
+                prefer_deferred_runtime_asserts_over_guards=True,
+            )
+        except Exception:
+            program = None
+        unproven = []
+        if program is not None:
+            unproven = unproven_guards(program.graph, program.range_constraints)
+            if not unproven:
+                logger.info(
+                    "%r: torch.export could not prove some shape guards over the declared "
+                    "ranges; each holds at every point of them (checked), exported with them as "
+                    "assertions that import removes",
+                    self,
+                )
+                return program
+        checked = (
+            "; turbine checked the guards over the declared ranges: "
+            + "; ".join(str(u) for u in unproven)
+            if unproven
+            else ""
+        )
+        raise JittableError(
+            f"{self!r}: torch.export failed for argument shapes {shapes}: "
+            f"{type(refusal).__name__}: {refusal}{checked}"
+        ) from refusal
 
     def _emit_call(self, proc_trace, symbol, arg_types, ir_leaves, result_info, out_spec):
         mb = proc_trace.module_builder

@@ -28,6 +28,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
 from ._bool_rewrites import needs_rewrite, rewrite_for_iree
+from ._export_guards import drop_proven_guards, has_guards
 
 __all__ = [
     "PreparedProgram",
@@ -141,8 +142,9 @@ def prepare_program(
 ) -> PreparedProgram:
     """Copies ``program`` and applies ``decomposition_table`` as cheaply as correctness allows.
 
-    Then rewrites what IREE's torch frontend cannot lower (boolean ops, bool/uint8 constants:
-    ``_bool_rewrites``), on a copy of the graph.
+    Then removes the shape assertions (``aten._assert_scalar``) that hold at every point of the
+    program's ranges (``_export_guards``), and rewrites what IREE's torch frontend cannot lower
+    (boolean ops, bool/uint8 constants: ``_bool_rewrites``), on a copy of the graph.
 
     Args:
         program: The program to import (not modified).
@@ -152,6 +154,13 @@ def prepare_program(
         A :class:`PreparedProgram` ready for ``FxImporter.import_program``.
     """
     prepared = _prepare(program, decomposition_table)
+    if has_guards(prepared.graph):
+        if prepared.graph_module is program.graph_module:  # never edit the user's graph
+            prepared = _from_program(program, "as-is")
+        dropped = drop_proven_guards(prepared.graph, prepared.range_constraints)
+        if dropped:
+            prepared.graph_module.recompile()
+            logger.debug("removed %d shape assertion(s) true over the ranges", len(dropped))
     if not needs_rewrite(prepared.graph_module, prepared.constants):
         return prepared
     if prepared.graph_module is program.graph_module:  # never rewrite the user's graph
