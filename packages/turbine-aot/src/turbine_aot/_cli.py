@@ -172,7 +172,7 @@ def _read_program(data: bytes) -> Any:
 
 def _source_for_compile(data: bytes, module: Any, flags: list[str]) -> bytes:
     """What ``compile`` and ``bundle`` hand to IREE for ``flags``, as ExportOutput.compile does:
-    for CPU targets attention rewritten as matmul + softmax (on a copy), and the flags and
+    the compile-time rewrites (``module_for_compile``, on a copy), and the flags and
     compiler version recorded in the module (``inspect``). ``data`` itself when it did not parse.
     """
     if module is None:
@@ -211,6 +211,7 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             input_type=args.input_type,
             target=",".join(devices),
             cache=cache,
+            rewrite=False,  # _source_for_compile applied them
         )
 
     with st("compile"):
@@ -342,7 +343,10 @@ def _cmd_bundle(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         with st("compile"):
             module, flags = compile_with_fallback(
                 lambda f: R.compile_mlir(
-                    _source_for_compile(data, program, f), f, target=",".join(devices)
+                    _source_for_compile(data, program, f),
+                    f,
+                    target=",".join(devices),
+                    rewrite=False,  # _source_for_compile applied them
                 ),
                 flags,
                 user_flags,

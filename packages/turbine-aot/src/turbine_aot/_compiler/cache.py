@@ -261,8 +261,13 @@ def compile_mlir(
     input_type: str = "auto",
     target: str = "",
     cache: Any = True,
+    rewrite: bool = True,
 ) -> bytes:
     """Compiles MLIR (text or bytecode) to ``.vmfb`` bytes, through the compile cache.
+
+    On a miss, IREE gets the copy ``ExportOutput.compile`` would give it: the compile-time
+    rewrites for ``flags`` applied (:func:`.rewrites.source_for_compile`: attention on CPUs,
+    float -> integer casts, mutable globals sharing an initial value).
 
     Args:
         ir: the module as MLIR text or bytecode.
@@ -272,6 +277,8 @@ def compile_mlir(
             the target, and the driver that will run the module (``local-task``,
             ``local-sync``) does not change its bytes.
         cache: True (the default cache), False (off), a :class:`CompileCache` or a directory.
+        rewrite: ``False`` hands IREE ``ir`` as it is (for a caller that applied the rewrites
+            itself, such as ``turbine-aot compile``).
 
     Returns:
         The compiled module.
@@ -292,7 +299,8 @@ def compile_mlir(
             return hit
     t0 = time.perf_counter()
     try:
-        vmfb = ic.compile_str(data, input_type=input_type, extra_args=list(flags))
+        source = rewrites.source_for_compile(data, flags) if rewrite else data
+        vmfb = ic.compile_str(source, input_type=input_type, extra_args=list(flags))
     except ic.CompilerToolError as e:
         text = str(e).strip()
         first = next((ln.strip() for ln in text.splitlines() if "error:" in ln), "")

@@ -8,6 +8,8 @@ flags:
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
+- every target: mutable globals of the same type and initial value (per-layer KV caches) get
+  their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .casts import fix_float_to_int_casts, float_to_int_casts
+from .globals import separate_shared_globals, shared_mutable_globals
 from .targets import flag_targets
 
-__all__ = ["REVISION", "module_for_compile"]
+__all__ = ["REVISION", "module_for_compile", "source_for_compile"]
 
 #: What the rewrites hand IREE, as a number the compile cache keys on: bump it whenever a rewrite
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
-#: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts.
-REVISION = 2
+#: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
+#: 3: mutable globals sharing an initial value.
+REVISION = 3
 
 _log = logging.getLogger("turbine.aot")
 
@@ -43,7 +47,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     attention = not keep and targets_only_cpu(flags) and has_attention(op)
     vmvx = "vmvx" in flag_targets(flags)
     casts = bool(float_to_int_casts(op, vmvx))
-    if not attention and not casts:
+    shared_globals = bool(shared_mutable_globals(op))
+    if not attention and not casts and not shared_globals:
         return module_op, False
     copy = op.clone()
     if attention:
@@ -52,4 +57,30 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if casts:
         count = fix_float_to_int_casts(copy, vmvx)
         _log.info("%d float -> integer cast(s) rewritten for IREE (vmvx: %s)", count, vmvx)
+    if shared_globals:
+        count = separate_shared_globals(copy)
+        _log.info("%d mutable global(s) sharing an initial value given their own storage", count)
     return copy, True
+
+
+def source_for_compile(data: bytes, flags: Sequence[str]) -> bytes:
+    """What to hand IREE for the MLIR ``data`` (text or bytecode) and ``flags``: the bytecode of
+    :func:`module_for_compile`'s copy when a fix applies, else ``data`` itself (also when it
+    does not parse here: the compiler then reports what is wrong)."""
+    import io
+
+    from turbine_ir import ir
+
+    try:
+        module = ir.Module.parse(data, context=ir.Context())
+    except Exception:
+        return data
+    target, owned = module_for_compile(module.operation, flags)
+    if not owned:
+        return data
+    try:
+        buf = io.BytesIO()
+        target.operation.write_bytecode(buf)
+        return buf.getvalue()
+    finally:
+        target.operation.erase()
