@@ -479,6 +479,66 @@ def test_calling_exported_programs_wrongly_is_a_value_error():
         WrongArity()
 
 
+class _Structured(torch.nn.Module):
+    def forward(self, pair, foobar):
+        a, b = pair
+        return a * b + foobar
+
+
+def test_an_exported_program_is_called_with_its_leaves_flat():
+    # The reference's own test: exported with args=([t1, t2],), kwargs={"foobar": t3} and called
+    # as self._compute(t1, t2, foobar=t3): another structure, the same leaves in number, order
+    # and type, is accepted (it was "Mismatched arguments to exported program").
+    from turbine_aot.runtime import load_module
+
+    t1, t2, t3 = torch.zeros(3), torch.zeros(3), torch.zeros(3)  # distinct: torch.export ties
+    program = torch.export.export(_Structured(), args=([t1, t2],), kwargs={"foobar": t3})
+
+    class Calls(CompiledModule):
+        _compute = program
+
+        def main(self, a=AbstractTensor(3), b=AbstractTensor(3), c=AbstractTensor(3)):
+            return self._compute(a, b, foobar=c)
+
+    out = export(Calls)
+    _check_ir(
+        str(out.mlir_module),
+        r"func.func private @_compute\(%arg0: !torch.vtensor<\[3\],f32>, %arg1: "
+        r"!torch.vtensor<\[3\],f32>, %arg2: !torch.vtensor<\[3\],f32>\)",
+        r"func.func @main\(%arg0: tensor<3xf32>, %arg1: tensor<3xf32>, %arg2: tensor<3xf32>\)",
+        r"%3 = call @_compute\(%0, %1, %2\)",
+    )
+    m = load_module(out.compile(None, extra_args=FAST))
+    a, b, c = torch.randn(3), torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(m.main(a, b, c), a * b + c)
+
+    class WrongType(CompiledModule):
+        _compute = program
+
+        def main(self, a=AbstractTensor(3), b=AbstractTensor(3), c=AbstractTensor(4)):
+            return self._compute(a, b, foobar=c)
+
+    with pytest.raises(
+        ValueError,
+        match=r"call of exported program '_compute': argument 2 has type tensor<4xf32>, the "
+        r"program takes tensor<3xf32>",
+    ):
+        WrongType()
+
+    class WrongCount(CompiledModule):
+        _compute = program
+
+        def main(self, a=AbstractTensor(3), b=AbstractTensor(3)):
+            return self._compute(a, foobar=b)
+
+    with pytest.raises(
+        ValueError,
+        match=r"Mismatched arguments to exported program '_compute': 2 flattened arguments "
+        r"given, it was exported with 3",
+    ):
+        WrongCount()
+
+
 def test_exported_program_wrapper_values_are_unwrapped():
     # FxPrograms.programs values wrap the program as `.target` (with `.arg_device`).
     program = torch.export.export(_SumProd(), (torch.zeros(3), torch.zeros(3)))

@@ -8,8 +8,10 @@ emits, as the reference does::
     %1 = call @_compute(%0) : (!torch.vtensor<[3],f32>) -> !torch.vtensor<[3],f32>
     %2 = torch_c.to_builtin_tensor %1 : !torch.vtensor<[3],f32> -> tensor<3xf32>
 
-The call's arguments must have the structure of the program's ``in_spec``; its results are
-rebuilt with the program's ``out_spec``.
+The call's arguments must flatten to the program's inputs, in number, order and type (the
+structure may differ, as in the reference: ``args=([t1, t2],), kwargs={"foobar": t3}`` called
+as ``self._compute(t1, t2, foobar=t3)``); its results are rebuilt with the program's
+``out_spec``.
 """
 
 from __future__ import annotations
@@ -85,11 +87,17 @@ def _emit_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> Any:
     program = unwrap_program(call.pdef.program)
     signature = program.module_call_graph[0].signature
     flat_args, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    if spec != signature.in_spec:
+    if spec != signature.in_spec and spec.num_leaves != signature.in_spec.num_leaves:
+        # Another structure with the same leaves in the same order is accepted, as the
+        # reference does: args=([t1, t2],), kwargs={"foobar": t3} called as
+        # self._compute(t1, t2, foobar=t3). The types are checked leaf by leaf below.
         raise ValueError(
-            f"Mismatched arguments to exported program {call.name!r}:\n"
+            f"Mismatched arguments to exported program {call.name!r}: "
+            f"{spec.num_leaves} flattened arguments given, it was exported with "
+            f"{signature.in_spec.num_leaves}:\n"
             f"  got:      {spec}\n  expected: {signature.in_spec}\n"
-            "Call it with the positional/keyword structure it was exported with."
+            "Call it with the arguments it was exported with (their structure may differ when "
+            "the flattened arguments match in number and type)."
         )
     func_op = call.func_op
     mb = proc_trace.module_builder
