@@ -167,7 +167,7 @@ def test_tensor_update_of_own_slice_gets_barrier(harness):
         r"%1 = flow.tensor.slice %arg0\[%c1_0, %c0_1 for %0, %c4\] : "
         r"tensor<\?x4xf32>\{%dim\} -> tensor<\?x4xf32>\{%0\}",
         r"%2 = util.optimization_barrier %1 : tensor<\?x4xf32>",
-        r"flow.tensor.update %2, %arg0\[%c0_2, %c0_3\] : tensor<\?x4xf32>\{%0\} -> "
+        r"flow.tensor.update %2, %arg0\[%c0_2, %c0_2\] : tensor<\?x4xf32>\{%0\} -> "
         r"%arg0 as tensor<\?x4xf32>\{%dim\}",
     )
 
@@ -356,6 +356,27 @@ def test_tensor_update_as_the_reference(harness):
         r"%0 = flow.tensor.update %arg1, %arg0\[%arg2, %c0\] : tensor<1x4xf32> -> "
         r"%arg0 as tensor<4x4xf32>\n",
     )
+
+
+def test_tensor_update_creates_one_constant_per_value(harness):
+    # The reference's own test: IREE.tensor_update(g, u, 0, 0) on a global prints
+    # %_state0.global[%c0, %c0] (it was [%c0, %c0_0]).
+    from turbine_trace import export_global
+
+    state = harness.track(export_global(torch.zeros(5, 6), name="global", mutable=True), "state0")
+
+    @harness.proc("update_corner", (AbstractTensor(1, 6),))
+    def _(update):
+        current_ir_trace().handle_assignment(None, state, IREE.tensor_update(state, update, 0, 0))
+
+    text = harness.check(
+        r"%_state0.global = util.global.load @_state0.global : tensor<5x6xf32>\n",
+        r"%c0 = arith.constant 0 : index\n",
+        r"%0 = flow.tensor.update %arg0, %_state0.global\[%c0, %c0\] : tensor<1x6xf32> -> "
+        r"%_state0.global as tensor<5x6xf32>\n",
+        r"util.global.store %0, @_state0.global : tensor<5x6xf32>",
+    )
+    assert text.count("arith.constant 0 : index") == 1
 
 
 def test_tensor_update_of_a_block_uses_insert_slice(harness):

@@ -320,9 +320,10 @@ class IREEEmitter:
                 0
             ]
         if _is_contiguous(target.shape, update.shape):
-            # As the reference: flow.tensor.update %upd, %tgt[starts] (one constant per start).
+            # As the reference: flow.tensor.update %upd, %tgt[starts], one index constant per
+            # value (shared with the dimension constants): [0, 0] is [%c0, %c0].
             start_values = [
-                _index_value(v, f"start index {i}") for i, v in enumerate(start_indices)
+                _index_value(v, f"start index {i}", cache) for i, v in enumerate(start_indices)
             ]
             value = flow.TensorUpdateOp(
                 target_value, target_dims, start_values, update_value, update_dims
