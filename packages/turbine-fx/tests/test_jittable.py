@@ -61,9 +61,13 @@ def test_called_twice_with_different_shapes(iree_device):
     # (2,8,scale=2) and (?,8,scale=3)
     assert len(re.findall(r"func.func private @project(_\d+)?\(", asm)) == 2
     assert len(re.findall(r"func.func private @project_again(_\d+)?\(", asm)) == 1
-    # WEIGHT, deduplicated, named as the reference names lifted constants
-    assert asm.count("util.global private @__auto.constant_8_8_torch.float32 =") == 1
-    assert "@__auto.constant_8_8_torch.float32$1" not in asm
+    # WEIGHT, captured implicitly: inlined as the reference inlines it, one blob for all uses
+    assert "util.global" not in asm
+    literal = (
+        "torch.vtensor.literal(dense_resource<torch_tensor_8_8_torch.float32> : tensor<8x8xf32>)"
+    )
+    assert asm.count(literal) == 3
+    assert len(re.findall(r"^\s*torch_tensor_8_8_torch\.float32\w*: \"0x", asm, re.M)) == 1
     assert len(re.findall(r"call @project(_\d+)?\(", asm)) == 3
 
     vmfb = iree_device.compile(asm, extra_args=["--iree-input-type=torch"])
@@ -289,3 +293,59 @@ def test_a_guard_false_somewhere_in_the_range_is_still_refused():
             (AbstractTensor(None),),
             lambda x: sevenths(x, dynamic_shapes={"x": {0: dim}}),
         )
+
+
+# A module-level constant a jittable captures implicitly: a literal, as the reference inlines it
+# (torch_tensor_<dims>_<dtype>, one blob however many functions use it), not a __auto.constant_*
+# global; whatever its size.
+OFFSETS = torch.tensor([1, 2, 3], dtype=torch.int32)
+TABLE = torch.arange(2048, dtype=torch.float32).reshape(2, 1024)
+
+
+@jittable
+def shift(x):
+    return x + OFFSETS
+
+
+@jittable
+def scale(x):
+    return x * OFFSETS
+
+
+@jittable
+def lookup(x):
+    return TABLE[x.long()]  # int32 indices: IREE 3.13 fails on aten.index.Tensor ("arith.cmpi")
+
+
+def test_captured_constants_are_inlined_once(iree_device):
+    b = Built()
+    with b:
+        _procedure(
+            b,
+            "main",
+            (AbstractTensor(3, dtype=torch.int32), AbstractTensor(None, 3, dtype=torch.int32)),
+            lambda x, y: (shift(x), scale(y), shift(y), lookup(x)),
+        )
+    asm = b.asm()
+    literal = (
+        r"torch\.vtensor\.literal\(dense_resource<torch_tensor_3_torch\.int32> : tensor<3xi32>\)"
+    )
+    check_ir(
+        asm,
+        r"func\.func private @shift\(",
+        rf"= {literal} : !torch\.vtensor<\[3\],si32>",
+        r"func\.func private @scale\(",
+        rf"= {literal} : !torch\.vtensor<\[3\],si32>",
+        r"func\.func private @shift_1\(",
+        rf"= {literal} : !torch\.vtensor<\[3\],si32>",
+        r"torch\.vtensor\.literal\(dense_resource<torch_tensor_2_1024_torch\.float32> : "
+        r"tensor<2x1024xf32>\)",
+        r"^\s*torch_tensor_3_torch\.int32: \"0x04000000010000000200000003000000\"",
+    )
+    assert "util.global" not in asm and "__auto.constant" not in asm
+    assert len(re.findall(r"^\s*torch_tensor_3_torch\.int32\w*: ", asm, re.M)) == 1
+    x = torch.tensor([0, 1, 1], dtype=torch.int32)
+    y = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    (got,) = run_module(iree_device, asm, "main", [(x, y)])
+    for g, w in zip(got, (x + OFFSETS, y * OFFSETS, y + OFFSETS, TABLE[x.long()]), strict=True):
+        torch.testing.assert_close(g, w)

@@ -63,6 +63,7 @@ def import_exported_program(
     import_symbolic_shape_expressions: bool = False,
     decomposition_table: dict[Any, Callable] | None = None,
     constants_as_globals: bool = False,
+    inline_constants: bool = False,
 ) -> Operation:
     """Imports ``program`` as a function of ``module_builder``'s module.
 
@@ -85,6 +86,10 @@ def import_exported_program(
         constants_as_globals: Make every lifted tensor constant a global (deduplicated across
             programs by identity); by default constants of at most ``inline_constant_limit``
             elements are inlined as literals.
+        inline_constants: Inline every lifted tensor constant that is not already a global (and
+            carries no ``ExternalTensorTrait``) as a ``torch.vtensor.literal``, whatever its
+            size: a ``torch_tensor_<dims>_<dtype>`` blob, one per tensor across the module
+            (what ``jittable`` does with the tensors a function captures, as the reference).
 
     Returns:
         The ``func.func`` operation.
@@ -107,7 +112,12 @@ def import_exported_program(
         constant_results = _drop_constant_outputs(prepared)
         unknown = _unregistered_op_nodes(prepared, context)
         _check_dtypes(module_builder, prepared)
-        hooks = _GlobalsHooks(module_builder, prepared, constants_as_globals=constants_as_globals)
+        hooks = _GlobalsHooks(
+            module_builder,
+            prepared,
+            constants_as_globals=constants_as_globals,
+            inline_constants=inline_constants,
+        )
         importer = _fxi.FxImporter(
             module=_ModuleView(module_builder),
             config_check=False,
@@ -432,9 +442,11 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
         prepared: PreparedProgram,
         *,
         constants_as_globals: bool = False,
+        inline_constants: bool = False,
     ):
         self.mb = module_builder
         self.constants_as_globals = constants_as_globals
+        self.inline_constants = inline_constants
         self.prepared = prepared
         # Buffers the program writes (by state name).
         sig = prepared.graph_signature
@@ -548,7 +560,9 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
             name = self.constant_names.get(id(literal), "constant")
             symbol, gtype = self._global_for(name, literal, mutable=False)
             return self._load(symbol, gtype, gni._cc.tensor_to_vtensor_type(literal))
-        small = literal.numel() <= inline_constant_limit and not self.constants_as_globals
+        small = (
+            literal.numel() <= inline_constant_limit or self.inline_constants
+        ) and not self.constants_as_globals
         if small or literal.is_meta or literal.numel() == 0:
             if literal.numel() >= 1 and not literal.is_meta:
                 return _inline_literal(self.mb, literal, gni)

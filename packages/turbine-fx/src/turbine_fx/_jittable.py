@@ -4,7 +4,9 @@ Inside a procedure (``turbine_trace.ProcedureTrace``), calling a ``jittable`` fu
 with ``torch.export`` on stand-in tensors of the arguments' shapes and dtypes (dynamic IR
 dimensions become dynamic export dimensions), imports the program once per distinct signature as
 a private function of the module, and emits a ``func.call`` to it. Tensors the function captures
-become globals (the same tensor captured by several functions is one global).
+are inlined as ``torch.vtensor.literal`` ops of one ``torch_tensor_<dims>_<dtype>`` blob per tensor
+(shared by every function that captures it), as the reference does; a captured tensor that is
+already a global of the module (``export_parameters``) is loaded from it.
 """
 
 from __future__ import annotations
@@ -270,7 +272,7 @@ class jittable(CallableIntrinsic):
                 symbol_name=self.function_name,
                 symbol_visibility="private",
                 decomposition_table=self._table(),
-                constants_as_globals=True,
+                inline_constants=True,
             )
             symbol = StringAttr(func_op.attributes["sym_name"]).value
             ftype = func_op.type
