@@ -349,3 +349,17 @@ def test_captured_constants_are_inlined_once(iree_device):
     (got,) = run_module(iree_device, asm, "main", [(x, y)])
     for g, w in zip(got, (x + OFFSETS, y * OFFSETS, y + OFFSETS, TABLE[x.long()]), strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_a_tensor_dims_spec_may_be_a_dict_or_one_entry_per_dimension():
+    n = torch.export.Dim("n", max=1024)
+    for spec in ({0: n}, (n, None), [n, None]):
+        f = jittable(lambda x: x * 2, dynamic_shapes={"x": spec}, function_name="double")
+        b = Built()
+        with b:
+            _procedure(b, "main", (AbstractTensor(4, 8),), lambda x, f=f: f(x))
+        assert "func.func private @double(%arg0: !torch.vtensor<[?,8],f32>)" in b.asm(), spec
+    bad = jittable(lambda x: x * 2, dynamic_shapes={"arg0_1": 5})
+    b = Built()
+    with pytest.raises(JittableError, match=r"dynamic_shapes\['arg0_1'\] is 5; give"), b:
+        _procedure(b, "main", (AbstractTensor(4, 8),), lambda x: bad(x))

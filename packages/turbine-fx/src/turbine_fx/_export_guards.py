@@ -3,18 +3,18 @@
 ``torch.export.export(strict=False)`` refuses a program ("Constraints violated") when it meets a
 shape guard it cannot prove for every value of a named ``Dim``'s range, even when the guard
 holds everywhere. A Llama decode step whose KV caches have ``Dim(max=MAX-1)`` on the sequence
-dimension hits ``min(16 + 16*s, 32 + 32*s) == 16 + 16*s`` (a stride comparison of the
-transposed cache, true for every ``s >= 0``); the reference traces the same step through
-dynamo's export, which accepts it. Exporting again with
-``prefer_deferred_runtime_asserts_over_guards=True`` turns such guards into
-``aten._assert_scalar`` nodes (which IREE's importer cannot take: they compute ``sym_min``);
+dimension hits ``min(16 + 16*s, 32 + 32*s) == 16 + 16*s`` (a contiguity check of the grown,
+transposed cache repeated for grouped-query attention; true for every ``s >= 0``); the
+reference traces the same step through dynamo's export, which accepts it. Exported again with
+``prefer_deferred_runtime_asserts_over_guards=True``, such guards become
+``aten._assert_scalar`` nodes (which IREE's importer cannot take: they compute ``sym_min``).
 :func:`unproven_guards` checks each one over the declared ranges (symbolically, else at every
-point of a small finite range), and the jittable keeps the program only when all hold; a guard
-that fails somewhere (a real violation, e.g. an odd size reshaped in halves) or that cannot be
-checked (not provable symbolically, over an unbounded or too large range) is reported, and the
-export stays refused. Import
-(``_program_prep``) removes the assertions that hold over the program's ranges with
-:func:`drop_proven_guards`, after any re-trace (``run_decompositions`` inserts them again).
+point of a small finite range), and the jittable keeps the program only when all hold. A guard
+that fails somewhere (a real violation: ``reshape(7, -1)`` of a size that is not a multiple of
+7) or that cannot be checked (not provable symbolically, over an unbounded or too large range)
+is reported, and the export stays refused. Import (``_program_prep``) removes the assertions
+that hold over the program's ranges with :func:`drop_proven_guards`, after any re-trace
+(``run_decompositions`` inserts them again).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class UnprovenGuard:
     """A runtime assertion torch inserted that does not hold over the whole declared range."""
 
     expression: str
-    #: Why: ``"false at s0=3"``, ``"s0 has an unbounded range"``, ...
+    #: Why: ``"false at s0=1"``, ``"not provably true for every s0 >= 0 (give its Dim a
+    #: max)"``, ...
     reason: str
 
     def __str__(self) -> str:

@@ -229,7 +229,7 @@ class jittable(CallableIntrinsic):
                 self._match_named_dims(name, bound.arguments[name], dims, out)
             elif placeholder is not None and int(placeholder.group(1)) < len(tensors):
                 if dims:
-                    out[id(tensors[int(placeholder.group(1))])] = dict(dims)
+                    out[id(tensors[int(placeholder.group(1))])] = self._tensor_dims(name, dims)
             else:
                 positions = (
                     f"arg0_1 .. arg{len(tensors) - 1}_1 for its {len(tensors)} tensor "
@@ -250,7 +250,7 @@ class jittable(CallableIntrinsic):
         if not dims:
             return
         if isinstance(value, IrTensor):
-            out[id(value)] = dict(dims)
+            out[id(value)] = self._tensor_dims(name, dims)
             return
         if isinstance(value, (tuple, list)) and isinstance(dims, (tuple, list)):
             if len(dims) != len(value):
@@ -261,6 +261,17 @@ class jittable(CallableIntrinsic):
                 )
             for i, (v, d) in enumerate(zip(value, dims, strict=True)):
                 self._match_named_dims(f"{name}[{i}]", v, d, out)
+
+    def _tensor_dims(self, name: str, dims: Any) -> dict[int, Any]:
+        """One tensor's dynamic dims as torch takes them: ``{dim: Dim}`` or one entry per dim."""
+        if isinstance(dims, dict):
+            return dict(dims)
+        if isinstance(dims, (tuple, list)):
+            return {i: d for i, d in enumerate(dims) if d is not None}
+        raise JittableError(
+            f"{self!r}: dynamic_shapes[{name!r}] is {dims!r}; give a tensor's dynamic dimensions "
+            "as {dim: Dim} or as one entry (a Dim or None) per dimension"
+        )
 
     def _export_and_import(self, mb, flat, positions, spec, examples, dyn_specs, constants):
         module = _FlatModule(self.wrapped_f, constants, positions, spec)
