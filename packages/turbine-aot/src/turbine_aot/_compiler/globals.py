@@ -13,12 +13,14 @@ has no flag that turns the merge off.
 
 :func:`separate_shared_globals` gives each such global its own ``util.initializer`` whose fill
 value goes through a ``util.optimization_barrier`` together with a per-global salt (an index
-constant), so no two fills are the same operation and nothing can merge them::
+constant), so no two fills are the same operation and nothing can merge them (a float narrower
+than 32 bits goes through as its bit pattern, ``arith.bitcast`` to and from ``iN``: the VM has
+no f16 scalars)::
 
     util.global private mutable @cache.1 : tensor<1x32x2x16xf32>
     util.initializer {
-      %salt = arith.constant 1 : index
       %zero = arith.constant 0.000000e+00 : f32
+      %salt = arith.constant 1 : index
       %0:2 = util.optimization_barrier %salt, %zero : index, f32
       %1 = flow.tensor.splat %0#1 : tensor<1x32x2x16xf32>
       util.global.store %1, @cache.1 : tensor<1x32x2x16xf32>
@@ -92,14 +94,18 @@ def separate_shared_globals(module_op: Any) -> int:
                     if kind == "splat"
                     else _zero(element)
                 )
+                fill_value = arith.ConstantOp(element, fill).result
+                bits = _narrow_float_bits(element)
+                if bits is not None:  # the VM has no such scalars: carry the bit pattern
+                    fill_value = arith.BitcastOp(bits, fill_value).result
                 barrier = util.OptimizationBarrierOp(
-                    [index, element],
-                    [
-                        arith.ConstantOp(index, IntegerAttr.get(index, salt)).result,
-                        arith.ConstantOp(element, fill).result,
-                    ],
+                    [index, fill_value.type],
+                    [arith.ConstantOp(index, IntegerAttr.get(index, salt)).result, fill_value],
                 )
-                value = flow.TensorSplatOp(tensor_type, barrier.results[1], []).result
+                fill_value = barrier.results[1]
+                if bits is not None:
+                    fill_value = arith.BitcastOp(element, fill_value).result
+                value = flow.TensorSplatOp(tensor_type, fill_value, []).result
                 if kind == "dense":
                     zero = arith.ConstantOp(index, IntegerAttr.get(index, 0)).result
                     data = arith.ConstantOp(tensor_type, initial).result
@@ -167,6 +173,18 @@ def _isa(cls: type, t: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _narrow_float_bits(element_type: Any) -> Any:
+    """The signless integer type of a float type narrower than 32 bits (f16, bf16, f8), else
+    ``None``: such scalars cannot live on the host (the VM has no f16: a barrier of one fails
+    to legalize), so the salted fill carries its bit pattern and is bitcast back."""
+    from turbine_ir.ir import FloatType, IntegerType
+
+    if not _isa(FloatType, element_type):
+        return None
+    width = FloatType(element_type).width
+    return IntegerType.get_signless(width) if width < 32 else None
 
 
 def _zero(element_type: Any) -> Any:
