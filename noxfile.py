@@ -140,3 +140,10 @@ def bench(session: nox.Session) -> None:
     """Benchmarks (figures and ratios against baselines measured in the same run)."""
     py = _dev_python(session)
     session.run(py, "benchmarks/run.py", *session.posargs, external=True)
+
+
+@nox.session(name="bench-peers", python=False)
+def bench_peers(session: nox.Session) -> None:
+    """turbine vs ONNX Runtime, OpenVINO, AOTInductor and eager on CPU (fp32; 1 and 2 threads)."""
+    py = _dev_python(session)
+    session.run(py, "benchmarks/peer_runtimes.py", *session.posargs, external=True)
