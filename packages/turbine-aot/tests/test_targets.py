@@ -334,6 +334,7 @@ def test_program_traits():
         "dynamic_shapes": False,
         "fp32_only": True,
         "pointwise_convs": False,
+        "narrow_matmuls": True,  # 2 rows
     }
     half = turbine_aot.export(nn.Linear(8, 4).half().eval(), args=(x.half(),))
     assert float_types(half) == {"f16"} and not program_traits(half)["fp32_only"]
@@ -345,7 +346,58 @@ def test_program_traits():
         "dynamic_shapes": True,
         "fp32_only": True,
         "pointwise_convs": False,
+        "narrow_matmuls": False,  # the batch can reach 64 rows
     }
+
+
+class _Decode(nn.Module):
+    """One attention step of a decoder: a single query row against a 32-row cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(16, 16)
+
+    def forward(self, x, k, v):
+        q = self.q(x).view(1, 2, 1, 8)
+        return nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_narrow_matmul_programs_are_not_data_tiled():
+    import turbine_aot
+    from turbine_aot._compiler.targets import NARROW_MATMUL_ROWS, narrow_matmuls
+
+    mlp = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).eval()
+    for rows, narrow in ((1, True), (8, True), (NARROW_MATMUL_ROWS, True), (32, False)):
+        eo = turbine_aot.export(mlp, args=(torch.randn(rows, 64),))
+        assert narrow_matmuls(eo) is narrow, rows
+    # A linear over [batch, seq, features] has batch * seq rows.
+    assert not narrow_matmuls(turbine_aot.export(mlp, args=(torch.randn(2, 9, 64),)))
+    kv = torch.randn(1, 2, 32, 8)
+    assert narrow_matmuls(turbine_aot.export(_Decode().eval(), args=(torch.randn(1, 16), kv, kv)))
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    assert not narrow_matmuls(turbine_aot.export(conv, args=(torch.randn(1, 3, 8, 8),)))
+    assert not narrow_matmuls(turbine_aot.export(nn.ReLU(), args=(torch.randn(4),)))  # no matmul
+
+    flags = default_compile_flags(narrow_matmuls=True)
+    assert DATA_TILING not in flags and "--iree-llvmcpu-enable-ukernels=all" in flags
+    assert f"{CONV_DT}convolution" not in flags
+    assert DATA_TILING in default_compile_flags()
+    assert "--iree-llvmcpu-enable-ukernels=all" not in default_compile_flags(
+        narrow_matmuls=True, host=False
+    )  # the portable build has no fast-matmul flags at all
+
+
+def test_narrow_matmul_program_compiles_without_data_tiling_and_matches_eager():
+    import turbine_aot
+    from turbine_aot.runtime import load_module
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).eval()
+    x = torch.randn(8, 256)
+    out = turbine_aot.export(mlp, args=(x,))
+    compiled = load_module(out.compile(None))
+    assert DATA_TILING not in out._last_compile_flags
+    torch.testing.assert_close(compiled.main(x), mlp(x), rtol=1e-4, atol=1e-4)
 
 
 class _Bottleneck(nn.Module):

@@ -48,6 +48,7 @@ __all__ = [
     "has_dynamic_shapes",
     "merge_flags",
     "mostly_pointwise_convs",
+    "narrow_matmuls",
     "program_traits",
     "public_functions",
     "resolve_target",
@@ -225,6 +226,12 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
 # EfficientNet-B0 0.86x -> 0.77x. 3x3 convolutions keep conv data tiling (ResNet-18 shape:
 # 0.92x with it, 1.27x through im2col). Convolutions stay channels-last either way.
 _CPU_POINTWISE_CONV_FLAGS: tuple[str, ...] = ("--iree-global-opt-use-im2col-for-convs",)
+# Programs whose matmuls all have few rows (M <= NARROW_MATMUL_ROWS: an MLP at batch 8, a decode
+# step) and no convolution: IREE 3.13's data-tiled mmt4d path is slower there than its plain
+# matmul code generation (MLP 3x1024 at batch 8, 1 thread: 1.55 -> 1.02 ms; batch 16 2.03 ->
+# 1.74; at batch 32 they are even and at 64 data tiling wins, 4.31 vs 5.05 ms), so data tiling
+# is left off for them (ukernels stay on: they cost nothing without packed operands).
+NARROW_MATMUL_ROWS = 16
 # Programs with dynamic dimensions: vector dimensions of unknown size are peeled (a vector main
 # loop + a remainder) instead of masked. A dynamic attention's softmax is vectorized better:
 # GPT shape, dynamic sequence 1.03x -> 0.98x eager (softmax dispatches 8.6 -> 5.4 ms per call);
@@ -277,6 +284,7 @@ def default_compile_flags(
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
     pointwise_convs: bool = False,
+    narrow_matmuls: bool = False,
     overrides: Sequence[str] = (),
     use_env: bool = True,
 ) -> list[str]:
@@ -311,6 +319,11 @@ def default_compile_flags(
         fp32_only: the program's floating-point tensors are all fp32 (:func:`float_types`);
             for CUDA, with static shapes, matmul reductions are split (fp32 matmuls at small
             batch were 4-5x faster). ``ExportOutput.compile`` sets it from the module.
+        pointwise_convs: most 2-D convolutions are 1x1 or depthwise
+            (:func:`mostly_pointwise_convs`); on CPUs they go through im2col to data-tiled
+            matmuls instead of data-tiled convolutions.
+        narrow_matmuls: every matmul has at most :data:`NARROW_MATMUL_ROWS` rows and there is
+            no convolution (:func:`narrow_matmuls`); on CPUs data tiling is left off.
         overrides: flags that replace defaults of the same name or are appended
             (:func:`merge_flags`).
         use_env: also apply flags from ``$TURBINE_COMPILE_FLAGS`` (after the defaults, before
@@ -338,13 +351,17 @@ def default_compile_flags(
         fast_matmul = host
     if cpu:
         flags += _CPU_HOST_FLAGS if host else _CPU_GENERIC_FLAGS
-        if fast_matmul:
+        # Narrow programs (no convolution, few rows per matmul) keep ukernels, not data tiling.
+        data_tiling = fast_matmul and not narrow_matmuls
+        if data_tiling:
             flags += _CPU_FAST_MATMUL_FLAGS
+        elif fast_matmul:
+            flags += [f for f in _CPU_FAST_MATMUL_FLAGS if "ukernels" in f]
         if channels_last_conv:
             flags.append(_CHANNELS_LAST_FLAG)
-            if fast_matmul and pointwise_convs:
+            if data_tiling and pointwise_convs:
                 flags += _CPU_POINTWISE_CONV_FLAGS
-            elif fast_matmul:
+            elif data_tiling:
                 flags += _CPU_CONV_DATA_TILING_FLAGS
         if dynamic_shapes:
             flags += _CPU_DYNAMIC_SHAPE_FLAGS
@@ -467,16 +484,77 @@ def mostly_pointwise_convs(module: object) -> bool:
     return total > 0 and 2 * pointwise > total
 
 
+# Matmul-like torch ops and the operand whose rows are the matmul's M (addmm/baddbmm: the
+# second; scaled_dot_product_attention: the query, whose rows are its sequence length).
+_MATMUL_LHS = {
+    "torch.aten.mm": 0,
+    "torch.aten.bmm": 0,
+    "torch.aten.matmul": 0,
+    "torch.aten.linear": 0,
+    "torch.aten.addmm": 1,
+    "torch.aten.baddbmm": 1,
+    "torch.aten.scaled_dot_product_attention": 0,
+}
+
+
+def _matmul_rows(op: object) -> int | None:
+    """The number of rows (M) of a matmul-like op's product; ``None`` when dynamic or unknown.
+    For ``linear`` every leading dimension counts (it is flattened to a 2-D matmul)."""
+    index = _MATMUL_LHS[op.name]  # type: ignore[attr-defined]
+    operands = op.operands  # type: ignore[attr-defined]
+    if len(operands) <= index:
+        return None
+    m = _VTENSOR_SIZES.match(str(operands[index].type))
+    if m is None:
+        return None
+    dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
+    if any(not d.lstrip("-").isdigit() or int(d) < 0 for d in dims):
+        return None
+    sizes = [int(d) for d in dims]
+    if not sizes:
+        return None
+    if len(sizes) == 1:
+        return 1  # a vector times a matrix
+    if op.name == "torch.aten.linear":  # type: ignore[attr-defined]
+        rows = 1
+        for d in sizes[:-1]:
+            rows *= d
+        return rows
+    return sizes[-2]
+
+
+def narrow_matmuls(module: object) -> bool:
+    """Whether every matmul of a module has at most :data:`NARROW_MATMUL_ROWS` static rows, there
+    is at least one, and there is no convolution (torch dialect; read from operand types)."""
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    try:
+        ops = list(walk(op))
+    except Exception:  # not a module
+        return False
+    found = False
+    for o in ops:
+        if o.name in _CONV_OPS:
+            return False
+        if o.name in _MATMUL_LHS:
+            rows = _matmul_rows(o)
+            if rows is None or rows > NARROW_MATMUL_ROWS:
+                return False
+            found = True
+    return found
+
+
 def program_traits(module: object) -> dict[str, bool]:
     """What turbine's defaults depend on in a program, as ``default_compile_flags`` keywords:
     ``dynamic_shapes`` (:func:`has_dynamic_shapes`), ``fp32_only`` (every floating-point
-    type in :func:`float_types` is ``f32``, and there is one) and ``pointwise_convs``
-    (:func:`mostly_pointwise_convs`)."""
+    type in :func:`float_types` is ``f32``, and there is one), ``pointwise_convs``
+    (:func:`mostly_pointwise_convs`) and ``narrow_matmuls`` (:func:`narrow_matmuls`)."""
     floats = float_types(module)
     return {
         "dynamic_shapes": has_dynamic_shapes(module),
         "fp32_only": floats == {"f32"},
         "pointwise_convs": mostly_pointwise_convs(module),
+        "narrow_matmuls": narrow_matmuls(module),
     }
 
 
@@ -697,6 +775,7 @@ def compile_flags_for(
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
     pointwise_convs: bool = False,
+    narrow_matmuls: bool = False,
 ) -> list[str]:
     """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
 
@@ -722,6 +801,7 @@ def compile_flags_for(
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
                 pointwise_convs=pointwise_convs,
+                narrow_matmuls=narrow_matmuls,
                 use_env=False,
             )
         else:
@@ -742,6 +822,7 @@ def compile_flags_for(
                             dynamic_shapes=dynamic_shapes,
                             fp32_only=fp32_only,
                             pointwise_convs=pointwise_convs,
+                            narrow_matmuls=narrow_matmuls,
                             use_env=False,
                         )
                         if not f.startswith(
@@ -762,6 +843,7 @@ def compile_flags_for(
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
                 pointwise_convs=pointwise_convs,
+                narrow_matmuls=narrow_matmuls,
                 use_env=False,
             )
         else:
@@ -783,6 +865,7 @@ def device_compile_flags(
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
     pointwise_convs: bool = False,
+    narrow_matmuls: bool = False,
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
@@ -798,6 +881,7 @@ def device_compile_flags(
         dynamic_shapes=dynamic_shapes,
         fp32_only=fp32_only,
         pointwise_convs=pointwise_convs,
+        narrow_matmuls=narrow_matmuls,
     )
     if len(drivers) > 1:
         targets = [resolve_target(d) for d in drivers]
