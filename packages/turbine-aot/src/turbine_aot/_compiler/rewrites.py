@@ -5,6 +5,9 @@ flags:
 
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
+- ``llvm-cpu`` targets: convolutions with few input channels (image stems) as im2col + matmul
+  (:mod:`.convs`; IREE's data-tiled convolution pads the 3 channels to a 16-wide tile).
+  ``TURBINE_CPU_STEM_CONV=keep`` skips it.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -19,6 +22,7 @@ from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .casts import fix_float_to_int_casts, float_to_int_casts
+from .convs import rewrite_small_channel_convs, small_channel_convs
 from .targets import flag_targets
 
 __all__ = ["REVISION", "module_for_compile"]
@@ -41,9 +45,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     op = getattr(module_op, "operation", module_op)
     keep = os.environ.get("TURBINE_CPU_ATTENTION", "").strip().lower() == "keep"
     attention = not keep and targets_only_cpu(flags) and has_attention(op)
-    vmvx = "vmvx" in flag_targets(flags)
+    targets = flag_targets(flags)
+    vmvx = "vmvx" in targets
     casts = bool(float_to_int_casts(op, vmvx))
-    if not attention and not casts:
+    keep_convs = os.environ.get("TURBINE_CPU_STEM_CONV", "").strip().lower() == "keep"
+    convs = not keep_convs and targets == {"llvm-cpu"} and bool(small_channel_convs(op))
+    if not attention and not casts and not convs:
         return module_op, False
     copy = op.clone()
     if attention:
@@ -52,4 +59,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if casts:
         count = fix_float_to_int_casts(copy, vmvx)
         _log.info("%d float -> integer cast(s) rewritten for IREE (vmvx: %s)", count, vmvx)
+    if convs:
+        count = rewrite_small_channel_convs(copy)
+        _log.info("llvm-cpu target: %d small-channel convolution(s) as im2col + matmul", count)
     return copy, True

@@ -1,0 +1,114 @@
+"""Convolutions with few input channels (image stems) compile as im2col + matmul on llvm-cpu
+(``_compiler.convs``) and give eager's values; other convolutions and targets are untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ir_check import check_ir
+
+from turbine_aot import export
+from turbine_aot._compiler.convs import small_channel_convs
+from turbine_aot._compiler.rewrites import module_for_compile
+from turbine_aot._compiler.targets import default_compile_flags
+from turbine_aot.runtime import load_module
+
+
+def _copy_asm(out, flags) -> tuple[str, bool]:
+    copy, owned = module_for_compile(out.mlir_module, flags)
+    try:
+        return str(copy), owned
+    finally:
+        if owned:
+            copy.operation.erase()
+
+
+def _stem(**kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3, **kw)
+    return torch.nn.Sequential(conv, torch.nn.BatchNorm2d(16), torch.nn.ReLU()).eval()
+
+
+def test_the_compiled_copy_of_a_stem_is_im2col_and_matmul():
+    out = export(_stem(), args=(torch.randn(1, 3, 32, 32),))
+    exported = str(out.mlir_module)
+    asm, owned = _copy_asm(out, default_compile_flags("llvm-cpu", use_env=False))
+    assert owned
+    check_ir(
+        asm,
+        # the window of output pixel (oh, ow), kernel tap (ky, kx), channel c
+        r"affine_map<\(d0, d1, d2, d3, d4, d5\) -> \(d0, d5, d1 \* 2 \+ d3, d2 \* 2 \+ d4\)>",
+        r"%\w+ = (func\.)?call @__turbine_small_channel_conv_0\(%\w+, %\w+, %\w+\) : "
+        r"\(tensor<1x3x32x32xf32>, tensor<16x3x7x7xf32>, tensor<16xf32>\) -> "
+        r"tensor<1x16x16x16xf32>",
+        r"func.func private @__turbine_small_channel_conv_0",
+        r"tensor.pad %\w+ low\[0, 0, 3, 3\] high\[0, 0, 3, 3\]",
+        r"linalg.generic .* ins\(%padded : tensor<1x3x38x38xf32>\)",
+        r"tensor.collapse_shape .* into tensor<256x147xf32>",
+        r"linalg.matmul ins\(%\w+, %\w+ : tensor<256x147xf32>, tensor<147x16xf32>\)",
+    )
+    assert "torch.aten.convolution" not in asm and "torch.aten.conv2d" not in asm
+    assert str(out.mlir_module) == exported  # the exported module is the reference's
+
+
+@pytest.mark.parametrize("target", ["vmvx", "vulkan-spirv", "cuda"], ids=lambda t: f"not-on-{t}")
+def test_other_targets_keep_the_convolution(target):
+    out = export(_stem(), args=(torch.randn(1, 3, 32, 32),))
+    asm, _ = _copy_asm(out, default_compile_flags(target, use_env=False))
+    assert "__turbine_small_channel_conv" not in asm
+
+
+def test_only_small_channel_static_fp32_convolutions_are_rewritten():
+    x = torch.randn(1, 3, 16, 16)
+    cases = {
+        "16 input channels": (torch.nn.Conv2d(16, 8, 3), torch.randn(1, 16, 16, 16)),
+        "1x1 kernel": (torch.nn.Conv2d(3, 8, 1), x),
+        "grouped": (torch.nn.Conv2d(4, 8, 3, groups=2), torch.randn(1, 4, 16, 16)),
+        "transposed": (torch.nn.ConvTranspose2d(3, 8, 3), x),
+        "conv1d": (torch.nn.Conv1d(3, 8, 3), torch.randn(1, 3, 16)),
+    }
+    for what, (conv, inp) in cases.items():
+        out = export(torch.nn.Sequential(conv).eval(), args=(inp,))
+        assert not small_channel_convs(out.mlir_module.operation), what
+    batch = torch.export.Dim("batch", min=1, max=8)
+    dyn = export(_stem(), args=(torch.randn(2, 3, 16, 16),), dynamic_shapes={"input": {0: batch}})
+    assert not small_channel_convs(dyn.mlir_module.operation)  # dynamic batch: IREE's own path
+    half = export(_stem().half(), args=(x.half(),))
+    assert not small_channel_convs(half.mlir_module.operation)
+    assert len(small_channel_convs(export(_stem(), args=(x,)).mlir_module.operation)) == 1
+
+
+@pytest.mark.parametrize(
+    "cin,cout,kernel,stride,padding,dilation,bias,shape",
+    [
+        (3, 64, 7, 2, 3, 1, False, (1, 3, 64, 64)),  # ResNet's stem
+        (3, 16, 3, 2, 1, 1, True, (2, 3, 33, 31)),  # MobileNet's, odd sizes, batch 2
+        (1, 8, (3, 5), (1, 2), (2, 1), (2, 1), True, (1, 1, 20, 21)),  # grayscale, dilated
+        (4, 12, 3, 1, 0, 1, True, (1, 4, 9, 9)),  # no padding
+    ],
+)
+def test_rewritten_convolutions_match_eager(
+    cin, cout, kernel, stride, padding, dilation, bias, shape
+):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(cin, cout, kernel, stride, padding, dilation, bias=bias)
+    model = torch.nn.Sequential(conv, torch.nn.ReLU(), torch.nn.Conv2d(cout, 8, 3)).eval()
+    x = torch.randn(*shape)
+    out = export(model, args=(x,))
+    assert len(small_channel_convs(out.mlir_module.operation)) == 1  # the second has 12+ inputs
+    compiled = load_module(out.compile(None))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_stem_with_external_weights_matches_eager(tmp_path):
+    import turbine_aot
+
+    model = _stem()
+    x = torch.randn(1, 3, 32, 32)
+    turbine_aot.externalize_module_parameters(model)
+    turbine_aot.save_module_parameters(tmp_path / "w.irpa", model)
+    out = export(model, args=(x,))
+    compiled = load_module(out.compile(None), parameters=tmp_path / "w.irpa")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
