@@ -333,7 +333,6 @@ def test_program_traits():
     assert program_traits(fp32) == {
         "dynamic_shapes": False,
         "fp32_only": True,
-        "pointwise_convs": False,
         "narrow_matmuls": True,  # 2 rows
     }
     half = turbine_aot.export(nn.Linear(8, 4).half().eval(), args=(x.half(),))
@@ -345,7 +344,6 @@ def test_program_traits():
     assert program_traits(dyn) == {
         "dynamic_shapes": True,
         "fp32_only": True,
-        "pointwise_convs": False,
         "narrow_matmuls": False,  # the batch can reach 64 rows
     }
 
@@ -398,60 +396,6 @@ def test_narrow_matmul_program_compiles_without_data_tiling_and_matches_eager():
     compiled = load_module(out.compile(None))
     assert DATA_TILING not in out._last_compile_flags
     torch.testing.assert_close(compiled.main(x), mlp(x), rtol=1e-4, atol=1e-4)
-
-
-class _Bottleneck(nn.Module):
-    """ResNet-50's block shape: 1x1 -> 3x3 -> 1x1 (two of three convolutions pointwise)."""
-
-    def __init__(self, c: int = 16, depthwise: bool = False):
-        super().__init__()
-        self.reduce = nn.Conv2d(4 * c, c, 1)
-        self.mid = nn.Conv2d(c, c, 3, padding=1, groups=c if depthwise else 1)
-        self.expand = nn.Conv2d(c, 4 * c, 1)
-
-    def forward(self, x):
-        return torch.relu(self.expand(torch.relu(self.mid(torch.relu(self.reduce(x))))) + x)
-
-
-def test_pointwise_conv_programs_go_through_im2col():
-    import turbine_aot
-    from turbine_aot._compiler.targets import mostly_pointwise_convs
-
-    x = torch.randn(1, 64, 12, 12)
-    bottleneck = turbine_aot.export(_Bottleneck().eval(), args=(x,))
-    assert mostly_pointwise_convs(bottleneck)
-    plain = nn.Sequential(nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 1)).eval()
-    three_by_three = turbine_aot.export(plain, args=(torch.randn(1, 8, 12, 12),))
-    assert not mostly_pointwise_convs(three_by_three)  # ResNet-18's shape: 3x3 majority
-    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 8, 3)).eval()
-    dw = turbine_aot.export(depthwise, args=(torch.randn(1, 8, 12, 12),))
-    assert not mostly_pointwise_convs(dw)  # one of two: not more than half
-    assert not mostly_pointwise_convs(
-        turbine_aot.export(nn.Linear(4, 4), args=(torch.randn(2, 4),))
-    )
-
-    flags = default_compile_flags(pointwise_convs=True)
-    assert "--iree-global-opt-use-im2col-for-convs" in flags
-    assert f"{CONV_DT}convolution" not in flags and CHANNELS_LAST in flags and DATA_TILING in flags
-    assert f"{CONV_DT}convolution" in default_compile_flags()
-    assert "--iree-global-opt-use-im2col-for-convs" not in default_compile_flags()
-    assert "--iree-global-opt-use-im2col-for-convs" not in default_compile_flags(
-        pointwise_convs=True, host=False
-    )  # the portable build has no data tiling: nothing to route around
-
-
-@pytest.mark.parametrize("depthwise", [False, True], ids=["bottleneck", "depthwise-bottleneck"])
-def test_pointwise_conv_programs_compile_and_match_eager(depthwise):
-    import turbine_aot
-    from turbine_aot.runtime import load_module
-
-    torch.manual_seed(0)
-    model = _Bottleneck(depthwise=depthwise).eval()
-    x = torch.randn(1, 64, 12, 12)
-    out = turbine_aot.export(model, args=(x,))
-    compiled = load_module(out.compile(None))
-    assert "--iree-global-opt-use-im2col-for-convs" in out._last_compile_flags
-    torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 def test_cuda_fp32_export_compiles_with_split_k_and_falls_back_without_it(monkeypatch, caplog):

@@ -1,22 +1,36 @@
-"""CPU-only rewrite of convolutions with few input channels (image stems) in the module handed to IREE.
+"""CPU-only rewrite of the convolutions IREE's data-tiled convolution path handles badly, in the
+module handed to IREE: image stems (few input channels) and pointwise (1x1) convolutions.
 
-The first convolution of an image network reads 1-4 channels (RGB: 3) through a large kernel
-(ResNet's 7x7/2, MobileNet's 3x3/2). IREE 3.13's data-tiled convolution packs that channel
-dimension into 16-wide tiles, so most of its work is padding: ResNet-18's 7x7 stem took 19.5 ms
-of a 21 ms call (one thread, loaded machine; eager, oneDNN: ~2 ms). Written as an im2col copy
-(one element-wise dispatch that gathers each output pixel's ``kh x kw x C`` window into a row)
-and a ``(N*OH*OW) x (kh*kw*C)`` by ``(kh*kw*C) x F`` matmul, it reaches IREE's data-tiled matmul
-path: 7.3 ms for the same call (2.9x), the matmul 137 GFLOP/s (docs/performance.md). Convolutions
-with more channels keep IREE's own path (data-tiled, or im2col for pointwise programs), which is
-faster for them.
+turbine compiles convolutions for ``llvm-cpu`` channels-last and data-tiled like matmuls (fastest
+for 3x3 and larger kernels over many channels). Two kinds lose there, measured in
+docs/performance.md:
 
-:func:`rewrite_small_channel_convs` rewrites a module in place; the compile path applies it to
-the copy handed to IREE for ``llvm-cpu`` targets (``rewrites.module_for_compile``), so the
-exported IR stays the one the reference emits. Each rewritten convolution becomes a call of a
-private function over builtin tensors (IREE inlines it)::
+- **stems**: the first convolution of an image network reads 1-4 channels (RGB: 3) through a
+  large kernel (ResNet's 7x7/2, MobileNet's 3x3/2). The data-tiled convolution packs that
+  channel dimension into 16-wide tiles, so most of its work is padding: ResNet-18's 7x7 stem
+  took 19.5 ms of a 21 ms call (eager, oneDNN: ~2 ms). As an im2col copy (one element-wise
+  dispatch gathering each output pixel's ``kh x kw x C`` window into a row) and a
+  ``(N*OH*OW) x (kh*kw*C)`` by ``(kh*kw*C) x F`` matmul, the same call takes 7.3 ms.
+- **pointwise (1x1) convolutions** are matmuls over the channels, but IREE 3.13's data-tiled
+  convolution is slow on them (ResNet-50 was 2.2-2.5x eager). Written as matmuls, with the
+  3x3 convolutions beside them still data-tiled, ResNet-50 takes 91.5 instead of 117 ms (one
+  thread; eager 99 ms). (This replaced a program-wide ``--iree-global-opt-use-im2col-for-convs``
+  for programs with mostly 1x1 or depthwise convolutions, which slowed their 3x3 convolutions
+  and gained nothing on depthwise ones.)
+
+Both are the same computation: with a 1x1 kernel the "im2col" copy is the NCHW -> NHWC
+transpose (strided for a stride-2 convolution). :func:`rewrite_convs_as_matmuls` rewrites a
+module in place; the compile path applies it to the copy handed to IREE for ``llvm-cpu`` targets
+(``rewrites.module_for_compile``), so the exported IR stays the one the reference emits. Each
+rewritten convolution becomes a call of a private function over builtin tensors (IREE inlines
+it)::
 
     cols[n, oh, ow, ky, kx, c] = pad(x)[n, c, oh*sh + ky*dh, ow*sw + kx*dw]
     out = (cols as [N*OH*OW, KH*KW*C]) @ (w as [KH*KW*C, F]) + b   -> NCHW
+
+Rewritten: 2-D, fp32, groups 1, not transposed, static channels and spatial sizes (the batch
+may be dynamic), and either at most :data:`SMALL_CHANNELS` input channels with a kernel larger
+than 1x1, or a 1x1 kernel without padding.
 """
 
 from __future__ import annotations
@@ -26,20 +40,21 @@ from typing import Any
 
 from .torch_ir import NOT_CONSTANT, TensorType, constant, walk
 
-__all__ = ["SMALL_CHANNELS", "rewrite_small_channel_convs", "small_channel_convs"]
+__all__ = ["SMALL_CHANNELS", "convs_as_matmuls", "rewrite_convs_as_matmuls"]
 
-#: Convolutions reading at most this many input channels are rewritten.
+#: Convolutions reading at most this many input channels (through a kernel larger than 1x1) are
+#: rewritten; pointwise ones whatever their channels.
 SMALL_CHANNELS = 4
 _CONV2D = "torch.aten.conv2d"
 _CONVOLUTION = "torch.aten.convolution"
-_FUNC_PREFIX = "__turbine_small_channel_conv"
+_FUNC_PREFIX = "__turbine_conv_as_matmul"
 
 
 @dataclass(frozen=True)
 class _Conv:
-    """A static 2-D NCHW convolution (fp32, groups 1, not transposed) and its geometry."""
+    """A 2-D NCHW convolution this rewrite handles, and its geometry (``n`` None: dynamic)."""
 
-    n: int
+    n: int | None
     c: int
     h: int
     w: int
@@ -88,8 +103,8 @@ def _spec(op: Any) -> _Conv | None:
         return None
     if len(xt.sizes) != 4 or len(wt.sizes) != 4 or len(rt.sizes) != 4:
         return None
-    if any(s is None for s in (*xt.sizes, *wt.sizes, *rt.sizes)):
-        return None
+    if any(s is None for s in (*xt.sizes[1:], *wt.sizes, *rt.sizes[1:])):
+        return None  # only the batch may be dynamic
     bias = constant(b)
     if bias is NOT_CONSTANT:
         bt = TensorType.of(b)
@@ -98,11 +113,14 @@ def _spec(op: Any) -> _Conv | None:
     elif bias is not None:
         return None
     s, p, d = _pair(_int_list(stride)), _pair(_int_list(padding)), _pair(_int_list(dilation))
-    if s is None or p is None or d is None:
+    if s is None or p is None or d is None or min(*s, *d) < 1 or min(p) < 0:
         return None
-    n, c, h, wi = (int(v) for v in xt.sizes)  # type: ignore[arg-type]
+    n = xt.sizes[0]
+    c, h, wi = (int(v) for v in xt.sizes[1:])  # type: ignore[arg-type]
     f, wc, kh, kw = (int(v) for v in wt.sizes)  # type: ignore[arg-type]
-    if wc != c or c > SMALL_CHANNELS or kh * kw == 1 or min(*s, *d) < 1 or min(p) < 0:
+    stem = c <= SMALL_CHANNELS and kh * kw > 1
+    pointwise = kh == kw == 1 and p == (0, 0)
+    if wc != c or not (stem or pointwise):
         return None
     oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
     ow = (wi + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
@@ -111,28 +129,38 @@ def _spec(op: Any) -> _Conv | None:
     return _Conv(n, c, h, wi, f, kh, kw, s, p, d, oh, ow, bias is NOT_CONSTANT)
 
 
-def small_channel_convs(module_op: Any) -> list[Any]:
-    """The convolutions of ``module_op`` that :func:`rewrite_small_channel_convs` rewrites."""
+def convs_as_matmuls(module_op: Any) -> list[Any]:
+    """The convolutions of ``module_op`` that :func:`rewrite_convs_as_matmuls` rewrites."""
     op = getattr(module_op, "operation", module_op)
     return [o for o in walk(op) if o.name in (_CONV2D, _CONVOLUTION) and _spec(o) is not None]
 
 
-def _tensor(*dims: int) -> str:
-    return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
+def _tensor(*dims: int | None) -> str:
+    return "tensor<" + "x".join("?" if d is None else str(d) for d in dims) + "xf32>"
 
 
 def _function(name: str, g: _Conv) -> str:
     """The private function computing the convolution as im2col + matmul (builtin tensors)."""
-    m, k = g.n * g.oh * g.ow, g.kh * g.kw * g.c
+    dyn = g.n is None
+    k = g.kh * g.kw * g.c
+    m = None if g.n is None else g.n * g.oh * g.ow
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
-    hp, wp = g.h + 2 * ph, g.w + 2 * pw
-    x_t, xp_t = _tensor(g.n, g.c, g.h, g.w), _tensor(g.n, g.c, hp, wp)
+    x_t, xp_t = _tensor(g.n, g.c, g.h, g.w), _tensor(g.n, g.c, g.h + 2 * ph, g.w + 2 * pw)
     w_t, out_t = _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.n, g.f, g.oh, g.ow)
-    cols_t = _tensor(g.n, g.oh, g.ow, g.kh, g.kw, g.c)
+    cols_t, wt_t = _tensor(g.n, g.oh, g.ow, g.kh, g.kw, g.c), _tensor(g.kh, g.kw, g.c, g.f)
+    lhs_t, rhs_t, mm_t = _tensor(m, k), _tensor(k, g.f), _tensor(m, g.f)
+    nhwc_t = _tensor(g.n, g.oh, g.ow, g.f)
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(g.f)}" if g.bias else "")
+    n_arg, m_arg, n_size = ("(%n)", "(%m)", "%n") if dyn else ("()", "()", str(g.n))
     lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
     lines.append("  %zero = arith.constant 0.0 : f32")
-    src = "%x"
+    if dyn:
+        lines += [
+            "  %c0 = arith.constant 0 : index",
+            f"  %n = tensor.dim %x, %c0 : {x_t}",
+            f"  %m = affine.apply affine_map<()[s0] -> (s0 * {g.oh * g.ow})>()[%n]",
+        ]
+    src, src_t = "%x", x_t
     if ph or pw:
         lines += [
             f"  %xp = tensor.pad %x low[0, 0, {ph}, {pw}] high[0, 0, {ph}, {pw}] {{",
@@ -140,50 +168,45 @@ def _function(name: str, g: _Conv) -> str:
             "    tensor.yield %zero : f32",
             f"  }} : {x_t} to {xp_t}",
         ]
-        src = "%xp"
+        src, src_t = "%xp", xp_t
     window = f"(n, c, oh * {sh} + ky * {dh}, ow * {sw} + kx * {dw})"
     lines += [
-        f"  %cols_init = tensor.empty() : {cols_t}",
+        f"  %cols_init = tensor.empty{n_arg} : {cols_t}",
         "  %cols = linalg.generic {indexing_maps = ["
         f"affine_map<(n, oh, ow, ky, kx, c) -> {window}>, "
         "affine_map<(n, oh, ow, ky, kx, c) -> (n, oh, ow, ky, kx, c)>], iterator_types = "
         '["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]} '
-        f"ins({src} : {xp_t if src == '%xp' else x_t}) outs(%cols_init : {cols_t}) {{",
+        f"ins({src} : {src_t}) outs(%cols_init : {cols_t}) {{",
         "  ^bb0(%in: f32, %out: f32):",
         "    linalg.yield %in : f32",
         f"  }} -> {cols_t}",
-        f"  %lhs = tensor.collapse_shape %cols [[0, 1, 2], [3, 4, 5]] : {cols_t} into "
-        f"{_tensor(m, k)}",
-        f"  %wt_init = tensor.empty() : {_tensor(g.kh, g.kw, g.c, g.f)}",
-        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : "
-        f"{_tensor(g.kh, g.kw, g.c, g.f)}) permutation = [2, 3, 1, 0]",
-        f"  %rhs = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {_tensor(g.kh, g.kw, g.c, g.f)} "
-        f"into {_tensor(k, g.f)}",
-        f"  %acc_init = tensor.empty() : {_tensor(m, g.f)}",
-        f"  %acc = linalg.fill ins(%zero : f32) outs(%acc_init : {_tensor(m, g.f)}) -> "
-        f"{_tensor(m, g.f)}",
-        f"  %mm = linalg.matmul ins(%lhs, %rhs : {_tensor(m, k)}, {_tensor(k, g.f)}) "
-        f"outs(%acc : {_tensor(m, g.f)}) -> {_tensor(m, g.f)}",
+        f"  %lhs = tensor.collapse_shape %cols [[0, 1, 2], [3, 4, 5]] : {cols_t} into {lhs_t}",
+        f"  %wt_init = tensor.empty() : {wt_t}",
+        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) "
+        "permutation = [2, 3, 1, 0]",
+        f"  %rhs = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {rhs_t}",
+        f"  %acc_init = tensor.empty{m_arg} : {mm_t}",
+        f"  %acc = linalg.fill ins(%zero : f32) outs(%acc_init : {mm_t}) -> {mm_t}",
+        f"  %mm = linalg.matmul ins(%lhs, %rhs : {lhs_t}, {rhs_t}) outs(%acc : {mm_t}) -> {mm_t}",
     ]
     result = "%mm"
     if g.bias:
         lines += [
             "  %biased = linalg.generic {indexing_maps = [affine_map<(m, f) -> (m, f)>, "
             "affine_map<(m, f) -> (f)>, affine_map<(m, f) -> (m, f)>], iterator_types = "
-            f'["parallel", "parallel"]}} ins(%mm, %b : {_tensor(m, g.f)}, {_tensor(g.f)}) '
-            f"outs(%acc_init : {_tensor(m, g.f)}) {{",
+            f'["parallel", "parallel"]}} ins(%mm, %b : {mm_t}, {_tensor(g.f)}) '
+            f"outs(%acc_init : {mm_t}) {{",
             "  ^bb0(%v: f32, %bv: f32, %o: f32):",
             "    %s = arith.addf %v, %bv : f32",
             "    linalg.yield %s : f32",
-            f"  }} -> {_tensor(m, g.f)}",
+            f"  }} -> {mm_t}",
         ]
         result = "%biased"
-    nhwc = _tensor(g.n, g.oh, g.ow, g.f)
     lines += [
         f"  %nhwc = tensor.expand_shape {result} [[0, 1, 2], [3]] output_shape "
-        f"[{g.n}, {g.oh}, {g.ow}, {g.f}] : {_tensor(m, g.f)} into {nhwc}",
-        f"  %out_init = tensor.empty() : {out_t}",
-        f"  %out = linalg.transpose ins(%nhwc : {nhwc}) outs(%out_init : {out_t}) "
+        f"[{n_size}, {g.oh}, {g.ow}, {g.f}] : {mm_t} into {nhwc_t}",
+        f"  %out_init = tensor.empty{n_arg} : {out_t}",
+        f"  %out = linalg.transpose ins(%nhwc : {nhwc_t}) outs(%out_init : {out_t}) "
         "permutation = [0, 3, 1, 2]",
         f"  return %out : {out_t}",
         "}",
@@ -191,9 +214,9 @@ def _function(name: str, g: _Conv) -> str:
     return "\n".join(lines)
 
 
-def rewrite_small_channel_convs(module_op: Any) -> int:
-    """Rewrites, in place, each convolution with at most :data:`SMALL_CHANNELS` input channels
-    (static, fp32, groups 1, not transposed; see the module doc) as im2col + matmul.
+def rewrite_convs_as_matmuls(module_op: Any) -> int:
+    """Rewrites, in place, each stem and pointwise convolution (see the module doc) as an im2col
+    copy and a matmul.
 
     Returns:
         How many convolutions were rewritten.
@@ -207,7 +230,7 @@ def rewrite_small_channel_convs(module_op: Any) -> int:
         for o in body.operations
         if "sym_name" in o.operation.attributes
     }
-    convs = [(o, _spec(o)) for o in small_channel_convs(op)]
+    convs = [(o, _spec(o)) for o in convs_as_matmuls(op)]
     for index, (conv, spec) in enumerate(convs):
         assert spec is not None
         name = f"{_FUNC_PREFIX}_{index}"
@@ -219,6 +242,11 @@ def rewrite_small_channel_convs(module_op: Any) -> int:
         func = parsed.body.operations[0].operation
         func.detach_from_parent()
         body.append(func)
+        types = [
+            _tensor(spec.n, spec.c, spec.h, spec.w),
+            _tensor(spec.f, spec.c, spec.kh, spec.kw),
+            _tensor(spec.f),
+        ]
         operands = list(conv.operands)[: 3 if spec.bias else 2]
         with conv.location, InsertionPoint(conv):
             builtin = [
@@ -227,25 +255,17 @@ def rewrite_small_channel_convs(module_op: Any) -> int:
                     results=[Type.parse(t, conv.context)],
                     operands=[v],
                 ).result
-                for v, t in zip(
-                    operands,
-                    [
-                        _tensor(spec.n, spec.c, spec.h, spec.w),
-                        _tensor(spec.f, spec.c, spec.kh, spec.kw),
-                        _tensor(spec.f),
-                    ],
-                )
+                for v, t in zip(operands, types)
             ]
+            out_type = _tensor(spec.n, spec.f, spec.oh, spec.ow)
             call = Operation.create(
                 "func.call",
-                results=[Type.parse(_tensor(spec.n, spec.f, spec.oh, spec.ow), conv.context)],
+                results=[Type.parse(out_type, conv.context)],
                 operands=builtin,
                 attributes={"callee": FlatSymbolRefAttr.get(name)},
             ).result
             back = Operation.create(
-                "torch_c.from_builtin_tensor",
-                results=[conv.results[0].type],
-                operands=[call],
+                "torch_c.from_builtin_tensor", results=[conv.results[0].type], operands=[call]
             ).result
         conv.results[0].replace_all_uses_with(back)
         conv.erase()

@@ -5,9 +5,9 @@ flags:
 
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
-- ``llvm-cpu`` targets: convolutions with few input channels (image stems) as im2col + matmul
-  (:mod:`.convs`; IREE's data-tiled convolution pads the 3 channels to a 16-wide tile).
-  ``TURBINE_CPU_STEM_CONV=keep`` skips it.
+- ``llvm-cpu`` targets: image stems (few input channels) and 1x1 convolutions as im2col +
+  matmul (:mod:`.convs`; IREE 3.13's data-tiled convolution is slow on both).
+  ``TURBINE_CPU_CONV_MATMUL=keep`` skips it.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -22,7 +22,7 @@ from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .casts import fix_float_to_int_casts, float_to_int_casts
-from .convs import rewrite_small_channel_convs, small_channel_convs
+from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .targets import flag_targets
 
 __all__ = ["REVISION", "module_for_compile"]
@@ -48,8 +48,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     targets = flag_targets(flags)
     vmvx = "vmvx" in targets
     casts = bool(float_to_int_casts(op, vmvx))
-    keep_convs = os.environ.get("TURBINE_CPU_STEM_CONV", "").strip().lower() == "keep"
-    convs = not keep_convs and targets == {"llvm-cpu"} and bool(small_channel_convs(op))
+    keep_convs = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower() == "keep"
+    convs = not keep_convs and targets == {"llvm-cpu"} and bool(convs_as_matmuls(op))
     if not attention and not casts and not convs:
         return module_op, False
     copy = op.clone()
@@ -60,6 +60,6 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         count = fix_float_to_int_casts(copy, vmvx)
         _log.info("%d float -> integer cast(s) rewritten for IREE (vmvx: %s)", count, vmvx)
     if convs:
-        count = rewrite_small_channel_convs(copy)
-        _log.info("llvm-cpu target: %d small-channel convolution(s) as im2col + matmul", count)
+        count = rewrite_convs_as_matmuls(copy)
+        _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
     return copy, True

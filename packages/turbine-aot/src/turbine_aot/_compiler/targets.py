@@ -47,7 +47,6 @@ __all__ = [
     "float_types",
     "has_dynamic_shapes",
     "merge_flags",
-    "mostly_pointwise_convs",
     "narrow_matmuls",
     "program_traits",
     "public_functions",
@@ -219,13 +218,9 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
     f"--iree-dispatch-creation-experimental-set-data-tiling-ops={ops}"
     for ops in ("matmul", "scaled_matmul", "convolution")
 )
-# Programs whose convolutions are mostly pointwise (1x1) or depthwise (ResNet-50's bottlenecks,
-# MobileNet, EfficientNet): IREE 3.13's data-tiled convolutions are slow on those (ResNet-50,
-# 1 thread, 96x96: 2.18x eager; 224x224: 2.49x); lowered through im2col to data-tiled matmuls
-# instead they are faster than eager (0.91x; 0.92x), and MobileNetV3 0.86x -> 0.73x,
-# EfficientNet-B0 0.86x -> 0.77x. 3x3 convolutions keep conv data tiling (ResNet-18 shape:
-# 0.92x with it, 1.27x through im2col). Convolutions stay channels-last either way.
-_CPU_POINTWISE_CONV_FLAGS: tuple[str, ...] = ("--iree-global-opt-use-im2col-for-convs",)
+# Stems (1-4 input channels) and 1x1 convolutions are slow as data-tiled convolutions in IREE
+# 3.13; the compile copy for llvm-cpu has them as matmuls instead (_compiler.convs), so the
+# flags need no per-program exception (ResNet-50, 1 thread: 117 -> 91.5 ms, eager 99).
 # Programs whose matmuls all have few rows (M <= NARROW_MATMUL_ROWS: an MLP at batch 8, a decode
 # step) and no convolution: IREE 3.13's data-tiled mmt4d path is slower there than its plain
 # matmul code generation (MLP 3x1024 at batch 8, 1 thread: 1.55 -> 1.02 ms; batch 16 2.03 ->
@@ -283,7 +278,6 @@ def default_compile_flags(
     opt_level: str | None = None,
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
-    pointwise_convs: bool = False,
     narrow_matmuls: bool = False,
     overrides: Sequence[str] = (),
     use_env: bool = True,
@@ -319,9 +313,6 @@ def default_compile_flags(
         fp32_only: the program's floating-point tensors are all fp32 (:func:`float_types`);
             for CUDA, with static shapes, matmul reductions are split (fp32 matmuls at small
             batch were 4-5x faster). ``ExportOutput.compile`` sets it from the module.
-        pointwise_convs: most 2-D convolutions are 1x1 or depthwise
-            (:func:`mostly_pointwise_convs`); on CPUs they go through im2col to data-tiled
-            matmuls instead of data-tiled convolutions.
         narrow_matmuls: every matmul has at most :data:`NARROW_MATMUL_ROWS` rows and there is
             no convolution (:func:`narrow_matmuls`); on CPUs data tiling is left off.
         overrides: flags that replace defaults of the same name or are appended
@@ -359,9 +350,7 @@ def default_compile_flags(
             flags += [f for f in _CPU_FAST_MATMUL_FLAGS if "ukernels" in f]
         if channels_last_conv:
             flags.append(_CHANNELS_LAST_FLAG)
-            if data_tiling and pointwise_convs:
-                flags += _CPU_POINTWISE_CONV_FLAGS
-            elif data_tiling:
+            if data_tiling:
                 flags += _CPU_CONV_DATA_TILING_FLAGS
         if dynamic_shapes:
             flags += _CPU_DYNAMIC_SHAPE_FLAGS
@@ -460,30 +449,6 @@ _CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
 _VTENSOR_SIZES = re.compile(r"^!torch\.vtensor<\[([^\]]*)\]")
 
 
-def mostly_pointwise_convs(module: object) -> bool:
-    """Whether more than half of a module's 2-D convolutions are pointwise (1x1 kernel) or
-    depthwise (one input channel per group), read from the weights' types (torch dialect)."""
-    op = getattr(module, "mlir_module", module)
-    op = getattr(op, "operation", op)
-    pointwise = total = 0
-    try:
-        ops = list(walk(op))
-    except Exception:  # not a module
-        return False
-    for o in ops:
-        if o.name not in _CONV_OPS or len(o.operands) < 2:
-            continue
-        m = _VTENSOR_SIZES.match(str(o.operands[1].type))
-        dims = [d.strip() for d in m.group(1).split(",")] if m else []
-        if len(dims) != 4:
-            continue  # conv1d / conv3d, or unranked: not counted
-        total += 1
-        _, cin_per_group, kh, kw = dims
-        if (kh, kw) == ("1", "1") or cin_per_group == "1":
-            pointwise += 1
-    return total > 0 and 2 * pointwise > total
-
-
 # Matmul-like torch ops and the operand whose rows are the matmul's M (addmm/baddbmm: the
 # second; scaled_dot_product_attention: the query, whose rows are its sequence length).
 _MATMUL_LHS = {
@@ -547,13 +512,12 @@ def narrow_matmuls(module: object) -> bool:
 def program_traits(module: object) -> dict[str, bool]:
     """What turbine's defaults depend on in a program, as ``default_compile_flags`` keywords:
     ``dynamic_shapes`` (:func:`has_dynamic_shapes`), ``fp32_only`` (every floating-point
-    type in :func:`float_types` is ``f32``, and there is one), ``pointwise_convs``
-    (:func:`mostly_pointwise_convs`) and ``narrow_matmuls`` (:func:`narrow_matmuls`)."""
+    type in :func:`float_types` is ``f32``, and there is one) and ``narrow_matmuls``
+    (:func:`narrow_matmuls`)."""
     floats = float_types(module)
     return {
         "dynamic_shapes": has_dynamic_shapes(module),
         "fp32_only": floats == {"f32"},
-        "pointwise_convs": mostly_pointwise_convs(module),
         "narrow_matmuls": narrow_matmuls(module),
     }
 
@@ -618,7 +582,7 @@ class SpeedOnlyGroup:
 SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
     SpeedOnlyGroup(
         "data tiling + ukernels",
-        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS + _CPU_POINTWISE_CONV_FLAGS,
+        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS,
         ("llvm-cpu",),
     ),
     SpeedOnlyGroup("channels-last convolutions", (_CHANNELS_LAST_FLAG,), ("llvm-cpu",)),
@@ -774,7 +738,6 @@ def compile_flags_for(
     extra_args: Sequence[str] = (),
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
-    pointwise_convs: bool = False,
     narrow_matmuls: bool = False,
 ) -> list[str]:
     """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
@@ -785,7 +748,7 @@ def compile_flags_for(
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
     ``dynamic_shapes`` (the program has dynamic dimensions), ``fp32_only`` (its floating-point
-    tensors are all fp32) and ``pointwise_convs`` (its convolutions are mostly 1x1 or depthwise)
+    tensors are all fp32) and ``narrow_matmuls`` (every matmul has few rows, no convolution)
     select the defaults measured for such programs (see
     ``default_compile_flags``; ``targets.program_traits`` reads both from a module).
     """
@@ -800,7 +763,6 @@ def compile_flags_for(
                 host=host_cpu,
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
-                pointwise_convs=pointwise_convs,
                 narrow_matmuls=narrow_matmuls,
                 use_env=False,
             )
@@ -821,7 +783,6 @@ def compile_flags_for(
                             host=host_cpu,
                             dynamic_shapes=dynamic_shapes,
                             fp32_only=fp32_only,
-                            pointwise_convs=pointwise_convs,
                             narrow_matmuls=narrow_matmuls,
                             use_env=False,
                         )
@@ -842,7 +803,6 @@ def compile_flags_for(
                 host=host_cpu,
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
-                pointwise_convs=pointwise_convs,
                 narrow_matmuls=narrow_matmuls,
                 use_env=False,
             )
@@ -864,7 +824,6 @@ def device_compile_flags(
     *,
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
-    pointwise_convs: bool = False,
     narrow_matmuls: bool = False,
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
@@ -880,7 +839,6 @@ def device_compile_flags(
         drivers[0],
         dynamic_shapes=dynamic_shapes,
         fp32_only=fp32_only,
-        pointwise_convs=pointwise_convs,
         narrow_matmuls=narrow_matmuls,
     )
     if len(drivers) > 1:

@@ -1,4 +1,4 @@
-"""Convolutions with few input channels (image stems) compile as im2col + matmul on llvm-cpu
+"""Image stems (few input channels) and 1x1 convolutions compile as im2col + matmul on llvm-cpu
 (``_compiler.convs``) and give eager's values; other convolutions and targets are untouched."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from ir_check import check_ir
 
 from turbine_aot import export
-from turbine_aot._compiler.convs import small_channel_convs
+from turbine_aot._compiler.convs import convs_as_matmuls
 from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.runtime import load_module
@@ -29,6 +29,21 @@ def _stem(**kw) -> torch.nn.Module:
     return torch.nn.Sequential(conv, torch.nn.BatchNorm2d(16), torch.nn.ReLU()).eval()
 
 
+class _Bottleneck(torch.nn.Module):
+    """ResNet-50's block: 1x1 -> 3x3 -> 1x1 with a strided 1x1 shortcut (or depthwise 3x3)."""
+
+    def __init__(self, c: int = 16, depthwise: bool = False):
+        super().__init__()
+        self.reduce = torch.nn.Conv2d(4 * c, c, 1)
+        self.mid = torch.nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c if depthwise else 1)
+        self.expand = torch.nn.Conv2d(c, 4 * c, 1, bias=False)
+        self.shortcut = torch.nn.Conv2d(4 * c, 4 * c, 1, stride=2)
+
+    def forward(self, x):
+        y = self.expand(torch.relu(self.mid(torch.relu(self.reduce(x)))))
+        return torch.relu(y + self.shortcut(x))
+
+
 def test_the_compiled_copy_of_a_stem_is_im2col_and_matmul():
     out = export(_stem(), args=(torch.randn(1, 3, 32, 32),))
     exported = str(out.mlir_module)
@@ -38,10 +53,10 @@ def test_the_compiled_copy_of_a_stem_is_im2col_and_matmul():
         asm,
         # the window of output pixel (oh, ow), kernel tap (ky, kx), channel c
         r"affine_map<\(d0, d1, d2, d3, d4, d5\) -> \(d0, d5, d1 \* 2 \+ d3, d2 \* 2 \+ d4\)>",
-        r"%\w+ = (func\.)?call @__turbine_small_channel_conv_0\(%\w+, %\w+, %\w+\) : "
+        r"%\w+ = (func\.)?call @__turbine_conv_as_matmul_0\(%\w+, %\w+, %\w+\) : "
         r"\(tensor<1x3x32x32xf32>, tensor<16x3x7x7xf32>, tensor<16xf32>\) -> "
         r"tensor<1x16x16x16xf32>",
-        r"func.func private @__turbine_small_channel_conv_0",
+        r"func.func private @__turbine_conv_as_matmul_0",
         r"tensor.pad %\w+ low\[0, 0, 3, 3\] high\[0, 0, 3, 3\]",
         r"linalg.generic .* ins\(%padded : tensor<1x3x38x38xf32>\)",
         r"tensor.collapse_shape .* into tensor<256x147xf32>",
@@ -51,31 +66,44 @@ def test_the_compiled_copy_of_a_stem_is_im2col_and_matmul():
     assert str(out.mlir_module) == exported  # the exported module is the reference's
 
 
+def test_a_bottleneck_keeps_its_3x3_convolution_and_has_its_1x1_ones_as_matmuls():
+    out = export(_Bottleneck().eval(), args=(torch.randn(1, 64, 8, 8),))
+    asm, _ = _copy_asm(out, default_compile_flags("llvm-cpu", use_env=False))
+    assert asm.count("func.func private @__turbine_conv_as_matmul_") == 3
+    check_ir(
+        asm,
+        # the strided 1x1 shortcut: every other pixel, no padding, no taps
+        r"affine_map<\(d0, d1, d2, d3, d4, d5\) -> \(d0, d5, d1 \* 2 \+ d3, d2 \* 2 \+ d4\)>",
+        r"torch.aten.conv2d .* !torch.vtensor<\[16,16,3,3\],f32>",  # the 3x3 stays
+        r"linalg.matmul ins\(%\w+, %\w+ : tensor<64x64xf32>, tensor<64x16xf32>\)",  # reduce
+    )
+
+
 @pytest.mark.parametrize("target", ["vmvx", "vulkan-spirv", "cuda"], ids=lambda t: f"not-on-{t}")
 def test_other_targets_keep_the_convolution(target):
     out = export(_stem(), args=(torch.randn(1, 3, 32, 32),))
     asm, _ = _copy_asm(out, default_compile_flags(target, use_env=False))
-    assert "__turbine_small_channel_conv" not in asm
+    assert "__turbine_conv_as_matmul" not in asm
 
 
-def test_only_small_channel_static_fp32_convolutions_are_rewritten():
+def test_only_stems_and_unpadded_1x1_fp32_convolutions_are_rewritten():
     x = torch.randn(1, 3, 16, 16)
-    cases = {
-        "16 input channels": (torch.nn.Conv2d(16, 8, 3), torch.randn(1, 16, 16, 16)),
-        "1x1 kernel": (torch.nn.Conv2d(3, 8, 1), x),
+    kept = {
+        "3x3 over 16 channels": (torch.nn.Conv2d(16, 8, 3), torch.randn(1, 16, 16, 16)),
+        "padded 1x1": (torch.nn.Conv2d(8, 8, 1, padding=1), torch.randn(1, 8, 16, 16)),
         "grouped": (torch.nn.Conv2d(4, 8, 3, groups=2), torch.randn(1, 4, 16, 16)),
+        "grouped 1x1": (torch.nn.Conv2d(4, 8, 1, groups=2), torch.randn(1, 4, 16, 16)),
         "transposed": (torch.nn.ConvTranspose2d(3, 8, 3), x),
         "conv1d": (torch.nn.Conv1d(3, 8, 3), torch.randn(1, 3, 16)),
     }
-    for what, (conv, inp) in cases.items():
+    for what, (conv, inp) in kept.items():
         out = export(torch.nn.Sequential(conv).eval(), args=(inp,))
-        assert not small_channel_convs(out.mlir_module.operation), what
-    batch = torch.export.Dim("batch", min=1, max=8)
-    dyn = export(_stem(), args=(torch.randn(2, 3, 16, 16),), dynamic_shapes={"input": {0: batch}})
-    assert not small_channel_convs(dyn.mlir_module.operation)  # dynamic batch: IREE's own path
+        assert not convs_as_matmuls(out.mlir_module.operation), what
     half = export(_stem().half(), args=(x.half(),))
-    assert not small_channel_convs(half.mlir_module.operation)
-    assert len(small_channel_convs(export(_stem(), args=(x,)).mlir_module.operation)) == 1
+    assert not convs_as_matmuls(half.mlir_module.operation)
+    assert len(convs_as_matmuls(export(_stem(), args=(x,)).mlir_module.operation)) == 1
+    one = export(torch.nn.Conv2d(32, 8, 1).eval(), args=(torch.randn(1, 32, 5, 5),))
+    assert len(convs_as_matmuls(one.mlir_module.operation)) == 1
 
 
 @pytest.mark.parametrize(
@@ -85,6 +113,8 @@ def test_only_small_channel_static_fp32_convolutions_are_rewritten():
         (3, 16, 3, 2, 1, 1, True, (2, 3, 33, 31)),  # MobileNet's, odd sizes, batch 2
         (1, 8, (3, 5), (1, 2), (2, 1), (2, 1), True, (1, 1, 20, 21)),  # grayscale, dilated
         (4, 12, 3, 1, 0, 1, True, (1, 4, 9, 9)),  # no padding
+        (24, 40, 1, 1, 0, 1, True, (2, 24, 7, 9)),  # pointwise
+        (24, 40, 1, 2, 0, 1, False, (1, 24, 7, 9)),  # strided pointwise (a downsample)
     ],
 )
 def test_rewritten_convolutions_match_eager(
@@ -95,10 +125,24 @@ def test_rewritten_convolutions_match_eager(
     model = torch.nn.Sequential(conv, torch.nn.ReLU(), torch.nn.Conv2d(cout, 8, 3)).eval()
     x = torch.randn(*shape)
     out = export(model, args=(x,))
-    assert len(small_channel_convs(out.mlir_module.operation)) == 1  # the second has 12+ inputs
+    assert len(convs_as_matmuls(out.mlir_module.operation)) == 1  # the 3x3 after it stays
     compiled = load_module(out.compile(None))
     with torch.no_grad():
         torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("depthwise", [False, True], ids=["bottleneck", "depthwise-bottleneck"])
+def test_bottlenecks_with_a_dynamic_batch_match_eager(depthwise):
+    torch.manual_seed(0)
+    model = _Bottleneck(depthwise=depthwise).eval()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    out = export(model, args=(torch.randn(2, 64, 12, 12),), dynamic_shapes={"x": {0: batch}})
+    assert len(convs_as_matmuls(out.mlir_module.operation)) == 3
+    compiled = load_module(out.compile(None))
+    with torch.no_grad():
+        for n in (1, 3):
+            x = torch.randn(n, 64, 12, 12)
+            torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 def test_stem_with_external_weights_matches_eager(tmp_path):
