@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from ir_check import check_ir
@@ -66,15 +67,87 @@ def test_the_compiled_copy_of_a_stem_is_im2col_and_matmul():
     assert str(out.mlir_module) == exported  # the exported module is the reference's
 
 
+# IREE 3.13 fuses an element-wise producer with two uses into a consumer that reads it through a
+# strided map, and computes the producer's own result over the consumer's domain only.
+_STRIDED_READ_OF_A_SHARED_PRODUCER = """
+func.func @main(%x: tensor<4x8x8xf32>) -> (tensor<4x8x8xf32>, tensor<4x4x4xf32>) {
+  %one = arith.constant 1.0 : f32
+  %e = tensor.empty() : tensor<4x8x8xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(c, h, w) -> (c, h, w)>,
+      affine_map<(c, h, w) -> (c, h, w)>], iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%x : tensor<4x8x8xf32>) outs(%e : tensor<4x8x8xf32>) {
+  ^bb0(%a: f32, %b: f32):
+    %s = arith.addf %a, %one : f32
+    linalg.yield %s : f32
+  } -> tensor<4x8x8xf32>
+  %e2 = tensor.empty() : tensor<4x4x4xf32>
+  %sub = linalg.generic {indexing_maps = [affine_map<(c, h, w) -> (c, h * 2, w * 2)>,
+      affine_map<(c, h, w) -> (c, h, w)>], iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%r : tensor<4x8x8xf32>) outs(%e2 : tensor<4x4x4xf32>) {
+  ^bb0(%a: f32, %b: f32):
+    linalg.yield %a : f32
+  } -> tensor<4x4x4xf32>
+  return %r, %sub : tensor<4x8x8xf32>, tensor<4x4x4xf32>
+}
+"""
+
+
+def test_iree_still_miscompiles_a_strided_read_of_a_shared_elementwise_producer(iree_device):
+    """Why the im2col copies of strided and windowed convolutions read their input through
+    ``util.optimization_barrier`` (``_compiler.convs``). When this test fails, IREE got fixed:
+    the barrier can go (keep the ResNet-shaped test below)."""
+    x = np.arange(4 * 8 * 8, dtype=np.float32).reshape(4, 8, 8)
+    r, sub = iree_device.load(iree_device.compile(_STRIDED_READ_OF_A_SHARED_PRODUCER)).main(x)
+    r, sub = np.asarray(r.to_host()), np.asarray(sub.to_host())
+    assert np.array_equal(sub, (x + 1)[:, ::2, ::2])  # the strided consumer is right
+    assert not np.array_equal(r, x + 1)  # the producer's own result is not
+    assert np.array_equal(r[:, ::2, ::2], (x + 1)[:, ::2, ::2])  # only the read positions
+    barrier = _STRIDED_READ_OF_A_SHARED_PRODUCER.replace(
+        "  %e2 = tensor.empty()",
+        "  %rb = util.optimization_barrier %r : tensor<4x8x8xf32>\n  %e2 = tensor.empty()",
+    ).replace("ins(%r : tensor<4x8x8xf32>) outs(%e2", "ins(%rb : tensor<4x8x8xf32>) outs(%e2")
+    r, sub = iree_device.load(iree_device.compile(barrier)).main(x)
+    assert np.array_equal(np.asarray(r.to_host()), x + 1)  # the workaround
+    assert np.array_equal(np.asarray(sub.to_host()), (x + 1)[:, ::2, ::2])
+
+
+class _SharedStemInput(torch.nn.Module):
+    """A stem whose (normalized) input is also an output: the pattern of the IREE bug above."""
+
+    def __init__(self, padding: int):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, 2, padding)
+
+    def forward(self, x):
+        y = torch.relu(x + 1)
+        return self.stem(y), y
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+def test_a_stem_whose_input_has_another_use_matches_eager(padding):
+    torch.manual_seed(0)
+    model = _SharedStemInput(padding).eval()
+    x = torch.randn(1, 3, 16, 16)
+    out = export(model, args=(x,))
+    assert len(convs_as_matmuls(out.mlir_module.operation)) == 1
+    asm, _ = _copy_asm(out, default_compile_flags("llvm-cpu", use_env=False))
+    assert "util.optimization_barrier" in asm
+    compiled = load_module(out.compile(None))
+    with torch.no_grad():
+        for got, want in zip(compiled.main(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_bottleneck_keeps_its_3x3_convolution_and_has_its_1x1_ones_as_matmuls():
     out = export(_Bottleneck().eval(), args=(torch.randn(1, 64, 8, 8),))
     asm, _ = _copy_asm(out, default_compile_flags("llvm-cpu", use_env=False))
-    assert asm.count("func.func private @__turbine_conv_as_matmul_") == 3
+    assert asm.count("func.func private @__turbine_conv_as_matmul_") == 2  # reduce, expand
     check_ir(
         asm,
-        # the strided 1x1 shortcut: every other pixel, no padding, no taps
-        r"affine_map<\(d0, d1, d2, d3, d4, d5\) -> \(d0, d5, d1 \* 2 \+ d3, d2 \* 2 \+ d4\)>",
+        # the 1x1 copy is the NCHW -> NHWC transpose
+        r"affine_map<\(d0, d1, d2, d3, d4, d5\) -> \(d0, d5, d1 \+ d3, d2 \+ d4\)>",
         r"torch.aten.conv2d .* !torch.vtensor<\[16,16,3,3\],f32>",  # the 3x3 stays
+        r"torch.aten.conv2d .* !torch.vtensor<\[64,64,1,1\],f32>",  # so does the strided 1x1
         r"linalg.matmul ins\(%\w+, %\w+ : tensor<64x64xf32>, tensor<64x16xf32>\)",  # reduce
     )
 
@@ -93,12 +166,19 @@ def test_only_stems_and_unpadded_1x1_fp32_convolutions_are_rewritten():
         "padded 1x1": (torch.nn.Conv2d(8, 8, 1, padding=1), torch.randn(1, 8, 16, 16)),
         "grouped": (torch.nn.Conv2d(4, 8, 3, groups=2), torch.randn(1, 4, 16, 16)),
         "grouped 1x1": (torch.nn.Conv2d(4, 8, 1, groups=2), torch.randn(1, 4, 16, 16)),
+        # a strided 1x1 needs a barrier (module doc) on an NCHW tensor that other consumers
+        # want in NHWC: IREE 3.13 then writes both layouts from one dispatch and exceeds its
+        # stack limit (ResNet-50, RegNetY), so it stays a convolution
+        "strided 1x1": (torch.nn.Conv2d(8, 8, 1, stride=2), torch.randn(1, 8, 16, 16)),
         "transposed": (torch.nn.ConvTranspose2d(3, 8, 3), x),
         "conv1d": (torch.nn.Conv1d(3, 8, 3), torch.randn(1, 3, 16)),
     }
     for what, (conv, inp) in kept.items():
         out = export(torch.nn.Sequential(conv).eval(), args=(inp,))
         assert not convs_as_matmuls(out.mlir_module.operation), what
+    batch = torch.export.Dim("batch", min=1, max=8)
+    dyn = export(_stem(), args=(torch.randn(2, 3, 16, 16),), dynamic_shapes={"input": {0: batch}})
+    assert not convs_as_matmuls(dyn.mlir_module.operation)  # a dynamic stem needs the barrier
     half = export(_stem().half(), args=(x.half(),))
     assert not convs_as_matmuls(half.mlir_module.operation)
     assert len(convs_as_matmuls(export(_stem(), args=(x,)).mlir_module.operation)) == 1
@@ -114,7 +194,6 @@ def test_only_stems_and_unpadded_1x1_fp32_convolutions_are_rewritten():
         (1, 8, (3, 5), (1, 2), (2, 1), (2, 1), True, (1, 1, 20, 21)),  # grayscale, dilated
         (4, 12, 3, 1, 0, 1, True, (1, 4, 9, 9)),  # no padding
         (24, 40, 1, 1, 0, 1, True, (2, 24, 7, 9)),  # pointwise
-        (24, 40, 1, 2, 0, 1, False, (1, 24, 7, 9)),  # strided pointwise (a downsample)
     ],
 )
 def test_rewritten_convolutions_match_eager(
@@ -137,7 +216,7 @@ def test_bottlenecks_with_a_dynamic_batch_match_eager(depthwise):
     model = _Bottleneck(depthwise=depthwise).eval()
     batch = torch.export.Dim("batch", min=1, max=8)
     out = export(model, args=(torch.randn(2, 64, 12, 12),), dynamic_shapes={"x": {0: batch}})
-    assert len(convs_as_matmuls(out.mlir_module.operation)) == 3
+    assert len(convs_as_matmuls(out.mlir_module.operation)) == 2  # reduce and expand
     compiled = load_module(out.compile(None))
     with torch.no_grad():
         for n in (1, 3):

@@ -13,14 +13,14 @@ docs/performance.md:
   ``(N*OH*OW) x (kh*kw*C)`` by ``(kh*kw*C) x F`` matmul, the same call takes 7.3 ms.
 - **pointwise (1x1) convolutions** are matmuls over the channels, but IREE 3.13's data-tiled
   convolution is slow on them (ResNet-50 was 2.2-2.5x eager). Written as matmuls, with the
-  3x3 convolutions beside them still data-tiled, ResNet-50 takes 91.5 instead of 117 ms (one
-  thread; eager 99 ms). (This replaced a program-wide ``--iree-global-opt-use-im2col-for-convs``
+  3x3 convolutions beside them still data-tiled, ResNet-50 (224x224, one thread, CPU time)
+  takes 101 instead of 122 ms (eager 106-110 ms in the same runs). (This replaced a program-wide ``--iree-global-opt-use-im2col-for-convs``
   for programs with mostly 1x1 or depthwise convolutions, which slowed their 3x3 convolutions
-  and gained nothing on depthwise ones.)
+  and gained nothing on depthwise ones.) Strided 1x1 convolutions (ResNet's downsampling
+  shortcuts) stay convolutions: see below.
 
 Both are the same computation: with a 1x1 kernel the "im2col" copy is the NCHW -> NHWC
-transpose (strided for a stride-2 convolution). :func:`rewrite_convs_as_matmuls` rewrites a
-module in place; the compile path applies it to the copy handed to IREE for ``llvm-cpu`` targets
+transpose. :func:`rewrite_convs_as_matmuls` rewrites a module in place; the compile path applies it to the copy handed to IREE for ``llvm-cpu`` targets
 (``rewrites.module_for_compile``), so the exported IR stays the one the reference emits. Each
 rewritten convolution becomes a call of a private function over builtin tensors (IREE inlines
 it)::
@@ -28,9 +28,23 @@ it)::
     cols[n, oh, ow, ky, kx, c] = pad(x)[n, c, oh*sh + ky*dh, ow*sw + kx*dw]
     out = (cols as [N*OH*OW, KH*KW*C]) @ (w as [KH*KW*C, F]) + b   -> NCHW
 
-Rewritten: 2-D, fp32, groups 1, not transposed, static channels and spatial sizes (the batch
-may be dynamic), and either at most :data:`SMALL_CHANNELS` input channels with a kernel larger
-than 1x1, or a 1x1 kernel without padding.
+**IREE 3.13 miscompiles one pattern this creates**: when an element-wise producer has another
+use besides a consumer that reads it through a non-permutation map (a strided or windowed
+``linalg.generic`` like this im2col), its elementwise fusion makes that consumer compute the
+producer's result too, over the consumer's iteration domain only; the other use then sees a
+tensor of which only the read positions were written (ResNet-18: max abs error 0.11; minimal
+case in ``tests/test_convs_as_matmuls.py``). So the im2col copy of every windowed (stem)
+convolution reads its input through ``util.optimization_barrier``, which IREE does not fuse
+across; a 1x1 stride-1 copy is a transpose (a permutation map) and needs none. A strided 1x1
+convolution would need the barrier too, on an NCHW tensor that the other consumers want in NHWC;
+IREE 3.13 then writes both layouts from the producing matmul's dispatch and exceeds its 32 KiB
+stack limit (ResNet-50 at 96x96: 100352 bytes; RegNetY-200MF: 51200), which made the whole
+program fall back to no data tiling. So strided 1x1 convolutions are left to IREE.
+
+Rewritten: 2-D, fp32, groups 1, not transposed, static channels and spatial sizes, and either
+at most :data:`SMALL_CHANNELS` input channels with a kernel larger than 1x1, or a 1x1 kernel
+without padding or stride. The batch may be dynamic for 1x1 convolutions only (IREE 3.13 fails
+to compile a barrier over a dynamic tensor: "'tensor.dim' op unexpected during shape cleanup").
 """
 
 from __future__ import annotations
@@ -119,14 +133,21 @@ def _spec(op: Any) -> _Conv | None:
     c, h, wi = (int(v) for v in xt.sizes[1:])  # type: ignore[arg-type]
     f, wc, kh, kw = (int(v) for v in wt.sizes)  # type: ignore[arg-type]
     stem = c <= SMALL_CHANNELS and kh * kw > 1
-    pointwise = kh == kw == 1 and p == (0, 0)
+    pointwise = kh == kw == 1 and p == (0, 0) and s == (1, 1)
     if wc != c or not (stem or pointwise):
         return None
+    if n is None and _needs_barrier(kh, kw, s):
+        return None  # IREE 3.13 cannot carry a dynamic dimension through the barrier
     oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
     ow = (wi + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
     if [n, f, oh, ow] != rt.sizes or oh < 1 or ow < 1:
         return None
     return _Conv(n, c, h, wi, f, kh, kw, s, p, d, oh, ow, bias is NOT_CONSTANT)
+
+
+def _needs_barrier(kh: int, kw: int, stride: tuple[int, int]) -> bool:
+    """Whether the im2col copy reads through a window or a stride (see the module doc)."""
+    return kh * kw > 1 or max(stride) > 1
 
 
 def convs_as_matmuls(module_op: Any) -> list[Any]:
@@ -161,9 +182,12 @@ def _function(name: str, g: _Conv) -> str:
             f"  %m = affine.apply affine_map<()[s0] -> (s0 * {g.oh * g.ow})>()[%n]",
         ]
     src, src_t = "%x", x_t
+    if _needs_barrier(g.kh, g.kw, g.stride):  # a window, not a permutation: see the module doc
+        lines.append(f"  %xb = util.optimization_barrier %x : {x_t}")
+        src = "%xb"
     if ph or pw:
         lines += [
-            f"  %xp = tensor.pad %x low[0, 0, {ph}, {pw}] high[0, 0, {ph}, {pw}] {{",
+            f"  %xp = tensor.pad {src} low[0, 0, {ph}, {pw}] high[0, 0, {ph}, {pw}] {{",
             "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
             "    tensor.yield %zero : f32",
             f"  }} : {x_t} to {xp_t}",
