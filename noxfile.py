@@ -124,9 +124,10 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def zoo(session: nox.Session) -> None:
-    """Model zoo: real transformers/torchvision/timm models, defaults vs eager (table + JSON)."""
+    """Model zoo: real transformers/torchvision/timm models, defaults vs eager, ONNX Runtime and
+    OpenVINO (table + JSON)."""
     py = _dev_python(session)
-    session.run(py, "benchmarks/zoo.py", *session.posargs, external=True)
+    session.run(py, "benchmarks/zoo.py", "--peers", *session.posargs, external=True)
 
 
 @nox.session(name="zoo-quick", python=False, tags=["ci"])
