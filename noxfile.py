@@ -124,9 +124,10 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def zoo(session: nox.Session) -> None:
-    """Model zoo: real transformers/torchvision/timm models, defaults vs eager (table + JSON)."""
+    """Model zoo: real transformers/torchvision/timm models, defaults vs eager, ONNX Runtime and
+    OpenVINO (table + JSON)."""
     py = _dev_python(session)
-    session.run(py, "benchmarks/zoo.py", *session.posargs, external=True)
+    session.run(py, "benchmarks/zoo.py", "--peers", *session.posargs, external=True)
 
 
 @nox.session(name="zoo-quick", python=False, tags=["ci"])
@@ -140,3 +141,10 @@ def bench(session: nox.Session) -> None:
     """Benchmarks (figures and ratios against baselines measured in the same run)."""
     py = _dev_python(session)
     session.run(py, "benchmarks/run.py", *session.posargs, external=True)
+
+
+@nox.session(name="bench-peers", python=False)
+def bench_peers(session: nox.Session) -> None:
+    """turbine vs ONNX Runtime, OpenVINO, AOTInductor and eager on CPU (fp32; 1 and 2 threads)."""
+    py = _dev_python(session)
+    session.run(py, "benchmarks/peer_runtimes.py", *session.posargs, external=True)

@@ -12,7 +12,9 @@ shifted windows, ...). Then, in its own child process with a timeout, as a user 
 3. run on IREE's ``local-task`` driver and compare every output with eager (max abs error;
    BatchNorm statistics are calibrated first on a few random batches in train mode, then eval);
 4. latency: wall-clock time per call, turbine and eager interleaved in the same process (median),
-   with CPU time per call beside it.
+   with CPU time per call beside it; with ``--peers`` (the default of ``nox -s zoo``) ONNX Runtime
+   and OpenVINO (f32) are built from the same model (``benchmarks/_peers.py``), checked against
+   eager and timed in the same rounds, and the table shows turbine over the faster of them.
 
 ``torchvision`` and ``transformers`` import only after ``tools/torchvision_compat.install()``: the
 registry's ``torchvision==0.28.0`` wheel for torch 2.13 is CUDA-linked and its C++ ops do not load
@@ -468,8 +470,41 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def run_model(name: str, *, threads: int = 0, calls: int = 20, budget_s: float = 15.0) -> dict:
-    """Export, compile with the defaults, run, compare and time one zoo model (in this process)."""
+def _peer_calls(case: ZooCase, threads: int, res: dict) -> dict:
+    """ONNX Runtime and OpenVINO f32 built from the zoo case; failures are recorded in ``res``."""
+    import _peers
+
+    calls: dict = {}
+    expected = [_peers._np(t) for t in _peers.flat_tensors(case.module(*case.args, **case.kwargs))]
+    td = Path(tempfile.mkdtemp(prefix="turbine-zoo-peers-"))
+    onnx_path = None
+    for rt in ("ort", "openvino-f32"):
+        row: dict[str, Any] = {}
+        res.setdefault("peers", {})[rt] = row
+        try:
+            if rt == "ort":
+                onnx_path, export_s = _peers.export_onnx(case.module, case.args, case.kwargs, td)
+                built = _peers.build_ort(onnx_path, case.args, case.kwargs, threads, export_s)
+            else:
+                model, conv_s, notes = _peers.convert_openvino(
+                    case.module, case.args, case.kwargs, onnx_path
+                )
+                built = _peers.build_openvino(
+                    model, conv_s, notes, case.args, case.kwargs, threads, f32=True
+                )
+            row["build_s"] = built.build_s
+            row["max_abs_err"] = _peers.max_abs_err(built.outputs(), expected)
+            calls[rt] = built.call
+        except Exception as e:  # a peer that cannot take the model is a result
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return calls
+
+
+def run_model(
+    name: str, *, threads: int = 0, calls: int = 20, budget_s: float = 15.0, peers: bool = False
+) -> dict:
+    """Export, compile with the defaults, run, compare and time one zoo model (in this process);
+    ``peers`` times ONNX Runtime and OpenVINO f32 in the same rounds."""
     import _harness
     import torch
 
@@ -533,11 +568,13 @@ def run_model(name: str, *, threads: int = 0, calls: int = 20, budget_s: float =
                 with torch.no_grad():
                     case.module(*case.args, **case.kwargs)
 
-            timings = _harness.time_interleaved(
-                {"turbine": lambda: m.main(*inputs), "eager": eager},
-                calls=calls,
-                budget_s=budget_s,
-            )
+            fns = {"turbine": lambda: m.main(*inputs), "eager": eager}
+            if peers:
+                stage = "peers"
+                with torch.no_grad():
+                    fns.update(_peer_calls(case, threads, res))
+                stage = "time"
+            timings = _harness.time_interleaved(fns, calls=calls, budget_s=budget_s)
     except Exception as e:  # a failure is a result: the stage and the message
         res["error"] = f"{stage}: {type(e).__name__}: {str(e)[:1500]}"
         return res
@@ -549,6 +586,9 @@ def run_model(name: str, *, threads: int = 0, calls: int = 20, budget_s: float =
     res["eager_ms"] = timings["eager"]["wall"] * 1e3
     res["cpu_ms"] = timings["turbine"]["cpu"] * 1e3
     res["eager_cpu_ms"] = timings["eager"]["cpu"] * 1e3
+    for rt, row in res.get("peers", {}).items():
+        if rt in timings:
+            row["ms"] = timings[rt]["wall"] * 1e3
     res["rounds"] = len(timings["turbine"]["all"])
     res["loadavg_1m"] = os.getloadavg()[0]
     res["passed"] = res["max_abs_err"] <= case.atol
@@ -566,6 +606,8 @@ def run_in_child(name: str, args: argparse.Namespace) -> dict:
         cmd = [sys.executable, str(Path(__file__)), "--_child", name, "--_child-json", str(out)]
         cmd += ["--threads", str(args.threads), "--calls", str(args.calls)]
         cmd += ["--budget-s", str(args.budget_s)]
+        if getattr(args, "peers", False):
+            cmd.append("--peers")
         child = _harness.run_json_child(cmd, out, timeout=args.timeout_s)
     res = dict(child.result or {})
     if child.error and "error" not in res:
@@ -577,6 +619,21 @@ def run_in_child(name: str, args: argparse.Namespace) -> dict:
 
 def _ratio(a: float | None, b: float | None) -> str:
     return "–" if not a or not b else f"{a / b:.2f}×"
+
+
+def _peer_cells(r: dict) -> list[str]:
+    """ORT and OpenVINO f32 ms (or why not) and turbine over the faster of them."""
+    peers = r.get("peers", {})
+    cells, best = [], None
+    for rt in ("ort", "openvino-f32"):
+        row = peers.get(rt, {})
+        if "ms" in row:
+            cells.append(f"{row['ms']:.2f}")
+            best = row["ms"] if best is None else min(best, row["ms"])
+        else:
+            cells.append("failed" if "error" in row else "")
+    cells.append(_ratio(r["ms"], best))
+    return cells
 
 
 def markdown_table(results: list[dict]) -> str:
@@ -593,12 +650,15 @@ def markdown_table(results: list[dict]) -> str:
         "eager ms",
         "× eager (wall)",
         "× eager (CPU)",
-        "status",
     ]
+    with_peers = any("peers" in r for r in results)
+    if with_peers:
+        head += ["ORT ms", "OpenVINO f32 ms", "× best peer"]
+    head.append("status")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r:
-            cells = [r["model"], r.get("source", ""), "", "", "", "", "", "", "", "", ""]
+            cells = [r["model"], r.get("source", "")] + [""] * (len(head) - 3)
             cells.append("FAILED: " + r["error"].splitlines()[0][:120].replace("|", "/"))
         else:
             status = "pass" if r["passed"] else f"numerics > {r['atol']:g}"
@@ -616,8 +676,10 @@ def markdown_table(results: list[dict]) -> str:
                 f"{r['eager_ms']:.2f}",
                 _ratio(r["ms"], r["eager_ms"]),
                 _ratio(r["cpu_ms"], r["eager_cpu_ms"]),
-                status,
             ]
+            if with_peers:
+                cells += _peer_cells(r)
+            cells.append(status)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -639,6 +701,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=20, help="timed calls per candidate")
     p.add_argument("--budget-s", type=float, default=15.0, help="timing budget per model")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per-model child timeout")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also build, check and time ONNX Runtime and OpenVINO f32 on each model",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--report", default=None, help="print the table of a --json file and exit")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
@@ -654,7 +721,13 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(json.loads(Path(args.report).read_text())["results"]))
         return 0
     if args._child:
-        res = run_model(args._child, threads=args.threads, calls=args.calls, budget_s=args.budget_s)
+        res = run_model(
+            args._child,
+            threads=args.threads,
+            calls=args.calls,
+            budget_s=args.budget_s,
+            peers=args.peers,
+        )
         _harness.write_json(Path(args._child_json), res)
         return 0
     names = list(QUICK) if args.quick else [m for m in args.models.split(",") if m] or list(ZOO)

@@ -193,10 +193,14 @@ class _LrasppHead(nn.Module):
         return self.cbr(y) * self.scale(y)
 
 
-def test_real_failure_of_the_defaults_falls_back(caplog, tmp_path):
+def test_real_failure_of_the_defaults_falls_back(caplog, tmp_path, monkeypatch):
     # IREE 3.13 compiles this with channels-last convolutions alone and with data tiling alone,
-    # but not with both (turbine's llvm-cpu defaults): "'func.func' op exceeded stack allocation
-    # limit of 32768 bytes for function. Got 51200 bytes".
+    # but not with both (turbine's llvm-cpu flags) when its 1x1 convolutions reach IREE as
+    # convolutions: "'func.func' op exceeded stack allocation limit of 32768 bytes for
+    # function. Got 51200 bytes". turbine's compile copy has them as matmuls
+    # (_compiler.convs), which compiles with the defaults (next test); without that rewrite
+    # the failure is real and the fallback takes it.
+    monkeypatch.setenv("TURBINE_CPU_CONV_MATMUL", "keep")
     torch.manual_seed(0)
     model = _LrasppHead().eval()
     x = torch.randn(1, 160, 8, 8)
@@ -209,3 +213,15 @@ def test_real_failure_of_the_defaults_falls_back(caplog, tmp_path):
     assert _speed_only(eo._last_compile_flags) == []
     m = runtime.load_module(tmp_path / "head.vmfb")
     torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_lraspp_head_compiles_with_the_defaults_once_its_1x1_convs_are_matmuls(caplog):
+    torch.manual_seed(0)
+    model = _LrasppHead().eval()
+    x = torch.randn(1, 160, 8, 8)
+    eo = turbine_aot.export(model, args=(x,))
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        vmfb = eo.compile(save_to=None)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert DATA_TILING in eo._last_compile_flags  # no fallback
+    torch.testing.assert_close(runtime.load_module(vmfb).main(x), model(x), rtol=1e-4, atol=1e-4)

@@ -333,7 +333,7 @@ def test_program_traits():
     assert program_traits(fp32) == {
         "dynamic_shapes": False,
         "fp32_only": True,
-        "pointwise_convs": False,
+        "narrow_matmuls": True,  # 2 rows
     }
     half = turbine_aot.export(nn.Linear(8, 4).half().eval(), args=(x.half(),))
     assert float_types(half) == {"f16"} and not program_traits(half)["fp32_only"]
@@ -344,62 +344,58 @@ def test_program_traits():
     assert program_traits(dyn) == {
         "dynamic_shapes": True,
         "fp32_only": True,
-        "pointwise_convs": False,
+        "narrow_matmuls": False,  # the batch can reach 64 rows
     }
 
 
-class _Bottleneck(nn.Module):
-    """ResNet-50's block shape: 1x1 -> 3x3 -> 1x1 (two of three convolutions pointwise)."""
+class _Decode(nn.Module):
+    """One attention step of a decoder: a single query row against a 32-row cache."""
 
-    def __init__(self, c: int = 16, depthwise: bool = False):
+    def __init__(self):
         super().__init__()
-        self.reduce = nn.Conv2d(4 * c, c, 1)
-        self.mid = nn.Conv2d(c, c, 3, padding=1, groups=c if depthwise else 1)
-        self.expand = nn.Conv2d(c, 4 * c, 1)
+        self.q = nn.Linear(16, 16)
 
-    def forward(self, x):
-        return torch.relu(self.expand(torch.relu(self.mid(torch.relu(self.reduce(x))))) + x)
+    def forward(self, x, k, v):
+        q = self.q(x).view(1, 2, 1, 8)
+        return nn.functional.scaled_dot_product_attention(q, k, v)
 
 
-def test_pointwise_conv_programs_go_through_im2col():
+def test_narrow_matmul_programs_are_not_data_tiled():
     import turbine_aot
-    from turbine_aot._compiler.targets import mostly_pointwise_convs
+    from turbine_aot._compiler.targets import NARROW_MATMUL_ROWS, narrow_matmuls
 
-    x = torch.randn(1, 64, 12, 12)
-    bottleneck = turbine_aot.export(_Bottleneck().eval(), args=(x,))
-    assert mostly_pointwise_convs(bottleneck)
-    plain = nn.Sequential(nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 3), nn.Conv2d(8, 8, 1)).eval()
-    three_by_three = turbine_aot.export(plain, args=(torch.randn(1, 8, 12, 12),))
-    assert not mostly_pointwise_convs(three_by_three)  # ResNet-18's shape: 3x3 majority
-    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8), nn.Conv2d(8, 8, 3)).eval()
-    dw = turbine_aot.export(depthwise, args=(torch.randn(1, 8, 12, 12),))
-    assert not mostly_pointwise_convs(dw)  # one of two: not more than half
-    assert not mostly_pointwise_convs(
-        turbine_aot.export(nn.Linear(4, 4), args=(torch.randn(2, 4),))
-    )
+    mlp = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).eval()
+    for rows, narrow in ((1, True), (8, True), (NARROW_MATMUL_ROWS, True), (32, False)):
+        eo = turbine_aot.export(mlp, args=(torch.randn(rows, 64),))
+        assert narrow_matmuls(eo) is narrow, rows
+    # A linear over [batch, seq, features] has batch * seq rows.
+    assert not narrow_matmuls(turbine_aot.export(mlp, args=(torch.randn(2, 9, 64),)))
+    kv = torch.randn(1, 2, 32, 8)
+    assert narrow_matmuls(turbine_aot.export(_Decode().eval(), args=(torch.randn(1, 16), kv, kv)))
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+    assert not narrow_matmuls(turbine_aot.export(conv, args=(torch.randn(1, 3, 8, 8),)))
+    assert not narrow_matmuls(turbine_aot.export(nn.ReLU(), args=(torch.randn(4),)))  # no matmul
 
-    flags = default_compile_flags(pointwise_convs=True)
-    assert "--iree-global-opt-use-im2col-for-convs" in flags
-    assert f"{CONV_DT}convolution" not in flags and CHANNELS_LAST in flags and DATA_TILING in flags
-    assert f"{CONV_DT}convolution" in default_compile_flags()
-    assert "--iree-global-opt-use-im2col-for-convs" not in default_compile_flags()
-    assert "--iree-global-opt-use-im2col-for-convs" not in default_compile_flags(
-        pointwise_convs=True, host=False
-    )  # the portable build has no data tiling: nothing to route around
+    flags = default_compile_flags(narrow_matmuls=True)
+    assert DATA_TILING not in flags and "--iree-llvmcpu-enable-ukernels=all" in flags
+    assert f"{CONV_DT}convolution" not in flags
+    assert DATA_TILING in default_compile_flags()
+    assert "--iree-llvmcpu-enable-ukernels=all" not in default_compile_flags(
+        narrow_matmuls=True, host=False
+    )  # the portable build has no fast-matmul flags at all
 
 
-@pytest.mark.parametrize("depthwise", [False, True], ids=["bottleneck", "depthwise-bottleneck"])
-def test_pointwise_conv_programs_compile_and_match_eager(depthwise):
+def test_narrow_matmul_program_compiles_without_data_tiling_and_matches_eager():
     import turbine_aot
     from turbine_aot.runtime import load_module
 
     torch.manual_seed(0)
-    model = _Bottleneck(depthwise=depthwise).eval()
-    x = torch.randn(1, 64, 12, 12)
-    out = turbine_aot.export(model, args=(x,))
+    mlp = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).eval()
+    x = torch.randn(8, 256)
+    out = turbine_aot.export(mlp, args=(x,))
     compiled = load_module(out.compile(None))
-    assert "--iree-global-opt-use-im2col-for-convs" in out._last_compile_flags
-    torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
+    assert DATA_TILING not in out._last_compile_flags
+    torch.testing.assert_close(compiled.main(x), mlp(x), rtol=1e-4, atol=1e-4)
 
 
 def test_cuda_fp32_export_compiles_with_split_k_and_falls_back_without_it(monkeypatch, caplog):

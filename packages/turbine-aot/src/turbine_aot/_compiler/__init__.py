@@ -8,8 +8,9 @@ Below the exporter (``_exporter``: ``export``, ``ExportOutput``) and the runtime
   rule for speed-only defaults (``compile_with_fallback``).
 - :mod:`.rewrites`: the copy of a module handed to IREE for given flags, with
   :mod:`.attention` (CPU attention as matmul + softmax) and :mod:`.casts` (float -> integer
-  casts IREE 3.13 gets wrong) applied, both over :mod:`.torch_ir`, and :mod:`.globals`
-  (mutable globals of one type and initial value, which IREE 3.13 gives one buffer).
+  casts IREE 3.13 gets wrong) and :mod:`.convs` (stem and 1x1 convolutions as matmuls on
+  llvm-cpu) applied, all over :mod:`.torch_ir`, and :mod:`.globals` (mutable globals of one
+  type and initial value, which IREE 3.13 gives one buffer).
 - :mod:`.session`: in-process compiler sessions and invocations, diagnostics captured.
 - :mod:`.invoke`: one compile of a module with final flags, in process or with the
   ``iree-compile`` tool in a subprocess.

@@ -5,6 +5,9 @@ flags:
 
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
+- ``llvm-cpu`` targets: image stems (few input channels) and 1x1 convolutions as im2col +
+  matmul (:mod:`.convs`; IREE 3.13's data-tiled convolution is slow on both).
+  ``TURBINE_CPU_CONV_MATMUL=keep`` skips it.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -21,6 +24,7 @@ from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .casts import fix_float_to_int_casts, float_to_int_casts
+from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .globals import separate_shared_globals, shared_mutable_globals
 from .targets import flag_targets
 
@@ -29,8 +33,9 @@ __all__ = ["REVISION", "module_for_compile", "source_for_compile"]
 #: What the rewrites hand IREE, as a number the compile cache keys on: bump it whenever a rewrite
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
 #: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
-#: 3: mutable globals sharing an initial value.
-REVISION = 3
+#: 3: mutable globals sharing an initial value; 4: stem and 1x1 convolutions as matmuls on
+#: llvm-cpu.
+REVISION = 4
 
 _log = logging.getLogger("turbine.aot")
 
@@ -45,10 +50,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     op = getattr(module_op, "operation", module_op)
     keep = os.environ.get("TURBINE_CPU_ATTENTION", "").strip().lower() == "keep"
     attention = not keep and targets_only_cpu(flags) and has_attention(op)
-    vmvx = "vmvx" in flag_targets(flags)
+    targets = flag_targets(flags)
+    vmvx = "vmvx" in targets
     casts = bool(float_to_int_casts(op, vmvx))
     shared_globals = bool(shared_mutable_globals(op))
-    if not attention and not casts and not shared_globals:
+    keep_convs = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower() == "keep"
+    convs = not keep_convs and targets == {"llvm-cpu"} and bool(convs_as_matmuls(op))
+    if not attention and not casts and not shared_globals and not convs:
         return module_op, False
     copy = op.clone()
     if attention:
@@ -60,6 +68,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if shared_globals:
         count = separate_shared_globals(copy)
         _log.info("%d mutable global(s) sharing an initial value given their own storage", count)
+    if convs:
+        count = rewrite_convs_as_matmuls(copy)
+        _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
     return copy, True
 
 

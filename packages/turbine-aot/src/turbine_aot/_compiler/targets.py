@@ -47,7 +47,7 @@ __all__ = [
     "float_types",
     "has_dynamic_shapes",
     "merge_flags",
-    "mostly_pointwise_convs",
+    "narrow_matmuls",
     "program_traits",
     "public_functions",
     "resolve_target",
@@ -218,13 +218,15 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
     f"--iree-dispatch-creation-experimental-set-data-tiling-ops={ops}"
     for ops in ("matmul", "scaled_matmul", "convolution")
 )
-# Programs whose convolutions are mostly pointwise (1x1) or depthwise (ResNet-50's bottlenecks,
-# MobileNet, EfficientNet): IREE 3.13's data-tiled convolutions are slow on those (ResNet-50,
-# 1 thread, 96x96: 2.18x eager; 224x224: 2.49x); lowered through im2col to data-tiled matmuls
-# instead they are faster than eager (0.91x; 0.92x), and MobileNetV3 0.86x -> 0.73x,
-# EfficientNet-B0 0.86x -> 0.77x. 3x3 convolutions keep conv data tiling (ResNet-18 shape:
-# 0.92x with it, 1.27x through im2col). Convolutions stay channels-last either way.
-_CPU_POINTWISE_CONV_FLAGS: tuple[str, ...] = ("--iree-global-opt-use-im2col-for-convs",)
+# Stems (1-4 input channels) and 1x1 convolutions are slow as data-tiled convolutions in IREE
+# 3.13; the compile copy for llvm-cpu has them as matmuls instead (_compiler.convs), so the
+# flags need no per-program exception (ResNet-50, 1 thread: 117 -> 91.5 ms, eager 99).
+# Programs whose matmuls all have few rows (M <= NARROW_MATMUL_ROWS: an MLP at batch 8, a decode
+# step) and no convolution: IREE 3.13's data-tiled mmt4d path is slower there than its plain
+# matmul code generation (MLP 3x1024 at batch 8, 1 thread: 1.55 -> 1.02 ms; batch 16 2.03 ->
+# 1.74; at batch 32 they are even and at 64 data tiling wins, 4.31 vs 5.05 ms), so data tiling
+# is left off for them (ukernels stay on: they cost nothing without packed operands).
+NARROW_MATMUL_ROWS = 16
 # Programs with dynamic dimensions: vector dimensions of unknown size are peeled (a vector main
 # loop + a remainder) instead of masked. A dynamic attention's softmax is vectorized better:
 # GPT shape, dynamic sequence 1.03x -> 0.98x eager (softmax dispatches 8.6 -> 5.4 ms per call);
@@ -276,7 +278,7 @@ def default_compile_flags(
     opt_level: str | None = None,
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
-    pointwise_convs: bool = False,
+    narrow_matmuls: bool = False,
     overrides: Sequence[str] = (),
     use_env: bool = True,
 ) -> list[str]:
@@ -311,6 +313,8 @@ def default_compile_flags(
         fp32_only: the program's floating-point tensors are all fp32 (:func:`float_types`);
             for CUDA, with static shapes, matmul reductions are split (fp32 matmuls at small
             batch were 4-5x faster). ``ExportOutput.compile`` sets it from the module.
+        narrow_matmuls: every matmul has at most :data:`NARROW_MATMUL_ROWS` rows and there is
+            no convolution (:func:`narrow_matmuls`); on CPUs data tiling is left off.
         overrides: flags that replace defaults of the same name or are appended
             (:func:`merge_flags`).
         use_env: also apply flags from ``$TURBINE_COMPILE_FLAGS`` (after the defaults, before
@@ -338,13 +342,15 @@ def default_compile_flags(
         fast_matmul = host
     if cpu:
         flags += _CPU_HOST_FLAGS if host else _CPU_GENERIC_FLAGS
-        if fast_matmul:
+        # Narrow programs (no convolution, few rows per matmul) keep ukernels, not data tiling.
+        data_tiling = fast_matmul and not narrow_matmuls
+        if data_tiling:
             flags += _CPU_FAST_MATMUL_FLAGS
+        elif fast_matmul:
+            flags += [f for f in _CPU_FAST_MATMUL_FLAGS if "ukernels" in f]
         if channels_last_conv:
             flags.append(_CHANNELS_LAST_FLAG)
-            if fast_matmul and pointwise_convs:
-                flags += _CPU_POINTWISE_CONV_FLAGS
-            elif fast_matmul:
+            if data_tiling:
                 flags += _CPU_CONV_DATA_TILING_FLAGS
         if dynamic_shapes:
             flags += _CPU_DYNAMIC_SHAPE_FLAGS
@@ -443,40 +449,76 @@ _CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
 _VTENSOR_SIZES = re.compile(r"^!torch\.vtensor<\[([^\]]*)\]")
 
 
-def mostly_pointwise_convs(module: object) -> bool:
-    """Whether more than half of a module's 2-D convolutions are pointwise (1x1 kernel) or
-    depthwise (one input channel per group), read from the weights' types (torch dialect)."""
+# Matmul-like torch ops and the operand whose rows are the matmul's M (addmm/baddbmm: the
+# second; scaled_dot_product_attention: the query, whose rows are its sequence length).
+_MATMUL_LHS = {
+    "torch.aten.mm": 0,
+    "torch.aten.bmm": 0,
+    "torch.aten.matmul": 0,
+    "torch.aten.linear": 0,
+    "torch.aten.addmm": 1,
+    "torch.aten.baddbmm": 1,
+    "torch.aten.scaled_dot_product_attention": 0,
+}
+
+
+def _matmul_rows(op: object) -> int | None:
+    """The number of rows (M) of a matmul-like op's product; ``None`` when dynamic or unknown.
+    For ``linear`` every leading dimension counts (it is flattened to a 2-D matmul)."""
+    index = _MATMUL_LHS[op.name]  # type: ignore[attr-defined]
+    operands = op.operands  # type: ignore[attr-defined]
+    if len(operands) <= index:
+        return None
+    m = _VTENSOR_SIZES.match(str(operands[index].type))
+    if m is None:
+        return None
+    dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
+    if any(not d.lstrip("-").isdigit() or int(d) < 0 for d in dims):
+        return None
+    sizes = [int(d) for d in dims]
+    if not sizes:
+        return None
+    if len(sizes) == 1:
+        return 1  # a vector times a matrix
+    if op.name == "torch.aten.linear":  # type: ignore[attr-defined]
+        rows = 1
+        for d in sizes[:-1]:
+            rows *= d
+        return rows
+    return sizes[-2]
+
+
+def narrow_matmuls(module: object) -> bool:
+    """Whether every matmul of a module has at most :data:`NARROW_MATMUL_ROWS` static rows, there
+    is at least one, and there is no convolution (torch dialect; read from operand types)."""
     op = getattr(module, "mlir_module", module)
     op = getattr(op, "operation", op)
-    pointwise = total = 0
     try:
         ops = list(walk(op))
     except Exception:  # not a module
         return False
+    found = False
     for o in ops:
-        if o.name not in _CONV_OPS or len(o.operands) < 2:
-            continue
-        m = _VTENSOR_SIZES.match(str(o.operands[1].type))
-        dims = [d.strip() for d in m.group(1).split(",")] if m else []
-        if len(dims) != 4:
-            continue  # conv1d / conv3d, or unranked: not counted
-        total += 1
-        _, cin_per_group, kh, kw = dims
-        if (kh, kw) == ("1", "1") or cin_per_group == "1":
-            pointwise += 1
-    return total > 0 and 2 * pointwise > total
+        if o.name in _CONV_OPS:
+            return False
+        if o.name in _MATMUL_LHS:
+            rows = _matmul_rows(o)
+            if rows is None or rows > NARROW_MATMUL_ROWS:
+                return False
+            found = True
+    return found
 
 
 def program_traits(module: object) -> dict[str, bool]:
     """What turbine's defaults depend on in a program, as ``default_compile_flags`` keywords:
     ``dynamic_shapes`` (:func:`has_dynamic_shapes`), ``fp32_only`` (every floating-point
-    type in :func:`float_types` is ``f32``, and there is one) and ``pointwise_convs``
-    (:func:`mostly_pointwise_convs`)."""
+    type in :func:`float_types` is ``f32``, and there is one) and ``narrow_matmuls``
+    (:func:`narrow_matmuls`)."""
     floats = float_types(module)
     return {
         "dynamic_shapes": has_dynamic_shapes(module),
         "fp32_only": floats == {"f32"},
-        "pointwise_convs": mostly_pointwise_convs(module),
+        "narrow_matmuls": narrow_matmuls(module),
     }
 
 
@@ -540,7 +582,7 @@ class SpeedOnlyGroup:
 SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
     SpeedOnlyGroup(
         "data tiling + ukernels",
-        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS + _CPU_POINTWISE_CONV_FLAGS,
+        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS,
         ("llvm-cpu",),
     ),
     SpeedOnlyGroup("channels-last convolutions", (_CHANNELS_LAST_FLAG,), ("llvm-cpu",)),
@@ -696,7 +738,7 @@ def compile_flags_for(
     extra_args: Sequence[str] = (),
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
-    pointwise_convs: bool = False,
+    narrow_matmuls: bool = False,
 ) -> list[str]:
     """The IREE flags :meth:`ExportOutput.compile` uses for a target selection.
 
@@ -706,7 +748,7 @@ def compile_flags_for(
     tuned for the host CPU unless ``host_cpu=False``); an unknown backend name is passed on as
     ``--iree-hal-target-backends``. ``extra_args`` come last and replace defaults of the same flag.
     ``dynamic_shapes`` (the program has dynamic dimensions), ``fp32_only`` (its floating-point
-    tensors are all fp32) and ``pointwise_convs`` (its convolutions are mostly 1x1 or depthwise)
+    tensors are all fp32) and ``narrow_matmuls`` (every matmul has few rows, no convolution)
     select the defaults measured for such programs (see
     ``default_compile_flags``; ``targets.program_traits`` reads both from a module).
     """
@@ -721,7 +763,7 @@ def compile_flags_for(
                 host=host_cpu,
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
-                pointwise_convs=pointwise_convs,
+                narrow_matmuls=narrow_matmuls,
                 use_env=False,
             )
         else:
@@ -741,7 +783,7 @@ def compile_flags_for(
                             host=host_cpu,
                             dynamic_shapes=dynamic_shapes,
                             fp32_only=fp32_only,
-                            pointwise_convs=pointwise_convs,
+                            narrow_matmuls=narrow_matmuls,
                             use_env=False,
                         )
                         if not f.startswith(
@@ -761,7 +803,7 @@ def compile_flags_for(
                 host=host_cpu,
                 dynamic_shapes=dynamic_shapes,
                 fp32_only=fp32_only,
-                pointwise_convs=pointwise_convs,
+                narrow_matmuls=narrow_matmuls,
                 use_env=False,
             )
         else:
@@ -782,7 +824,7 @@ def device_compile_flags(
     *,
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
-    pointwise_convs: bool = False,
+    narrow_matmuls: bool = False,
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
@@ -797,7 +839,7 @@ def device_compile_flags(
         drivers[0],
         dynamic_shapes=dynamic_shapes,
         fp32_only=fp32_only,
-        pointwise_convs=pointwise_convs,
+        narrow_matmuls=narrow_matmuls,
     )
     if len(drivers) > 1:
         targets = [resolve_target(d) for d in drivers]
