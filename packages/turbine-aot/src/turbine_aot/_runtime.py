@@ -111,14 +111,43 @@ def _driver_of(uri: str) -> str:
     return uri.split("://", 1)[0].split(":", 1)[0]
 
 
+#: Devices made to replace one of IREE's cached devices that was lost, by URI (None: make one at
+#: the next load). IREE's cache (``iree.runtime.get_device``) keeps handing out a lost device.
+_replacement_devices: dict[str, Any] = {}
+
+#: What IREE's drivers say when a device is gone for good (every later use fails the same way).
+_DEVICE_LOST = ("DEVICE_LOST",)
+
+
+def device_lost(error: BaseException | str) -> bool:
+    """Whether an IREE error says the device was lost (``VK_ERROR_DEVICE_LOST``)."""
+    return any(marker in str(error) for marker in _DEVICE_LOST)
+
+
+def forget_lost_devices(devices: Sequence[Any], uris: Sequence[str]) -> None:
+    """After ``devices`` (created for ``uris``) were lost: the next load of each URI creates a
+    new device instead of reusing the lost one."""
+    for device, uri in zip(devices, uris):
+        current = _replacement_devices.get(uri)
+        if current is None or current is device:
+            _replacement_devices[uri] = None
+
+
 def _create_devices(uris: list[str]) -> list[Any]:
     import iree.runtime as rt
 
     devices, seen = [], set()
     for uri in uris:
         try:
-            # A second device with the same URI must be a distinct device (multi-device).
-            devices.append(rt.get_device(uri, cache=uri not in seen))
+            if uri in seen:
+                # A second device with the same URI must be a distinct device (multi-device).
+                devices.append(rt.get_device(uri, cache=False))
+            elif uri in _replacement_devices:
+                if _replacement_devices[uri] is None:
+                    _replacement_devices[uri] = rt.get_device(uri, cache=False)
+                devices.append(_replacement_devices[uri])
+            else:
+                devices.append(rt.get_device(uri, cache=True))
         except Exception as e:
             raise TurbineRuntimeError(
                 f"could not create IREE device {uri!r}: {str(e).splitlines()[0]}; check the "
@@ -296,8 +325,8 @@ class LoadedFunction:
         try:
             m._context.invoke(self._fn, inputs, outputs)
         except Exception as e:
-            raise TurbineRuntimeError(
-                f"calling {self.label} on {', '.join(m.device_uris)} failed: {e}"
+            raise m._call_error(
+                f"calling {self.label} on {', '.join(m.device_uris)} failed", e
             ) from e
         try:
             results = [self._convert(outputs, i) for i in range(len(outputs))]
@@ -306,6 +335,8 @@ class LoadedFunction:
                 f"calling {self.label} on {', '.join(m.device_uris)}: a result cannot be read "
                 f"({e}); the module is damaged or returns a type turbine does not support"
             ) from e
+        except Exception as e:  # the device failed while the results were read back
+            raise m._call_error(f"reading the results of {self.label} failed", e) from e
         results = [self._with_declared_dtype(i, r) for i, r in enumerate(results)]
         if self._zero_copy and not self._copy_results:
             # A result may be an imported argument's buffer (a function returning its input):
@@ -434,6 +465,17 @@ class LoadedModule:
             given = (signatures or {}).get(fname)
             sig = function_signature(fname, reflection, given, where=where)
             self.functions[fname] = LoadedFunction(self, fn, sig, copy_results, zero_copy_inputs)
+
+    def _call_error(self, what: str, error: BaseException) -> TurbineRuntimeError:
+        """The error for a failed call; a lost device is forgotten, so that the next load on
+        its URI gets a new one (this module stays bound to the lost one)."""
+        if not device_lost(error):
+            return TurbineRuntimeError(f"{what}: {error}")
+        forget_lost_devices(self.devices, self.device_uris)
+        return TurbineRuntimeError(
+            f"{what}: {error}\nThe device ({', '.join(self.device_uris)}) was lost: this module "
+            "cannot run any more; load it again (load_module creates a new device)"
+        )
 
     def _device_index(self, name: str | None) -> int:
         idx = affinity_device_index(name, self._device_names)
@@ -576,6 +618,12 @@ def load_module(
         context = rt.VmContext(instance, [hal, *param_modules, vm_module])
     except Exception as e:
         msg = str(e)
+        if device_lost(e):
+            forget_lost_devices(devices, uris)
+            raise TurbineRuntimeError(
+                f"could not initialize module {name!r}: the device ({', '.join(uris)}) was lost "
+                f"({msg.strip().splitlines()[0]}); load it again (a new device is created)"
+            ) from e
         hint = (
             "the module was compiled for another device or needs more devices; compile it "
             f"for {', '.join(uris)} or load it on the device it was built for"
