@@ -160,5 +160,5 @@ def write_safetensors(
     with atomic_fd(path) as fd:
         write_all(fd, memoryview(struct.pack("<Q", len(blob)) + blob))
         for _, _, obj, _, _ in planned:
-            write_all(fd, memoryview(host_bytes(obj)))
+            write_all(fd, host_bytes(obj).data)
     return Path(path)
