@@ -355,3 +355,15 @@ def test_damaged_record_bytes_in_a_module_load_or_raise_a_turbine_error(linear, 
         m.main(torch.zeros(2, 4))
     except R.TurbineRuntimeError:  # e.g. the record now says another shape: a call error
         _TRIED["modules refused"] += 1
+
+
+def test_records_of_a_newer_format_or_pytree_protocol_mean_flat_calls(linear, caplog):
+    """Not damage: a module written by a newer turbine-aot or torch is called with flat
+    arguments (a warning says why), as before."""
+    reflection = dict(linear[2])
+    newer = dict(reflection, **{SIGNATURE_KEY: json.dumps({"format": 99})})
+    assert function_signature("main", newer).call is None
+    protocol = reflection[ARGS_SCHEMA].replace("[1,", "[7,", 1)
+    with caplog.at_level("WARNING", logger="turbine.aot.runtime"):
+        assert function_signature("main", dict(reflection, **{ARGS_SCHEMA: protocol})).call is None
+    assert "uses pytree protocol 7, newer than this torch reads" in caplog.text

@@ -380,7 +380,7 @@ def module_functions(vm_module: Any, where: str) -> list[tuple[str, Any, dict[st
             continue
         try:
             fn = vm_module.lookup_function(name)
-            reflection = {str(k): str(v) for k, v in (fn.reflection or {}).items()}
+            reflection = dict(fn.reflection or {})
         except Exception as e:
             raise damaged_module_error(
                 where, f"the reflection (signature record) of function {i} ({name!r})", e
@@ -563,22 +563,9 @@ class CallSignature:
                 fmt,
             )
             return None
-        for key in (ARGS_SCHEMA, RETURN_SCHEMA):
-            if key not in reflection:
-                if key == ARGS_SCHEMA:
-                    e = KeyError(f"{ARGS_SCHEMA} is missing")
-                    raise damaged_module_error(where, f"its argument tree ({key})", e) from e
-                continue
-            newer = _newer_pytree_protocol(reflection[key])
-            if newer is not None:
-                logger.warning(
-                    "%s: the %s record uses pytree protocol %s, newer than this torch reads; "
-                    "calls take flat arguments",
-                    where,
-                    key,
-                    newer,
-                )
-                return None
+        if ARGS_SCHEMA not in reflection:
+            e = KeyError(f"{ARGS_SCHEMA} is missing")
+            raise damaged_module_error(where, f"its argument tree ({ARGS_SCHEMA})", e) from e
         body["args_schema"] = reflection[ARGS_SCHEMA]
         body["return_schema"] = reflection.get(RETURN_SCHEMA)
         try:
@@ -586,7 +573,21 @@ class CallSignature:
             sig._check_leaves()
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise damaged_module_error(where, what, e) from e
-        sig._check_trees(where)
+        try:
+            sig._check_trees(where)
+        except TurbineRuntimeError:
+            for key in (ARGS_SCHEMA, RETURN_SCHEMA):
+                newer = _newer_pytree_protocol(reflection.get(key))
+                if newer is not None:  # not damage: a module from a newer torch
+                    logger.warning(
+                        "%s: the %s record uses pytree protocol %s, newer than this torch "
+                        "reads; calls take flat arguments",
+                        where,
+                        key,
+                        newer,
+                    )
+                    return None
+            raise
         return sig
 
     def _check_leaves(self) -> None:
