@@ -561,7 +561,7 @@ def load_module(
             does not check a module's contents, and a corrupted ``.vmfb`` can kill the process
             when loaded or when called (see :mod:`turbine_aot._module_check`,
             docs/security.md). ``"load"``: the child only loads the module. Costs one child
-            process (about half a second, plus the calls); ``LoadedModule.verified_calls``
+            process (about a second); ``LoadedModule.verified_calls``
             says what the child called.
 
     Returns:
