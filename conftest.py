@@ -5,6 +5,12 @@
 ``e2e-<device>`` sessions can run exactly them on each backend. An unavailable backend skips
 with the reason. ``iree_device.compile(...)`` / ``iree_device.load(...)`` are small helpers for
 lower layers' tests that have no runner of their own (turbine_aot has the product runner).
+
+A lost device fails only the test that lost it: ``iree_device`` holds a device of its own (not
+IREE's process-wide cached one), and a test that fails with a lost-device error
+(``VK_ERROR_DEVICE_LOST``: IREE 3.13's Vulkan queue can race on Mesa lavapipe, see
+docs/development.md) makes the next load create a new one; turbine_aot's runtime replaces its
+lost devices itself.
 """
 
 from __future__ import annotations
@@ -47,12 +53,26 @@ _probe_cache: dict[str, str | None] = {}
 
 
 class IreeDevice:
-    """A compile target + runtime driver for tests."""
+    """A compile target + runtime driver for tests, with the runtime device they load on."""
 
     def __init__(self, spec: iree_devices.TestDevice):
         self.spec = spec
         self.name = spec.name
         self.driver = spec.driver
+        self._device = None
+
+    @property
+    def device(self):
+        """The ``HalDevice`` modules are loaded on; a new one after :meth:`forget_device`."""
+        if self._device is None:
+            import iree.runtime as rt
+
+            self._device = rt.get_device(self.driver, cache=False)
+        return self._device
+
+    def forget_device(self) -> None:
+        """The device was lost: the next load creates a new one."""
+        self._device = None
 
     @property
     def compile_args(self) -> list[str]:
@@ -74,7 +94,7 @@ class IreeDevice:
         """
         import iree.runtime as rt
 
-        config = rt.Config(self.driver)
+        config = rt.Config(device=self.device)
         instance = config.vm_instance
         modules = []
         for scope, paths in (parameters or {}).items():
@@ -145,6 +165,9 @@ class _HostReadable:
         return _staged_host_array(self.value._device, bv, dtype).copy()
 
 
+_devices: dict[str, IreeDevice] = {}
+
+
 @pytest.fixture(scope="session")
 def iree_device(request: pytest.FixtureRequest) -> IreeDevice:
     spec = iree_devices.resolve(request.config.getoption("--device"))
@@ -153,4 +176,22 @@ def iree_device(request: pytest.FixtureRequest) -> IreeDevice:
     reason = _probe_cache[spec.name]
     if reason:
         pytest.skip(f"backend not available: {reason}")
-    return IreeDevice(spec)
+    return _devices.setdefault(spec.name, IreeDevice(spec))
+
+
+def note_test_error(error: BaseException) -> bool:
+    """After a test failed with ``error``: when it says the device was lost, every test device
+    is replaced at its next load. Returns whether it did."""
+    if not iree_devices.device_lost(error):
+        return False
+    for device in _devices.values():
+        device.forget_device()
+    return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if call.excinfo is not None:
+        note_test_error(call.excinfo.value)
+    return report

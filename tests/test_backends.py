@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 
 MATMUL_ADD = """
@@ -25,3 +28,73 @@ def test_compile_and_run_matmul(iree_device):
     b = rng.standard_normal((4, 3), dtype=np.float32)
     got = np.asarray(module.main(x, w, b).to_host())
     np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
+
+
+_AFTER_A_LOSS = """
+import numpy as np
+import pytest
+
+LOST = []
+
+
+def test_loses_the_device(iree_device):
+    LOST.append(iree_device.device)
+    raise RuntimeError(
+        "Error invoking function: c/runtime/src/iree/hal/drivers/vulkan/queue.c:6000: "
+        "DATA_LOSS; [vkWaitSemaphores] VK_ERROR_DEVICE_LOST; while invoking native function "
+        "hal.fence.await"
+    )
+
+
+def test_runs_after_the_loss(iree_device):
+    assert iree_device.device is not LOST[0]
+    module = iree_device.load(iree_device.compile(MATMUL_ADD))
+    x, w, b = np.ones((4, 8), np.float32), np.ones((8, 3), np.float32), np.ones((4, 3), np.float32)
+    np.testing.assert_allclose(np.asarray(module.main(x, w, b).to_host()), x @ w + b)
+
+
+def test_an_ordinary_failure_keeps_the_device(iree_device):
+    kept = iree_device.device
+    assert kept is not LOST[0]
+    LOST.append(kept)
+    raise RuntimeError("an ordinary failure")
+
+
+def test_the_device_was_kept(iree_device):
+    assert iree_device.device is LOST[1]
+"""
+
+
+def test_a_lost_device_fails_only_the_test_that_lost_it(iree_device, tmp_path):
+    """Issue 23: on lavapipe one test lost the device (VK_ERROR_DEVICE_LOST) and every later
+    test of the worker failed on it, since all shared IREE's cached device. The fixture now
+    creates a new device after a test fails with a lost-device error (simulated here, with the
+    error text IREE's Vulkan driver gives), and keeps it after other failures."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    inner = tmp_path / "test_inner.py"
+    inner.write_text(f"MATMUL_ADD = {MATMUL_ADD!r}\n" + _AFTER_A_LOSS)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",  # the repository's conftest.py (the fixture under test), from cwd
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-q",
+            f"--device={iree_device.name}",
+            str(inner),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr
+    assert "2 failed, 2 passed" in summary, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "FAILED" in proc.stdout and "test_loses_the_device" in proc.stdout

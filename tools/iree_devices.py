@@ -100,6 +100,21 @@ print("ok")
 """
 
 
+#: What IREE's drivers say when a device is gone for good (turbine_aot's runtime uses the same).
+_DEVICE_LOST = ("DEVICE_LOST",)
+
+
+def device_lost(error: BaseException | str) -> bool:
+    """Whether an error (its message and what it was raised from) says the device was lost."""
+    seen = 0
+    while error is not None and seen < 8:
+        if any(marker in str(error) for marker in _DEVICE_LOST):
+            return True
+        error = getattr(error, "__cause__", None) or getattr(error, "__context__", None)
+        seen += 1
+    return False
+
+
 def probe(device: TestDevice, python: str | None = None) -> str | None:
     """Returns None when ``device`` can run here, else the reason it cannot.
 

@@ -298,3 +298,28 @@ def test_compile_refuses_fp16_for_the_default_vulkan_target(tmp_path, capsys):
     flag = "--flag=--iree-vulkan-target=valhall4"
     assert main(["compile", str(src), "-d", "vulkan", flag, "-o", str(out), "--no-cache"]) == 0
     assert out.stat().st_size > 0
+
+
+def test_run_help_says_what_run_without_input_does(capsys, tmp_path):
+    """Issue 23: `run` without -i calls a static function on random values of its signature,
+    prints that signature and exits 0; `run --help` says so (it did not)."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "Without --input, a function whose arguments all have static shapes is called once" in text
+    )
+    assert "which prints its signature and exits 0" in text
+    assert "a function with dynamic dimensions then asks for --input" in text
+    # ... and that is what it does.
+    src = tmp_path / "sq.mlir"
+    src.write_text(MLIR)
+    vmfb = tmp_path / "sq.vmfb"
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["compile", str(src), "-o", str(vmfb), "-d", "local-task", *cache]) == 0
+    capsys.readouterr()
+    assert main(["run", str(vmfb)]) == 0
+    out = capsys.readouterr().out
+    assert "function: main" in out and "inputs:" in out and "outputs:" in out
+    assert "float32 [2, 3]" in out

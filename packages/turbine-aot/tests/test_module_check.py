@@ -1,23 +1,31 @@
 """Checked loading of untrusted .vmfb files (load_module(..., verify=True), run --verify).
 
 IREE does not verify module contents: some byte-flipped modules kill the loading process with
-SIGSEGV/SIGBUS/SIGILL. The checked load tries them in a child process first.
+SIGSEGV/SIGBUS/SIGILL, while loading or at the first call (damaged compiled code runs only
+then). The checked load loads them and calls each function once on zeros in a child process
+first.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
+import logging
 import os
 import random
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import iree.runtime as rt
 import pytest
 import torch
 
 import turbine_aot
 from turbine_aot import runtime as R
-from turbine_aot._module_check import check_module_in_child
+from turbine_aot._module_check import check_module_in_child, zero_arguments
+from turbine_aot._signatures import CallSignature, FunctionSignature, Leaf, TensorSpec
 
 
 class _Net(torch.nn.Module):
@@ -95,21 +103,248 @@ def test_ordinary_errors_are_left_to_the_in_process_load(tmp_path):
         R.load_module(junk, verify=True)
 
 
-def test_fuzz_byte_flipped_modules_never_kill_the_process(vmfb):
-    """Every mutant through the checked load either loads (and its functions are callable
-    objects) or raises TurbineRuntimeError; none takes the test process down."""
-    n = int(os.environ.get("TURBINE_FUZZ_VMFB", "25"))
-    outcomes = {"loaded": 0, "refused (child crashed)": 0, "refused (error)": 0}
-    for data in _mutants(vmfb.read_bytes(), seed=2):
-        if sum(outcomes.values()) == n:
-            break
+# ----------------------------------------------------------------------------- calls in the child
+@pytest.fixture(scope="module")
+def linear(tmp_path_factory) -> tuple[Path, Path]:
+    """Issue 23's module: ``Linear(4, 3)``, weights in an ``.irpa``."""
+    d = tmp_path_factory.mktemp("linear")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3).eval()
+    turbine_aot.externalize_module_parameters(lin)
+    turbine_aot.save_module_parameters(d / "w.irpa", lin)
+    turbine_aot.export(lin, args=(torch.randn(2, 4),)).compile(d / "m.vmfb")
+    return d / "m.vmfb", d / "w.irpa"
+
+
+def _elf_code(data: bytes) -> tuple[int, int]:
+    """The byte range of the compiled code (the embedded ELF's ``.text``) in a ``.vmfb``."""
+    elf = data.index(b"\x7fELF")
+    shoff = struct.unpack_from("<Q", data, elf + 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, elf + 0x3A)
+    names = struct.unpack_from("<Q", data, elf + shoff + shstrndx * shentsize + 0x18)[0]
+    for k in range(shnum):
+        name, _, _, _, off, size = struct.unpack_from("<IIQQQQ", data, elf + shoff + k * shentsize)
+        start = elf + names + name
+        if data[start : data.index(b"\0", start)] == b".text":
+            return elf + off, elf + off + size
+    raise AssertionError("no .text section in the module's executable")
+
+
+def _records(data: bytes) -> tuple[int, int]:
+    """The byte range holding the functions' signature records (reflection strings)."""
+    starts = [data.index(k) for k in (b"turbine.signature", b"torch.args_schema")]
+    ends = [data.rindex(k) + len(k) + 300 for k in (b"turbine.signature", b"torch.args_schema")]
+    return min(starts), min(max(ends), len(data))
+
+
+def _damaged(data: bytes, rng: random.Random, region: tuple[int, int]) -> bytes:
+    """``data`` with 1-16 random bytes in ``region`` overwritten by random values."""
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 16)):
+        b[rng.randrange(*region)] = rng.randrange(256)
+    return bytes(b)
+
+
+def test_a_module_that_crashes_when_called_is_refused_by_the_checked_load(linear, tmp_path):
+    """Failing-first (issue 23): a module whose compiled code is damaged passes a load in the
+    child and kills the caller at its first call; the checked load now calls it in the child
+    and refuses it, naming the function."""
+    vmfb, params = linear
+    data = vmfb.read_bytes()
+    rng = random.Random(8)
+    crasher = None
+    for _ in range(80):
+        candidate = _damaged(data, rng, _elf_code(data))
         try:
-            m = R.load_module(data, verify=True)
+            check_module_in_child(candidate, None, ["local-task"], params, calls=False)
+            check_module_in_child(candidate, None, ["local-task"], params)
         except R.TurbineRuntimeError as e:
-            key = "refused (child crashed)" if "crashed the IREE" in str(e) else "refused (error)"
-            outcomes[key] += 1
-            continue
-        outcomes["loaded"] += 1
-        assert all(callable(m[name]) for name in m.function_names)
-    print(f"\nvmfb fuzz: {n} byte-flipped modules tried: {outcomes}")
-    assert sum(outcomes.values()) == n
+            if "while calling main()" in str(e):
+                crasher = candidate
+                break
+    assert crasher is not None, "none of 80 damaged code sections crashed only when called"
+    bad = tmp_path / "bad.vmfb"
+    bad.write_bytes(crasher)
+    unchecked = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_CALL, str(bad), str(params), "False"],
+        capture_output=True,
+        timeout=300,
+    )
+    assert unchecked.returncode < 0, "an unchecked call survived the module it crashed on"
+    loaded_only = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_CALL, str(bad), str(params), "'load'"],
+        capture_output=True,
+        timeout=300,
+    )
+    assert b"loaded" in loaded_only.stdout and loaded_only.returncode < 0  # what verify missed
+    with pytest.raises(
+        R.TurbineRuntimeError,
+        match=r"bad.vmfb' crashed the IREE runtime while calling main\(\) on zeros of its "
+        r"signature: a checking child process was killed by SIG",
+    ):
+        R.load_module(bad, parameters=params, verify=True)
+
+
+_LOAD_AND_CALL = """
+import sys, torch
+from turbine_aot import runtime as R
+m = R.load_module(sys.argv[1], parameters=sys.argv[2], verify=eval(sys.argv[3]))
+print("loaded", flush=True)
+m.main(torch.zeros(2, 4))
+print("called", flush=True)
+"""
+
+
+def test_verified_calls_say_what_the_child_called(linear):
+    vmfb, params = linear
+    m = R.load_module(vmfb, parameters=params, verify=True)
+    assert m.verified_calls == {"main": "called"}
+    assert R.load_module(vmfb, parameters=params, verify="load").verified_calls is None
+    assert R.load_module(vmfb, parameters=params).verified_calls is None
+    with pytest.raises(R.TurbineRuntimeError, match=r"verify must be True, False or 'load'"):
+        R.load_module(vmfb, verify="calls")
+
+
+_COUNTER = """
+module @counter {
+util.global private mutable @n = 0 : i32
+func.func @step() -> i32 {
+  %n = util.global.load @n : i32
+  %c1 = arith.constant 1 : i32
+  %m = arith.addi %n, %c1 : i32
+  util.global.store %m, @n : i32
+  return %m : i32
+}
+func.func @nonzero(%x: i32) -> i32 {
+  %c0 = arith.constant 0 : i32
+  %ok = arith.cmpi ne, %x, %c0 : i32
+  cf.assert %ok, "x must not be zero"
+  return %x : i32
+}
+func.func @dynamic(%x: tensor<?xf32>) -> tensor<?xf32> {
+  return %x : tensor<?xf32>
+}
+}
+"""
+
+
+def test_the_child_calls_a_stateful_module_without_changing_its_state_here(caplog):
+    """The child's calls mutate the child's globals only; a call that IREE refuses on zeros
+    (not a crash) loads with a warning; a dynamic dimension without a recorded range is not
+    called (a module not exported by turbine)."""
+    vmfb = R.compile_mlir(_COUNTER, R.device_compile_flags(["local-task"]), cache=False)
+    with caplog.at_level(logging.WARNING, logger="turbine.aot.runtime"):
+        m = R.load_module(vmfb, verify=True)
+    assert m.verified_calls["step"] == "called"
+    assert m.verified_calls["nonzero"].startswith("call failed: ")
+    assert "x must not be zero" in m.verified_calls["nonzero"]
+    assert m.verified_calls["dynamic"] == (
+        "not called: argument 0 (tensor<?xf32>) has a dynamic dimension without a recorded range"
+    )
+    assert "nonzero() on zeros of its signature failed in the checking child" in caplog.text
+    assert m.step() == 1  # the child's call did not count here
+    assert m.nonzero(5) == 5
+
+
+def _sig(leaves, dims, inputs=None) -> FunctionSignature:
+    call = CallSignature("[1, {}]", None, ("x",), tuple(leaves), dims=dims)
+    specs = inputs or tuple(
+        TensorSpec(tuple(d if isinstance(d, int) else None for d in leaf.shape), leaf.dtype)
+        if leaf.kind == "tensor"
+        else TensorSpec((), leaf.dtype, is_tensor=False)
+        for leaf in leaves
+    )
+    return FunctionSignature("main", specs, (), call)
+
+
+def test_zero_arguments_take_the_smallest_size_of_at_least_one_each_range_allows():
+    leaves = [
+        Leaf("x", "tensor", 0, "f32", ("s0", 4)),
+        Leaf("y", "tensor", 1, "i64", ("s1", "2*s0 + 1")),
+        Leaf("n", "scalar", 2, "i64"),
+    ]
+    args = zero_arguments(_sig(leaves, {"s0": (3, 8), "s1": (0, None)}), {}, 1)
+    assert [a.get("tensor") for a in args] == [[3, 4], [1, 7], None]
+    assert args[2] == {"int": 0}
+    assert args[0]["element_type"] == int(rt.HalElementType.FLOAT_32)
+    unranged = [Leaf("x", "tensor", 0, "f32", ("s9",))]
+    assert "without a recorded range" in zero_arguments(_sig(unranged, {}), {}, 1)
+    leaf = Leaf("x", "tensor", 0, "f32", (2,), device="__device_1")
+    elsewhere = _sig([leaf], {}, (TensorSpec((2,), "f32", device="__device_1"),))
+    assert "placed on device 1; 1 are loaded" in zero_arguments(elsewhere, {}, 1)
+
+
+# The child damages the module with the same functions as the tests here.
+_FUZZ_CHILD = "import json, random, struct, sys\n"
+_FUZZ_CHILD += "\n".join(inspect.getsource(f) for f in (_elf_code, _records, _damaged))
+_FUZZ_CHILD += """
+import torch
+from turbine_aot import _module_check, runtime as R
+_module_check.DEFAULT_CHECK_TIMEOUT = 20.0  # a damaged module can loop: a few cost that long
+data = open(sys.argv[1], "rb").read()
+params, seed, start, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+regions = {"anywhere": (0, len(data)), "records": _records(data), "code": _elf_code(data)}
+rng = random.Random(seed)
+for i in range(n):
+    region = list(regions)[i % 3]
+    mutant = _damaged(data, rng, regions[region])
+    if i < start:
+        continue
+    print(json.dumps({"trying": i, "region": region}), flush=True)
+    try:
+        m = R.load_module(mutant, parameters=params, verify=True)
+    except R.TurbineRuntimeError as e:
+        kind = "refused: child crashed" if "crashed the IREE" in str(e) else "refused: error"
+        print(json.dumps({"i": i, "outcome": kind}), flush=True)
+        continue
+    except BaseException as e:
+        print(json.dumps({"i": i, "outcome": f"raw {type(e).__name__}: {e}"[:300]}), flush=True)
+        continue
+    try:
+        m.main(torch.zeros(2, 4))
+        outcome = "loaded and called"
+    except R.TurbineRuntimeError:
+        outcome = "loaded, call refused: error"
+    except BaseException as e:
+        outcome = f"raw {type(e).__name__}: {e}"[:300]
+    print(json.dumps({"i": i, "outcome": outcome}), flush=True)
+"""
+
+
+def test_fuzz_damaged_modules_never_raise_raw_exceptions_or_kill_the_caller(linear):
+    """Issue 23's fuzz, seeded and small: 1-16 random bytes overwritten anywhere, in the
+    signature records or in the compiled code; each mutant through the checked load and one
+    call, in a child process that reports per mutant (a mutant that kills it is reported and
+    the run goes on from the next). Every outcome is a result or a TurbineRuntimeError."""
+    vmfb, params = linear
+    n = int(os.environ.get("TURBINE_FUZZ_VMFB", "18"))
+    results: dict[int, str] = {}
+    start = 0
+    while start < n:
+        proc = subprocess.run(
+            [sys.executable, "-c", _FUZZ_CHILD, str(vmfb), str(params), "23", str(start), str(n)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        trying = None
+        for line in proc.stdout.splitlines():
+            msg = json.loads(line)
+            if "trying" in msg:
+                trying = msg["trying"]
+            else:
+                results[msg["i"]] = msg["outcome"]
+        if proc.returncode != 0:
+            assert trying is not None and trying not in results, proc.stderr[-2000:]
+            results[trying] = f"killed the process (status {proc.returncode})"
+            start = trying + 1
+        else:
+            start = n
+    counts: dict[str, int] = {}
+    for outcome in results.values():
+        key = outcome.split(":")[0] if outcome.startswith(("raw", "killed")) else outcome
+        counts[key] = counts.get(key, 0) + 1
+    print(f"\nvmfb fuzz: {n} damaged modules tried: {counts}")
+    bad = {i: o for i, o in results.items() if o.startswith(("raw", "killed"))}
+    assert not bad, f"mutants (seed 23) that escaped turbine's errors: {bad}"
+    assert len(results) == n

@@ -185,3 +185,96 @@ def test_bundle_on_backend(iree_device, tmp_path):
     m = R.load_bundle(tmp_path / "b")
     x, b = torch.randn(4, 8), torch.randn(3)
     torch.testing.assert_close(m.main(x, b), x @ w + b, atol=1e-4, rtol=1e-4)
+
+
+_SQUARE = """
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %r = arith.mulf %x, %x : tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+"""
+
+
+class _LostContext:
+    """A VM context whose device is gone: every call fails as IREE's Vulkan driver says."""
+
+    def invoke(self, *args):
+        raise RuntimeError(
+            "Error invoking function: c/runtime/src/iree/hal/drivers/vulkan/queue.c:6000: "
+            "DATA_LOSS; [vkWaitSemaphores] VK_ERROR_DEVICE_LOST; while invoking native "
+            "function hal.fence.await"
+        )
+
+
+def test_a_lost_device_is_replaced_at_the_next_load(monkeypatch):
+    """Issue 23: IREE's device cache kept handing out a lost device, so every later load on
+    that URI failed. After a call reports the device lost, the next load_module creates a new
+    device (and later loads share it); an ordinary failure keeps the device."""
+    import turbine_aot._runtime as runtime
+
+    monkeypatch.setattr(runtime, "_replacement_devices", {})
+    vmfb = R.compile_mlir(_SQUARE, R.device_compile_flags(["local-task"]), cache=False)
+    x = torch.arange(4.0)
+    m = R.load_module(vmfb)
+    lost = m.devices[0]
+    m._context = _LostContext()
+    with pytest.raises(
+        R.TurbineRuntimeError,
+        match=r"VK_ERROR_DEVICE_LOST.*\n.*was lost: this module cannot run any more; load it "
+        r"again \(load_module creates a new device\)",
+    ):
+        m.main(x)
+    again = R.load_module(vmfb)
+    assert again.devices[0] is not lost
+    torch.testing.assert_close(again.main(x), x * x)
+    assert R.load_module(vmfb).devices[0] is again.devices[0]
+
+    class _Failing:
+        def invoke(self, *args):
+            raise RuntimeError("INVALID_ARGUMENT; an ordinary failure")
+
+    again._context = _Failing()
+    with pytest.raises(R.TurbineRuntimeError, match=r"an ordinary failure$"):
+        again.main(x)
+    assert R.load_module(vmfb).devices[0] is again.devices[0]
+
+
+class _TwoSmallResults(torch.nn.Module):
+    """The uint8 program of turbine-fx's test_small_constants_per_dtype_run (issue 23): the one
+    that loses Mesa lavapipe's device most often (IREE 3.13's semaphore race)."""
+
+    def forward(self, x):
+        c8 = torch.tensor([1, 2, 3, 4, 200, 6, 7, 8], dtype=torch.uint8)
+        c3 = torch.tensor([1, 2, 250], dtype=torch.uint8)
+        return (x.abs() * 10).to(torch.uint8) + c8, c3 * x.new_ones((), dtype=torch.uint8)[None]
+
+
+def test_a_real_device_loss_fails_one_call_and_the_next_load_runs(iree_device):
+    if iree_device.name != "vulkan-spirv":
+        pytest.skip("only Mesa lavapipe loses devices here (IREE 3.13's Vulkan semaphore race)")
+    import turbine_aot as aot
+
+    x = torch.randn(4, 8)
+    out = aot.export(_TwoSmallResults(), args=(x,))
+    m = R.load_module(out, device=iree_device.driver)
+    for _ in range(2000):
+        try:
+            m.main(x)
+        except R.TurbineRuntimeError as e:
+            assert "VK_ERROR_DEVICE_LOST" in str(e) and "load it again" in str(e)
+            break
+    else:
+        pytest.skip("the race did not lose the device in 2000 calls this time")
+    lost = m.devices[0]
+    for _ in range(3):  # a new device can meet the race again: each reload gets a new one
+        again = R.load_module(out, device=iree_device.driver)
+        assert again.devices[0] is not lost
+        try:
+            got = again.main(x)
+        except R.TurbineRuntimeError as e:
+            assert "was lost" in str(e)
+            lost = again.devices[0]
+            continue
+        assert torch.equal(got[1].view(torch.uint8), torch.tensor([1, 2, 250], dtype=torch.uint8))
+        return
+    pytest.fail("three new devices in a row were lost at their first call")

@@ -315,3 +315,22 @@ def test_tensors_sharing_storage_still_share_it_after_load(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(descriptor))
     with pytest.raises(FxProgramsError, match=r"tensor t\d+ .*does not fit in its storage"):
         FxPrograms.load(tmp_path / "a.json")
+
+
+def test_a_tensor_safetensors_cannot_store_is_an_fx_programs_error(tmp_path):
+    """complex128 has no safetensors dtype: the save says so (it was a bare KeyError from the
+    safetensors package) and leaves nothing behind."""
+
+    class C(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("z", torch.zeros(2, dtype=torch.complex128))
+
+        def forward(self, x):
+            return x + self.z.real
+
+    fxb = FxProgramsBuilder(C())
+    fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, dtype=torch.float64),), name="main")
+    with pytest.raises(FxProgramsError, match=r"dtype torch.complex128, which safetensors cannot"):
+        fxb.save(tmp_path / "set.json")
+    assert list(tmp_path.iterdir()) == []

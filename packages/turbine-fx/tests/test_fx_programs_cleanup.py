@@ -1,10 +1,11 @@
 """FxPrograms.save / load remove what a save killed with kill -9 left behind (its generation
 files, its temporaries, its marker), and nothing else: not the files of a save that still runs,
-not another set's, not a user's."""
+not another set's, not a user's. Every temporary a save creates is turbine's owner-named one."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,19 +22,21 @@ from turbine_fx import FxPrograms, FxProgramsBuilder
 # file (graphs already renamed into place, the descriptor not yet replaced): the moment a crash
 # leaves the most litter. It touches argv[2] when it gets there.
 _CHILD = r"""
-import sys, time
+import contextlib, sys, time
 import torch
-import safetensors.torch
+import turbine_params._safetensors as writer
 from turbine_fx import FxProgramsBuilder
 
-real_save_file = safetensors.torch.save_file
+real_atomic_fd = writer.atomic_fd
 
-def save_file_then_hang(payload, filename, metadata=None):
-    real_save_file(payload, filename, metadata=metadata)
-    open(sys.argv[2], "w").close()
-    time.sleep(3600)
+@contextlib.contextmanager
+def atomic_fd_then_hang(path):
+    with real_atomic_fd(path) as fd:
+        yield fd  # the tensor data are written to the temporary now; it is not renamed yet
+        open(sys.argv[2], "w").close()
+        time.sleep(3600)
 
-safetensors.torch.save_file = save_file_then_hang
+writer.atomic_fd = atomic_fd_then_hang
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 fxb = FxProgramsBuilder(model)
 fxb.export_program(lambda m, x: m(x), args=(torch.randn(2, 4),), name="main")
@@ -152,3 +155,105 @@ def test_orphans_of_an_unmarked_generation_are_removed_but_not_those_another_des
     assert not names & {*orphan, orphan_temp}
     assert kept <= names and _named(path) <= names
     assert list(FxPrograms.load(tmp_path / "set.v1").programs) == ["main"]
+
+
+# A child that saves a set of about 256 MB (one weight), for a real kill in the middle of its
+# tensor data: it says "saving" just before FxPrograms.save.
+_LARGE_SAVE = r"""
+import sys, torch
+from turbine_fx import FxPrograms
+model = torch.nn.Linear(1024, 64 * 1024, bias=False)
+fxp = FxPrograms()
+fxp.programs["main"] = torch.export.export(model, (torch.randn(1, 1024),))
+print("saving", flush=True)
+fxp.save(sys.argv[1])
+"""
+
+
+def _kill_while_writing_tensor_data(path: Path) -> set[str]:
+    """Starts a large save into ``path``'s directory and SIGKILLs it once a hidden file of more
+    than 1 MB exists there (the tensor data being written); returns the names left."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _LARGE_SAVE, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "saving", child.stderr.read()[-2000:]
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and child.poll() is None:
+            with os.scandir(path.parent) as entries:
+                if any(e.name.startswith(".") and e.stat().st_size > 1 << 20 for e in entries):
+                    break
+            time.sleep(0.001)
+        assert child.poll() is None, "the save finished before its tensor data were seen"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    return {p.name for p in path.parent.iterdir()}
+
+
+def test_a_save_killed_while_writing_tensor_data_leaves_only_owner_named_temporaries(tmp_path):
+    """Failing-first (issue 23): safetensors' save_file wrote the data through a temporary of
+    its own, ``.tmpXXXXXX``, which a killed save left and no later save removed. Every
+    temporary is now turbine's, named for its writer, and the next save removes them all."""
+    path = tmp_path / "set.json"
+    left = _kill_while_writing_tensor_data(path)
+    hidden = {n for n in left if n.startswith(".")}
+    assert hidden, left
+    assert all(".turbine~" in n for n in hidden), f"temporaries not named for their owner: {left}"
+    assert any(".tensors.safetensors.turbine~" in n for n in hidden), left  # killed mid-data
+    _save(path)
+    assert {p.name for p in tmp_path.iterdir()} == {"set.json", *_named(path)}
+    assert list(FxPrograms.load(path).programs) == ["main"]
+
+
+def _legacy_temp(directory: Path, name: str, fmt: str) -> None:
+    """A ``.tmpXXXXXX`` as safetensors' save_file left it (a safetensors file, header first)."""
+    from safetensors.torch import save_file
+
+    save_file({"t0": torch.zeros(4)}, str(directory / "x.safetensors"), metadata={"format": fmt})
+    os.replace(directory / "x.safetensors", directory / name)
+
+
+def test_safetensors_temporaries_of_older_saves_are_removed_unless_a_save_runs(tmp_path):
+    """What saves of earlier turbine-fx versions left, ``.tmpXXXXXX`` with an FxPrograms
+    tensor header, is removed when no save holds a marker; other ``.tmp*`` files stay."""
+    from turbine_params import make_owned_temp
+
+    path = tmp_path / "set.json"
+    _save(path)
+    _legacy_temp(tmp_path, ".tmpAb12Cd", "turbine-fx-programs")
+    _legacy_temp(tmp_path, ".tmpOther1", "pt")  # another writer's safetensors temporary
+    (tmp_path / ".tmpUser99").write_text("mine")
+    # A save of another set that runs (its marker's owner is this process): nothing is taken.
+    marker = make_owned_temp(tmp_path / "other.0123456789ab.saving")
+    _save(path)
+    assert {".tmpAb12Cd", ".tmpOther1", ".tmpUser99"} <= {p.name for p in tmp_path.iterdir()}
+    marker.unlink()
+    FxPrograms.load(path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert ".tmpAb12Cd" not in names
+    assert {".tmpOther1", ".tmpUser99"} <= names
+    assert (tmp_path / ".tmpUser99").read_text() == "mine"
+
+
+def test_a_marker_of_a_save_killed_before_its_first_file_is_removed(tmp_path):
+    path = tmp_path / "set.json"
+    _save(path)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from turbine_params import make_owned_temp; "
+            "print(make_owned_temp(sys.argv[1]).name)",
+            str(tmp_path / "set.0123456789ab.saving"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (tmp_path / child.stdout.strip()).exists()  # its writer has exited
+    _save(path)
+    assert {p.name for p in tmp_path.iterdir()} == {"set.json", *_named(path)}

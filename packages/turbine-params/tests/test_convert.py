@@ -19,8 +19,10 @@ from turbine_params import (
     safetensors_to_irpa,
     strip_archive,
     verify_archive,
+    write_safetensors,
 )
 from turbine_params._cli import main as cli
+from turbine_params._safetensors import read_safetensors_header
 
 
 def _write_safetensors(path, tensors: dict[str, np.ndarray], extra: dict | None = None):
@@ -105,6 +107,72 @@ def test_safetensors_library_reads_our_output(tmp_path):
         safetensors_to_irpa(tmp_path / "lib.safetensors", tmp_path / "lib.irpa"),
         against=tmp_path / "lib.safetensors",
     )
+
+
+def test_write_safetensors_numpy_round_trip_aligned_and_atomic(tmp_path):
+    arrays = {
+        "b": np.arange(3, dtype=np.uint8),
+        "a": np.arange(6, dtype=np.float64).reshape(2, 3),
+        "flags": np.array([True, False]),
+        "scalar": np.array(7, dtype=np.int32),
+        "empty": np.zeros((0, 4), dtype=np.float32),
+        "big_endian": np.arange(4, dtype=">i2"),
+    }
+    out = write_safetensors(tmp_path / "x.safetensors", arrays, metadata={"format": "test"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]  # no temporary left
+    base, entries = read_safetensors_header(out)
+    assert base % 8 == 0
+    for _name, md, begin, _end in entries:
+        assert begin % md.dtype.itemsize == 0  # largest elements first: each one aligned
+    with ParameterArchive(out) as archive:
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(
+                archive[k].as_array(), v.astype(v.dtype.newbyteorder("="))
+            )
+    st = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed")
+    loaded = st.load_file(str(out))
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(loaded[k], v)
+
+
+def test_write_safetensors_torch_dtypes_read_back_by_the_safetensors_library(tmp_path):
+    torch = pytest.importorskip("torch")
+    safe_open = pytest.importorskip("safetensors").safe_open
+    raw = torch.arange(12, dtype=torch.uint8).reshape(3, 4)
+    tensors = {
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+        "f8": raw.view(torch.float8_e4m3fn),
+        "e8m0": raw.view(torch.float8_e8m0fnu),
+        "f4": raw.view(torch.float4_e2m1fn_x2),  # two values per byte: safetensors' F4
+        "u16": torch.arange(6, dtype=torch.int32).to(torch.uint16),
+        "c64": torch.randn(2, dtype=torch.complex64),
+        "strided": torch.randn(4, 6)[:, ::2],
+        "i64": torch.tensor(5),
+    }
+    out = write_safetensors(tmp_path / "t.safetensors", tensors, metadata={"k": "v"})
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata() == {"k": "v"}
+        for k, v in tensors.items():
+            got = f.get_tensor(k)
+            assert got.dtype == v.dtype and got.shape == v.shape, k
+            assert torch.equal(
+                got.reshape(-1).view(torch.uint8), v.contiguous().reshape(-1).view(torch.uint8)
+            ), k
+
+
+def test_write_safetensors_refuses_what_safetensors_cannot_hold(tmp_path):
+    with pytest.raises(ParameterArchiveError, match=r"'__metadata__' is reserved"):
+        write_safetensors(tmp_path / "x.safetensors", {"__metadata__": np.zeros(1)})
+    with pytest.raises(
+        ParameterArchiveError,
+        match=r"tensor 'c' has dtype torch.complex128, which safetensors cannot",
+    ):
+        write_safetensors(tmp_path / "x.safetensors", {"c": np.zeros(2, np.complex128)})
+    with pytest.raises(ParameterArchiveError, match=r"'l' is a list; pass a torch tensor"):
+        write_safetensors(tmp_path / "x.safetensors", {"l": [1, 2]})
+    with pytest.raises(ParameterArchiveError, match=r"metadata must map strings to strings"):
+        write_safetensors(tmp_path / "x.safetensors", {}, metadata={"n": 1})
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_irpa_to_safetensors_rejects_duplicates_and_unsupported(tmp_path):

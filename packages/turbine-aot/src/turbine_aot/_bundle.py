@@ -41,6 +41,7 @@ from turbine_aot._runtime import (
     load_module,
     signatures_from_mlir,
 )
+from turbine_aot._signatures import module_functions, module_name
 from turbine_aot._version import __version__ as turbine_aot_version
 from turbine_params import (
     ParameterArchive,
@@ -120,12 +121,14 @@ def _signatures_of(vmfb: bytes) -> tuple[str, dict[str, FunctionSignature]]:
     except Exception as e:
         raise BundleError(f"the module to bundle is not a loadable .vmfb: {e}") from e
     sigs = {}
-    for name in mod.function_names:
-        if name.startswith("__") or "$" in name:
-            continue
-        # The flat ABI and the call signature (trees, names, dim ranges) the module records.
-        sigs[name] = function_signature(name, mod.lookup_function(name).reflection)
-    return mod.name, sigs
+    where = "the module to bundle"
+    try:
+        for name, _fn, reflection in module_functions(mod, where):
+            # The flat ABI and the call signature (trees, names, dim ranges) the module records.
+            sigs[name] = function_signature(name, reflection, where=where)
+        return module_name(mod, where), sigs
+    except TurbineRuntimeError as e:
+        raise BundleError(str(e)) from e
 
 
 def _device_records(devices: Sequence[str]) -> list[dict[str, Any]]:

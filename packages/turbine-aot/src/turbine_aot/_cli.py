@@ -570,7 +570,14 @@ def _add_compile_command(sub: Any, common: Any) -> None:
 
 
 def _add_run_command(sub: Any, common: Any) -> None:
-    r = sub.add_parser("run", help="run a .vmfb or a bundle")
+    r = sub.add_parser(
+        "run",
+        help="run a .vmfb or a bundle",
+        description="Call one function of a .vmfb or bundle and print its inputs and outputs "
+        "(name, dtype, shape). Without --input, a function whose arguments all have static "
+        "shapes is called once on random values of its signature (--seed), which prints its "
+        "signature and exits 0; a function with dynamic dimensions then asks for --input.",
+    )
     r.add_argument("module", help="a .vmfb, or a bundle directory / archive")
     r.add_argument("--function", "-f", default="main", help="function to call (default: main)")
     r.add_argument(
@@ -578,7 +585,8 @@ def _add_run_command(sub: Any, common: Any) -> None:
         "-i",
         action="append",
         help="one per function argument: SHAPExDTYPE (random values), SHAPExDTYPE=V1,V2,... "
-        "(iree-run-module syntax; one value fills the tensor) or [@]file.npy",
+        "(iree-run-module syntax; one value fills the tensor) or [@]file.npy. Without any: "
+        "random values of the signature's static shapes (prints the signature, exit 0)",
     )
     r.add_argument("--parameters", "-p", action="append", help="[SCOPE=]FILE (repeatable)")
     r.add_argument("--device", "-d", action="append", help="device URI (repeat for multi-device)")
@@ -588,8 +596,9 @@ def _add_run_command(sub: Any, common: Any) -> None:
     r.add_argument(
         "--verify",
         action="store_true",
-        help="a .vmfb: load it in a child process first (a corrupted module cannot crash this "
-        "one); a bundle: also check every file's SHA-256",
+        help="a .vmfb: load it and call each function once on zeros in a child process "
+        "first (a corrupted module that crashes there is refused); a bundle: also check "
+        "every file's SHA-256",
     )
     r.add_argument(
         "--ignore-versions",

@@ -26,6 +26,8 @@ from turbine_aot._signatures import (
     _children,
     _load_spec,
     function_signature,
+    module_functions,
+    module_name,
     module_parameters,
     public_functions,
     reflection_of,
@@ -78,16 +80,14 @@ def _vmfb_functions(
     sigs: dict[str, FunctionSignature] = {}
     params: list[Any] | None = None
     built: dict[str, Any] | None = None
-    for name in vm.function_names:
-        if name.startswith("__") or "$" in name:
-            continue
-        reflection = vm.lookup_function(name).reflection or {}
-        sigs[name] = function_signature(name, reflection)
+    where = repr(str(path))
+    for name, _fn, reflection in module_functions(vm, where):
+        sigs[name] = function_signature(name, reflection, where=where)
         if params is None and PARAMETERS_KEY in reflection:
             params = _json_or_none(reflection[PARAMETERS_KEY])
         if built is None and COMPILE_KEY in reflection:
             built = _json_or_none(reflection[COMPILE_KEY])
-    return vm.name, sigs, params, built
+    return module_name(vm, where), sigs, params, built
 
 
 def _json_or_none(text: str) -> Any:

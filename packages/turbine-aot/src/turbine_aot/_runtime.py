@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,11 @@ from turbine_aot._signatures import (
     FunctionSignature,
     Leaf,
     TensorSpec,
+    affinity_device_index,
     check_tensor,
     function_signature,
+    module_functions,
+    module_name,
     parse_abi_declaration,
     rebuild_results,
     signatures_from_mlir,
@@ -109,14 +111,43 @@ def _driver_of(uri: str) -> str:
     return uri.split("://", 1)[0].split(":", 1)[0]
 
 
+#: Devices made to replace one of IREE's cached devices that was lost, by URI (None: make one at
+#: the next load). IREE's cache (``iree.runtime.get_device``) keeps handing out a lost device.
+_replacement_devices: dict[str, Any] = {}
+
+#: What IREE's drivers say when a device is gone for good (every later use fails the same way).
+_DEVICE_LOST = ("DEVICE_LOST",)
+
+
+def device_lost(error: BaseException | str) -> bool:
+    """Whether an IREE error says the device was lost (``VK_ERROR_DEVICE_LOST``)."""
+    return any(marker in str(error) for marker in _DEVICE_LOST)
+
+
+def forget_lost_devices(devices: Sequence[Any], uris: Sequence[str]) -> None:
+    """After ``devices`` (created for ``uris``) were lost: the next load of each URI creates a
+    new device instead of reusing the lost one."""
+    for device, uri in zip(devices, uris):
+        current = _replacement_devices.get(uri)
+        if current is None or current is device:
+            _replacement_devices[uri] = None
+
+
 def _create_devices(uris: list[str]) -> list[Any]:
     import iree.runtime as rt
 
     devices, seen = [], set()
     for uri in uris:
         try:
-            # A second device with the same URI must be a distinct device (multi-device).
-            devices.append(rt.get_device(uri, cache=uri not in seen))
+            if uri in seen:
+                # A second device with the same URI must be a distinct device (multi-device).
+                devices.append(rt.get_device(uri, cache=False))
+            elif uri in _replacement_devices:
+                if _replacement_devices[uri] is None:
+                    _replacement_devices[uri] = rt.get_device(uri, cache=False)
+                devices.append(_replacement_devices[uri])
+            else:
+                devices.append(rt.get_device(uri, cache=True))
         except Exception as e:
             raise TurbineRuntimeError(
                 f"could not create IREE device {uri!r}: {str(e).splitlines()[0]}; check the "
@@ -294,10 +325,18 @@ class LoadedFunction:
         try:
             m._context.invoke(self._fn, inputs, outputs)
         except Exception as e:
-            raise TurbineRuntimeError(
-                f"calling {self.label} on {', '.join(m.device_uris)} failed: {e}"
+            raise m._call_error(
+                f"calling {self.label} on {', '.join(m.device_uris)} failed", e
             ) from e
-        results = [self._convert(outputs, i) for i in range(len(outputs))]
+        try:
+            results = [self._convert(outputs, i) for i in range(len(outputs))]
+        except (TypeError, ValueError) as e:  # an element type or shape torch cannot hold
+            raise TurbineRuntimeError(
+                f"calling {self.label} on {', '.join(m.device_uris)}: a result cannot be read "
+                f"({e}); the module is damaged or returns a type turbine does not support"
+            ) from e
+        except Exception as e:  # the device failed while the results were read back
+            raise m._call_error(f"reading the results of {self.label} failed", e) from e
         results = [self._with_declared_dtype(i, r) for i, r in enumerate(results)]
         if self._zero_copy and not self._copy_results:
             # A result may be an imported argument's buffer (a function returning its input):
@@ -386,6 +425,10 @@ class LoadedModule:
         devices: the ``iree.runtime.HalDevice`` objects, in ``__device_N`` order.
         device_uris: the URIs they were created from.
         functions: exported functions by name.
+        verified_calls: after ``load_module(..., verify=True)``, what the checking child did
+            with each public function: ``"called"``, ``"call failed: <IREE's error>"`` or
+            ``"not called: <why>"``; None when the module was not verified (or with
+            ``verify="load"``).
     """
 
     def __init__(
@@ -400,29 +443,42 @@ class LoadedModule:
         copy_results: bool,
         signatures: Mapping[str, FunctionSignature] | None = None,
         zero_copy_inputs: bool = False,
+        where: str = "the module",
+        verified_calls: Mapping[str, str] | None = None,
+        functions: Sequence[tuple[str, Any, Mapping[str, str]]] | None = None,
     ) -> None:
         self._vm_module = vm_module
         self._instance = instance
         self._context = context
         self._keep_alive = keep_alive
-        self.name: str = vm_module.name
+        self.name: str = module_name(vm_module, where)
         self.device_uris = device_uris
         self.devices = devices
         self.drivers = [_driver_of(u) for u in device_uris]
+        self.verified_calls = dict(verified_calls) if verified_calls is not None else None
         self._device_names: dict[str, int] = {}
         self.functions: dict[str, LoadedFunction] = {}
-        for fname in vm_module.function_names:
-            if fname.startswith("__") or "$" in fname:
-                continue  # __init, and main$async (takes fences: not a plain call)
-            fn = vm_module.lookup_function(fname)
-            sig = function_signature(fname, fn.reflection, (signatures or {}).get(fname))
+        # __init and main$async (takes fences: not a plain call) are left out.
+        if functions is None:
+            functions = module_functions(vm_module, where)
+        for fname, fn, reflection in functions:
+            given = (signatures or {}).get(fname)
+            sig = function_signature(fname, reflection, given, where=where)
             self.functions[fname] = LoadedFunction(self, fn, sig, copy_results, zero_copy_inputs)
 
+    def _call_error(self, what: str, error: BaseException) -> TurbineRuntimeError:
+        """The error for a failed call; a lost device is forgotten, so that the next load on
+        its URI gets a new one (this module stays bound to the lost one)."""
+        if not device_lost(error):
+            return TurbineRuntimeError(f"{what}: {error}")
+        forget_lost_devices(self.devices, self.device_uris)
+        return TurbineRuntimeError(
+            f"{what}: {error}\nThe device ({', '.join(self.device_uris)}) was lost: this module "
+            "cannot run any more; load it again (load_module creates a new device)"
+        )
+
     def _device_index(self, name: str | None) -> int:
-        if name is None:
-            return 0
-        m = re.fullmatch(r"__device_(\d+)", name)
-        idx = int(m.group(1)) if m else self._device_names.setdefault(name, len(self._device_names))
+        idx = affinity_device_index(name, self._device_names)
         if idx >= len(self.devices):
             raise TurbineRuntimeError(
                 f"module {self.name!r} places an argument on device {name!r} (index {idx}) but "
@@ -473,7 +529,7 @@ def load_module(
     cache: Any = True,
     signatures: Mapping[str, FunctionSignature] | None = None,
     zero_copy_inputs: bool = False,
-    verify: bool = False,
+    verify: bool | str = False,
 ) -> LoadedModule:
     """Loads a compiled module on one or more IREE devices.
 
@@ -500,20 +556,26 @@ def load_module(
             importing their memory instead of copying it. Only for programs that do not keep an
             argument (store it into a global) and callers that do not modify an argument while
             the module may still read it.
-        verify: load the module in a short-lived child process first and raise if that dies:
-            IREE does not check a module's contents, and a corrupted ``.vmfb`` can kill the
-            process (see :mod:`turbine_aot._module_check`, docs/security.md). Costs one child
-            process (about a second).
+        verify: load the module in a short-lived child process first, call each public
+            function there once on zeros of its signature, and raise if that child dies: IREE
+            does not check a module's contents, and a corrupted ``.vmfb`` can kill the process
+            when loaded or when called (see :mod:`turbine_aot._module_check`,
+            docs/security.md). ``"load"``: the child only loads the module. Costs one child
+            process (about a second); ``LoadedModule.verified_calls``
+            says what the child called.
 
     Returns:
         The loaded module.
 
     Raises:
-        TurbineRuntimeError: missing file, unknown device, unreadable archive, or a module the
-            runtime rejects (built for another target or IREE version).
+        TurbineRuntimeError: missing file, unknown device, unreadable archive, a module the
+            runtime rejects (built for another target or IREE version) or whose records are
+            damaged, or (``verify``) a module that crashed or hung the checking child.
     """
     import iree.runtime as rt
 
+    if verify not in (False, True, "load"):
+        raise TurbineRuntimeError(f"verify must be True, False or 'load'; got {verify!r}")
     uris = _normalize_devices(device)
     if signatures is None and hasattr(module, "mlir_module"):
         signatures = signatures_from_mlir(module)
@@ -522,8 +584,14 @@ def load_module(
     data, path = _module_bytes_or_path(
         module, device=uris, compile_flags=compile_flags, cache=cache
     )
+    where = repr(str(path)) if path is not None else "the given module bytes"
+    verified_calls = None
     if verify:
-        check_module_in_child(data, path, uris, parameters)
+        calls = verify != "load"
+        checked = check_module_in_child(
+            data, path, uris, parameters, calls=calls, signatures=signatures
+        )
+        verified_calls = checked if calls else None
     devices = _create_devices(uris)
     instance = rt.VmInstance()
     try:
@@ -537,6 +605,9 @@ def load_module(
             f"{where} is not a loadable IREE module: {str(e).splitlines()[0]}; recompile it "
             f"with iree-compile {_iree_version()}"
         ) from e
+    # Its records are read before anything of it runs (initializers): a damaged one fails here.
+    name = module_name(vm_module, where)
+    functions = module_functions(vm_module, where)
     hal = (
         rt.create_hal_module(instance, devices[0])
         if len(devices) == 1
@@ -547,6 +618,12 @@ def load_module(
         context = rt.VmContext(instance, [hal, *param_modules, vm_module])
     except Exception as e:
         msg = str(e)
+        if device_lost(e):
+            forget_lost_devices(devices, uris)
+            raise TurbineRuntimeError(
+                f"could not initialize module {name!r}: the device ({', '.join(uris)}) was lost "
+                f"({msg.strip().splitlines()[0]}); load it again (a new device is created)"
+            ) from e
         hint = (
             "the module was compiled for another device or needs more devices; compile it "
             f"for {', '.join(uris)} or load it on the device it was built for"
@@ -556,7 +633,7 @@ def load_module(
             hint = "pass the parameter archives it needs: parameters={'model': 'weights.irpa'}"
             cli_hint = "pass the parameter archives it needs: -p model=weights.irpa"
         what = (
-            f"could not initialize module {vm_module.name!r} on {', '.join(uris)}: "
+            f"could not initialize module {name!r} on {', '.join(uris)}: "
             f"{msg.strip().splitlines()[0] if msg.strip() else type(e).__name__}"
         )
         err = TurbineRuntimeError(f"{what}; {hint}")
@@ -572,6 +649,9 @@ def load_module(
         copy_results=copy_results,
         signatures=signatures,
         zero_copy_inputs=zero_copy_inputs,
+        where=where,
+        verified_calls=verified_calls,
+        functions=functions,
     )
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "LOCAL_DRIVERS",
     "buffer_view_to_tensor",
     "element_type_name",
+    "hal_element_type",
     "tensor_to_buffer_view",
     "torch_dtype_for_element_type",
 ]
@@ -58,6 +59,45 @@ _MLIR_TO_TORCH: dict[str, str] = {
 }
 
 
+#: torch dtype, HAL element type, carrier torch dtype (the one numpy can represent with the
+#: same bytes).
+_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("float16", "FLOAT_16", "float16"),
+    ("float32", "FLOAT_32", "float32"),
+    ("float64", "FLOAT_64", "float64"),
+    ("bfloat16", "BFLOAT_16", "uint16"),
+    ("float8_e4m3fn", "FLOAT_8_E4M3_FN", "uint8"),
+    ("float8_e4m3fnuz", "FLOAT_8_E4M3_FNUZ", "uint8"),
+    ("float8_e5m2", "FLOAT_8_E5M2", "uint8"),
+    ("float8_e5m2fnuz", "FLOAT_8_E5M2_FNUZ", "uint8"),
+    ("float8_e8m0fnu", "FLOAT_8_E8M0_FNU", "uint8"),
+    ("bool", "BOOL_8", "bool"),
+    ("int8", "SINT_8", "int8"),
+    ("uint8", "UINT_8", "uint8"),
+    ("int16", "SINT_16", "int16"),
+    ("uint16", "UINT_16", "uint16"),
+    ("int32", "SINT_32", "int32"),
+    ("uint32", "UINT_32", "uint32"),
+    ("int64", "SINT_64", "int64"),
+    ("uint64", "UINT_64", "uint64"),
+    ("complex64", "COMPLEX_64", "complex64"),
+    ("complex128", "COMPLEX_128", "complex128"),
+)
+
+
+def hal_element_type(mlir_type: str) -> int | None:
+    """The ``HalElementType`` (as an int) of an MLIR element type name, without torch (the
+    checked load's child builds its arguments from these); None when IREE has none."""
+    import iree.runtime as rt
+
+    torch_name = _MLIR_TO_TORCH.get(mlir_type)
+    for tname, hname, _carrier in _ROWS:
+        if tname == torch_name:
+            het = getattr(rt.HalElementType, hname, None)
+            return None if het is None else int(het)
+    return None
+
+
 def _tables() -> tuple[dict[Any, tuple[Any, Any]], dict[int, Any]]:
     """(torch dtype -> (HalElementType, carrier torch dtype), int(HalElementType) -> torch dtype).
 
@@ -70,32 +110,9 @@ def _tables() -> tuple[dict[Any, tuple[Any, Any]], dict[int, Any]]:
     import torch
 
     et = rt.HalElementType
-    rows: list[tuple[str, str, str]] = [
-        # torch dtype, HAL element type, carrier torch dtype
-        ("float16", "FLOAT_16", "float16"),
-        ("float32", "FLOAT_32", "float32"),
-        ("float64", "FLOAT_64", "float64"),
-        ("bfloat16", "BFLOAT_16", "uint16"),
-        ("float8_e4m3fn", "FLOAT_8_E4M3_FN", "uint8"),
-        ("float8_e4m3fnuz", "FLOAT_8_E4M3_FNUZ", "uint8"),
-        ("float8_e5m2", "FLOAT_8_E5M2", "uint8"),
-        ("float8_e5m2fnuz", "FLOAT_8_E5M2_FNUZ", "uint8"),
-        ("float8_e8m0fnu", "FLOAT_8_E8M0_FNU", "uint8"),
-        ("bool", "BOOL_8", "bool"),
-        ("int8", "SINT_8", "int8"),
-        ("uint8", "UINT_8", "uint8"),
-        ("int16", "SINT_16", "int16"),
-        ("uint16", "UINT_16", "uint16"),
-        ("int32", "SINT_32", "int32"),
-        ("uint32", "UINT_32", "uint32"),
-        ("int64", "SINT_64", "int64"),
-        ("uint64", "UINT_64", "uint64"),
-        ("complex64", "COMPLEX_64", "complex64"),
-        ("complex128", "COMPLEX_128", "complex128"),
-    ]
     to_hal: dict[Any, tuple[Any, Any]] = {}
     from_hal: dict[int, Any] = {}
-    for tname, hname, cname in rows:
+    for tname, hname, cname in _ROWS:
         tdt = getattr(torch, tname, None)
         het = getattr(et, hname, None)
         if tdt is None or het is None:

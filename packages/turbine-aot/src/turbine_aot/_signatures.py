@@ -201,7 +201,7 @@ _AFFINITY_RE = re.compile(
 
 def _parse_value(decl: str) -> TensorSpec:
     # "%input0: tensor<?x4xf32> {iree.abi.affinity = ...}" or "tensor<4xf32>"
-    body = decl.split(":", 1)[1].strip() if decl.startswith("%") else decl.strip()
+    body = decl.split(":", 1)[-1].strip() if decl.startswith("%") else decl.strip()
     attrs = ""
     if "{" in body:
         # the type itself never contains '{' (tensor encodings are not part of the ABI)
@@ -211,19 +211,22 @@ def _parse_value(decl: str) -> TensorSpec:
     device = m.group(1) if m else None
     vm = _VTENSOR_RE.match(body)
     if vm:
-        dims = tuple(
-            None if d.strip() in ("?", "-1") else int(d)
-            for d in vm.group(1).split(",")
-            if d.strip()
-        )
-        dtype = vm.group(2).strip()
-        return TensorSpec(dims, _TORCH_DTYPE_TO_ABI.get(dtype, dtype), device=device)
+        vdims = [d.strip() for d in vm.group(1).split(",") if d.strip()]
+        if all(d in ("?", "-1") or _DIM_RE.fullmatch(d) for d in vdims):
+            dims = tuple(None if d in ("?", "-1") else int(d) for d in vdims)
+            dtype = vm.group(2).strip()
+            return TensorSpec(dims, _TORCH_DTYPE_TO_ABI.get(dtype, dtype), device=device)
     tm = _TENSOR_RE.match(body)
-    if not tm:
-        return TensorSpec((), body, is_tensor=False, device=device)
-    parts = _split_top_level_x(tm.group(1))
-    dims = tuple(None if p == "?" else int(p) for p in parts[:-1])
-    return TensorSpec(dims, parts[-1], device=device)
+    if tm:
+        parts = _split_top_level_x(tm.group(1))
+        if all(p == "?" or _DIM_RE.fullmatch(p) for p in parts[:-1]):
+            dims = tuple(None if p == "?" else int(p) for p in parts[:-1])
+            return TensorSpec(dims, parts[-1], device=device)
+    # Another type, or one this parser cannot read (a damaged declaration): kept as its text.
+    return TensorSpec((), body, is_tensor=False, device=device)
+
+
+_DIM_RE = re.compile(r"[0-9]{1,18}")
 
 
 def _split_top_level_x(text: str) -> list[str]:
@@ -300,13 +303,24 @@ def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
 
 
 def function_signature(
-    name: str, reflection: Mapping[str, str] | None, given: FunctionSignature | None = None
+    name: str,
+    reflection: Mapping[str, str] | None,
+    given: FunctionSignature | None = None,
+    *,
+    where: str = "the module",
 ) -> FunctionSignature:
     """A compiled function's signature from its reflection: the flat ABI from
     ``iree.abi.declaration`` (else ``given``, else the recorded call signature) and the call
-    signature turbine records at export (else ``given``'s)."""
-    call = CallSignature.from_reflection(reflection)
+    signature turbine records at export (else ``given``'s).
+
+    Raises:
+        TurbineRuntimeError: the call signature record is damaged (``where`` names the module
+            in the message).
+    """
+    call = CallSignature.from_reflection(reflection, where=f"{where}: function {name!r}")
     decl = (reflection or {}).get("iree.abi.declaration", "")
+    if not isinstance(decl, str):
+        decl = ""
     if decl:
         sig = parse_abi_declaration(name, decl)
     elif given is not None and (given.inputs or given.outputs):
@@ -321,10 +335,67 @@ def function_signature(
         sig = FunctionSignature(name, (), ())
     if call is None and given is not None:
         call = given.call
-    if call is not None and len(call.flat_inputs()) != len(sig.inputs) and sig.inputs:
+    if call is not None and (
+        (sig.inputs and len(call.flat_inputs()) != len(sig.inputs))
+        or (sig.outputs and any((r.index or 0) >= len(sig.outputs) for r in call.flat_results()))
+    ):
         logger.warning("%s: recorded call signature does not fit its ABI; flat calls", name)
         call = None
     return FunctionSignature(sig.name, sig.inputs, sig.outputs, call)
+
+
+def damaged_module_error(where: str, what: str, error: BaseException) -> TurbineRuntimeError:
+    """The error for a module whose records cannot be read: ``where`` (the file, and the
+    function), ``what`` is damaged, and what IREE or the reader said."""
+    said = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return TurbineRuntimeError(
+        f"{where}: {what} is unreadable ({type(error).__name__}: {said}); the module is "
+        "damaged: rebuild it (or get an intact copy)"
+    )
+
+
+def module_name(vm_module: Any, where: str) -> str:
+    """``VmModule.name``; a name IREE cannot hand to Python (not UTF-8) is a damaged module."""
+    try:
+        return str(vm_module.name)
+    except Exception as e:
+        raise damaged_module_error(where, "the module's name", e) from e
+
+
+def module_functions(vm_module: Any, where: str) -> list[tuple[str, Any, dict[str, str]]]:
+    """The public functions of a loaded ``iree.runtime.VmModule``: (name, function,
+    reflection), leaving out ``__init`` and the ``$async`` variants (which take fences).
+
+    Raises:
+        TurbineRuntimeError: a function name or reflection string is unreadable (not UTF-8:
+            IREE's binding raises a bare ``RuntimeError`` for those), naming ``where``.
+    """
+    try:
+        names = [str(n) for n in vm_module.function_names]
+    except Exception as e:
+        raise damaged_module_error(where, "the module's function table", e) from e
+    out = []
+    for i, name in enumerate(names):
+        if name.startswith("__") or "$" in name:
+            continue
+        try:
+            fn = vm_module.lookup_function(name)
+            reflection = dict(fn.reflection or {})
+        except Exception as e:
+            raise damaged_module_error(
+                where, f"the reflection (signature record) of function {i} ({name!r})", e
+            ) from e
+        out.append((name, fn, reflection))
+    return out
+
+
+def affinity_device_index(name: str | None, named: dict[str, int]) -> int:
+    """The device index of an ``iree.abi.affinity`` name: ``__device_N`` is N; other names
+    take indices in the order they first appear (``named`` remembers them)."""
+    if name is None:
+        return 0
+    m = re.fullmatch(r"__device_(\d+)", name)
+    return int(m.group(1)) if m else named.setdefault(name, len(named))
 
 
 def _leaf_spec(leaf: Any) -> TensorSpec:
@@ -459,26 +530,126 @@ class CallSignature:
         return out
 
     @classmethod
-    def from_reflection(cls, reflection: Mapping[str, str] | None) -> CallSignature | None:
+    def from_reflection(
+        cls, reflection: Mapping[str, str] | None, *, where: str = "the module"
+    ) -> CallSignature | None:
         """The signature a compiled function's reflection records, or None (no records, or
-        records this version cannot read: the function is then called with flat arguments)."""
-        if not reflection or SIGNATURE_KEY not in reflection or ARGS_SCHEMA not in reflection:
+        records of a newer format or pytree protocol than this version reads: the function is
+        then called with flat arguments).
+
+        Every field the calls rely on is checked here, when the module is loaded, so that a
+        damaged record is an error that names it, not an exception at the first call.
+
+        Raises:
+            TurbineRuntimeError: a record is damaged (not JSON, missing or mistyped fields,
+                trees that do not match the leaves); ``where`` names the module in the message.
+        """
+        if not reflection or SIGNATURE_KEY not in reflection:
             return None
+        what = f"its call signature record ({SIGNATURE_KEY})"
         try:
             body = json.loads(reflection[SIGNATURE_KEY])
-            if int(body.get("format", 0)) > SIGNATURE_FORMAT:
-                logger.warning(
-                    "call signature format %s is newer than this turbine-aot reads; calls take "
-                    "flat arguments",
-                    body.get("format"),
-                )
-                return None
-            body["args_schema"] = reflection[ARGS_SCHEMA]
-            body["return_schema"] = reflection.get(RETURN_SCHEMA)
-            return cls.from_json(body)
-        except (ValueError, KeyError, TypeError) as e:
-            logger.warning("unreadable call signature record (%s); calls take flat arguments", e)
+            if not isinstance(body, dict):
+                raise TypeError(f"a JSON {type(body).__name__}, not an object")
+            fmt = body.get("format", 0)
+            if not isinstance(fmt, int):
+                raise TypeError(f"format is {type(fmt).__name__}, not an integer")
+        except (ValueError, TypeError, RecursionError) as e:
+            raise damaged_module_error(where, what, e) from e
+        if fmt > SIGNATURE_FORMAT:
+            logger.warning(
+                "call signature format %s is newer than this turbine-aot reads; calls take "
+                "flat arguments",
+                fmt,
+            )
             return None
+        if ARGS_SCHEMA not in reflection:
+            e = KeyError(f"{ARGS_SCHEMA} is missing")
+            raise damaged_module_error(where, f"its argument tree ({ARGS_SCHEMA})", e) from e
+        body["args_schema"] = reflection[ARGS_SCHEMA]
+        body["return_schema"] = reflection.get(RETURN_SCHEMA)
+        try:
+            sig = cls.from_json(body)
+            sig._check_leaves()
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            raise damaged_module_error(where, what, e) from e
+        try:
+            sig._check_trees(where)
+        except TurbineRuntimeError:
+            for key in (ARGS_SCHEMA, RETURN_SCHEMA):
+                newer = _newer_pytree_protocol(reflection.get(key))
+                if newer is not None:  # not damage: a module from a newer torch
+                    logger.warning(
+                        "%s: the %s record uses pytree protocol %s, newer than this torch "
+                        "reads; calls take flat arguments",
+                        where,
+                        key,
+                        newer,
+                    )
+                    return None
+            raise
+        return sig
+
+    def _check_leaves(self) -> None:
+        """Raises ValueError/TypeError naming the first field of the record that has a wrong
+        type or value (what ``from_json`` converts leniently is checked here)."""
+        if not isinstance(self.args_schema, str):
+            raise TypeError("args_schema is not a string")
+        if self.return_schema is not None and not isinstance(self.return_schema, str):
+            raise TypeError("return_schema is not a string")
+        for i, n in enumerate(self.arg_names):
+            if not isinstance(n, str):
+                raise TypeError(f"arg_names[{i}] is {type(n).__name__}, not a string")
+        for group, leaves in (("args", self.args), ("results", self.results)):
+            for i, leaf in enumerate(leaves):
+                _check_leaf_record(f"{group}[{i}]", leaf)
+            indices = [leaf.index for leaf in leaves if leaf.index is not None]
+            if sorted(indices) != list(range(len(indices))):
+                raise ValueError(
+                    f"{group}: the flat indices {indices} are not 0..{len(indices) - 1}"
+                )
+        for sym, (lo, hi) in self.dims.items():
+            if (
+                not isinstance(sym, str)
+                or lo < 0
+                or not (hi is None or type(hi) is int)
+                or (hi is not None and hi < lo)
+            ):
+                raise ValueError(f"dims[{sym!r}]: the range {lo}..{hi} is not a valid size range")
+        if not isinstance(self.defaults, dict) or not all(
+            isinstance(k, str) for k in self.defaults
+        ):
+            raise TypeError("defaults is not an object of names")
+
+    def _check_trees(self, where: str) -> None:
+        """The argument tree is a (positional tuple or list, keyword dict) pair with one leaf
+        per recorded argument; the result tree has one leaf per recorded result."""
+        try:
+            spec = _load_spec(self.args_schema, warn=False)
+            children = _children(spec)
+            if spec.type is not tuple or len(children) != 2:
+                raise ValueError("not a (positional, keyword) pair")
+            pos, kw = children
+            if pos.type not in (tuple, list) or kw.type is not dict:
+                raise ValueError("not a (positional tuple or list, keyword dict) pair")
+            if not all(isinstance(k, str) for k in (kw.context or [])):
+                raise ValueError("keyword names are not strings")
+            if spec.num_leaves != len(self.args):
+                raise ValueError(
+                    f"{spec.num_leaves} leaves for {len(self.args)} recorded arguments"
+                )
+        except Exception as e:  # torch's reader raises whatever a damaged tree makes it hit
+            raise damaged_module_error(where, f"its argument tree ({ARGS_SCHEMA})", e) from e
+        if self.return_schema is None:
+            return
+        try:
+            out = _load_spec(self.return_schema, warn=False)
+            if out.num_leaves != len(self.results):
+                raise ValueError(
+                    f"{out.num_leaves} leaves for {len(self.results)} recorded results"
+                )
+        except Exception as e:
+            raise damaged_module_error(where, f"its result tree ({RETURN_SCHEMA})", e) from e
 
     # ---- flat ABI view
     def flat_inputs(self) -> list[Leaf]:
@@ -726,8 +897,45 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__module__}.{type(value).__qualname__}"
 
 
+_LEAF_KINDS = ("tensor", "scalar", "constant")
+
+
+def _check_leaf_record(where: str, leaf: Leaf) -> None:
+    if leaf.kind not in _LEAF_KINDS:
+        raise ValueError(f"{where}.kind is {leaf.kind!r}, not one of {', '.join(_LEAF_KINDS)}")
+    if leaf.kind == "constant":
+        if leaf.index is not None:
+            raise ValueError(f"{where}: a constant has no flat index")
+    elif type(leaf.index) is not int or leaf.index < 0:
+        raise TypeError(f"{where}.index is {leaf.index!r}, not a flat index")
+    for field_name in ("dtype", "device"):
+        value = getattr(leaf, field_name)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{where}.{field_name} is {type(value).__name__}, not a string")
+    if leaf.kind == "tensor" and leaf.dtype is None:
+        raise ValueError(f"{where}: a tensor without dtype")
+    for d, dim in enumerate(leaf.shape):
+        if dim is not None and not isinstance(dim, str) and (type(dim) is not int or dim < 0):
+            raise TypeError(f"{where}.shape[{d}] is {dim!r}, not a size or a symbol")
+
+
+def _newer_pytree_protocol(text: Any) -> int | None:
+    """The protocol of a serialized treespec when it is one torch does not read (a module
+    built with a newer torch); None otherwise (also for damaged text: the reader says so)."""
+    import torch.utils._pytree as pytree
+
+    supported = getattr(pytree, "_SUPPORTED_PROTOCOLS", None) or {1: None}
+    if not isinstance(text, str):
+        return None
+    m = re.match(r"\s*\[\s*(\d{1,9})\s*,", text)
+    if m is None:
+        return None
+    protocol = int(m.group(1))
+    return protocol if protocol not in supported and protocol > max(supported) else None
+
+
 # ----------------------------------------------------------------------------- trees
-def _load_spec(text: str) -> Any:
+def _load_spec(text: str, *, warn: bool = True) -> Any:
     """``treespec_loads``, with node types unknown here (e.g. a ModelOutput of a library not
     imported) imported when their top-level package is already loaded, else read as dicts."""
     from torch.utils._pytree import treespec_loads
@@ -748,7 +956,7 @@ def _load_spec(text: str) -> Any:
             fix(child)
 
     fix(data[1])
-    if unknown:
+    if unknown and warn:
         logger.warning(
             "result types %s are not importable here; returning dicts with the same keys "
             "(import their package before calling to get them)",
@@ -845,8 +1053,14 @@ def rebuild_results(sig: CallSignature, flat: Sequence[Any]) -> Any:
     for leaf in sig.results:
         if leaf.index is None:
             leaves.append(leaf.value)
-        else:
+        elif leaf.index < len(flat):
             leaves.append(flat[leaf.index])
+        else:
+            raise TurbineRuntimeError(
+                f"the function returned {len(flat)} result(s) but its recorded signature has "
+                f"result {leaf.path} at index {leaf.index}; the module's records are "
+                "inconsistent: export it again"
+            )
     return tree_unflatten(leaves, _load_spec(sig.return_schema))
 
 

@@ -42,8 +42,9 @@ from turbine_params import (
     DeviceAffinity,
     DeviceTensorTrait,
     ExternalTensorTrait,
-    atomic_output_file,
+    ParameterArchiveError,
     atomic_write_bytes,
+    write_safetensors,
 )
 
 from ._decompositions import current_aot_decompositions
@@ -510,8 +511,6 @@ def _describe_tensor(t: torch.Tensor, owner: str) -> dict[str, Any]:
 
 
 def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    from safetensors.torch import save_file
-
     payload: dict[str, torch.Tensor] = {}
     by_storage: dict[tuple[str, int], list[str]] = {}
     for key, t in tensors.items():
@@ -540,8 +539,12 @@ def _save_tensor_data(path: Path, tensors: dict[str, torch.Tensor], meta: dict) 
                 "offset": t.storage_offset(),
                 "stride": list(t.stride()),
             }
-    with atomic_output_file(path, parents=True) as tmp:
-        save_file(payload, str(tmp), metadata={"format": _FORMAT})
+    # turbine_params' writer, not safetensors' save_file: that one writes through a temporary
+    # of its own (.tmpXXXXXX) that a killed save leaves and no later save can attribute.
+    try:
+        write_safetensors(path, payload, metadata={"format": _FORMAT})
+    except ParameterArchiveError as e:
+        raise FxProgramsError(f"FxPrograms.save: {e}") from e
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -16,6 +16,14 @@ provably gone (``turbine_params.remove_stale_temps`` decides, and removes the ma
 is none (a generation of a turbine-fx that had no markers). Only names of that set's own
 pattern are looked at; any other file (a user's, another set's) is left alone. Cleaning up is
 best effort: errors (a read-only directory, a file removed meanwhile) are ignored.
+
+A marker whose save was killed before its first file is removed too (it is a temporary of that
+save like the others). Earlier turbine-fx versions wrote the tensor data with the
+``safetensors`` package's ``save_file``, which writes through a temporary of its own,
+``.tmpXXXXXX`` (Rust's ``tempfile``), named for no owner; a save killed meanwhile left one. Such
+a file is recognized by its safetensors header (metadata ``format: turbine-fx-programs``) and
+removed when no marker of any set's save is in the directory (its writer held one: markers
+predate the change).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import contextlib
 import json
 import os
 import re
+import stat
+import struct
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
@@ -34,6 +44,9 @@ __all__ = ["remove_orphans", "saving_marker"]
 _GEN = r"[0-9a-f]{12}"
 _MARKER_SUFFIX = "saving"
 _MAX_DESCRIPTOR_BYTES = 64 << 20
+_FORMAT = "turbine-fx-programs"  # the descriptor's format and the tensor file's metadata
+_LEGACY_TEMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")  # safetensors' save_file temporaries
+_ANY_MARKER = re.compile(rf".*\.{_GEN}\.{_MARKER_SUFFIX}\.turbine~.*\.tmp")
 
 
 def _marker_target(directory: Path, stem: str, generation: str) -> Path:
@@ -66,7 +79,7 @@ def _referenced(directory: Path, stem: str, names: list[str], generation_file) -
             descriptor = json.loads((directory / name).read_text())
         except (OSError, ValueError, RecursionError):
             continue
-        if not isinstance(descriptor, dict) or descriptor.get("format") != "turbine-fx-programs":
+        if not isinstance(descriptor, dict) or descriptor.get("format") != _FORMAT:
             continue
         named = [descriptor.get("data_file")]
         programs = descriptor.get("programs")
@@ -88,6 +101,16 @@ def remove_orphans(path: Path, stem: str, named: Collection[str] = ()) -> list[P
     with contextlib.suppress(OSError):
         # The descriptor's own temporaries (a save killed while committing).
         removed += remove_stale_temps(path)
+    try:
+        return (
+            removed + _remove_generations(directory, stem, named) + _remove_legacy_temps(directory)
+        )
+    except OSError:
+        return removed
+
+
+def _remove_generations(directory: Path, stem: str, named: Collection[str]) -> list[Path]:
+    removed: list[Path] = []
     s = re.escape(stem)
     generation_file = re.compile(rf"{s}\.(?P<gen>{_GEN})\.(.+\.ep\.json|tensors\.safetensors)")
     hidden = re.compile(
@@ -102,10 +125,17 @@ def remove_orphans(path: Path, stem: str, named: Collection[str] = ()) -> list[P
     # (so a listed file of a running save has a live marker), and it removes its marker only
     # after its commit (so the descriptors, read after the markers, name its files then).
     candidates: dict[str, list[str]] = {}
+    marked: set[str] = set()
     for name in names:
         m = generation_file.fullmatch(name) or hidden.fullmatch(name)
         if m is not None and name not in named:
             candidates.setdefault(m["gen"], []).append(name)
+        m = marker.fullmatch(name)
+        if m is not None:
+            marked.add(m["gen"])
+    for gen in marked - set(candidates):  # a save killed before its first file: its marker
+        with contextlib.suppress(OSError):
+            removed += remove_stale_temps(_marker_target(directory, stem, gen))
     if not candidates:
         return removed
     for gen in list(candidates):
@@ -127,3 +157,37 @@ def remove_orphans(path: Path, stem: str, named: Collection[str] = ()) -> list[P
                 (directory / name).unlink()
                 removed.append(directory / name)
     return removed
+
+
+def _remove_legacy_temps(directory: Path) -> list[Path]:
+    """Removes the ``.tmpXXXXXX`` files older turbine-fx saves left (see the module docstring)."""
+    names = os.listdir(directory)
+    if any(_ANY_MARKER.fullmatch(n) for n in names):
+        return []  # a save is running (or its marker awaits its own set's cleanup)
+    removed = []
+    for name in names:
+        if _LEGACY_TEMP.fullmatch(name) and _is_fx_programs_tensor_file(directory / name):
+            with contextlib.suppress(OSError):
+                (directory / name).unlink()
+                removed.append(directory / name)
+    return removed
+
+
+def _is_fx_programs_tensor_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file with a safetensors header saying it holds the tensors
+    of an FxPrograms set."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_DESCRIPTOR_BYTES:
+                return False
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, RecursionError):
+        return False
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return isinstance(meta, dict) and meta.get("format") == _FORMAT

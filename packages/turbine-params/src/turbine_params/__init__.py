@@ -16,6 +16,7 @@ from ._format import EntryType
 from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
 from ._io import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
 from ._module import externalize_module_parameters
+from ._safetensors import write_safetensors
 from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
 from ._versions import versions_text
@@ -50,5 +51,6 @@ __all__ = [
     "torch_checkpoint_to_irpa",
     "verify_archive",
     "versions_text",
+    "write_safetensors",
 ]
 __version__ = "0.1.0"
