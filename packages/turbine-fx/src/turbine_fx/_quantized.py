@@ -13,7 +13,9 @@ Before import (``_program_prep``):
   (``ExternalTensorTrait`` ``<external name>.<attribute>``) and placed (``DeviceTensorTrait``)
   as the subclass tensor was;
 * :func:`quantized_op_decompositions` decomposes torchao's ops into ATen (their own
-  CompositeImplicitAutograd kernels).
+  CompositeImplicitAutograd kernels);
+* :func:`check_quantized_tensor` refuses the torchao layouts only a kernel library runs
+  (``Int4WeightOnlyConfig``'s GPU packings, ...), naming the config that works instead.
 
 torchao's int4 data (int8 values in [-8, 7]) becomes an external global of IREE's ``i4`` type
 (:func:`storage_dtype`, the archive holds it packed) loaded and sign-extended to the int8 the
@@ -49,9 +51,12 @@ from turbine_params import (
     subclass_inner_tensors,
 )
 
-from ._errors import FxImportError
+from ._errors import FxImportError, UnsupportedQuantizationError
 
 __all__ = [
+    "UNSUPPORTED_TORCHAO_TENSORS",
+    "check_quantized_module",
+    "check_quantized_tensor",
     "flatten_subclass_state",
     "has_subclass_state",
     "quantized_op_decompositions",
@@ -71,6 +76,79 @@ _PARAMETER_ATTR = "_turbine_inner_parameter"
 def _access_op() -> Any:
     export_ops = getattr(torch.ops, "export", None)
     return getattr(getattr(export_ops, "access_subclass_inner_tensor", None), "default", None)
+
+
+_INT4_INSTEAD = "IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))"
+#: torchao tensor classes whose layouts only a kernel library runs (GPU int4 packings,
+#: torchao's own CPU kernels, 2:4 sparse cutlass): the config that makes them, what works.
+UNSUPPORTED_TORCHAO_TENSORS: dict[str, tuple[str, str]] = {
+    "Int4Tensor": ("Int4WeightOnlyConfig (fbgemm/mslk int4 kernels)", _INT4_INSTEAD),
+    "Int4PreshuffledTensor": (
+        "Int4WeightOnlyConfig(int4_packing_format='preshuffled') or "
+        "Float8DynamicActivationInt4WeightConfig (fbgemm kernels)",
+        _INT4_INSTEAD,
+    ),
+    "Int4TilePackedTo4dTensor": (
+        "Int4WeightOnlyConfig(int4_packing_format='tile_packed_to_4d') (tinygemm, CUDA)",
+        _INT4_INSTEAD,
+    ),
+    "Int4PlainInt32Tensor": (
+        "Int4WeightOnlyConfig(int4_packing_format='plain_int32') (XPU/NPU kernels)",
+        _INT4_INSTEAD,
+    ),
+    "IntxOpaqueTensor": (
+        "IntxWeightOnlyConfig / Int8DynamicActivationIntxWeightConfig with "
+        "intx_packing_format='opaque_*' (torchao's and KleidiAI's CPU kernels)",
+        "the same config with the default intx_packing_format='unpacked_to_int8'",
+    ),
+    "Float8Sparse2x4_1DData1DMetadataTensor": (
+        "Float8DynamicActivationFloat8SemiSparseWeightConfig (2:4 sparse, cutlass)",
+        "Float8WeightOnlyConfig()",
+    ),
+    "Float8Sparse2x4_2DData2DMetadataTensor": (
+        "Float8DynamicActivationFloat8SemiSparseWeightConfig (2:4 sparse, cutlass)",
+        "Float8WeightOnlyConfig()",
+    ),
+}
+
+
+def check_quantized_tensor(name: str, value: Any) -> None:
+    """Refuses a torchao tensor IREE 3.13 cannot run, naming its config and what works.
+
+    Raises:
+        UnsupportedQuantizationError: ``value`` is one of :data:`UNSUPPORTED_TORCHAO_TENSORS`,
+            or a ``Float8Tensor`` with dynamic float8 activations (``torch._scaled_mm``).
+    """
+    cls = type(value)
+    if not cls.__module__.startswith("torchao"):
+        return
+    known = UNSUPPORTED_TORCHAO_TENSORS.get(cls.__name__)
+    dynamic_float8 = getattr(value, "act_quant_kwargs", None) is not None
+    if known is None and cls.__name__ == "Float8Tensor" and dynamic_float8:
+        known = (
+            "Float8DynamicActivationFloat8WeightConfig (torch._scaled_mm, CUDA)",
+            "Float8WeightOnlyConfig() or Int8DynamicActivationInt8WeightConfig()",
+        )
+    if known is None:
+        return
+    config, instead = known
+    raise UnsupportedQuantizationError(
+        f"'{name}' is a torchao {cls.__name__}, made by {config}: its layout is for that "
+        f"kernel library, which IREE 3.13 has no equivalent of. Quantize with {instead} "
+        "instead (docs/quantization.md lists what runs).",
+        name=name,
+        tensor_class=cls.__name__,
+    )
+
+
+def check_quantized_module(module: torch.nn.Module) -> None:
+    """:func:`check_quantized_tensor` for every parameter and buffer of ``module``.
+
+    Run before ``torch.export``, which can fail on such tensors first with a kernel error.
+    """
+    for name, value in module.state_dict(keep_vars=True).items():
+        if is_wrapper_subclass(value):
+            check_quantized_tensor(name, value)
 
 
 def _state_value(program: ExportedProgram, spec: InputSpec) -> Any:
@@ -136,6 +214,7 @@ def flatten_subclass_state(program: ExportedProgram, graph_module: fx.GraphModul
                 f"the program writes '{spec.target}', a {_describe(value)}: a quantized "
                 "tensor can only be read (quantize weights, not state the model updates)"
             )
+        check_quantized_tensor(spec.target, value)
         node = placeholders[spec.arg.name]
         leaves = dict(subclass_inner_tensors(spec.target, value))
         new_nodes: list[tuple[fx.Node, str]] = []

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from turbine_aot import export as _aot_export
-from turbine_fx import FxProgramsBuilder
+from turbine_fx import FxProgramsBuilder, check_quantized_module
 from turbine_ir import ir
 from turbine_params import archive_tensors, externalize_module_parameters, save_module_parameters
 
@@ -262,6 +262,7 @@ def export_causal_lm(
         model = quantized_copy(model, quantize, group_size=group_size)
     elif group_size is not None:
         raise LLMExportError("group_size is for quantize='int4'; pass quantize='int4' with it")
+    check_quantized_module(model)  # torchao layouts IREE cannot run, refused before tracing
     model = model.eval()
     lm = adapt_hf_model(model, max_seq_len) if is_hf_causal_lm(model) else model
     layout = _layout_of(lm)
