@@ -7,6 +7,8 @@ requirement; without it these tests skip.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from fx_helpers import Built, run_module
@@ -113,6 +115,22 @@ def test_one_global_per_quantized_weight_across_programs():
     asm = b.asm()
     assert asm.count("util.global private @__auto.0.weight.qdata ") == 1
     assert asm.count("util.global.load @__auto.0.weight.qdata ") == 2
+
+
+def test_inner_tensors_are_placed_as_the_quantized_weight_was():
+    from turbine_params import DeviceTensorTrait
+
+    m = _model(_int4(32))
+    externalize_module_parameters(m)
+    DeviceTensorTrait(1).set(m[0].weight)
+    b, _ = _import(m, torch.randn(2, 128))
+    asm = b.asm()
+    for inner in ("qdata", "scale", "zero_point"):
+        assert re.search(
+            rf"@__auto\.0\.weight\.{inner} .*stream\.affinity = #hal\.device\.promise<@__device_1>",
+            asm,
+        ), asm[:3000]
+    assert not re.search(r"@__auto\.2\.weight\.qdata .*stream\.affinity", asm)
 
 
 def test_nested_subclass_names_join_with_dots():

@@ -305,19 +305,23 @@ def _node_name(name: str) -> str:
 
 def _inner_state(spec: InputSpec, outer: Any, name: str, inner: Any) -> Any:
     """The inner tensor as state: a Parameter for parameters, with the outer tensor's traits."""
+    external = ExternalTensorTrait.get(outer)
+    device = DeviceTensorTrait.get(outer)
     if spec.kind == InputKind.PARAMETER and not isinstance(inner, torch.nn.Parameter):
         wrapped = getattr(inner, _PARAMETER_ATTR, None)
-        if wrapped is None:
+        stale = wrapped is not None and (
+            (external is None and ExternalTensorTrait.get(wrapped) is not None)
+            or (device is None and DeviceTensorTrait.get(wrapped) is not None)
+        )
+        if wrapped is None or stale:  # (a trait the subclass tensor no longer has: a new one)
             wrapped = torch.nn.Parameter(inner, requires_grad=False)
             if int4_values(inner):
                 mark_int4(wrapped)
             setattr(inner, _PARAMETER_ATTR, wrapped)
         inner = wrapped
-    external = ExternalTensorTrait.get(outer)
     if external is not None:
         suffix = name[len(str(spec.target)) :]
         ExternalTensorTrait(external.external_scope, external.external_name + suffix).set(inner)
-    device = DeviceTensorTrait.get(outer)
     if device is not None:
         DeviceTensorTrait(device.ordinal, device.queues).set(inner)
     return inner
