@@ -12,8 +12,8 @@ Before import (``_program_prep``):
   (``layers.0.mlp.weight.qdata``) as ``turbine_params`` names archive entries, externalized
   (``ExternalTensorTrait`` ``<external name>.<attribute>``) and placed (``DeviceTensorTrait``)
   as the subclass tensor was;
-* :func:`quantized_op_decompositions` decomposes torchao's ops into ATen (their own
-  CompositeImplicitAutograd kernels);
+* :func:`quantized_op_decompositions` decomposes torchao's ops into ATen (torchao's own Python
+  implementations);
 * :func:`check_quantized_tensor` refuses the torchao layouts only a kernel library runs
   (``Int4WeightOnlyConfig``'s GPU packings, ...), naming the config that works instead.
 
@@ -357,7 +357,10 @@ def storage_dtype(tensor: Any) -> torch.dtype | None:
 
 def widen_loaded(loaded: Value, global_type: Any) -> Value:
     """``arith.extsi`` of a loaded ``i4`` global to the int8 tensor the graph reads."""
-    rtt = RankedTensorType(global_type)
+    try:
+        rtt = RankedTensorType(global_type)
+    except ValueError:  # not a ranked tensor: nothing to widen
+        return loaded
     if str(rtt.element_type) != "i4":
         return loaded
     wide = RankedTensorType.get(rtt.shape, IntegerType.get_signless(8, rtt.context))
