@@ -11,13 +11,23 @@ child process (peak RSS per run):
 Both sides are timed the same way, interleaved round by round: ``prefill`` = a generate of one
 new token (the prompt's forward plus the first argmax), ``decode`` = (generate of N tokens -
 generate of 1) / (N - 1). turbine's own per-call timings are printed beside. The bandwidth
-limit is the weight bytes read per decode step divided by the copy bandwidth measured here
-(``torch`` copy of 512 MiB, counting read + write traffic, same threads).
+limit is the weight bytes read per decode step (the parameter archive's size) divided by the
+copy bandwidth measured here (``torch`` copy of 512 MiB, counting read + write traffic, same
+threads).
+
+Weights (``--weights``): ``fp32``, and torchao-quantized ``int8`` (``Int8WeightOnlyConfig``) and
+``int4`` (``IntxWeightOnlyConfig``, groups of ``--group-size``) copies of the same model
+(``turbine_aot.llm.quantized_copy``; the eager side is then torchao eager on that copy). Each
+row gives the archive size and the logits' error against the fp32 model, relative RMS over the
+prompt's last position and N - 1 teacher-forced decode steps (the fp32 model's greedy tokens),
+for turbine and for torchao eager. GPT-2's layers are ``Conv1D``, which torchao does not
+quantize: it gets fp32 rows only.
 
 Usage::
 
-    python benchmarks/llm_bench.py                       # llama-2.5m, gpt2-tiny, llama-110m; 1 and 2 threads
+    python benchmarks/llm_bench.py                       # llama-2.5m, gpt2-tiny, llama-110m; 1 and 2 threads; fp32, int8, int4
     python benchmarks/llm_bench.py --models llama-2.5m --threads 2 --new-tokens 64
+    python benchmarks/llm_bench.py --models llama-110m --weights int4 --group-size 32
     python benchmarks/llm_bench.py --json out.json
 """
 
@@ -95,6 +105,42 @@ def copy_bandwidth_gbs(mib: int = 512) -> float:
     return 2 * n * 4 / best / 1e9
 
 
+WEIGHTS = ("fp32", "int8", "int4")
+
+
+def _rel_rms(got, want) -> float:
+    return float(((got - want).double().pow(2).mean() / want.double().pow(2).mean()).sqrt())
+
+
+def logits_errors(fp32, model, lm, prompt, n: int) -> tuple[float, float]:
+    """Relative RMS error vs ``fp32``'s logits of turbine (``lm``) and eager ``model``.
+
+    Teacher-forced over the prompt's last position and ``n - 1`` decode steps of the fp32
+    model's greedy tokens, so both sides see the same sequence whatever they would generate.
+    """
+    import torch
+
+    p = prompt.shape[1]
+    with torch.no_grad():
+        seq = fp32.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n - 1,
+            min_new_tokens=n - 1,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        want = fp32(seq).logits[0, p - 1 :]
+        eager = model(seq).logits[0, p - 1 :]
+    lm.reset()
+    steps = [lm.prefill(prompt, torch.tensor([p]))[0]]
+    for t in range(n - 1):
+        token = seq[:, p + t : p + t + 1]
+        steps.append(lm.decode(token, torch.tensor([p + t]))[0])
+    got = torch.stack(steps)
+    return _rel_rms(got, want), _rel_rms(eager, want)
+
+
 def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     import torch
 
@@ -104,21 +150,30 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         _harness.set_runtime_flags([f"--task_topology_max_group_count={threads}"])
     from turbine_aot import llm
 
-    model = _build(name)
-    params = sum(p.numel() for p in model.parameters())
-    weight_bytes = sum(
-        t.numel() * t.element_size() for t in {id(p): p for p in model.parameters()}.values()
-    )
+    fp32 = _build(name)
+    weights = args.child_weights
+    model = fp32
+    if weights != "fp32":
+        model = llm.quantized_copy(
+            fp32, weights, group_size=args.group_size if weights == "int4" else None
+        )
+    params = sum(p.numel() for p in fp32.parameters())
     t0 = time.perf_counter()
     eo = llm.export_causal_lm(model, max_seq_len=args.prompt + args.new_tokens + 8)
     export_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as td:
+        archive = Path(td) / "weights.irpa"
+        eo.save_parameters(archive)
+        # What a decode step reads: every weight (the archive, int4 packed).
+        weight_bytes = archive.stat().st_size
     t0 = time.perf_counter()
     lm = llm.load(eo, device=device)
     compile_s = time.perf_counter() - t0
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt), generator=g)
+    prompt = torch.randint(0, fp32.config.vocab_size, (1, args.prompt), generator=g)
     mask = torch.ones_like(prompt)
     n = args.new_tokens
+    err_turbine, err_eager = logits_errors(fp32, model, lm, prompt, n)
 
     def eager(tokens: int, cache: str | None):
         kw = {"cache_implementation": cache} if cache else {}
@@ -153,8 +208,12 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     res: dict = {
         "model": name,
         "threads": threads,
+        "weights": weights,
+        "group_size": args.group_size if weights == "int4" else None,
         "params_m": params / 1e6,
         "weight_mb": weight_bytes / 1e6,
+        "archive_mib": weight_bytes / 2**20,
+        "logits_rel_rms_vs_fp32": {"turbine": err_turbine, "eager": err_eager},
         "export_s": export_s,
         "compile_load_s": compile_s,
         "greedy_equal_eager_static": same,
@@ -176,19 +235,24 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
 
 def _table(rows: list[dict]) -> str:
     head = (
-        "| model | params | threads | prefill turbine / eager-static (ms) | ratio | decode turbine / "
-        "eager-static / eager-dynamic (ms/token) | tokens/s ratio vs static | bandwidth limit (ms) "
-        "| turbine / limit | greedy == eager | peak RSS (MiB) |"
+        "| model | weights | params | threads | prefill turbine / eager-static (ms) | ratio | "
+        "decode turbine / eager-static / eager-dynamic (ms/token) | turbine tokens/s | "
+        "tokens/s ratio vs static | archive (MiB) | bandwidth limit (ms) | turbine / limit | "
+        "logits rel. RMS vs fp32, turbine / eager | greedy == eager | peak RSS (MiB) |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         t, s, d = r["turbine"], r["eager-static"], r["eager-dynamic"]
+        err = r["logits_rel_rms_vs_fp32"]
+        weights = r["weights"] + (f" g{r['group_size']}" if r.get("group_size") else "")
         lines.append(
-            f"| {r['model']} | {r['params_m']:.1f}M | {r['threads']} | "
+            f"| {r['model']} | {weights} | {r['params_m']:.1f}M | {r['threads']} | "
             f"{t['prefill_ms']:.2f} / {s['prefill_ms']:.2f} | {t['prefill_ms'] / s['prefill_ms']:.2f}x | "
             f"{t['decode_ms']:.2f} / {s['decode_ms']:.2f} / {d['decode_ms']:.2f} | "
-            f"{s['decode_ms'] / t['decode_ms']:.2f}x | {r['bandwidth_limit_ms']:.2f} | "
-            f"{t['decode_ms'] / r['bandwidth_limit_ms']:.2f}x | {r['greedy_equal_eager_static']} | "
+            f"{1e3 / t['decode_ms']:.1f} | {s['decode_ms'] / t['decode_ms']:.2f}x | "
+            f"{r['archive_mib']:.1f} | {r['bandwidth_limit_ms']:.2f} | "
+            f"{t['decode_ms'] / r['bandwidth_limit_ms']:.2f}x | "
+            f"{err['turbine']:.2e} / {err['eager']:.2e} | {r['greedy_equal_eager_static']} | "
             f"{r['peak_rss_mb']:.0f} |"
         )
     return "\n".join(lines)
@@ -198,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS), choices=list(MODELS))
     p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
+    p.add_argument("--weights", nargs="*", default=list(WEIGHTS), choices=WEIGHTS)
+    p.add_argument("--group-size", type=int, default=128, help="inputs per int4 scale")
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=7)
@@ -206,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--child-weights", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -213,40 +280,52 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.child_json).write_text(json.dumps(res, indent=1))
         return 0
     rows = []
-    for name in args.models:
-        for threads in args.threads:
-            with tempfile.TemporaryDirectory() as td:
-                out = str(Path(td) / "r.json")
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    name,
-                    "--child-threads",
-                    str(threads),
-                    "--child-json",
-                    out,
-                    "--prompt",
-                    str(args.prompt),
-                    "--new-tokens",
-                    str(args.new_tokens),
-                    "--rounds",
-                    str(args.rounds),
-                    "--budget-s",
-                    str(args.budget_s),
-                ]
-                print(f"[llm_bench] {name}, {threads} thread(s) ...", flush=True)
-                try:
-                    rc = subprocess.run(cmd, timeout=args.timeout_s).returncode
-                except subprocess.TimeoutExpired:
-                    print(f"[llm_bench] {name}/{threads}: timed out after {args.timeout_s:.0f}s")
-                    continue
-                if rc != 0:
-                    print(f"[llm_bench] {name}/{threads}: child failed (rc {rc})")
-                    continue
-                r = json.loads(Path(out).read_text())
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+    runs = [
+        (name, threads, weights)
+        for name in args.models
+        for weights in args.weights
+        for threads in args.threads
+        if weights == "fp32" or MODELS[name]["kind"] != "gpt2"  # Conv1D: torchao leaves it
+    ]
+    for name, threads, weights in runs:
+        with tempfile.TemporaryDirectory() as td:
+            out = str(Path(td) / "r.json")
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                name,
+                "--child-threads",
+                str(threads),
+                "--child-json",
+                out,
+                "--prompt",
+                str(args.prompt),
+                "--new-tokens",
+                str(args.new_tokens),
+                "--rounds",
+                str(args.rounds),
+                "--budget-s",
+                str(args.budget_s),
+                "--child-weights",
+                weights,
+                "--group-size",
+                str(args.group_size),
+            ]
+            print(f"[llm_bench] {name} {weights}, {threads} thread(s) ...", flush=True)
+            try:
+                rc = subprocess.run(cmd, timeout=args.timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                print(
+                    f"[llm_bench] {name}/{weights}/{threads}: timed out after {args.timeout_s:.0f}s"
+                )
+                continue
+            if rc != 0:
+                print(f"[llm_bench] {name}/{weights}/{threads}: child failed (rc {rc})")
+                continue
+            r = json.loads(Path(out).read_text())
+            rows.append(r)
+            print(json.dumps(r), flush=True)
     if rows:
         print()
         bws = ", ".join(f"{r['copy_bw_gbs']:.1f}" for r in rows)

@@ -189,6 +189,7 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     "ml_dtypes": "optional: bf16/fp8 numpy dtypes where installed",
     "psutil": "optional",
     "transformers": "optional, heavy",
+    "torchao": "optional extra (turbine-aot[quant]): only for quantize= of the LLM export",
     "turbine_ir": "compiler side (imports iree.compiler): not loaded by run-only paths",
     "turbine_trace": "compiler side (imports turbine_ir): not loaded by run-only paths",
     "turbine_fx": "compiler side (imports torch): not loaded by run-only paths",

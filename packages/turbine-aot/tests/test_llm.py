@@ -424,3 +424,92 @@ def test_cli_llm_export_and_generate(tmp_path, capsys):
     # A user error is one line, status 2.
     assert cli_main(["llm", "generate", str(bundle), "--ids", "1,x"]) == 2
     assert "bad --ids '1,x'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- quantized
+def _torchao_or_skip():
+    pytest.importorskip(
+        "torchao.quantization", reason="torchao is a dev requirement (tools/requirements-dev.txt)"
+    )
+
+
+@pytest.mark.parametrize(
+    "quantize, group_size, qdata",
+    [("int8", None, "tensor<64x64xi8>"), ("int4", 32, "tensor<64x64xi4>")],
+    ids=["int8", "int4-g32"],
+)
+def test_quantized_llama_generates_torchao_eager_greedy_ids(
+    llama_model, tmp_path, quantize, group_size, qdata
+):
+    """quantize= exports torchao's quantized copy: the same greedy ids as it in eager."""
+    _torchao_or_skip()
+    eo = llm.export_causal_lm(llama_model, max_seq_len=64, quantize=quantize, group_size=group_size)
+    ir = str(eo.mlir_module)
+    assert re.search(
+        r"@__auto\.model\.layers\.0\.self_attn\.q_proj\.weight\.qdata = #flow\.parameter\.named"
+        rf'<"model"::"model\.layers\.0\.self_attn\.q_proj\.weight\.qdata"> : {qdata}',
+        ir,
+    )
+    assert "model.layers.0.self_attn.q_proj.weight.scale" in ir
+    assert type(llama_model.model.layers[0].self_attn.q_proj.weight) is torch.nn.Parameter
+    eager = llm.quantized_copy(llama_model, quantize, group_size=group_size)
+    lm = llm.load(eo)  # weights from memory (llm_parameters)
+    eo.save_parameters(tmp_path / "q.irpa")
+    from_archive = llm.load(eo, parameters=tmp_path / "q.irpa")
+    for i, p in enumerate(_prompts(320, [5, 13], seed=17)):
+        want, logits = _eager_greedy(eager, p, NEW_TOKENS)
+        for runner, what in ((lm, "memory"), (from_archive, "irpa")):
+            runner.reset()
+            out = runner.generate(p, NEW_TOKENS)
+            assert_same_greedy(out[0, p.numel() :], want, logits, f"{quantize} {what} prompt {i}")
+
+
+def test_quantize_options_are_checked():
+    _torchao_or_skip()
+    model = _llama(layers=1)
+    with pytest.raises(llm.LLMExportError, match=r"group_size=128 does not divide.*64 inputs"):
+        llm.export_causal_lm(model, max_seq_len=16, quantize="int4")
+    with pytest.raises(llm.LLMExportError, match="quantize must be one of 'int8', 'int4'"):
+        llm.export_causal_lm(model, max_seq_len=16, quantize="fp4")
+    with pytest.raises(llm.LLMExportError, match="group_size is for quantize='int4'"):
+        llm.export_causal_lm(model, max_seq_len=16, quantize="int8", group_size=32)
+    with pytest.raises(llm.LLMExportError, match="group_size is for quantize='int4'"):
+        llm.export_causal_lm(model, max_seq_len=16, group_size=32)
+    with pytest.raises(llm.LLMExportError, match="even int >= 2"):
+        llm.export_causal_lm(model, max_seq_len=16, quantize="int4", group_size=3)
+
+
+def test_cli_llm_export_quantize_int4(tmp_path, capsys):
+    _torchao_or_skip()
+    src = tmp_path / "tiny_config.py"
+    src.write_text(
+        "from transformers import LlamaConfig\n"
+        "config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,\n"
+        "    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,\n"
+        "    max_position_embeddings=64)\n"
+    )
+    bundle = tmp_path / "tiny_int4"
+    args = ["--json", "llm", "export", f"{src}:config", "--max-seq-len", "32", "-o", str(bundle)]
+    assert cli_main([*args, "--quantize", "int4", "--group-size", "32"]) == 0
+    capsys.readouterr()
+    from turbine_params import ParameterArchive
+
+    with ParameterArchive(bundle / "params" / "model.irpa") as archive:
+        md = archive["model.layers.0.mlp.up_proj.weight.qdata"].tensor_metadata
+        assert md.packed == ("int4", (128, 64))
+    generate = ["--json", "llm", "generate", str(bundle), "--ids", "1,2,3", "--max-new-tokens"]
+    assert cli_main([*generate, "16"]) == 0
+    got = json.loads(capsys.readouterr().out)["ids"]
+    torch.manual_seed(0)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiny_int4_ref", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = transformers.AutoModelForCausalLM.from_config(mod.config).eval()
+    eager = llm.quantized_copy(model, "int4", group_size=32)
+    want, logits = _eager_greedy(eager, torch.tensor([1, 2, 3]), len(got))
+    assert_same_greedy(torch.tensor(got), want, logits, "cli int4")
+    # A bad group size is a one-line error.
+    assert cli_main([*args[1:], "--force", "--quantize", "int4"]) == 2
+    assert "group_size=128 does not divide" in capsys.readouterr().err

@@ -92,6 +92,27 @@ def test_external_global_forced_with_scope_and_name_mapper(mb, check_ir):
     )
 
 
+def test_external_global_with_a_storage_dtype(mb, check_ir):
+    """torchao int4 data: int8 values in the tensor, i4 in the archive and the global."""
+    t = torch.zeros(4, 8, dtype=torch.int8)
+    ExternalTensorTrait("", "w.qdata").set(t)
+    _, _, gtype = mb.create_tensor_global(
+        "__auto.w.qdata", t, attrs=GlobalAttributes(), storage_dtype=torch.int4
+    )
+    assert str(gtype) == "tensor<4x8xi4>"
+    check_ir(
+        str(mb.module_op),
+        r'@__auto\.w\.qdata = #flow\.parameter\.named<"model"::"w\.qdata"> : tensor<4x8xi4>$',
+    )
+    with pytest.raises(IrBuildError, match=r"storage dtype .* needs an external global"):
+        mb.create_tensor_global(
+            "__auto.inline",
+            torch.zeros(4, 8, dtype=torch.int8),
+            attrs=GlobalAttributes(),
+            storage_dtype=torch.int4,
+        )
+
+
 def test_external_trait_ignored_when_external_false(mb, check_ir):
     t = torch.ones(2)
     ExternalTensorTrait("model", "x").set(t)

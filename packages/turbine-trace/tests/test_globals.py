@@ -175,6 +175,20 @@ def test_unsupported_global_value():
         export_parameters(object())
 
 
+def test_tensor_subclass_parameters_are_refused_with_what_to_do(harness):
+    """A quantized weight (torchao's tensor subclasses; TwoTensor stands in) is not one global:
+    turbine_aot.export imports it as globals of its inner tensors (docs/quantization.md)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    lin = torch.nn.Linear(4, 4)
+    lin.weight = torch.nn.Parameter(TwoTensor(torch.ones(4, 4), torch.zeros(4, 4)), False)
+    with pytest.raises(
+        GlobalsDefError,
+        match=r"global 'p\.weight': a torch TwoTensor is a tensor subclass.*turbine_aot\.export",
+    ):
+        harness.track(export_parameters(lin), "p")
+
+
 def test_stores_to_mutable_globals(harness):
     state = harness.track(
         export_global(AbstractTensor(None, 4), name="state", mutable=True, uninitialized=True), "g"

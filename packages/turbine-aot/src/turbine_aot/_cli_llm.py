@@ -3,6 +3,7 @@
 ::
 
     turbine-aot llm export model.py:config --max-seq-len 256 -o tiny_llm   # bundle directory
+    turbine-aot llm export model.py:config --max-seq-len 256 --quantize int4 -o tiny_llm_int4
     turbine-aot llm generate tiny_llm --ids 1,2,3 --max-new-tokens 32 [--json]
 
 ``export`` takes ``file.py:NAME`` or ``package.module:NAME`` naming a ``transformers`` config (a
@@ -43,6 +44,18 @@ def register(sub: Any, common: Any, commands: dict[str, Any]) -> None:
         choices=("global", "argument"),
         default="global",
         help="keep the KV cache in the module's globals (default) or pass it as an argument",
+    )
+    e.add_argument(
+        "--quantize",
+        choices=("int8", "int4"),
+        default=None,
+        help="quantize the linear layers' weights with torchao first (needs torchao)",
+    )
+    e.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="inputs per int4 scale (default 128; with --quantize int4)",
     )
     e.add_argument("--device", "-d", default="local-task", help="device URI it is built for")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights of a config")
@@ -106,6 +119,8 @@ def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             batch_size=args.batch_size,
             dtype=dtype,
             kv_cache=args.kv_cache,
+            quantize=args.quantize,
+            group_size=args.group_size,
         )
     with tempfile.TemporaryDirectory(prefix="turbine-llm-") as tmp:
         irpa = Path(tmp) / "model.irpa"

@@ -366,6 +366,9 @@ def _programs_of(
 
     fx_programs_type = _fx_programs_type()
     if isinstance(mdl, torch.nn.Module):
+        from turbine_fx import check_quantized_module
+
+        check_quantized_module(mdl)  # torchao layouts IREE cannot run: refused before tracing
         start = time.perf_counter()
         program = _torch_export(mdl, args, kwargs, dynamic_shapes, strict_export)
         _log.info("torch.export of %s: %.2f s", type(mdl).__name__, time.perf_counter() - start)

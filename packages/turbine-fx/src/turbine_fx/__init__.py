@@ -19,11 +19,13 @@ from ._errors import (
     JittableError,
     TurbineFxError,
     UnsupportedOpError,
+    UnsupportedQuantizationError,
 )
 from ._fx_programs import FxProgram, FxPrograms, FxProgramsBuilder, program_and_arg_device
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 from ._jittable import jittable
 from ._program_prep import PreparedProgram, prepare_program
+from ._quantized import check_quantized_module
 from ._verify import verify_lowering
 
 __all__ = [
@@ -39,6 +41,8 @@ __all__ = [
     "PreparedProgram",
     "TurbineFxError",
     "UnsupportedOpError",
+    "UnsupportedQuantizationError",
+    "check_quantized_module",
     "current_aot_decompositions",
     "extend_aot_decompositions",
     "import_exported_program",

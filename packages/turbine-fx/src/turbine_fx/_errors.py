@@ -9,6 +9,7 @@ __all__ = [
     "JittableError",
     "TurbineFxError",
     "UnsupportedOpError",
+    "UnsupportedQuantizationError",
 ]
 
 
@@ -44,6 +45,20 @@ class UnsupportedOpError(FxImportError):
         self.node = node
         self.source_line = source_line
         self.dump_dir = dump_dir
+
+
+class UnsupportedQuantizationError(FxImportError):
+    """A quantized weight (a torchao tensor subclass) in a layout IREE cannot run.
+
+    Attributes:
+        name: The weight's state_dict name.
+        tensor_class: The tensor subclass (``"Int4TilePackedTo4dTensor"``).
+    """
+
+    def __init__(self, message: str, *, name: str, tensor_class: str):
+        super().__init__(message)
+        self.name = name
+        self.tensor_class = tensor_class
 
 
 class DecompositionError(TurbineFxError):

@@ -41,6 +41,7 @@ from turbine_params import ExternalTensorTrait
 from ._decompositions import current_aot_decompositions, resolve_decomposition_ops
 from ._errors import FxImportError, UnsupportedOpError
 from ._program_prep import PreparedProgram, prepare_program
+from ._quantized import quantized_op_decompositions, storage_dtype, widen_loaded
 
 __all__ = ["CONSTANT_RESULTS_ATTR", "import_exported_program", "inline_constant_limit"]
 
@@ -106,6 +107,7 @@ def import_exported_program(
     table = dict(
         current_aot_decompositions() if decomposition_table is None else decomposition_table
     )
+    table.update(quantized_op_decompositions(program))  # torchao's ops, into ATen
     context = module_builder.context
     with context:
         prepared = _prepare_with_auto_decompositions(program, table, context)
@@ -486,6 +488,7 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
                 attrs=GlobalAttributes(mutable=mutable, uninitialized=True if zero_state else None),
                 logical_name=name,
                 blob_name=blob_name,
+                storage_dtype=storage_dtype(tensor),  # i4 for external torchao int4 data
             )
         except Exception as e:
             raise FxImportError(
@@ -519,6 +522,7 @@ class _GlobalsHooks(_fxi.FxImporterHooks):
             results=[gtype],
             attributes={"global": FlatSymbolRefAttr.get(symbol)},
         ).result
+        loaded = widen_loaded(loaded, gtype)
         return Operation.create(
             "torch_c.from_builtin_tensor", results=[vtensor_type], operands=[loaded]
         ).result

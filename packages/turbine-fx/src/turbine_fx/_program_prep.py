@@ -29,6 +29,7 @@ from torch.export.graph_signature import ExportGraphSignature
 
 from ._bool_rewrites import needs_rewrite, rewrite_for_iree
 from ._export_guards import drop_proven_guards, has_guards
+from ._quantized import flatten_subclass_state, has_subclass_state
 
 __all__ = [
     "PreparedProgram",
@@ -175,6 +176,8 @@ def _prepare(
     program: ExportedProgram, decomposition_table: dict[Any, Callable] | None
 ) -> PreparedProgram:
     table = decomposition_table or {}
+    if has_subclass_state(program):  # torchao quantized weights: their inner tensors
+        program = flatten_subclass_state(program, _copy_graph_module(program.graph_module))
     if program_needs_functionalization(program):
         logger.debug("program mutates state in place: functionalizing with run_decompositions")
         return _from_program(program.run_decompositions(dict(table)), "retraced")

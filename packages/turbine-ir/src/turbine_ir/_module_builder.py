@@ -537,6 +537,7 @@ class ModuleBuilder:
         attrs: GlobalAttributes,
         logical_name: str | None = None,
         blob_name: str | None = None,
+        storage_dtype: torch.dtype | None = None,
     ) -> tuple[str, ir.Operation, ir.Type]:
         """Creates a ``util.global`` for a tensor (builtin tensor type, not ``!torch.vtensor``).
 
@@ -549,6 +550,10 @@ class ModuleBuilder:
         A tensor with a ``DeviceTensorTrait`` gets ``stream.affinity``. ``blob_name`` names the
         inline data's resource (default ``torch_tensor_<dims joined by _>_<str(dtype)>``).
 
+        ``storage_dtype`` declares an external global with another element type than the
+        tensor's, for data the archive stores in that type: ``torch.int4`` for torchao's int4
+        values, which the tensor holds one per byte and the archive two per byte.
+
         Does not consult :attr:`global_ref_tracker`; :meth:`get_or_create_tensor_global` does.
 
         Returns:
@@ -556,10 +561,16 @@ class ModuleBuilder:
 
         Raises:
             UnsupportedDtypeError: An unmappable dtype, or data needed from a meta/fake tensor.
+            IrBuildError: ``storage_dtype`` for a global that is not external.
         """
         with self.context:
-            global_type = self.cache.tensor_type(list(t.shape), t.dtype)
+            global_type = self.cache.tensor_type(list(t.shape), storage_dtype or t.dtype)
             external, scope, ext_name = attrs.infer_external_from_tensor(t)
+            if storage_dtype is not None and storage_dtype != t.dtype and not external:
+                raise IrBuildError(
+                    f"global {symbol_name!r}: a storage dtype ({storage_dtype}) other than the "
+                    f"tensor's ({t.dtype}) needs an external global (the data is in the archive)"
+                )
             initial: ir.Attribute | None
             if external:
                 key = (
@@ -599,6 +610,7 @@ class ModuleBuilder:
         attrs: GlobalAttributes,
         logical_name: str | None = None,
         blob_name: str | None = None,
+        storage_dtype: torch.dtype | None = None,
     ) -> tuple[str, ir.Operation, ir.Type]:
         """Like :meth:`create_tensor_global`, but one global per tensor (and per tied storage).
 
@@ -608,7 +620,12 @@ class ModuleBuilder:
         mapping = self.global_ref_tracker.track(t)
         if mapping.is_empty:
             mapping.value = self.create_tensor_global(
-                symbol_name, t, attrs=attrs, logical_name=logical_name, blob_name=blob_name
+                symbol_name,
+                t,
+                attrs=attrs,
+                logical_name=logical_name,
+                blob_name=blob_name,
+                storage_dtype=storage_dtype,
             )
         value = mapping.value
         if isinstance(value, tuple) and len(value) == 3:

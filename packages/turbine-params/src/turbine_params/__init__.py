@@ -17,6 +17,15 @@ from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
 from ._io import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
 from ._module import externalize_module_parameters
 from ._safetensors import write_safetensors
+from ._subclasses import (
+    archive_tensors,
+    int4_values,
+    is_wrapper_subclass,
+    mark_int4,
+    pack_int4,
+    subclass_inner_tensors,
+    unpack_int4,
+)
 from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
 from ._versions import versions_text
@@ -34,21 +43,28 @@ __all__ = [
     "ParameterIndex",
     "ParameterIndexEntry",
     "TensorMetadata",
+    "archive_tensors",
     "atomic_output_file",
     "atomic_write_bytes",
     "convert_parameters",
     "describe_archive",
     "dtype_info",
     "externalize_module_parameters",
+    "int4_values",
     "irpa_to_safetensors",
+    "is_wrapper_subclass",
     "known_dtype_names",
     "make_owned_temp",
+    "mark_int4",
     "max_splat_bytes",
+    "pack_int4",
     "remove_stale_temps",
     "safetensors_to_irpa",
     "save_module_parameters",
     "strip_archive",
+    "subclass_inner_tensors",
     "torch_checkpoint_to_irpa",
+    "unpack_int4",
     "verify_archive",
     "versions_text",
     "write_safetensors",

@@ -28,6 +28,7 @@ from ._io import atomic_fd, copy_file_range, write_all
 from ._module import module_tensors
 from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
+from ._subclasses import int4_values, is_wrapper_subclass, pack_int4, subclass_inner_tensors
 
 __all__ = ["ParameterArchiveBuilder", "save_module_parameters"]
 
@@ -54,6 +55,12 @@ class _Source:
     file_path: str | None = None
     file_offset: int = 0
     length: int = 0
+    # Applied to ``host`` when its bytes are needed (int4 packing), so that nothing is copied
+    # before the save streams it.
+    transform: Any = None
+
+    def host_object(self) -> Any:
+        return self.transform(self.host) if self.transform is not None else self.host
 
 
 def _check_key(key: Any) -> str:
@@ -115,10 +122,21 @@ class ParameterArchiveBuilder:
     def add_tensor(self, name: str, tensor: Any) -> None:
         """Adds a named tensor (torch tensor or numpy array) with ``PYTORCH:`` metadata.
 
+        A tensor subclass (torchao's quantized weights) is added as its inner tensors, named
+        ``name.<attribute>`` (``weight.qdata``, ``weight.scale``, ...), torchao's int4 data
+        packed two values per byte (see ``turbine_params._subclasses``).
+
         Raises:
             ParameterArchiveError: unsupported dtype or layout (quantized, sparse, meta).
         """
         _check_key(name)
+        if is_wrapper_subclass(tensor):
+            for key, inner in subclass_inner_tensors(name, tensor):
+                self.add_tensor(key, inner)
+            return
+        if int4_values(tensor):
+            self._add_int4(name, tensor)
+            return
         md = tensor_metadata(tensor, what=f"tensor {name!r}")
         if md is None:
             raise ParameterArchiveError(
@@ -128,6 +146,21 @@ class ParameterArchiveBuilder:
         length = host_nbytes(tensor)
         sid = self._add_source(_Source(host=tensor, length=length), tie_key(tensor))
         self._entries.append(_Entry(EntryType.DATA, name, md.encode(), length, storage_id=sid))
+
+    def _add_int4(self, name: str, tensor: Any) -> None:
+        """torchao int4 data (int8 values in [-8, 7]): stored packed, packed when saved."""
+        md = tensor_metadata(tensor, what=f"tensor {name!r}")
+        assert md is not None
+        shape = (*md.shape[:-1], md.shape[-1] // 2)
+        packed = TensorMetadata(dtype_info("uint8"), shape, ("int4", md.shape))
+        key = tie_key(tensor)
+        sid = self._add_source(
+            _Source(host=tensor, length=packed.nbytes, transform=pack_int4),
+            ("int4", *key) if key is not None else None,
+        )
+        self._entries.append(
+            _Entry(EntryType.DATA, name, packed.encode(), packed.nbytes, storage_id=sid)
+        )
 
     def add_module(self, module: Any, *, prefix: str = "") -> None:
         """Adds all parameters and persistent buffers from a module hierarchy.
@@ -328,7 +361,7 @@ class ParameterArchiveBuilder:
                 assert e.storage_id is not None
                 src = self._sources[e.storage_id]
                 if src.host is not None:
-                    idx.add_buffer(e.key, src.host, metadata=e.metadata)
+                    idx.add_buffer(e.key, src.host_object(), metadata=e.metadata)
                 else:
                     assert src.file_path is not None
                     idx.add_from_file(
@@ -397,7 +430,7 @@ class ParameterArchiveBuilder:
 
     def _write_source(self, fd: int, src: _Source) -> int:
         if src.host is not None:
-            data = host_bytes(src.host)
+            data = host_bytes(src.host_object())
             if data.nbytes != src.length:
                 raise ParameterArchiveError(
                     f"a tensor changed size after it was added ({src.length} -> {data.nbytes} "

@@ -207,10 +207,16 @@ def dtype_info_for_safetensors(name: str) -> DTypeInfo:
 
 @dataclass(frozen=True)
 class TensorMetadata:
-    """The decoded ``PYTORCH:{json}`` metadata of an entry."""
+    """The decoded ``PYTORCH:{json}`` metadata of an entry.
+
+    ``packed`` is set for sub-byte data stored packed (torchao int4 weights, two values per
+    byte): ``(logical dtype name, logical shape)``, e.g. ``("int4", (4096, 4096))``, while
+    ``dtype``/``shape`` describe the stored bytes (``uint8``, ``(4096, 2048)``).
+    """
 
     dtype: DTypeInfo
     shape: tuple[int, ...]
+    packed: tuple[str, tuple[int, ...]] | None = None
 
     @property
     def numel(self) -> int:
@@ -231,6 +237,8 @@ class TensorMetadata:
             "shape": list(self.shape),
             "dtype_desc": self.dtype.desc(),
         }
+        if self.packed is not None:
+            doc["packed"] = {"dtype": self.packed[0], "shape": list(self.packed[1])}
         return METADATA_PREFIX + json.dumps(doc).encode()
 
     @staticmethod
@@ -261,4 +269,36 @@ class TensorMetadata:
             raise ParameterArchiveError(
                 f"PYTORCH metadata 'shape' must be a list of non-negative ints, got {shape!r}"
             )
-        return TensorMetadata(dtype_info(dtype), tuple(shape))
+        md = TensorMetadata(dtype_info(dtype), tuple(shape), _decode_packed(doc.get("packed")))
+        if md.packed is not None:
+            logical = 1
+            for s in md.packed[1]:
+                logical *= s
+            if logical * _PACKED_BITS[md.packed[0]] != md.nbytes * 8:
+                raise ParameterArchiveError(
+                    f"PYTORCH metadata: packed {md.packed[0]}{list(md.packed[1])} does not fill "
+                    f"the stored {md.dtype.name}{list(md.shape)} ({md.nbytes} bytes)"
+                )
+        return md
+
+
+_PACKED_BITS = {"int4": 4, "uint4": 4}
+
+
+def _decode_packed(packed: Any) -> tuple[str, tuple[int, ...]] | None:
+    """The ``packed`` member (sub-byte data stored packed), checked; ``None`` when absent."""
+    if packed is None:
+        return None
+    dtype = packed.get("dtype") if isinstance(packed, dict) else None
+    shape = packed.get("shape") if isinstance(packed, dict) else None
+    if (
+        dtype not in _PACKED_BITS
+        or not isinstance(shape, list)
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)
+        or len(shape) > 64
+    ):
+        raise ParameterArchiveError(
+            f"PYTORCH metadata 'packed' must be {{'dtype': one of {sorted(_PACKED_BITS)}, "
+            f"'shape': [non-negative ints]}}, got {packed!r}"
+        )
+    return dtype, tuple(shape)

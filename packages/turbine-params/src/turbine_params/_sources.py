@@ -9,6 +9,7 @@ import numpy as np
 
 from ._dtypes import TensorMetadata, dtype_info, dtype_info_for_numpy
 from ._errors import ParameterArchiveError
+from ._subclasses import is_wrapper_subclass, packed_shape_of
 
 __all__ = ["host_bytes", "host_nbytes", "is_torch_tensor", "tensor_metadata", "tie_key"]
 
@@ -21,6 +22,12 @@ def is_torch_tensor(obj: Any) -> bool:
 def _check_torch(t: Any, what: str) -> None:
     import torch
 
+    if is_wrapper_subclass(t):
+        raise ParameterArchiveError(
+            f"{what}: a {type(t).__name__} (a tensor subclass, e.g. torchao's quantized "
+            "weights) has no bytes of its own; add it with add_tensor() or save_module_parameters"
+            "(), which store its inner tensors as NAME.<attribute>"
+        )
     if t.layout != torch.strided:
         raise ParameterArchiveError(
             f"{what}: tensor layout {t.layout} is not supported; convert with .to_dense()"
@@ -38,7 +45,12 @@ def tensor_metadata(obj: Any, what: str = "tensor") -> TensorMetadata | None:
     """``TensorMetadata`` of a torch tensor or numpy array; ``None`` for other buffers."""
     if is_torch_tensor(obj):
         _check_torch(obj, what)
-        return TensorMetadata(dtype_info(str(obj.dtype)), tuple(int(s) for s in obj.shape))
+        packed = packed_shape_of(obj)
+        return TensorMetadata(
+            dtype_info(str(obj.dtype)),
+            tuple(int(s) for s in obj.shape),
+            ("int4", packed) if packed is not None else None,
+        )
     if isinstance(obj, np.ndarray | np.generic):
         arr = np.asarray(obj)
         return TensorMetadata(dtype_info_for_numpy(arr.dtype), tuple(int(s) for s in arr.shape))

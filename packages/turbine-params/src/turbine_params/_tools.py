@@ -11,6 +11,7 @@ import numpy as np
 from ._archive import ParameterArchive, describe_keys
 from ._builder import ParameterArchiveBuilder
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
+from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
 from ._format import DEFAULT_DATA_ALIGNMENT, EntryType
 from ._safetensors import read_safetensors_header
@@ -64,14 +65,21 @@ def describe_archive(path: str | os.PathLike, *, include_skipped: bool = False) 
                 EntryInfo(
                     raw.key,
                     raw.type.name.lower(),
-                    md.dtype.torch_name if md else None,
-                    md.shape if md else None,
+                    _dtype_name(md),
+                    (md.packed[1] if md.packed else md.shape) if md else None,
                     raw.length,
                     raw.data_offset if raw.type in (EntryType.DATA, EntryType.EXTERNAL) else None,
                     raw.entry_offset,
                 )
             )
     return rows
+
+
+def _dtype_name(md: TensorMetadata | None) -> str | None:
+    """The entry's dtype; for packed sub-byte data the logical one (``torch.int4``)."""
+    if md is None:
+        return None
+    return f"torch.{md.packed[0]}" if md.packed else md.dtype.torch_name
 
 
 def strip_archive(

@@ -25,6 +25,7 @@ from turbine_ir.ir import (
     Type,
     Value,
 )
+from turbine_params import is_wrapper_subclass
 
 from . import _scalars
 from ._abstract import (
@@ -120,6 +121,14 @@ def _create_global(
 ) -> IrGlobalTensor | IrGlobalScalar:
     attrs = info.attrs
     symbol = f"_{fq_name}"
+    if is_wrapper_subclass(value):
+        raise GlobalsDefError(
+            f"global {fq_name!r}: a {type(value).__module__.split('.')[0]} "
+            f"{type(value).__name__} is a tensor subclass (a quantized weight), which a globals "
+            "descriptor cannot hold as one global; export the model with "
+            "turbine_aot.export(model, args=...) or llm.export_causal_lm, which import it as "
+            "globals of its inner tensors (docs/quantization.md)"
+        )
     if isinstance(value, torch.Tensor):
         # One global per tensor (and per tied storage): a tensor exported twice, or later
         # referenced by an imported FX program, resolves to the first global.

@@ -47,6 +47,7 @@ __all__ = [
     "float_types",
     "has_dynamic_shapes",
     "merge_flags",
+    "narrow_int_types",
     "narrow_matmuls",
     "program_traits",
     "public_functions",
@@ -522,6 +523,33 @@ def program_traits(module: object) -> dict[str, bool]:
     }
 
 
+# An 8- or 4-bit integer element type, signless (globals: `xi8>`) or signed (`,si8>`, `ui8`).
+_NARROW_INT_TYPE = re.compile(r"(?:(?<=x)|(?<![A-Za-z0-9_]))([su]?i(?:8|4))(?![A-Za-z0-9_])")
+
+
+def narrow_int_types(module: object) -> set[str]:
+    """The 8- and 4-bit integer element types (``"i8"``, ``"si8"``, ``"i4"``, ...) a module
+    reads: of its public functions' arguments and its top-level globals (quantized weights are
+    ``i8`` / ``i4`` globals). Results do not count."""
+    types = []
+    for f in public_functions(module):
+        ftype = f.attributes["function_type"]
+        inputs = getattr(getattr(ftype, "value", ftype), "inputs", None)
+        if inputs is None:  # not a FunctionType attribute: the whole signature
+            types.append(str(ftype))
+        else:
+            types += [str(t) for t in inputs]
+    types += [
+        str(g.attributes["type"])
+        for g in _top_level_ops(module)
+        if g.name in ("util.global", "ml_program.global") and "type" in g.attributes
+    ]
+    found: set[str] = set()
+    for t in types:
+        found.update(m.group(1) for m in _NARROW_INT_TYPE.finditer(t))
+    return found
+
+
 def uses_float16(module: object) -> bool:
     """Whether a module's public function signatures or top-level globals hold fp16 tensors
     (``f16``; ``bf16`` does not count)."""
@@ -531,11 +559,14 @@ def uses_float16(module: object) -> bool:
 def check_program_for_target(module: object, flags: Sequence[str]) -> None:
     """Refuses combinations IREE 3.13 compiles into wrong code, before compiling.
 
-    Today one: fp16 on Vulkan without a ``--iree-vulkan-target``. IREE's default (baseline)
-    SPIR-V target has no 16-bit float arithmetic, and fp16 programs built for it compute NaN or
-    garbage (``x * 2 + 1`` gave NaN on Mesa lavapipe; a 3x3 convolution was off by 5e2) or fail
-    to compile (``vector.bitcast``); with a target that has Float16 (``rdna3``, ``valhall4``,
-    ``ampere``) the same program is right on lavapipe too.
+    fp16 or 8/4-bit integer tensors on Vulkan without a ``--iree-vulkan-target``, and 4-bit
+    integer globals on vmvx. IREE's default (baseline) SPIR-V target has no 16-bit float
+    arithmetic and only 32-bit storage: fp16 programs built for it compute NaN or garbage
+    (``x * 2 + 1`` gave NaN on Mesa lavapipe; a 3x3 convolution was off by 5e2) or fail to
+    compile (``vector.bitcast``), and so do int8/int4 ones (``x * w.float()`` with an int8
+    ``w`` off by 6e2, int4 weight-only linear layers off by 85); with a named target (``rdna3``,
+    ``valhall4``, ``ampere``) the same programs are right on lavapipe too. vmvx fails to compile
+    ``i4`` tensors ("failed to emulate bit width").
 
     Raises:
         TargetError: naming the problem and the flag to add.
@@ -548,6 +579,24 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
     chosen = any(
         f.startswith(("--iree-vulkan-target=", "--iree-vulkan-target-features=")) for f in flags
     )
+    narrow = narrow_int_types(module) if vulkan or "vmvx" in flag_targets(flags) else set()
+    if vulkan and not chosen and narrow:
+        raise TargetError(
+            f"this program reads {_bits(narrow)} integer tensors (quantized weights, int8 "
+            "inputs), and IREE 3.13's default Vulkan target (baseline SPIR-V, 32-bit storage only) "
+            "computes them wrong or fails to compile them (on Mesa lavapipe: x * int8_buffer "
+            "off by 6e2, an int4 matmul off by 85, an int8 matmul 'failed to legalize "
+            "vector.bitcast'). Name the GPU's Vulkan target, e.g. --iree-vulkan-target=rdna3 "
+            "(AMD RDNA3), =ampere (NVIDIA), =valhall4 (Arm), in extra_args in Python or with "
+            "--flag on the command line, or compile for llvm-cpu."
+        )
+    if "vmvx" in flag_targets(flags) and any(t.endswith("i4") for t in narrow):
+        raise TargetError(
+            "this program reads 4-bit integer weights (tensor<...xi4> globals: torchao int4 "
+            "weights in a parameter archive), which IREE 3.13's vmvx backend cannot compile "
+            "('failed to emulate bit width'). Compile for llvm-cpu, or keep the int4 weights "
+            "inline (do not externalize them: they are then one value per byte)."
+        )
     if vulkan and not chosen and uses_float16(module):
         raise TargetError(
             "this program computes in float16, and IREE's default Vulkan target (baseline "
@@ -557,6 +606,10 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
             "--flag on the command line (https://iree.dev/guides/deployment-configurations/"
             "gpu-vulkan/), or export the model in float32."
         )
+
+
+def _bits(types: set[str]) -> str:
+    return " and ".join(f"{b}-bit" for b in ("8", "4") if any(t.endswith(b) for t in types))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 * :func:`export_causal_lm` exports a ``transformers`` causal LM (GPT-2, Llama, Mistral,
   Qwen2/3 families) or a plain ``nn.Module`` following the same calling convention as two entry
   points sharing one set of weights and a static KV cache (mutable globals, or a tensor
-  argument);
+  argument); ``quantize="int8" | "int4"`` exports torchao-quantized weights
+  (:func:`quantized_copy`);
 * :func:`load` loads such an export (an ``ExportOutput``, a ``.vmfb`` or a bundle) and gives a
   :class:`CausalLM` with greedy :meth:`~CausalLM.generate`, ``reset()`` and per-call timings.
 
@@ -15,9 +16,11 @@ from __future__ import annotations
 from ._errors import LLMError, LLMExportError
 from ._export import CausalLMInfo, export_causal_lm
 from ._kv_cache import ArgumentKVCache, GlobalKVCache, KVCacheLayout
+from ._quantize import QUANTIZATIONS, quantized_copy
 from ._runner import CausalLM, GenerationTimings, load
 
 __all__ = [
+    "QUANTIZATIONS",
     "ArgumentKVCache",
     "CausalLM",
     "CausalLMInfo",
@@ -28,4 +31,5 @@ __all__ = [
     "LLMExportError",
     "export_causal_lm",
     "load",
+    "quantized_copy",
 ]

@@ -29,13 +29,14 @@ import torch
 from torch import nn
 
 from turbine_aot import export as _aot_export
-from turbine_fx import FxProgramsBuilder
+from turbine_fx import FxProgramsBuilder, check_quantized_module
 from turbine_ir import ir
-from turbine_params import externalize_module_parameters, save_module_parameters
+from turbine_params import archive_tensors, externalize_module_parameters, save_module_parameters
 
 from ._errors import LLMExportError
 from ._hf import adapt_hf_model, is_hf_causal_lm
 from ._kv_cache import ArgumentKVCache, GlobalKVCache, KVCacheLayout
+from ._quantize import quantized_copy
 
 __all__ = ["CausalLMInfo", "export_causal_lm"]
 
@@ -208,6 +209,8 @@ def export_causal_lm(
     dtype: torch.dtype | None = None,
     kv_cache: str = "global",
     external_parameters: bool = True,
+    quantize: str | None = None,
+    group_size: int | None = None,
 ) -> Any:
     """Exports a causal LM as ``prefill`` + ``decode`` sharing one set of weights and a KV cache.
 
@@ -226,6 +229,12 @@ def export_causal_lm(
             argument and result of both functions).
         external_parameters: weights as ``#flow.parameter.named<"model"::NAME>`` (NAME = the
             model's ``state_dict`` name), to be loaded from an ``.irpa``; ``False`` inlines them.
+        quantize: ``"int8"`` or ``"int4"``: quantize a copy of the model's linear layers with
+            torchao first (:func:`~turbine_aot.llm.quantized_copy`; needs ``torchao``). A model
+            the caller quantized with torchao exports as it is, with ``quantize=None``. Quantized
+            weights are stored as ``NAME.qdata`` / ``NAME.scale`` / ``NAME.zero_point``
+            (int4 packed two per byte); see docs/quantization.md.
+        group_size: inputs per int4 scale (default 128), for ``quantize="int4"``.
 
     Returns:
         The :class:`~turbine_aot.ExportOutput` with public functions ``prefill`` and ``decode``.
@@ -249,6 +258,11 @@ def export_causal_lm(
     if dtype is not None and dtype != model_dtype:
         model = copy.deepcopy(model).to(dtype)
     compute_dtype = dtype or model_dtype
+    if quantize is not None:
+        model = quantized_copy(model, quantize, group_size=group_size)
+    elif group_size is not None:
+        raise LLMExportError("group_size is for quantize='int4'; pass quantize='int4' with it")
+    check_quantized_module(model)  # torchao layouts IREE cannot run, refused before tracing
     model = model.eval()
     lm = adapt_hf_model(model, max_seq_len) if is_hf_causal_lm(model) else model
     layout = _layout_of(lm)
@@ -272,7 +286,12 @@ def export_causal_lm(
     eo = _export_programs(root, info)
     _annotate(eo, info)
     eo.llm = info
-    eo.llm_parameters = {n: t.detach() for n, t in weights.items()} if external_parameters else None
+    # A quantized weight is its inner tensors (NAME.qdata, ...), as the module names them.
+    eo.llm_parameters = (
+        {k: v.detach() for n, t in weights.items() for k, v in archive_tensors(n, t)}
+        if external_parameters
+        else None
+    )
     eo.save_parameters = lambda path: _save_parameters(path, model)
     return eo
 

@@ -1,0 +1,88 @@
+"""``quantize=`` of ``export_causal_lm``: a torchao-quantized copy of a causal LM.
+
+``"int8"`` is torchao's ``Int8WeightOnlyConfig()`` (int8 weights, one fp scale per output
+channel); ``"int4"`` is ``IntxWeightOnlyConfig(weight_dtype=torch.int4,
+granularity=PerGroup(group_size))`` (int4 weights, a scale and zero point per group of
+``group_size`` inputs), the int4 scheme that runs on CPUs (``Int4WeightOnlyConfig``'s packings
+need GPU kernel libraries). Every ``nn.Linear`` is quantized (the LM head too), embeddings and
+norms are not. torchao is an optional dependency (``pip install turbine-aot[quant]``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+from ._errors import LLMExportError
+
+__all__ = ["QUANTIZATIONS", "quantized_copy"]
+
+#: The ``quantize=`` choices.
+QUANTIZATIONS = ("int8", "int4")
+DEFAULT_GROUP_SIZE = 128
+
+
+def _torchao_quantize(model: nn.Module, quantize: str, group_size: int) -> None:
+    """torchao's ``quantize_`` of ``model`` in place with the scheme's config."""
+    try:
+        import torch
+        from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+    except ImportError as e:
+        raise LLMExportError(
+            f"quantize={quantize!r} needs torchao (pip install 'turbine-aot[quant]' or "
+            f"pip install torchao): {e}"
+        ) from e
+    if quantize == "int8":
+        config: Any = Int8WeightOnlyConfig()
+    else:
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
+    quantize_(model, config)
+
+
+def quantized_copy(model: nn.Module, quantize: str, *, group_size: int | None = None) -> Any:
+    """A copy of ``model`` with its ``nn.Linear`` weights quantized by torchao (eval mode).
+
+    The copy is what :func:`~turbine_aot.llm.export_causal_lm` exports for ``quantize=``:
+    generating with it in eager PyTorch gives the reference tokens.
+
+    Args:
+        model: the causal LM (not modified).
+        quantize: ``"int8"`` or ``"int4"``.
+        group_size: inputs per int4 scale (default 128); must divide every linear layer's
+            input size. Only for ``"int4"``.
+
+    Raises:
+        LLMExportError: an unknown scheme, a bad group size, or torchao missing.
+    """
+    if quantize not in QUANTIZATIONS:
+        raise LLMExportError(
+            f"quantize must be one of {', '.join(map(repr, QUANTIZATIONS))} or None; got "
+            f"{quantize!r}"
+        )
+    if quantize == "int8" and group_size is not None:
+        raise LLMExportError(
+            "group_size is for quantize='int4' (int8 weights have one scale per output "
+            "channel); leave it out for 'int8'"
+        )
+    size = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    if quantize == "int4":
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2 or size % 2:
+            raise LLMExportError(f"group_size must be an even int >= 2; got {group_size!r}")
+        bad = [
+            f"{name} ({m.in_features} inputs)"
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and m.in_features % size
+        ]
+        if bad:
+            raise LLMExportError(
+                f"group_size={size} does not divide the input size of {', '.join(bad[:3])}"
+                + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+                + "; choose a group size that divides every linear layer's inputs (32, 64, "
+                "128 for most LLMs)"
+            )
+    quantized = copy.deepcopy(model).eval()
+    _torchao_quantize(quantized, quantize, size)
+    return quantized
