@@ -40,15 +40,20 @@ from dataclasses import dataclass
 
 __all__ = [
     "AMX_FEATURES",
+    "CPU_REQUIRES_KEY",
     "AmxGemm",
     "AmxUnavailableError",
     "host_amx_missing",
+    "module_requires_amx",
     "padded",
     "request_amx_permission",
 ]
 
 #: The ``/proc/cpuinfo`` flags the kernel needs: the tile registers and the bf16 tile product.
 AMX_FEATURES = ("amx_tile", "amx_bf16")
+#: The ``iree.reflection`` key of a public function naming the CPU features its module's code
+#: needs (comma separated); :mod:`.bf16` sets it to :data:`AMX_FEATURES`.
+CPU_REQUIRES_KEY = "turbine.cpu_requires"
 
 #: ``arch_prctl`` codes (``asm/prctl.h``) and the tile-data state component (``XFEATURE_XTILEDATA``).
 _SYS_ARCH_PRCTL = 158  # x86-64 syscall number
@@ -124,6 +129,18 @@ def request_amx_permission() -> None:
             f"this machine cannot run AMX code: it lacks {', '.join(missing)}"
         )
     _request_permission()
+
+
+def module_requires_amx(vm_module: object) -> bool:
+    """Whether an ``iree.runtime.VmModule`` holds AMX code (a public function's reflection
+    names the AMX features under :data:`CPU_REQUIRES_KEY`)."""
+    for name in getattr(vm_module, "function_names", ()):
+        fn = vm_module.lookup_function(name)  # type: ignore[attr-defined]
+        reflection = getattr(fn, "reflection", None) or {}
+        requires = str(reflection.get(CPU_REQUIRES_KEY, ""))
+        if any(f in requires.split(",") for f in AMX_FEATURES):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------

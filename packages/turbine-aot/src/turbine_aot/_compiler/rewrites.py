@@ -13,6 +13,8 @@ flags:
   otherwise).
 - every target: mutable globals of the same type and initial value (per-layer KV caches) get
   their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
+- ``llvm-cpu`` with ``precision="bf16"`` (the ``--turbine-precision=bf16`` flag): fp32 matmuls
+  as calls of the AMX bf16 kernel (:mod:`.bf16`); refused where the host has no AMX-BF16.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
+from .bf16 import bf16_matmuls, check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .globals import separate_shared_globals, shared_mutable_globals
@@ -34,8 +37,8 @@ __all__ = ["REVISION", "module_for_compile", "source_for_compile"]
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
 #: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
 #: 3: mutable globals sharing an initial value; 4: stem and 1x1 convolutions as matmuls on
-#: llvm-cpu.
-REVISION = 4
+#: llvm-cpu; 5: bf16 matmuls on AMX.
+REVISION = 5
 
 _log = logging.getLogger("turbine.aot")
 
@@ -56,7 +59,10 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     shared_globals = bool(shared_mutable_globals(op))
     keep_convs = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower() == "keep"
     convs = not keep_convs and targets == {"llvm-cpu"} and bool(convs_as_matmuls(op))
-    if not attention and not casts and not shared_globals and not convs:
+    bf16 = precision_of(flags) == "bf16"
+    if bf16:
+        check_precision(flags)
+    if not attention and not casts and not shared_globals and not convs and not bf16:
         return module_op, False
     copy = op.clone()
     if attention:
@@ -71,6 +77,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if convs:
         count = rewrite_convs_as_matmuls(copy)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
+    if bf16 and bf16_matmuls(copy):  # after attention: its matmuls are rewritten too
+        count = rewrite_matmuls_bf16(copy)
+        _log.info("precision bf16: %d matmul(s) on the AMX bf16 kernel", count)
     return copy, True
 
 
