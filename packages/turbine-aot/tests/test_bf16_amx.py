@@ -287,7 +287,7 @@ def test_attention_matmuls_of_two_activations():
 
 
 @needs_amx
-def test_load_module_with_the_flag_and_a_plain_iree_runtime_needs_the_permission(tmp_path):
+def test_load_module_with_the_flag_and_a_plain_iree_runtime(tmp_path):
     model = _Linear2().eval()
     x = torch.randn(16, 100)
     eo = export(model, args=(x,))
@@ -295,21 +295,54 @@ def test_load_module_with_the_flag_and_a_plain_iree_runtime_needs_the_permission
     torch.testing.assert_close(m.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
     path = tmp_path / "m.vmfb"
     eo.compile(save_to=path, precision="bf16")
-    # Straight through iree.runtime, a process that did not ask Linux for the tile state dies
-    # of SIGILL at the first AMX instruction; turbine's loader asks for it.
+    # a process that never asked Linux for the tile state: the kernel asks itself
     script = textwrap.dedent(
         f"""
-        import sys, numpy as np, iree.runtime as rt
-        if sys.argv[1] == "turbine":
-            from turbine_aot.runtime import TurbineRuntimeError, load_module
-            load_module({str(path)!r}).main(np.ones((16, 100), np.float32))
-        else:
-            ctx = rt.SystemContext(config=rt.Config("local-sync"))
-            ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, {str(path)!r}))
-            ctx.modules.module.main(np.ones((16, 100), np.float32))
-        print("ran")
+        import numpy as np, iree.runtime as rt
+        ctx = rt.SystemContext(config=rt.Config("local-task"))
+        ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, {str(path)!r}))
+        print(np.asarray(ctx.modules.module.main(np.ones((16, 100), np.float32)).to_host()).sum())
         """
     )
-    for how, rc in (("turbine", 0), ("plain", -4)):  # -4: SIGILL
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = _bf16_reference(model, torch.ones(16, 100)).sum().item()
+    assert abs(float(proc.stdout.split()[-1]) - expected) < 1e-3 * max(1.0, abs(expected))
+
+
+@needs_amx
+def test_without_the_permission_amx_code_dies_of_sigill(tmp_path):
+    """Why the kernel makes the arch_prctl call: the same kernel without it kills a process
+    that did not ask (SIGILL), and runs in one that did."""
+    g = AmxGemm(64, 64, request_permission=False)
+    src = g.executable() + textwrap.dedent(
+        f"""
+        func.func @main(%a: tensor<16x64xbf16>, %b: tensor<{g.packed_b_size}xbf16>) -> tensor<16x64xf32> {{
+          %c1 = arith.constant 1 : index
+          %c16 = arith.constant 16 : index
+          %ad = tensor.cast %a : tensor<16x64xbf16> to tensor<?x64xbf16>
+          %r = {g.dispatch("%ad", "%b", "%c16", "%c1", "%c16", g.packed_b_size)}
+          %o = tensor.cast %r : tensor<?x64xf32> to tensor<16x64xf32>
+          return %o : tensor<16x64xf32>
+        }}"""
+    )
+    path = tmp_path / "k.vmfb"
+    path.write_bytes(compile_mlir(src, default_compile_flags("llvm-cpu", use_env=False), cache=False))
+    script = textwrap.dedent(
+        f"""
+        import sys, numpy as np, ml_dtypes, iree.runtime as rt
+        if sys.argv[1] == "ask":
+            from turbine_aot._compiler.amx import request_amx_permission
+            request_amx_permission()
+        ctx = rt.SystemContext(config=rt.Config("local-sync"))
+        ctx.add_vm_module(rt.VmModule.mmap(ctx.instance, {str(path)!r}))
+        a = np.ones((16, 64), ml_dtypes.bfloat16)
+        b = np.ones(({g.packed_b_size},), ml_dtypes.bfloat16)
+        print(np.asarray(ctx.modules.module.main(a, b).to_host())[0, 0])
+        """
+    )
+    for how, rc in (("ask", 0), ("do-not-ask", -4)):  # -4: SIGILL
         proc = subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True)
         assert proc.returncode == rc, (how, proc.returncode, proc.stderr[-2000:])
+        if rc == 0:
+            assert float(proc.stdout.split()[-1]) == 64.0
