@@ -100,14 +100,14 @@ def test_precision_flags_round_trip():
     assert precision_of(flags) == "bf16"
     assert precision_of(flags[:1]) == "fp32"
     assert strip_precision_flags(flags) == flags[:1]
-    with pytest.raises(TargetError, match="unknown precision 'fp8'.*fp32, bf16"):
+    with pytest.raises(TargetError, match=r"unknown precision .fp8.*fp32, bf16"):
         precision_flags("fp8")
 
 
 def test_bf16_is_refused_for_other_targets_and_portable_builds():
-    with pytest.raises(TargetError, match="llvm-cpu target only.*vmvx"):
+    with pytest.raises(TargetError, match=r"llvm-cpu target only.*vmvx"):
         check_precision([*default_compile_flags("vmvx", use_env=False), *_BF16])
-    with pytest.raises(TargetError, match="this machine's CPU.*'generic'.*precision='fp32'"):
+    with pytest.raises(TargetError, match=r"this machine.s CPU.*.generic.*precision=.fp32."):
         check_precision([*default_compile_flags("llvm-cpu", host=False, use_env=False), *_BF16])
 
 
@@ -327,7 +327,9 @@ def test_without_the_permission_amx_code_dies_of_sigill(tmp_path):
         }}"""
     )
     path = tmp_path / "k.vmfb"
-    path.write_bytes(compile_mlir(src, default_compile_flags("llvm-cpu", use_env=False), cache=False))
+    path.write_bytes(
+        compile_mlir(src, default_compile_flags("llvm-cpu", use_env=False), cache=False)
+    )
     script = textwrap.dedent(
         f"""
         import sys, numpy as np, ml_dtypes, iree.runtime as rt
