@@ -348,3 +348,24 @@ def test_without_the_permission_amx_code_dies_of_sigill(tmp_path):
         assert proc.returncode == rc, (how, proc.returncode, proc.stderr[-2000:])
         if rc == 0:
             assert float(proc.stdout.split()[-1]) == 64.0
+
+
+@needs_amx
+def test_external_parameters_are_packed_when_the_module_loads(tmp_path):
+    from turbine_aot import externalize_module_parameters, save_module_parameters
+
+    model = _Linear2().eval()
+    x = torch.randn(8, 100)
+    externalize_module_parameters(model)
+    save_module_parameters(tmp_path / "w.irpa", model)
+    eo = export(model, args=(x,))
+    vmfb = bytes(eo.compile(save_to=None, precision="bf16").map_memory())
+    m = load_module(vmfb, parameters=tmp_path / "w.irpa")
+    torch.testing.assert_close(m.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+    # other weights, same module: the packing runs at load time, from the archive
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-0.5)
+    save_module_parameters(tmp_path / "w2.irpa", model)
+    m2 = load_module(vmfb, parameters=tmp_path / "w2.irpa")
+    torch.testing.assert_close(m2.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
