@@ -1,12 +1,16 @@
-"""One matmul per shape, fp32 in and out: turbine's ``precision="bf16"`` (the AMX kernel) against
-turbine's fp32 defaults, IREE's own bf16 path, and PyTorch eager in fp32 and bf16 (oneDNN, AMX).
+"""One matmul per shape, fp32 in and out: turbine's own CPU kernels — ``precision="bf16"`` (AMX)
+and ``--turbine-cpu-matmul=avx512`` (fp32) — against IREE's fp32 and bf16 code and PyTorch
+eager in fp32 and bf16 (oneDNN, AMX).
 
 Each shape is ``M x N x K`` (``y[M, N] = x[M, K] @ w[K, N]``, ``w`` a parameter: the GPT-2-small
 shapes of docs/performance.md section 6, and decode shapes with M = 1 and 8). Candidates:
 
 * ``eager-fp32`` / ``eager-bf16`` — ``torch.mm`` on fp32 / bf16 operands (bf16: oneDNN's AMX
   kernel, the operands already bf16: no cast counted);
-* ``turbine`` — ``export`` + ``compile()`` (fp32, data-tiled ``mmt4d`` ukernel);
+* ``turbine`` — ``export`` + ``compile()`` with IREE's fp32 matmul code (data-tiled ``mmt4d``
+  ukernel; below 16 rows IREE's codegen without data tiling);
+* ``turbine-avx512`` — the same with turbine's AVX-512 fp32 kernel
+  (``extra_args=["--turbine-cpu-matmul=avx512"]``);
 * ``turbine-bf16`` — ``compile(precision="bf16")``: the activation cast per call, the weight
   packed once, the AMX kernel;
 * ``iree-bf16`` — the model itself in bf16 (bf16 weight, ``x.bfloat16() @ w``, result back to
@@ -40,7 +44,9 @@ import _harness  # noqa: E402
 
 GPT_SHAPES = "128x512x2048,128x2048x512,128x1536x512,128x8192x512,128x512x512"
 DECODE_SHAPES = "1x512x2048,1x2048x512,1x1536x512,1x8192x512,8x512x2048,8x2048x512,8x8192x512"
-CANDIDATES = ("eager-fp32", "eager-bf16", "turbine", "turbine-bf16", "iree-bf16")
+#: MLP batch 8 (3x1024), a classifier head, odd sizes, ResNet's fc
+OTHER_SHAPES = "8x1024x1024,128x10x512,100x70x100,1x1000x512"
+CANDIDATES = ("eager-fp32", "turbine", "turbine-avx512", "eager-bf16", "turbine-bf16", "iree-bf16")
 
 
 def _modules(k: int, n: int):
@@ -81,10 +87,12 @@ def measure(shape: str, threads: int, calls: int, budget_s: float) -> dict:
     with torch.no_grad():
         max_err["eager-fp32"] = float((torch.mm(x, fp32.w).double() - ref).abs().max())
         max_err["eager-bf16"] = float((torch.mm(xb, wb).double() - ref).abs().max())
+    iree_kernel = {"extra_args": ["--turbine-cpu-matmul=iree"]}
     for name, model, kw in (
-        ("turbine", fp32, {}),
+        ("turbine", fp32, iree_kernel),
+        ("turbine-avx512", fp32, {"extra_args": ["--turbine-cpu-matmul=avx512"]}),
         ("turbine-bf16", fp32, {"precision": "bf16"}),
-        ("iree-bf16", bf16, {}),
+        ("iree-bf16", bf16, iree_kernel),
     ):
         try:
             eo = turbine_aot.export(model, args=(x,))
@@ -112,21 +120,25 @@ def measure(shape: str, threads: int, calls: int, budget_s: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["shape (MxNxK)", "threads", *CANDIDATES, "turbine-bf16 / eager-bf16"]
+    head = ["shape (MxNxK)", "threads", *CANDIDATES]
+    head += ["turbine-avx512 / eager-fp32", "turbine-bf16 / eager-bf16"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         g = r["gflops"]
         cells = [r["shape"], str(r["threads"])]
         cells += [f"{g[c]:.0f}" if c in g else "–" for c in CANDIDATES]
-        tb, ob = g.get("turbine-bf16"), g.get("eager-bf16")
-        cells.append(f"**{tb / ob:.2f}x**" if tb and ob else "–")
+        for ours, theirs in (("turbine-avx512", "eager-fp32"), ("turbine-bf16", "eager-bf16")):
+            t, o = g.get(ours), g.get(theirs)
+            cells.append(f"**{t / o:.2f}x**" if t and o else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
-    p.add_argument("--shapes", default=f"{GPT_SHAPES},{DECODE_SHAPES}", help="comma list MxNxK")
+    p.add_argument(
+        "--shapes", default=f"{GPT_SHAPES},{DECODE_SHAPES},{OTHER_SHAPES}", help="comma list MxNxK"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=30)
     p.add_argument("--budget-s", type=float, default=10.0, help="timing budget per shape")

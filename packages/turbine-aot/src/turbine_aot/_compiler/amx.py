@@ -36,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import platform
 from dataclasses import dataclass
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "CPU_REQUIRES_KEY",
     "AmxGemm",
     "AmxUnavailableError",
+    "cpu_flags",
     "host_amx_missing",
     "module_requires_amx",
     "padded",
@@ -74,7 +76,8 @@ def padded(size: int, multiple: int = _K_STEP) -> int:
     return -(-size // multiple) * multiple
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """The host CPU's ``/proc/cpuinfo`` flags (empty where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
@@ -89,11 +92,9 @@ def host_amx_missing() -> list[str]:
     """What this machine lacks to run the AMX kernel (empty: nothing): the missing CPU
     features of :data:`AMX_FEATURES` (read from ``/proc/cpuinfo``), or ``"Linux on x86-64"``
     where the check itself cannot be made."""
-    import platform
-
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return ["Linux on x86-64"]
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return [f for f in AMX_FEATURES if f not in flags]
 
 
@@ -183,12 +184,28 @@ class AmxGemm:
     cols_per_workgroup: int = 64
     request_permission: bool = True
 
+    #: The operand element type the kernel reads.
+    operand_dtype = "bf16"
+
     @staticmethod
-    def for_shape(kp: int, np_: int, *, batch_b: bool = False) -> AmxGemm:
-        """The kernel for ``kp`` x ``np_`` with the measured blocking (128 x 64, or 128 x 32
-        where 64 does not divide ``np_``)."""
+    def for_shape(k: int, n: int, *, batch_b: bool = False) -> AmxGemm:
+        """The kernel for a ``k`` x ``n`` product (padded to multiples of 32) with the measured
+        blocking (128 x 64, or 128 x 32 where 64 does not divide the padded ``n``)."""
+        kp, np_ = padded(k), padded(n)
         cols = 64 if np_ % 64 == 0 else 32
         return AmxGemm(kp, np_, batch_b, 128, cols)
+
+    def pack_layout(self, kind: str, batch: int) -> tuple[list[int], str, list[int]]:
+        """How :mod:`.matmuls` packs ``B`` (already padded to ``kp`` x ``np_``): the expanded
+        sizes, the reassociation of the expand, and the permutation into the tile order of the
+        module doc. ``kind``: ``"kn"`` (``[Kp, Np]``), ``"nk"`` (``[Np, Kp]``, a linear's
+        weight), ``"bkn"`` (``[batch, Kp, Np]``)."""
+        kt, nt = self.kp // _K_STEP, self.np_ // _TILE_ROWS
+        if kind == "kn":
+            return [kt, 16, 2, nt, 16], "[[0, 1, 2], [3, 4]]", [3, 0, 1, 4, 2]
+        if kind == "nk":
+            return [nt, 16, kt, 16, 2], "[[0, 1], [2, 3, 4]]", [0, 2, 3, 1, 4]
+        return [batch, kt, 16, 2, nt, 16], "[[0], [1, 2, 3], [4, 5]]", [0, 4, 1, 2, 5, 3]
 
     def __post_init__(self) -> None:
         if self.kp % _K_STEP or self.np_ % _N_STEP or self.kp <= 0 or self.np_ <= 0:

@@ -14,7 +14,11 @@ flags:
 - every target: mutable globals of the same type and initial value (per-layer KV caches) get
   their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
 - ``llvm-cpu`` with ``precision="bf16"`` (the ``--turbine-precision=bf16`` flag): fp32 matmuls
-  as calls of the AMX bf16 kernel (:mod:`.bf16`); refused where the host has no AMX-BF16.
+  as calls of the AMX bf16 kernel (:mod:`.bf16`, :mod:`.matmuls`); refused where the host has
+  no AMX-BF16. Otherwise, for host builds with turbine's fast-matmul defaults on an AVX-512
+  CPU: fp32 matmuls as calls of turbine's AVX-512 fp32 kernel (:mod:`.matmuls`,
+  :mod:`.avx512`; 1.2-2.5x IREE's matmul code). ``TURBINE_CPU_MATMUL=iree`` or
+  ``--turbine-cpu-matmul=iree`` keeps IREE's.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
-from .bf16 import bf16_matmuls, check_precision, precision_of, rewrite_matmuls_bf16
+from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .globals import separate_shared_globals, shared_mutable_globals
+from .matmuls import cpu_matmul_kernel, rewritable_matmuls, rewrite_matmuls_avx512
 from .targets import flag_targets
 
 __all__ = ["REVISION", "module_for_compile", "source_for_compile"]
@@ -37,8 +42,8 @@ __all__ = ["REVISION", "module_for_compile", "source_for_compile"]
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
 #: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
 #: 3: mutable globals sharing an initial value; 4: stem and 1x1 convolutions as matmuls on
-#: llvm-cpu; 5: bf16 matmuls on AMX.
-REVISION = 5
+#: llvm-cpu; 5: bf16 matmuls on AMX; 6: fp32 matmuls on the AVX-512 kernel by default.
+REVISION = 6
 
 _log = logging.getLogger("turbine.aot")
 
@@ -62,7 +67,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     bf16 = precision_of(flags) == "bf16"
     if bf16:
         check_precision(flags)
-    if not attention and not casts and not shared_globals and not convs and not bf16:
+    avx512 = not bf16 and targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    matmul = bf16 or avx512
+    if not attention and not casts and not shared_globals and not convs and not matmul:
         return module_op, False
     copy = op.clone()
     if attention:
@@ -77,9 +84,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if convs:
         count = rewrite_convs_as_matmuls(copy)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
-    if bf16 and bf16_matmuls(copy):  # after attention: its matmuls are rewritten too
-        count = rewrite_matmuls_bf16(copy)
-        _log.info("precision bf16: %d matmul(s) on the AMX bf16 kernel", count)
+    if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
+        if bf16:
+            count = rewrite_matmuls_bf16(copy)
+            _log.info("precision bf16: %d matmul(s) on the AMX bf16 kernel", count)
+        else:
+            count = rewrite_matmuls_avx512(copy)
+            _log.info("llvm-cpu target: %d fp32 matmul(s) on the AVX-512 kernel", count)
     return copy, True
 
 
