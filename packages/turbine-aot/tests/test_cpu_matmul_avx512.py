@@ -185,3 +185,16 @@ def test_dynamic_batch_and_attention_match_eager():
     for b in (1, 5):
         x = torch.randn(b, 24, 64)
         torch.testing.assert_close(m.main(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_compile_cache_keys_on_the_kernel_choice(monkeypatch):
+    from turbine_aot._compiler.cache import CompileCache
+
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    monkeypatch.delenv("TURBINE_CPU_ATTENTION", raising=False)
+    keys = [CompileCache.key(b"module", _flags())]
+    monkeypatch.setenv("TURBINE_CPU_MATMUL", "iree")  # another module: never served for the first
+    keys.append(CompileCache.key(b"module", _flags()))
+    monkeypatch.setenv("TURBINE_CPU_ATTENTION", "keep")
+    keys.append(CompileCache.key(b"module", _flags()))
+    assert len(set(keys)) == 3

@@ -130,7 +130,7 @@ class CompileCache:
         h = hashlib.sha256()
         h.update(b"turbine-compile-cache-v1\0")
         h.update((version or compiler_version()).encode() + b"\0")
-        h.update(f"rewrites-{rewrites.REVISION}".encode() + b"\0")
+        h.update(f"rewrites-{rewrites.REVISION}-{rewrites.environment_key()}".encode() + b"\0")
         h.update(json.dumps(list(flags)).encode() + b"\0")
         h.update(target.encode() + b"\0")
         h.update(ir)

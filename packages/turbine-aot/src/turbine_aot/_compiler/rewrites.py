@@ -33,10 +33,15 @@ from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .globals import separate_shared_globals, shared_mutable_globals
-from .matmuls import cpu_matmul_kernel, rewritable_matmuls, rewrite_matmuls_avx512
+from .matmuls import (
+    CPU_MATMUL_ENV,
+    cpu_matmul_kernel,
+    rewritable_matmuls,
+    rewrite_matmuls_avx512,
+)
 from .targets import flag_targets
 
-__all__ = ["REVISION", "module_for_compile", "source_for_compile"]
+__all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
 
 #: What the rewrites hand IREE, as a number the compile cache keys on: bump it whenever a rewrite
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
@@ -46,6 +51,16 @@ __all__ = ["REVISION", "module_for_compile", "source_for_compile"]
 REVISION = 6
 
 _log = logging.getLogger("turbine.aot")
+
+#: The environment variables that change what the rewrites hand IREE.
+_ENVIRONMENT = ("TURBINE_CPU_ATTENTION", "TURBINE_CPU_CONV_MATMUL", CPU_MATMUL_ENV)
+
+
+def environment_key() -> str:
+    """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
+    ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``), for the compile cache's keys: a module
+    compiled under one choice is not served for another."""
+    return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
 
 def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
