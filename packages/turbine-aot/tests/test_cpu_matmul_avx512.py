@@ -58,6 +58,12 @@ def test_the_kernel_is_the_default_for_host_builds_with_avx512(monkeypatch):
     # portable builds, builds without turbine's fast-matmul defaults: IREE's matmul code
     assert cpu_matmul_kernel(default_compile_flags("llvm-cpu", host=False, use_env=False)) == "iree"
     assert cpu_matmul_kernel(default_compile_flags("llvm-cpu", fast_matmul=False)) == "iree"
+    # a compile that fails with the defaults is retried without data tiling + ukernels: then
+    # with IREE's matmul code too
+    from turbine_aot._compiler.targets import retry_flags
+
+    retry = retry_flags(host, [])
+    assert retry is not None and cpu_matmul_kernel(retry) == "iree"
     # the flag and the environment choose; the flag wins
     assert cpu_matmul_kernel([*host, "--turbine-cpu-matmul=iree"]) == "iree"
     monkeypatch.setenv("TURBINE_CPU_MATMUL", "iree")
