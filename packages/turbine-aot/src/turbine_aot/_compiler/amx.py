@@ -6,7 +6,7 @@ than its fp32 one), but its LLVM backend assembles AMX instructions. This module
 kernel as a ``stream.executable`` whose function is plain MLIR (``scf`` loops, ``memref``
 address arithmetic) around ``llvm.inline_asm`` AMX instructions; IREE compiles it like any
 dispatch (no C compiler, no plugin) and the program calls it with ``flow.dispatch``
-(:mod:`.bf16` writes those calls).
+(:mod:`.matmuls` writes those calls for ``precision="bf16"``, :mod:`.bf16`).
 
 The kernel computes ``C[z, m, n] (f32) = sum_k A[z, m, k] (bf16) * B[z, k, n] (bf16)``:
 
@@ -27,8 +27,8 @@ entry, 32 rows at a time; the last strip of ``M`` (any ``M``, dynamic too) loads
 configuration with fewer rows, so ``A`` and ``C`` need no padding in ``M``. The workgroup grid
 is ``(Np / cols, ceil(M / rows), batch)``, which IREE's task system spreads over its workers.
 
-Measured (docs/performance.md, "bf16 on AMX"): 690-970 GFLOP/s on one core for the GPT-2-small
-matmul shapes, against oneDNN's AMX 550-660 and IREE's own fp32 90.
+Measured (docs/performance.md, section 9): 690-970 GFLOP/s on one core for the GPT-2-small
+matmul shapes, against oneDNN's AMX 550-660 and IREE's own fp32 code 90-110.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ __all__ = [
 #: The ``/proc/cpuinfo`` flags the kernel needs: the tile registers and the bf16 tile product.
 AMX_FEATURES = ("amx_tile", "amx_bf16")
 #: The ``iree.reflection`` key of a public function naming the CPU features its module's code
-#: needs (comma separated); :mod:`.bf16` sets it to :data:`AMX_FEATURES`.
+#: needs (comma separated); :mod:`.matmuls` sets it (:data:`AMX_FEATURES` for the AMX kernel).
 CPU_REQUIRES_KEY = "turbine.cpu_requires"
 
 #: ``arch_prctl`` codes (``asm/prctl.h``) and the tile-data state component (``XFEATURE_XTILEDATA``).

@@ -1,8 +1,9 @@
 """The AVX-512 fp32 matmul kernel: a hand-written IREE executable (MLIR ``vector`` ops), the
 weight layout it reads, and the host check.
 
-IREE 3.13's fp32 ``mmt4d`` ukernel reaches 90-105 GFLOP/s on one core of this AVX-512 CPU for
-the GPT-2-small matmul shapes, oneDNN 150-165 (docs/performance.md, section 6). This kernel is
+IREE 3.13's fp32 ``mmt4d`` ukernel reaches 90-127 GFLOP/s on one core of this AVX-512 CPU for
+the GPT-2-small matmul shapes, oneDNN 150-165, this kernel 140-158 (docs/performance.md,
+sections 6 and 9; at M = 1-8 it is 2-2.5x IREE's code). This kernel is
 written as a ``stream.executable`` over ``vector<16xf32>`` FMAs that IREE compiles like any
 dispatch; :mod:`.matmuls` writes the calls. It computes
 ``C[z, m, n] (f32) = sum_k A[z, m, k] * B[z, k, n]`` (f32):
