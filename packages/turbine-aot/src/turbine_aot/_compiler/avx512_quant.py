@@ -212,7 +212,9 @@ class Avx512QuantGemm:
         tys = ", ".join([vt] * len(accs))
         iters = ", ".join(f"{a} = %zero" for a in accs)
         e(f"{p}%cstep = arith.constant {16 * unroll} : index")
-        e(f"{p}%res:{len(accs)} = scf.for %k = %c0 to %c{self.k} step %cstep iter_args({iters}) -> ({tys}) {{")
+        e(
+            f"{p}%res:{len(accs)} = scf.for %k = %c0 to %c{self.k} step %cstep iter_args({iters}) -> ({tys}) {{"
+        )
         cur = {(r, j): f"%acc{r}_{j}" for r in range(rows) for j in range(nr)}
         for u in range(unroll):
             e(f"{p}  %k{u} = affine.apply affine_map<()[s0] -> (s0 + {16 * u})>()[%k]")
@@ -224,7 +226,11 @@ class Avx512QuantGemm:
                 for j in range(nr):
                     e(f"{p}  %f{u}_{r}_{j} = vector.fma %x{u}_{r}, %w{u}_{j}, {cur[r, j]} : {vt}")
                     cur[r, j] = f"%f{u}_{r}_{j}"
-        e(f"{p}  scf.yield " + ", ".join(cur[r, j] for r in range(rows) for j in range(nr)) + f" : {tys}")
+        e(
+            f"{p}  scf.yield "
+            + ", ".join(cur[r, j] for r in range(rows) for j in range(nr))
+            + f" : {tys}"
+        )
         e(f"{p}}}")
         self._store(e, rows, "%res", c_t, p)
 
@@ -264,7 +270,9 @@ class Avx512QuantGemm:
                     e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
             elif self.bits == 4:  # the nibbles are q + 8
                 e(f"{q}%zb{j} = arith.addf %eight, %zero : {vt}")
-        cur: dict[tuple[int, int], str | None] = {(r, j): None for r in range(rows) for j in range(nr)}
+        cur: dict[tuple[int, int], str | None] = {
+            (r, j): None for r in range(rows) for j in range(nr)
+        }
 
         def fma(x: str, w: str, r: int, j: int, tag: str) -> None:
             prev = cur[r, j]
@@ -309,8 +317,12 @@ class Avx512QuantGemm:
                     e(f"{q}%xb{st}_{r} = vector.load %ma[%row{r}, %ko{st}_{r}b] : {a_t}, {vt}")
                     even = ", ".join(str(2 * i) for i in range(16))
                     odd = ", ".join(str(2 * i + 1) for i in range(16))
-                    e(f"{q}%xe{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{even}] : {vt}, {vt}")
-                    e(f"{q}%xo{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{odd}] : {vt}, {vt}")
+                    e(
+                        f"{q}%xe{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{even}] : {vt}, {vt}"
+                    )
+                    e(
+                        f"{q}%xo{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{odd}] : {vt}, {vt}"
+                    )
                     for j in range(nr):
                         fma(f"%xe{st}_{r}", f"%low{st}_{j}", r, j, f"{st}e")
                         fma(f"%xo{st}_{r}", f"%hiw{st}_{j}", r, j, f"{st}o")

@@ -224,7 +224,9 @@ def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm) -> str:
         e(f"  %qb = flow.tensor.bitcast %q : {q_t} -> tensor<{g.n}x{g.k // 2}xi8>")
         weights = ["%qb"]
     if g.scale is not None:
-        e(f"  %s2 = tensor.collapse_shape %s [[0], [1, 2]] : {s3_t} into tensor<{g.n}x{groups}xf32>")
+        e(
+            f"  %s2 = tensor.collapse_shape %s [[0], [1, 2]] : {s3_t} into tensor<{g.n}x{groups}xf32>"
+        )
         weights.append("%s2")
     if g.zero_point is not None:
         e(f"  %z2 = tensor.collapse_shape %z [[0], [1, 2]] : {z3_t} into tensor<{g.n}x{groups}xi8>")
@@ -237,6 +239,42 @@ def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm) -> str:
     e(f"  return {c} : {out_t}")
     e("}")
     return "\n".join(lines)
+
+
+#: Ops without side effects that the dequantization of a rewritten weight is made of.
+_PURE = frozenset(
+    {
+        *_CASTS,
+        *_VIEWS,
+        "torch.aten.t",
+        "torch.aten.sub.Tensor",
+        "torch.aten.mul.Tensor",
+        "torch.prim.ListConstruct",
+        "torch.constant.int",
+        "torch.constant.none",
+        "torch.constant.bool",
+        "torch.constant.device",
+        "torch_c.from_builtin_tensor",
+        "arith.extsi",
+        "util.global.load",
+    }
+)
+
+
+def _erase_dead(value: Any) -> None:
+    """Erases the ops computing ``value`` that nothing uses any more (the dequantization of a
+    rewritten weight: left in place, an ``i4`` global's now dead sign extension makes IREE 3.13
+    reject the module's bytecode: "parsed use-list orders were invalid")."""
+    stack = [_owner(value)]
+    while stack:
+        op = stack.pop()
+        if op is None or op.name not in _PURE:
+            continue
+        if any(len(list(r.uses)) for r in op.results):
+            continue
+        operands = list(op.operands)
+        op.erase()
+        stack.extend(_owner(v) for v in operands)
 
 
 def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
@@ -256,9 +294,10 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
         for o in body.operations
         if "sym_name" in o.operation.attributes
     }
-    found = [(o, _spec(o)) for o in rewritable_quant_matmuls(op)]
+    found = rewritable_quant_matmuls(op)
     kernels: set[str] = set()
-    for index, (mm, spec) in enumerate(found):
+    for index, mm in enumerate(found):
+        spec = _spec(mm)  # now: the rewrites before it replaced values it refers to
         assert spec is not None
         kernel = spec.kernel()
         if kernel.name not in kernels:
@@ -305,8 +344,10 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
             result = Operation.create(
                 "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
             ).result
+        weight = mm.operands[1]
         mm.results[0].replace_all_uses_with(result)
         mm.erase()
+        _erase_dead(weight)
     if found:
         mark_cpu_requires(op, AVX512_FEATURES)
     return len(found)
