@@ -168,7 +168,10 @@ def measure(args) -> dict:
 
     driver = "local-sync" if args.threads == 1 else "local-task"
     tmp = Path(tempfile.mkdtemp(prefix="turbine-quant-bench-"))
-    built = {v: _build(v, args, tmp) for v in VARIANTS}
+    variants = [v for v in args.variants.split(",") if v]
+    if "fp32" not in variants:
+        variants.insert(0, "fp32")  # the baseline of every ratio
+    built = {v: _build(v, args, tmp) for v in variants}
     fns, errors, results = {}, {}, {}
     for v, b in built.items():
         io = torch.load(tmp / f"{v}.io.pt")
@@ -186,7 +189,7 @@ def measure(args) -> dict:
     with torch.no_grad():
         t = _harness.time_interleaved(fns, calls=args.calls, budget_s=args.budget_s)
     memory = {}
-    for v, b in built.items():
+    for v, b in built.items() if args.memory else ():
         path = b["vmfb"]["kernel"]
         out = tmp / f"{v}.mem.json"
         child = _harness.run_json_child(
@@ -297,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--budget-s", type=float, default=60.0)
+    p.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS)
+    )
+    p.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip the resident-memory children"
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import torch

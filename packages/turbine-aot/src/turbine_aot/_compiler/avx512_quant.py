@@ -246,11 +246,9 @@ class Avx512QuantGemm:
         tys = ", ".join([vt] * len(tots))
         iters = ", ".join(f"{a} = %zero" for a in tots)
         if self.bits == 4:
-            e(f"{p}%x88 = arith.constant dense<-120> : vector<16xi8>")  # 0x88
-            e(f"{p}%x0f = arith.constant dense<15> : vector<16xi8>")
-            e(f"{p}%x4 = arith.constant dense<4> : vector<16xi8>")
-            if not self.zero_point:
-                e(f"{p}%eight = arith.constant dense<8.0> : {vt}")
+            values = ", ".join(f"{v:.1f}" for v in [*range(8), *range(-8, 0)])
+            e(f"{p}%qvals = arith.constant dense<[{values}]> : {vt}")  # nibble -> value
+            e(f"{p}%c4v = arith.constant dense<4> : vector<16xi32>")
         e(
             f"{p}%res:{len(tots)} = scf.for %g = %c0 to %c{self.groups} step %c1 "
             f"iter_args({iters}) -> ({tys}) {{"
@@ -262,16 +260,17 @@ class Avx512QuantGemm:
             if self.zero_point:
                 e(f"{q}%zv{j} = memref.load %mz[%n{j}, %g] : {z_t}")
                 e(f"{q}%zf{j} = arith.sitofp %zv{j} : i8 to f32")
-                if self.bits == 4:
-                    e(f"{q}%eights{j} = arith.constant 8.0 : f32")
-                    e(f"{q}%zo{j} = arith.addf %zf{j}, %eights{j} : f32")
-                    e(f"{q}%zb{j} = vector.broadcast %zo{j} : f32 to {vt}")
-                else:
-                    e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
-            elif self.bits == 4:  # the nibbles are q + 8
-                e(f"{q}%zb{j} = arith.addf %eight, %zero : {vt}")
+                e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
+            if self.bits == 4:  # the group's 16 dequantized values, (q - z) * s as eager's
+                qz = "%qvals"
+                if self.zero_point:
+                    e(f"{q}%qz{j} = arith.subf %qvals, %zb{j} : {vt}")
+                    qz = f"%qz{j}"
+                e(f"{q}%tab{j} = arith.mulf {qz}, %sb{j} : {vt}")
         cur: dict[tuple[int, int], str | None] = {
-            (r, j): None for r in range(rows) for j in range(nr)
+            (r, j): f"%tot{r}_{j}" if self.bits == 4 else None
+            for r in range(rows)
+            for j in range(nr)
         }
 
         def fma(x: str, w: str, r: int, j: int, tag: str) -> None:
@@ -305,12 +304,13 @@ class Avx512QuantGemm:
                 for j in range(nr):
                     b = f"%qv{st}_{j}"
                     e(f"{q}{b} = vector.load %mq[%n{j}, %bo{st}] : {q_t}, vector<16xi8>")
-                    e(f"{q}%t{st}_{j} = arith.xori {b}, %x88 : vector<16xi8>")
-                    e(f"{q}%lo{st}_{j} = arith.andi %t{st}_{j}, %x0f : vector<16xi8>")
-                    e(f"{q}%hi{st}_{j} = arith.shrui %t{st}_{j}, %x4 : vector<16xi8>")
-                    for h in ("lo", "hi"):
-                        e(f"{q}%{h}f{st}_{j} = arith.uitofp %{h}{st}_{j} : vector<16xi8> to {vt}")
-                        e(f"{q}%{h}w{st}_{j} = arith.subf %{h}f{st}_{j}, %zb{j} : {vt}")
+                    e(f"{q}%lo{st}_{j} = arith.extui {b} : vector<16xi8> to vector<16xi32>")
+                    e(f"{q}%hi{st}_{j} = arith.shrui %lo{st}_{j}, %c4v : vector<16xi32>")
+                    for h in ("lo", "hi"):  # vpermps: lane i = table[index_i & 15]
+                        e(
+                            f'{q}%{h}w{st}_{j} = llvm.call_intrinsic "llvm.x86.avx512.permvar.sf.512"'
+                            f"(%tab{j}, %{h}{st}_{j}) : ({vt}, vector<16xi32>) -> {vt}"
+                        )
                 for r in range(rows):
                     e(f"{q}%ko{st}_{r}b = affine.apply affine_map<()[s0] -> (s0 + 16)>()[%ko{st}]")
                     e(f"{q}%xa{st}_{r} = vector.load %ma[%row{r}, %ko{st}] : {a_t}, {vt}")
@@ -329,6 +329,9 @@ class Avx512QuantGemm:
         outs = []
         for r in range(rows):
             for j in range(nr):
+                if self.bits == 4:  # the weights were scaled in the table
+                    outs.append(str(cur[r, j]))
+                    continue
                 e(f"{q}%nt{r}_{j} = vector.fma %sb{j}, {cur[r, j]}, %tot{r}_{j} : {vt}")
                 outs.append(f"%nt{r}_{j}")
         e(f"{q}scf.yield " + ", ".join(outs) + f" : {tys}")
