@@ -221,6 +221,11 @@ def measure(args) -> dict:
             "archive_mib": b["archive_mib"],
             "weight_bytes_per_call": wb,
             "limit_ms": wb / (bw[args.threads] * 1e9) * 1e3,
+            "cpu_ms": {
+                kind: t[f"{v}/{kind}"]["cpu"] * 1e3
+                for kind in ("kernel", "iree", "eager")
+                if f"{v}/{kind}" in t
+            },
             "ms": {
                 kind: t[f"{v}/{kind}"]["wall"] * 1e3
                 for kind in ("kernel", "iree", "eager")
@@ -247,6 +252,7 @@ def measure(args) -> dict:
 
 def table(r: dict) -> str:
     fp32 = r["variants"]["fp32"]["ms"]["kernel"]
+    fp32_cpu = r["variants"]["fp32"]["cpu_ms"]["kernel"]
     head = [
         "weights",
         "bytes read / call (MiB)",
@@ -254,6 +260,7 @@ def table(r: dict) -> str:
         "turbine (kernel) ms",
         "calls/s",
         "× fp32 calls/s",
+        "CPU ms (× fp32)",
         "IREE dequant + matmul ms",
         "× fp32 (IREE)",
         "eager ms",
@@ -273,6 +280,7 @@ def table(r: dict) -> str:
             f"{ms['kernel']:.2f}",
             f"{1e3 / ms['kernel']:.0f}",
             f"**{fp32 / ms['kernel']:.2f}×**",
+            f"{x['cpu_ms']['kernel']:.2f} ({fp32_cpu / x['cpu_ms']['kernel']:.2f}×)",
             f"{ms['iree']:.2f}" if "iree" in ms else "–",
             f"{fp32 / ms['iree']:.2f}×" if "iree" in ms else "–",
             f"{ms['eager']:.2f}" if "eager" in ms else "–",
