@@ -41,9 +41,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import numpy as np  # noqa: E402
-
 import _harness  # noqa: E402
+import numpy as np  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128")
 

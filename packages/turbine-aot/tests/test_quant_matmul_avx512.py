@@ -95,9 +95,7 @@ def _export(config: str, external: bool, tmp_path, rows: int = 1, dynamic: bool 
 
 # ---------------------------------------------------------------------------- when it applies
 @pytest.mark.parametrize("config", ["int8", "int4-g32"])
-def test_the_compile_copy_calls_the_kernel_on_the_integer_weights(
-    monkeypatch, tmp_path, config
-):
+def test_the_compile_copy_calls_the_kernel_on_the_integer_weights(monkeypatch, tmp_path, config):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     _, eo, _ = _export(config, True, tmp_path)
@@ -111,7 +109,9 @@ def test_the_compile_copy_calls_the_kernel_on_the_integer_weights(
     assert 'turbine.cpu_requires = "avx512f"' in asm
     if config == "int4-g32":
         # the i4 global read as its bytes; its dequantization to f32 is gone
-        assert re.search(r"flow.tensor.bitcast %\w+ : tensor<256x256xi4> -> tensor<256x128xi8>", asm)
+        assert re.search(
+            r"flow.tensor.bitcast %\w+ : tensor<256x256xi4> -> tensor<256x128xi8>", asm
+        )
         assert "arith.extsi" not in asm
         assert "torch.aten.sub.Tensor" not in asm
     else:

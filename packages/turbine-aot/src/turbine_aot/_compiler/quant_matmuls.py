@@ -319,10 +319,10 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
         m = "?" if spec.m is None else str(spec.m)
         with mm.location, InsertionPoint(mm):
 
-            def builtin(value: Any, t: str) -> Any:
+            def builtin(value: Any, t: str, context: Any = mm.context) -> Any:
                 return Operation.create(
                     "torch_c.to_builtin_tensor",
-                    results=[Type.parse(t, mm.context)],
+                    results=[Type.parse(t, context)],
                     operands=[value],
                 ).result
 
