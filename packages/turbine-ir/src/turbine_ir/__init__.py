@@ -4,7 +4,8 @@ The only package that imports ``iree.compiler.ir``, its dialects and the pass ma
 :mod:`turbine_ir.ir`, :mod:`turbine_ir.dialects` and :mod:`turbine_ir.passmanager`. Provides the
 torch dtype ↔ MLIR element type mapping, tensor → dense resource attributes, and the builders
 every export path uses (:class:`ModuleBuilder`, :class:`GlobalAttributes`,
-:class:`FunctionBuilder`).
+:class:`FunctionBuilder`), and the one parser of torch-dialect tensor type strings
+(:class:`VtensorType`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from ._resources import (
     tensor_to_dense_attr,
     tensor_to_dense_resource_attr,
 )
+from ._vtensor import VtensorType
 
 __all__ = [
     "AFFINITY_ARG_ATTR",
@@ -77,6 +79,7 @@ __all__ = [
     "TurbineIrError",
     "TypeCache",
     "UnsupportedDtypeError",
+    "VtensorType",
     "attributes_from_argument_device_affinities",
     "build_index_constant",
     "build_tensor_dim_value",

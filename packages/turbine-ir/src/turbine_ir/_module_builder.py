@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from ._dtypes import (
 from ._errors import IrBuildError
 from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes, device_trait
 from ._resources import tensor_to_dense_attr
+from ._vtensor import VtensorType
 
 __all__ = [
     "Empty",
@@ -209,7 +209,6 @@ class TypeCache:
         return torch_tensor_type(shape, dtype, self.context)
 
 
-_VTENSOR_RE = re.compile(r"^!torch\.(v?)tensor<\[([^\]]*)\],(.+)>$")
 _TORCH_SCALARS = {"!torch.int": "i64", "!torch.float": "f64", "!torch.bool": "i1"}
 
 
@@ -227,11 +226,13 @@ class NativeTypeConverter:
         asm = str(torch_type)
         if asm in _TORCH_SCALARS:
             return ir.Type.parse(_TORCH_SCALARS[asm], self._context)
-        m = _VTENSOR_RE.match(asm)
-        if not m:
+        if asm.startswith("!torch.tensor<"):
+            # A non-value tensor converts like its value-semantics twin.
+            asm = "!torch.vtensor<" + asm[len("!torch.tensor<") :]
+        vt = VtensorType.parse(asm)
+        if vt is None:
             return torch_type
-        dims = [None if d.strip() == "?" else int(d) for d in m.group(2).split(",") if d.strip()]
-        elt = m.group(3)
+        dims, elt = list(vt.sizes), vt.dtype
         dtype = element_type_to_torch_dtype(elt)
         if signless:
             return torch_tensor_type(dims, dtype, self._context)
