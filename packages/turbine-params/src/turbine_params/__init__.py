@@ -12,9 +12,9 @@ from ._builder import ParameterArchiveBuilder, save_module_parameters
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
 from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
 from ._errors import ParameterArchiveError
-from ._format import EntryType
 from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
 from ._io import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
+from ._irpa_format import EntryType
 from ._module import externalize_module_parameters
 from ._safetensors import write_safetensors
 from ._subclasses import (

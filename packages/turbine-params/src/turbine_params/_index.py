@@ -14,7 +14,7 @@ import numpy as np
 
 from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
-from ._format import EntryTable, EntryType, RawEntry, parse_archive
+from ._irpa_format import EntryTable, EntryType, RawEntry, parse_archive
 from ._safetensors import read_safetensors_header
 from ._sources import host_bytes, host_nbytes
 
