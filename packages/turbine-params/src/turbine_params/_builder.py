@@ -22,9 +22,8 @@ from ._irpa_format import (
     DEFAULT_FILE_ALIGNMENT,
     SPLAT_PATTERN_LENGTHS,
     EntryType,
-    LayoutEntry,
-    layout_archive,
 )
+from ._irpa_layout import LayoutEntry, layout_archive
 from ._module import module_tensors
 from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
