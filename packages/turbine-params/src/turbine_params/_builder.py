@@ -24,7 +24,7 @@ from ._irpa_format import (
     EntryType,
 )
 from ._irpa_layout import LayoutEntry, layout_archive
-from ._module import module_tensors
+from ._nn_module import module_tensors
 from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
 from ._subclasses import int4_values, is_wrapper_subclass, pack_int4, subclass_inner_tensors

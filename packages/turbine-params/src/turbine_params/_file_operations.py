@@ -1,4 +1,4 @@
-"""Archive tools behind the CLI: describe, strip and verify archives, convert by file type."""
+"""Whole-file operations behind the CLI: describe, strip and verify archives, convert by file type."""
 
 from __future__ import annotations
 
