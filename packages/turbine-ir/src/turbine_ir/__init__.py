@@ -35,26 +35,16 @@ from ._dtypes import (
 )
 from ._errors import IrBuildError, TurbineIrError, UnsupportedDtypeError
 from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes
-from ._module_builder import (
-    Empty,
-    EmptyType,
-    FunctionBuilder,
-    ModuleBuilder,
-    ModuleBuilderOptions,
-    NativeTypeConverter,
-    RefMapping,
-    RefTracker,
-    TypeCache,
-    build_index_constant,
-    build_tensor_dim_value,
-    tensor_storage_key,
-)
+from ._ir_helpers import build_index_constant, build_tensor_dim_value
+from ._module_builder import FunctionBuilder, ModuleBuilder, ModuleBuilderOptions
+from ._ref_tracker import Empty, EmptyType, RefMapping, RefTracker, tensor_storage_key
 from ._resources import (
     RESOURCE_ALIGNMENT,
     tensor_to_bytes,
     tensor_to_dense_attr,
     tensor_to_dense_resource_attr,
 )
+from ._type_conversion import NativeTypeConverter, TypeCache
 from ._vtensor import VtensorType
 
 __all__ = [
