@@ -1,6 +1,6 @@
 """Small IR builders every export path shares: zero initial values, index constants, tensor dims.
 
-Also the type and location queries the builders use (``_as_ranked_tensor``, ``_current_loc``).
+Also the type and location queries the builders use (``as_ranked_tensor``, ``current_loc``).
 """
 
 from __future__ import annotations
@@ -8,7 +8,13 @@ from __future__ import annotations
 from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
-__all__ = ["build_index_constant", "build_tensor_dim_value", "zero_initial_value"]
+__all__ = [
+    "as_ranked_tensor",
+    "build_index_constant",
+    "build_tensor_dim_value",
+    "current_loc",
+    "zero_initial_value",
+]
 
 
 def zero_initial_value(typ: ir.Type, *, what: str = "global") -> ir.Attribute:
@@ -19,8 +25,8 @@ def zero_initial_value(typ: ir.Type, *, what: str = "global") -> ir.Attribute:
     Raises:
         ValueError: ``typ`` is a dynamically shaped tensor, or has no zero (e.g. not a number).
     """
-    with typ.context, _current_loc(typ.context):
-        rtt = _as_ranked_tensor(typ)
+    with typ.context, current_loc(typ.context):
+        rtt = as_ranked_tensor(typ)
         if rtt is not None:
             if not rtt.has_static_shape:
                 raise ValueError(
@@ -51,7 +57,8 @@ def _isa(cls: type, t: ir.Type) -> bool:
     return True
 
 
-def _as_ranked_tensor(t: ir.Type) -> ir.RankedTensorType | None:
+def as_ranked_tensor(t: ir.Type) -> ir.RankedTensorType | None:
+    """``t`` as a ranked tensor type, or ``None`` when it is another type."""
     if isinstance(t, ir.RankedTensorType):
         return t
     try:
@@ -60,7 +67,8 @@ def _as_ranked_tensor(t: ir.Type) -> ir.RankedTensorType | None:
         return None
 
 
-def _current_loc(context: ir.Context) -> ir.Location:
+def current_loc(context: ir.Context) -> ir.Location:
+    """The current location if it belongs to ``context``, else an unknown one in it."""
     try:
         loc = ir.Location.current
     except ValueError:
@@ -92,7 +100,7 @@ def build_tensor_dim_value(
         ValueError: ``t`` is not a ranked tensor or ``dim`` is out of range.
     """
     ttype = t.type
-    rtt = _as_ranked_tensor(ttype)
+    rtt = as_ranked_tensor(ttype)
     if rtt is None:
         raise ValueError(f"build_tensor_dim_value: expected a ranked tensor value, got {ttype}")
     if not -rtt.rank <= dim < rtt.rank:

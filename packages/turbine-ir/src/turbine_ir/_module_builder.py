@@ -23,7 +23,7 @@ from ._affinity import GLOBAL_AFFINITY_ATTR, device_promise_attr
 from ._checks import reshape_element_count_errors
 from ._errors import IrBuildError
 from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes, device_trait
-from ._ir_helpers import _as_ranked_tensor, _current_loc, zero_initial_value
+from ._ir_helpers import as_ranked_tensor, current_loc, zero_initial_value
 from ._ref_tracker import RefTracker
 from ._resources import tensor_to_dense_attr
 from ._type_conversion import NativeTypeConverter, TypeCache
@@ -145,7 +145,7 @@ class ModuleBuilder:
         Result types are set later (:meth:`FunctionBuilder.emit_return`). A taken name gets a
         unique suffix; the actual name is returned.
         """
-        with self.context, _current_loc(self.context) as loc:
+        with self.context, current_loc(self.context) as loc:
             ftype = ir.FunctionType.get(list(argument_types), [])
             # Check the attributes before creating the op: a failure must not leave a
             # half-built, unregistered func.func (a duplicate symbol) in the module.
@@ -194,7 +194,7 @@ class ModuleBuilder:
         affinity: Any = None,
         noinline: bool = False,
     ) -> tuple[str, ir.Operation]:
-        with self.context, _current_loc(self.context) as loc:
+        with self.context, current_loc(self.context) as loc:
             with self._global_ip():
                 op = util.GlobalOp(
                     symbol_name,
@@ -229,7 +229,7 @@ class ModuleBuilder:
         )
 
     def _uninitialized(self, typ: ir.Type) -> ir.Attribute | None:
-        rtt = _as_ranked_tensor(typ)
+        rtt = as_ranked_tensor(typ)
         if rtt is not None and not rtt.has_static_shape:
             # IREE 3.13 cannot size `#util.uninitialized` for a dynamically shaped tensor
             # ("stream.tensor.sizeof ... 0 dimension values"); no initial value means the same.

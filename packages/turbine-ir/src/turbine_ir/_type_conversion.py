@@ -18,7 +18,7 @@ from ._dtypes import (
     torch_tensor_type,
     vtensor_type_asm,
 )
-from ._ir_helpers import _as_ranked_tensor
+from ._ir_helpers import as_ranked_tensor
 from ._vtensor import VtensorType
 
 __all__ = ["NativeTypeConverter", "TypeCache"]
@@ -84,7 +84,7 @@ class NativeTypeConverter:
 
     def native_type_to_torch(self, native_type: ir.Type) -> ir.Type:
         """``tensor<2x?xi64>`` → ``!torch.vtensor<[2,?],si64>`` (signless ints read as signed)."""
-        rt = _as_ranked_tensor(native_type)
+        rt = as_ranked_tensor(native_type)
         if rt is not None:
             dtype = element_type_to_torch_dtype(rt.element_type)
             dims = [None if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank)]
