@@ -71,3 +71,53 @@ def test_public_home():
     assert turbine_fx.user_output_dtypes is _program_results.user_output_dtypes
     assert _jittable.user_output_dtypes is user_output_dtypes
     assert not hasattr(_jittable, "_user_output_dtypes")
+
+
+def test_builtin_results_of_a_call():
+    """Tensor and scalar results become builtin values of the declared dtypes; another type is
+    the caller's error."""
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
+    from turbine_trace import IrImmediateScalar, IrImmediateTensor
+
+    b = Built()
+    with b:
+        func = import_exported_program(b.mb, _mixed_program(), symbol_visibility="private")
+        _, caller = b.mb.create_func_op("caller", [])
+        with InsertionPoint(caller.entry_block):
+            call = Operation.create(
+                "func.call",
+                results=list(func.type.results),
+                operands=[],  # not verified: only the result conversion is under test
+                attributes={
+                    "callee": FlatSymbolRefAttr.get(StringAttr(func.attributes["sym_name"]).value)
+                },
+            )
+            results = turbine_fx.builtin_results(
+                call.results,
+                [torch.int32, torch.float16],  # one dtype short: the int result gets None
+                b.mb.native_type_converter,
+                unsupported=lambda i, asm: AssertionError(f"{i}: {asm}"),
+            )
+            assert [type(r) for r in results] == [
+                IrImmediateTensor,
+                IrImmediateTensor,
+                IrImmediateScalar,
+            ]
+            assert [r.dtype for r in results[:2]] == [torch.int32, torch.float16]
+            assert [str(r.ir_value.type) for r in results] == [
+                "tensor<?xi32>",
+                "tensor<?xf16>",
+                "i64",
+            ]
+            none = Operation.create(
+                "torch.constant.none", results=[Type.parse("!torch.none")]
+            ).results
+            with pytest.raises(ValueError, match=r"0: !torch\.none"):
+                turbine_fx.builtin_results(
+                    none,
+                    [],
+                    b.mb.native_type_converter,
+                    unsupported=lambda i, asm: ValueError(f"{i}: {asm}"),
+                )
+    asm = b.asm()
+    assert "torch_c.to_builtin_tensor" in asm and "torch_c.to_i64" in asm

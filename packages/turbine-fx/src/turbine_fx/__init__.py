@@ -3,7 +3,7 @@
 Public surface: the AOT decomposition table, program import into a ``ModuleBuilder``,
 ``FxPrograms``/``FxProgramsBuilder``, ``passes``, ``jittable``, and how an imported program's
 function returns its outputs (``user_output_dtypes``, ``constant_results``,
-``with_constant_results``). See ``docs/turbine-fx.md``.
+``with_constant_results``, ``builtin_results``). See ``docs/turbine-fx.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from ._fx_programs import FxProgram, FxPrograms, FxProgramsBuilder, program_and_
 from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
 from ._jittable import jittable
 from ._program_prep import PreparedProgram, prepare_program
-from ._program_results import constant_results, user_output_dtypes, with_constant_results
+from ._program_results import (
+    builtin_results,
+    constant_results,
+    user_output_dtypes,
+    with_constant_results,
+)
 from ._quantized import check_quantized_module
 from ._verify import verify_lowering
 
@@ -45,6 +50,7 @@ __all__ = [
     "TurbineFxError",
     "UnsupportedOpError",
     "UnsupportedQuantizationError",
+    "builtin_results",
     "check_quantized_module",
     "constant_results",
     "current_aot_decompositions",

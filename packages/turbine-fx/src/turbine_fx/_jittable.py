@@ -24,8 +24,6 @@ from torch.utils import _pytree as pytree
 from turbine_ir.ir import FlatSymbolRefAttr, Operation, StringAttr
 from turbine_trace import (
     CallableIntrinsic,
-    IrImmediateScalar,
-    IrImmediateTensor,
     IrScalar,
     IrTensor,
     current_ir_trace,
@@ -35,7 +33,12 @@ from ._decompositions import current_aot_decompositions, resolve_decomposition_o
 from ._errors import JittableError
 from ._export_guards import is_constraint_violation, unproven_guards
 from ._importer import import_exported_program
-from ._program_results import constant_results, user_output_dtypes, with_constant_results
+from ._program_results import (
+    builtin_results,
+    constant_results,
+    user_output_dtypes,
+    with_constant_results,
+)
 
 __all__ = ["jittable"]
 
@@ -365,31 +368,14 @@ class jittable(CallableIntrinsic):
                 operands=operands,
                 attributes={"callee": FlatSymbolRefAttr.get(symbol)},
             )
-            results = []
-            for value, dtype in zip(call.results, result_info["dtypes"]):
-                asm = str(value.type)
-                if asm.startswith("!torch.vtensor"):
-                    native = conv.torch_type_to_native(value.type)
-                    builtin = Operation.create(
-                        "torch_c.to_builtin_tensor", results=[native], operands=[value]
-                    ).result
-                    results.append(IrImmediateTensor(builtin, dtype))
-                elif asm == "!torch.int":
-                    i64 = Operation.create(
-                        "torch_c.to_i64",
-                        results=[conv.torch_type_to_native(value.type)],
-                        operands=[value],
-                    ).result
-                    results.append(IrImmediateScalar(i64))
-                elif asm == "!torch.float":
-                    f64 = Operation.create(
-                        "torch_c.to_f64",
-                        results=[conv.torch_type_to_native(value.type)],
-                        operands=[value],
-                    ).result
-                    results.append(IrImmediateScalar(f64))
-                else:
-                    raise JittableError(f"{self!r}: cannot return a value of type {asm}")
+            results = builtin_results(
+                call.results,
+                result_info["dtypes"],
+                conv,
+                unsupported=lambda _, asm: JittableError(
+                    f"{self!r}: cannot return a value of type {asm}"
+                ),
+            )
         flat = with_constant_results(results, result_info["constants"])
         if out_spec is None:
             return flat[0] if len(flat) == 1 else tuple(flat)

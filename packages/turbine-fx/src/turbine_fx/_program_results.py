@@ -1,26 +1,29 @@
-"""The results of an imported program's function: user outputs' dtypes and the constant results.
+"""The results of an imported program's function: their dtypes, the constant results, builtin values.
 
 ``import_exported_program`` leaves constant user outputs (``None``, numbers, strings) out of the
 function it builds and records them in its :data:`CONSTANT_RESULTS_ATTR` attribute; whoever
 calls that function (``jittable``, a ``CompiledModule`` procedure calling a private program, a
 runtime wrapper) puts them back at their flat positions before unflattening the outputs with the
-program's ``out_spec``, and types tensor results with the dtypes the program declared. Those
-rules live here once.
+program's ``out_spec``, and receives the function's torch-dialect results as builtin values
+typed with the dtypes the program declared. Those rules live here once.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.export.graph_signature import ConstantArgument, OutputKind
 
-from turbine_ir.ir import StringAttr
+from turbine_ir import NativeTypeConverter
+from turbine_ir.ir import Operation, StringAttr, Value
+from turbine_trace import IrImmediateScalar, IrImmediateTensor
 
 __all__ = [
     "CONSTANT_RESULTS_ATTR",
+    "builtin_results",
     "constant_results",
     "record_constant_results",
     "user_output_dtypes",
@@ -84,3 +87,47 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
+
+
+#: torch-dialect scalar result types and the ``torch_c`` op that makes each a builtin value.
+_SCALAR_RESULTS = {"!torch.int": "torch_c.to_i64", "!torch.float": "torch_c.to_f64"}
+
+
+def builtin_results(
+    values: Sequence[Value],
+    dtypes: Sequence[torch.dtype | None],
+    converter: NativeTypeConverter,
+    *,
+    unsupported: Callable[[int, str], Exception],
+) -> list[IrImmediateTensor | IrImmediateScalar]:
+    """The results of a ``func.call`` of an imported function, as a procedure receives them.
+
+    A ``!torch.vtensor`` goes through ``torch_c.to_builtin_tensor`` and becomes an
+    ``IrImmediateTensor`` of the program's declared dtype (``dtypes[i]``; ``None`` past their
+    end, see :func:`user_output_dtypes`); a ``!torch.int`` / ``!torch.float`` goes through
+    ``torch_c.to_i64`` / ``torch_c.to_f64`` and becomes an ``IrImmediateScalar``. The ops are
+    emitted at the current insertion point and location.
+
+    Args:
+        values: The call's results.
+        dtypes: The torch dtypes of the results.
+        converter: The module builder's ``native_type_converter``.
+        unsupported: Makes the error raised for result ``i`` of type ``asm`` (another type,
+            which a procedure cannot receive); the caller words it.
+    """
+    results: list[IrImmediateTensor | IrImmediateScalar] = []
+    for i, value in enumerate(values):
+        asm = str(value.type)
+        if asm.startswith("!torch.vtensor"):
+            op_name = "torch_c.to_builtin_tensor"
+        elif asm in _SCALAR_RESULTS:
+            op_name = _SCALAR_RESULTS[asm]
+        else:
+            raise unsupported(i, asm)
+        native = converter.torch_type_to_native(value.type)
+        builtin = Operation.create(op_name, results=[native], operands=[value]).result
+        if op_name == "torch_c.to_builtin_tensor":
+            results.append(IrImmediateTensor(builtin, dtypes[i] if i < len(dtypes) else None))
+        else:
+            results.append(IrImmediateScalar(builtin))
+    return results
