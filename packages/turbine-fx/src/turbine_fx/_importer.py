@@ -48,7 +48,7 @@ __all__ = ["CONSTANT_RESULTS_ATTR", "import_exported_program", "inline_constant_
 logger = logging.getLogger("turbine.fx")
 
 #: Lifted constants with at most this many elements are inlined as literals; larger ones become
-#: globals (DESIGN.md: "Small constants (≤ 1024 elements) may be inlined").
+#: globals (docs/design.md, "Globals and their names").
 inline_constant_limit = 1024
 
 _fx_importer = _fxi
