@@ -115,7 +115,7 @@ class jittable(CallableIntrinsic):
         self.decompose_ops = list(decompose_ops or [])
         self.decomposition_table = decomposition_table
         self.dynamic_shapes = dict(dynamic_shapes or {})
-        self.function_name = function_name or getattr(wrapped_f, "__name__", "jittable")
+        self.function_name: str = function_name or str(getattr(wrapped_f, "__name__", "jittable"))
         self.passes = tuple(passes)
         # module builder -> signature key -> (symbol, arg types, result info, out spec). Keyed
         # weakly by the builder itself: an id() key outlives the builder (its MLIR types keep
