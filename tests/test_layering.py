@@ -332,3 +332,12 @@ def test_the_compiler_layer_imports_nothing_above_it(tmp_path):
         ("turbine_aot._compiler.invoke", "turbine_aot._exporter"),
     ], found
     assert all("sub-layer" in v.rule for v in found)
+
+
+def test_a_root_without_the_packages_is_refused(tmp_path, capsys):
+    """A wrong root (or a misspelt argument) must not read as a tree that holds the contract."""
+    (tmp_path / "packages").mkdir()
+    assert check_layers.main([str(tmp_path)]) == 2
+    assert "no sources of turbine_params" in capsys.readouterr().err
+    assert check_layers.main(["--help"]) == 0
+    assert "Usage" in capsys.readouterr().out

@@ -568,8 +568,20 @@ KNOWN_LAZY_IMPORTS: list[tuple[str, str]] = []
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]) or len(argv) > 1:
+        print(__doc__)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     repo = Path(__file__).resolve().parent.parent
     root = Path(argv[0]).resolve() if argv else repo
+    missing = [p for p in LAYERS if not _sources(root, p).is_dir()]
+    if missing:
+        # A wrong root must not read as a clean tree.
+        print(
+            f"{root}: no sources of {', '.join(missing)} (expected "
+            "packages/<name>/src/<package>/): pass the repository's root",
+            file=sys.stderr,
+        )
+        return 2
     known = {"known_cycles": KNOWN_CYCLES, "known_lazy": KNOWN_LAZY_IMPORTS} if root == repo else {}
     violations = check_tree(root, **known)
     for v in violations:
