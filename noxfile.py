@@ -145,6 +145,13 @@ def bench(session: nox.Session) -> None:
     session.run(py, "benchmarks/run.py", *session.posargs, external=True)
 
 
+@nox.session(name="bench-quant", python=False)
+def bench_quant(session: nox.Session) -> None:
+    """Weight-only int8 / int4 against fp32 on llvm-cpu: 8 x Linear(2048, 2048), batch 1."""
+    py = _dev_python(session)
+    session.run(py, "benchmarks/quant_bench.py", *session.posargs, external=True)
+
+
 @nox.session(name="bench-peers", python=False)
 def bench_peers(session: nox.Session) -> None:
     """turbine vs ONNX Runtime, OpenVINO, AOTInductor and eager on CPU (fp32; 1 and 2 threads)."""

@@ -44,6 +44,7 @@ __all__ = [
     "CPU_REQUIRES_KEY",
     "Kernel",
     "cpu_matmul_kernel",
+    "mark_cpu_requires",
     "rewritable_matmuls",
     "rewrite_matmuls",
     "rewrite_matmuls_avx512",
@@ -473,6 +474,11 @@ def _mark_public_functions(module_op: Any, features: Sequence[str]) -> None:
             listed += [f for f in features if f not in listed]
             entries[CPU_REQUIRES_KEY] = ir.StringAttr.get(",".join(listed))
             attrs[_REFLECTION_ATTR] = ir.DictAttr.get(entries)
+
+
+#: Records CPU features in a module's public functions (``turbine.cpu_requires``, added to what
+#: is there): for the other kernels' rewrites (:mod:`.quant_matmuls`).
+mark_cpu_requires = _mark_public_functions
 
 
 def rewrite_matmuls_avx512(module_op: Any) -> int:

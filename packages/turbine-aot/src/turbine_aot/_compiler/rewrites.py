@@ -19,6 +19,9 @@ flags:
   CPU: fp32 matmuls as calls of turbine's AVX-512 fp32 kernel (:mod:`.matmuls`,
   :mod:`.avx512`; 1.2-2.5x IREE's matmul code). ``TURBINE_CPU_MATMUL=iree`` or
   ``--turbine-cpu-matmul=iree`` keeps IREE's.
+- ``llvm-cpu`` with turbine's AVX-512 kernel chosen (as above): torchao weight-only int8 /
+  int4 matmuls as calls of the AVX-512 quantized kernel, which reads the integer weights as
+  stored (:mod:`.quant_matmuls`, :mod:`.avx512_quant`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .matmuls import (
     rewritable_matmuls,
     rewrite_matmuls_avx512,
 )
+from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
 from .targets import flag_targets
 
 __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
@@ -47,8 +51,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
 #: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
 #: 3: mutable globals sharing an initial value; 4: stem and 1x1 convolutions as matmuls on
-#: llvm-cpu; 5: bf16 matmuls on AMX; 6: fp32 matmuls on the AVX-512 kernel by default.
-REVISION = 6
+#: llvm-cpu; 5: bf16 matmuls on AMX; 6: fp32 matmuls on the AVX-512 kernel by default;
+#: 7: torchao weight-only int8 / int4 matmuls on the AVX-512 quantized kernel.
+REVISION = 7
 
 _log = logging.getLogger("turbine.aot")
 
@@ -84,7 +89,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         check_precision(flags)
     avx512 = not bf16 and targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
     matmul = bf16 or avx512
-    if not attention and not casts and not shared_globals and not convs and not matmul:
+    quant = targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    quant = quant and bool(rewritable_quant_matmuls(op))
+    if not (attention or casts or shared_globals or convs or matmul or quant):
         return module_op, False
     copy = op.clone()
     if attention:
@@ -99,6 +106,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if convs:
         count = rewrite_convs_as_matmuls(copy)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
+    if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
+        count = rewrite_quant_matmuls_avx512(copy)
+        _log.info("llvm-cpu target: %d quantized matmul(s) on the AVX-512 int8/int4 kernel", count)
     if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
         if bf16:
             count = rewrite_matmuls_bf16(copy)

@@ -1,0 +1,337 @@
+"""Weight-only quantized matvec stack: fp32 / torchao int8 / int4 calls/s on llvm-cpu, turbine's
+AVX-512 quantized kernel against IREE's own dequantize + matmul, against the read-bandwidth limit.
+
+The model is issue 26's bandwidth-bound stack: ``layers`` x ``Linear(width, width)`` (no bias),
+batch ``rows`` (1: one decode step). Variants, weights from an ``.irpa`` (externalized, as
+deployed):
+
+* ``fp32`` — the plain model (turbine's default: the AVX-512 fp32 kernel);
+* ``int8`` — ``Int8WeightOnlyConfig()`` (per channel);
+* ``int4-g32`` / ``int4-g128`` — ``IntxWeightOnlyConfig(weight_dtype=torch.int4,
+  granularity=PerGroup(G))`` (packed ``i4`` in the archive);
+
+each compiled twice: turbine's defaults (``kernel``: the quantized matmuls on the AVX-512
+int8 / int4 kernel) and ``--turbine-cpu-matmul=iree`` (``iree``: IREE 3.13's dequantize +
+matmul, what turbine did before). All are timed interleaved in one process (the machine is
+shared: the ratios are the result), median wall time per call, the input already in a device
+buffer; ``eager`` (torchao's own CPU path) beside. Also reported: the bytes of weights (+ scales,
+zero points) each call must read, the parallel read bandwidth of this machine (numpy sum of a
+buffer far larger than the caches, 1 and ``threads`` threads) and the time limit it sets, the
+error against torchao eager, and each variant's resident memory after loading and after calls
+(a child process per variant: RSS growth over the process before loading, against the archive).
+It is a benchmark: nothing asserts on time.
+
+Usage::
+
+    python benchmarks/quant_bench.py                # 2 threads (local-task)
+    python benchmarks/quant_bench.py --threads 1 --json out.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import _harness  # noqa: E402
+import numpy as np  # noqa: E402
+
+VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128")
+
+
+def _model(variant: str, layers: int, width: int):
+    import torch
+
+    torch.manual_seed(0)
+    layers_ = [torch.nn.Linear(width, width, bias=False) for _ in range(layers)]
+    m = torch.nn.Sequential(*layers_).eval()
+    if variant == "fp32":
+        return m
+    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    if variant == "int8":
+        config = Int8WeightOnlyConfig()
+    else:
+        group = int(variant.split("-g")[1])
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group))
+    quantize_(m, config)
+    return m
+
+
+def read_bandwidth_gbs(threads: int, mib: int = 1024) -> float:
+    """Best of 5 parallel reads (numpy ``sum`` of float32 chunks, one chunk per thread) of a
+    ``mib`` MiB buffer: bytes read / s, in GB/s."""
+    buf = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    chunks = np.array_split(buf, threads)
+    best = float("inf")
+    for _ in range(5):
+        ts = [threading.Thread(target=np.sum, args=(c,)) for c in chunks]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _load(irpa: str, vmfb: bytes, driver: str):
+    import iree.runtime as rt
+
+    config = rt.Config(driver)
+    index = rt.ParameterIndex()
+    index.load(irpa)
+    params = rt.create_io_parameters_module(
+        config.vm_instance, index.create_provider(scope="model")
+    )
+    vm = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+    ctx = rt.SystemContext(vm_modules=[params, vm], config=config)
+    return config, ctx.modules.module["main"]
+
+
+def _build(variant: str, args, tmp: Path) -> dict:
+    """Exports ``variant``, writes its archive, compiles both ways: paths and figures."""
+    import torch
+
+    import turbine_aot
+    from turbine_params import externalize_module_parameters, save_module_parameters
+
+    m = _model(variant, args.layers, args.width)
+    x = torch.randn(args.rows, args.width)
+    with torch.no_grad():
+        ref = m(x)
+    externalize_module_parameters(m)
+    irpa = tmp / f"{variant}.irpa"
+    save_module_parameters(irpa, m)
+    eo = turbine_aot.export(m, args=(x,))
+    out = {"irpa": str(irpa), "archive_mib": irpa.stat().st_size / 2**20, "vmfb": {}}
+    for kind, extra in (("kernel", []), ("iree", ["--turbine-cpu-matmul=iree"])):
+        if variant == "fp32" and kind == "iree":
+            continue
+        vmfb = tmp / f"{variant}.{kind}.vmfb"
+        vmfb.write_bytes(bytes(eo.compile(save_to=None, extra_args=extra).map_memory()))
+        out["vmfb"][kind] = str(vmfb)
+    torch.save({"x": x, "ref": ref}, tmp / f"{variant}.io.pt")
+    return out
+
+
+def _weight_bytes(variant: str, layers: int, width: int) -> int:
+    """Bytes of weights, scales and zero points one call reads."""
+    n = k = width
+    if variant == "fp32":
+        per = n * k * 4
+    elif variant == "int8":
+        per = n * k + n * 4
+    else:
+        group = int(variant.split("-g")[1])
+        per = n * k // 2 + n * (k // group) * (4 + 1)
+    return layers * per
+
+
+def memory_child(argv: list[str]) -> int:
+    """``--memory-child VMFB IRPA DRIVER OUT``: resident MiB growth after loading and after
+    calls (a fresh process)."""
+    vmfb, irpa, driver, out = argv
+    import torch
+
+    io = torch.load(Path(vmfb).parent / (Path(vmfb).name.split(".")[0] + ".io.pt"))
+    x = io["x"].numpy()
+    data = Path(vmfb).read_bytes()
+    base = _rss_mib()
+    _, fn = _load(irpa, data, driver)
+    loaded = _rss_mib()
+    for _ in range(5):
+        fn(x).to_host()
+    called = _rss_mib()
+    _harness.write_json(out, {"after_load": loaded - base, "after_calls": called - base})
+    return 0
+
+
+def measure(args) -> dict:
+    import iree.runtime as rt
+    import torch
+
+    driver = "local-sync" if args.threads == 1 else "local-task"
+    tmp = Path(tempfile.mkdtemp(prefix="turbine-quant-bench-"))
+    variants = [v for v in args.variants.split(",") if v]
+    if "fp32" not in variants:
+        variants.insert(0, "fp32")  # the baseline of every ratio
+    built = {v: _build(v, args, tmp) for v in variants}
+    fns, errors, results = {}, {}, {}
+    for v, b in built.items():
+        io = torch.load(tmp / f"{v}.io.pt")
+        x, ref = io["x"], io["ref"]
+        for kind, path in b["vmfb"].items():
+            name = f"{v}/{kind}"
+            config, fn = _load(b["irpa"], Path(path).read_bytes(), driver)
+            got = np.asarray(fn(x.numpy()).to_host())
+            errors[name] = float(np.abs(got - ref.numpy()).max())
+            xd = rt.asdevicearray(config.device, x.numpy())
+            fns[name] = lambda fn=fn, xd=xd: fn(xd)
+        if v != "fp32":
+            m = _model(v, args.layers, args.width)
+            fns[f"{v}/eager"] = lambda m=m, x=x: m(x)
+    with torch.no_grad():
+        t = _harness.time_interleaved(fns, calls=args.calls, budget_s=args.budget_s)
+    memory = {}
+    for v, b in built.items() if args.memory else ():
+        path = b["vmfb"]["kernel"]
+        out = tmp / f"{v}.mem.json"
+        child = _harness.run_json_child(
+            [sys.executable, __file__, "--memory-child", path, b["irpa"], driver, str(out)],
+            out,
+            timeout=300,
+        )
+        memory[v] = child.result
+        if "iree" in b["vmfb"]:
+            out = tmp / f"{v}.iree.mem.json"
+            child = _harness.run_json_child(
+                [
+                    sys.executable,
+                    __file__,
+                    "--memory-child",
+                    b["vmfb"]["iree"],
+                    b["irpa"],
+                    driver,
+                    str(out),
+                ],
+                out,
+                timeout=300,
+            )
+            memory[f"{v}/iree"] = child.result
+    bw = {1: read_bandwidth_gbs(1), args.threads: read_bandwidth_gbs(args.threads)}
+    for v, b in built.items():
+        wb = _weight_bytes(v, args.layers, args.width)
+        results[v] = {
+            "archive_mib": b["archive_mib"],
+            "weight_bytes_per_call": wb,
+            "limit_ms": wb / (bw[args.threads] * 1e9) * 1e3,
+            "cpu_ms": {
+                kind: t[f"{v}/{kind}"]["cpu"] * 1e3
+                for kind in ("kernel", "iree", "eager")
+                if f"{v}/{kind}" in t
+            },
+            "ms": {
+                kind: t[f"{v}/{kind}"]["wall"] * 1e3
+                for kind in ("kernel", "iree", "eager")
+                if f"{v}/{kind}" in t
+            },
+            "max_abs_err_vs_eager": {
+                kind: errors[f"{v}/{kind}"]
+                for kind in ("kernel", "iree")
+                if f"{v}/{kind}" in errors
+            },
+            "resident_mib": memory.get(v),
+            "resident_mib_iree": memory.get(f"{v}/iree"),
+        }
+    return {
+        "layers": args.layers,
+        "width": args.width,
+        "rows": args.rows,
+        "threads": args.threads,
+        "read_bw_gbs": {str(k): v for k, v in bw.items()},
+        "variants": results,
+        "loadavg": os.getloadavg(),
+    }
+
+
+def table(r: dict) -> str:
+    fp32 = r["variants"]["fp32"]["ms"]["kernel"]
+    fp32_cpu = r["variants"]["fp32"]["cpu_ms"]["kernel"]
+    head = [
+        "weights",
+        "bytes read / call (MiB)",
+        "archive (MiB)",
+        "turbine (kernel) ms",
+        "calls/s",
+        "× fp32 calls/s",
+        "CPU ms (× fp32)",
+        "IREE dequant + matmul ms",
+        "× fp32 (IREE)",
+        "eager ms",
+        "limit ms",
+        "limit / turbine",
+        "max err vs eager",
+        "resident after load / calls (MiB)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v, x in r["variants"].items():
+        ms = x["ms"]
+        res = x["resident_mib"] or {}
+        cells = [
+            v,
+            f"{x['weight_bytes_per_call'] / 2**20:.1f}",
+            f"{x['archive_mib']:.1f}",
+            f"{ms['kernel']:.2f}",
+            f"{1e3 / ms['kernel']:.0f}",
+            f"**{fp32 / ms['kernel']:.2f}×**",
+            f"{x['cpu_ms']['kernel']:.2f} ({fp32_cpu / x['cpu_ms']['kernel']:.2f}×)",
+            f"{ms['iree']:.2f}" if "iree" in ms else "–",
+            f"{fp32 / ms['iree']:.2f}×" if "iree" in ms else "–",
+            f"{ms['eager']:.2f}" if "eager" in ms else "–",
+            f"{x['limit_ms']:.2f}",
+            f"{x['limit_ms'] / ms['kernel']:.2f}",
+            f"{x['max_abs_err_vs_eager']['kernel']:.1e}",
+            f"{res.get('after_load', float('nan')):.1f} / {res.get('after_calls', float('nan')):.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    bw = ", ".join(f"{k} thread(s) {v:.1f} GB/s" for k, v in r["read_bw_gbs"].items())
+    load = ", ".join(f"{v:.1f}" for v in r["loadavg"])
+    lines.append("")
+    lines.append(f"read bandwidth: {bw}; load average at the end: {load}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--memory-child"]:
+        return memory_child(argv[1:])
+    p = _harness.argument_parser(__doc__)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--budget-s", type=float, default=60.0)
+    p.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS)
+    )
+    p.add_argument(
+        "--no-memory", dest="memory", action="store_false", help="skip the resident-memory children"
+    )
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.threads > 1:
+        _harness.set_runtime_flags([f"--task_topology_max_group_count={args.threads}"])
+    t0 = time.perf_counter()
+    r = measure(args)
+    print(json.dumps(r, indent=1, default=str), flush=True)
+    print()
+    print(table(r))
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        _harness.write_json(
+            args.json, {"benchmark": "quant", "date": time.strftime("%Y-%m-%d"), **r}
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""The AVX-512 weight-only quantized matmul kernel: a hand-written IREE executable that reads
+int8 / packed int4 weights as they are stored and dequantizes them in registers.
+
+``C[m, n] (f32) = sum_k A[m, k] * W[n, k]`` where ``W`` is the torchao weight-only weight:
+
+- ``group=None`` (``Int8WeightOnlyConfig``, per output channel): ``W = Q`` (``i8``), the
+  per-channel scale is applied after the call by the program's own multiply (as in torchao's
+  math: ``(x @ q.float().T) * scale``).
+- grouped (``IntxWeightOnlyConfig``, ``PerGroup(G)``): ``W[n, k] = (Q[n, k] - Z[n, g]) *
+  S[n, g]`` with ``g = k // G``, ``S`` f32 and ``Z`` i8 (optional) of shape ``[N, K / G]``.
+  ``bits=8``: ``Q`` one value per byte; ``bits=4``: two values per byte, element ``2i`` in the
+  low nibble of byte ``i`` (IREE's ``i4`` layout, what turbine's archives hold).
+
+Every operand is read where it is: ``A`` (``[M, K]`` f32, row-major), ``Q`` (``[N, K]`` bytes or
+``[N, K / 2]`` for int4), ``S`` and ``Z``. No packed copy of the weight is made (nothing for
+IREE to hoist: the bytes read per call are the integer bytes plus the scales).
+
+Blocking: each workgroup computes ``rows_per_workgroup`` rows of ``M`` by ``cols_per_workgroup``
+output channels. For ``nr`` (4) output channels by ``mr`` rows the kernel keeps ``nr * mr``
+``vector<16xf32>`` accumulators of partial dot products along ``K``: per step it loads 16
+weight bytes per channel (16 int8 or 32 int4 values), widens them to f32 (``vpmovsxbd`` /
+``vpmovzxbd`` + ``vcvtdq2ps``; int4: nibbles split with ``xor 0x88``, ``and``, ``shr``, giving
+``q + 8`` unsigned), subtracts the group's zero point, and FMAs them with ``A``'s 16 (int4:
+32, de-interleaved into even / odd ``k``) values; at the end of a group the group's sum is
+scaled into the total; at the end of ``K`` each accumulator is summed across its lanes. Rows
+left over at the end of ``M`` use a kernel of fewer rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Avx512QuantGemm"]
+
+
+@dataclass(frozen=True)
+class Avx512QuantGemm:
+    """One quantized matmul executable for static ``k`` and ``n`` (``M`` given per call).
+
+    Attributes:
+        k, n: the reduction and the output channels.
+        bits: 8 or 4 (the weight's storage).
+        group: the group size of the scales (``None``: no scales in the kernel).
+        zero_point: the grouped weight has zero points.
+        mr, nr: the register block (rows of ``M``, output channels).
+        rows_per_workgroup, cols_per_workgroup: a workgroup's block of ``C``.
+    """
+
+    k: int
+    n: int
+    bits: int = 8
+    group: int | None = None
+    zero_point: bool = False
+    mr: int = 2
+    nr: int = 4
+    rows_per_workgroup: int = 16
+    cols_per_workgroup: int = 32
+
+    @staticmethod
+    def supports(k: int, n: int, bits: int, group: int | None) -> bool:
+        """Whether the kernel handles the shape (else the matmul stays IREE's)."""
+        if bits not in (4, 8) or n % 4 or k <= 0:
+            return False
+        if group is None:
+            return bits == 8 and k % 16 == 0
+        step = 16 if bits == 8 else 32
+        return group > 0 and k % group == 0 and group % step == 0 and group // step <= 8
+
+    @staticmethod
+    def for_shape(k: int, n: int, bits: int, group: int | None, zero_point: bool):
+        cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
+        mr = 4 if group is None else 2
+        return Avx512QuantGemm(k, n, bits, group, zero_point, mr=mr, cols_per_workgroup=cols)
+
+    def __post_init__(self) -> None:
+        if not self.supports(self.k, self.n, self.bits, self.group):
+            raise ValueError(f"quantized AVX-512 kernel: unsupported shape {self}")
+        if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
+            raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
+
+    @property
+    def k_bytes(self) -> int:
+        """The bytes of one output channel's weights."""
+        return self.k if self.bits == 8 else self.k // 2
+
+    @property
+    def groups(self) -> int:
+        return self.k // self.group if self.group else 0
+
+    @property
+    def name(self) -> str:
+        g = f"_g{self.group}{'z' if self.zero_point else ''}" if self.group else ""
+        return (
+            f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
+        )
+
+    def operand_types(self) -> list[str]:
+        """The builtin tensor types of the weight operands (after ``A``)."""
+        types = [f"tensor<{self.n}x{self.k_bytes}xi8>"]
+        if self.group:
+            types.append(f"tensor<{self.n}x{self.groups}xf32>")
+            if self.zero_point:
+                types.append(f"tensor<{self.n}x{self.groups}xi8>")
+        return types
+
+    def dispatch(self, a: str, weights: list[str], m: str) -> str:
+        """The ``flow.dispatch`` of this kernel (result ``tensor<?xNxf32>``)."""
+        a_t = f"tensor<?x{self.k}xf32>{{{m}}}"
+        operands = ", ".join([a, *weights, m])
+        types = ", ".join([a_t, *self.operand_types(), "index"])
+        return (
+            f"flow.dispatch @{self.name}::@{self.name}[{m}]({operands}) : ({types}) -> "
+            f"tensor<?x{self.n}xf32>{{{m}}}"
+        )
+
+    def executable(self) -> str:
+        """The ``stream.executable`` (MLIR text) for a module's top level."""
+        k, n, nr, mr = self.k, self.n, self.nr, self.mr
+        mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
+        a_t, c_t = f"memref<?x{k}xf32>", f"memref<?x{n}xf32>"
+        q_t = f"memref<{n}x{self.k_bytes}xi8>"
+        s_t, z_t = f"memref<{n}x{self.groups}xf32>", f"memref<{n}x{self.groups}xi8>"
+        out: list[str] = []
+        e = out.append
+        name = self.name
+        bindings = ["%a", "%q"]
+        if self.group:
+            bindings.append("%s")
+            if self.zero_point:
+                bindings.append("%z")
+        bindings.append("%c")
+        e(f"stream.executable private @{name} {{")
+        e(
+            f"  stream.executable.export public @{name} workgroups(%m: index) "
+            "-> (index, index, index) {"
+        )
+        e(f"    %x = arith.constant {n // nb} : index")
+        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
+        e("    %one = arith.constant 1 : index")
+        e("    stream.return %x, %y, %one : index, index, index")
+        e("  }")
+        e("  builtin.module {")
+        args = ", ".join(f"{b}: !stream.binding" for b in bindings)
+        e(f"    func.func @{name}({args}, %m: index) {{")
+        consts = {0, 1, mr, nr, nb, k, self.groups} | set(range(max(mr, nr)))
+        for v in sorted(consts):
+            e(f"      %c{v} = arith.constant {v} : index")
+        e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%m}}")
+        e(f"      %mq = stream.binding.subspan %q[%c0] : !stream.binding -> {q_t}")
+        if self.group:
+            e(f"      %ms = stream.binding.subspan %s[%c0] : !stream.binding -> {s_t}")
+            if self.zero_point:
+                e(f"      %mz = stream.binding.subspan %z[%c0] : !stream.binding -> {z_t}")
+        e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
+        e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
+        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
+        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
+        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
+        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        e(f"      scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
+        e("        %ncol = arith.addi %nbase, %nq : index")
+        e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
+        e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
+        micro = self._micro_grouped if self.group else self._micro_plain
+        types = (a_t, q_t, s_t, z_t, c_t)
+        if mr > 1:
+            e("          scf.index_switch %left")
+            for r in range(1, mr):
+                e(f"          case {r} {{")
+                micro(e, r, types, "            ")
+                e("            scf.yield")
+                e("          }")
+            e("          default {")
+            micro(e, mr, types, "            ")
+            e("          }")
+        else:
+            micro(e, 1, types, "          ")
+        e("        }")
+        e("      }")
+        e("      return")
+        e("    }")
+        e("  }")
+        e("}")
+        return "\n".join(out)
+
+    def _indices(self, e, rows: int, p: str) -> None:
+        for r in range(rows):
+            e(f"{p}%row{r} = arith.addi %mi, %c{r} : index")
+        for j in range(self.nr):
+            e(f"{p}%n{j} = arith.addi %ncol, %c{j} : index")
+
+    def _store(self, e, rows: int, res: str, c_t: str, p: str) -> None:
+        """Sums each accumulator across its lanes and stores it."""
+        for r in range(rows):
+            for j in range(self.nr):
+                i = r * self.nr + j
+                e(
+                    f"{p}%sum{i} = vector.reduction <add>, {res}#{i} fastmath<reassoc> : "
+                    "vector<16xf32> into f32"
+                )
+                e(f"{p}memref.store %sum{i}, %mc[%row{r}, %n{j}] : {c_t}")
+
+    def _micro_plain(self, e, rows: int, types: tuple[str, ...], p: str) -> None:
+        """``rows`` x ``nr`` of ``C = A Q^T`` (int8, no scales)."""
+        a_t, q_t, _, _, c_t = types
+        nr, vt = self.nr, "vector<16xf32>"
+        unroll = 4 if self.k % 64 == 0 else 1
+        self._indices(e, rows, p)
+        accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nr)]
+        tys = ", ".join([vt] * len(accs))
+        iters = ", ".join(f"{a} = %zero" for a in accs)
+        e(f"{p}%cstep = arith.constant {16 * unroll} : index")
+        e(
+            f"{p}%res:{len(accs)} = scf.for %k = %c0 to %c{self.k} step %cstep iter_args({iters}) -> ({tys}) {{"
+        )
+        cur = {(r, j): f"%acc{r}_{j}" for r in range(rows) for j in range(nr)}
+        for u in range(unroll):
+            e(f"{p}  %k{u} = affine.apply affine_map<()[s0] -> (s0 + {16 * u})>()[%k]")
+            for j in range(nr):
+                e(f"{p}  %qv{u}_{j} = vector.load %mq[%n{j}, %k{u}] : {q_t}, vector<16xi8>")
+                e(f"{p}  %w{u}_{j} = arith.sitofp %qv{u}_{j} : vector<16xi8> to {vt}")
+            for r in range(rows):
+                e(f"{p}  %x{u}_{r} = vector.load %ma[%row{r}, %k{u}] : {a_t}, {vt}")
+                for j in range(nr):
+                    e(f"{p}  %f{u}_{r}_{j} = vector.fma %x{u}_{r}, %w{u}_{j}, {cur[r, j]} : {vt}")
+                    cur[r, j] = f"%f{u}_{r}_{j}"
+        e(
+            f"{p}  scf.yield "
+            + ", ".join(cur[r, j] for r in range(rows) for j in range(nr))
+            + f" : {tys}"
+        )
+        e(f"{p}}}")
+        self._store(e, rows, "%res", c_t, p)
+
+    def _micro_grouped(self, e, rows: int, types: tuple[str, ...], p: str) -> None:
+        """``rows`` x ``nr`` of ``C = A W^T`` with ``W`` dequantized per group in registers."""
+        a_t, q_t, s_t, z_t, c_t = types
+        nr, vt, group = self.nr, "vector<16xf32>", self.group
+        assert group is not None
+        per_load = 16 if self.bits == 8 else 32  # values per 16-byte load
+        steps = group // per_load
+        self._indices(e, rows, p)
+        tots = [f"%tot{r}_{j}" for r in range(rows) for j in range(nr)]
+        tys = ", ".join([vt] * len(tots))
+        iters = ", ".join(f"{a} = %zero" for a in tots)
+        if self.bits == 4:
+            values = ", ".join(f"{v:.1f}" for v in [*range(8), *range(-8, 0)])
+            e(f"{p}%qvals = arith.constant dense<[{values}]> : {vt}")  # nibble -> value
+            e(f"{p}%c4v = arith.constant dense<4> : vector<16xi32>")
+        e(
+            f"{p}%res:{len(tots)} = scf.for %g = %c0 to %c{self.groups} step %c1 "
+            f"iter_args({iters}) -> ({tys}) {{"
+        )
+        q = p + "  "
+        for j in range(nr):
+            e(f"{q}%sv{j} = memref.load %ms[%n{j}, %g] : {s_t}")
+            e(f"{q}%sb{j} = vector.broadcast %sv{j} : f32 to {vt}")
+            if self.zero_point:
+                e(f"{q}%zv{j} = memref.load %mz[%n{j}, %g] : {z_t}")
+                e(f"{q}%zf{j} = arith.sitofp %zv{j} : i8 to f32")
+                e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
+            if self.bits == 4:  # the group's 16 dequantized values, (q - z) * s as eager's
+                qz = "%qvals"
+                if self.zero_point:
+                    e(f"{q}%qz{j} = arith.subf %qvals, %zb{j} : {vt}")
+                    qz = f"%qz{j}"
+                e(f"{q}%tab{j} = arith.mulf {qz}, %sb{j} : {vt}")
+        cur: dict[tuple[int, int], str | None] = {
+            (r, j): f"%tot{r}_{j}" if self.bits == 4 else None
+            for r in range(rows)
+            for j in range(nr)
+        }
+
+        def fma(x: str, w: str, r: int, j: int, tag: str) -> None:
+            prev = cur[r, j]
+            if prev is None:
+                e(f"{q}%p{tag}_{r}_{j} = arith.mulf {x}, {w} : {vt}")
+            else:
+                e(f"{q}%p{tag}_{r}_{j} = vector.fma {x}, {w}, {prev} : {vt}")
+            cur[r, j] = f"%p{tag}_{r}_{j}"
+
+        for st in range(steps):
+            kbytes = group * self.bits // 8
+            e(
+                f"{q}%ko{st} = affine.apply affine_map<()[s0] -> (s0 * {group} + {st * per_load})>()[%g]"
+            )
+            e(f"{q}%bo{st} = affine.apply affine_map<()[s0] -> (s0 * {kbytes} + {st * 16})>()[%g]")
+            if self.bits == 8:
+                for j in range(nr):
+                    e(f"{q}%qv{st}_{j} = vector.load %mq[%n{j}, %bo{st}] : {q_t}, vector<16xi8>")
+                    w = f"%wf{st}_{j}"
+                    e(f"{q}{w} = arith.sitofp %qv{st}_{j} : vector<16xi8> to {vt}")
+                    if self.zero_point:
+                        e(f"{q}%wz{st}_{j} = arith.subf {w}, %zb{j} : {vt}")
+                        w = f"%wz{st}_{j}"
+                for r in range(rows):
+                    e(f"{q}%xv{st}_{r} = vector.load %ma[%row{r}, %ko{st}] : {a_t}, {vt}")
+                    for j in range(nr):
+                        w = f"%wz{st}_{j}" if self.zero_point else f"%wf{st}_{j}"
+                        fma(f"%xv{st}_{r}", w, r, j, f"{st}")
+            else:
+                for j in range(nr):
+                    b = f"%qv{st}_{j}"
+                    e(f"{q}{b} = vector.load %mq[%n{j}, %bo{st}] : {q_t}, vector<16xi8>")
+                    e(f"{q}%lo{st}_{j} = arith.extui {b} : vector<16xi8> to vector<16xi32>")
+                    e(f"{q}%hi{st}_{j} = arith.shrui %lo{st}_{j}, %c4v : vector<16xi32>")
+                    for h in ("lo", "hi"):  # vpermps: lane i = table[index_i & 15]
+                        e(
+                            f'{q}%{h}w{st}_{j} = llvm.call_intrinsic "llvm.x86.avx512.permvar.sf.512"'
+                            f"(%tab{j}, %{h}{st}_{j}) : ({vt}, vector<16xi32>) -> {vt}"
+                        )
+                for r in range(rows):
+                    e(f"{q}%ko{st}_{r}b = affine.apply affine_map<()[s0] -> (s0 + 16)>()[%ko{st}]")
+                    e(f"{q}%xa{st}_{r} = vector.load %ma[%row{r}, %ko{st}] : {a_t}, {vt}")
+                    e(f"{q}%xb{st}_{r} = vector.load %ma[%row{r}, %ko{st}_{r}b] : {a_t}, {vt}")
+                    even = ", ".join(str(2 * i) for i in range(16))
+                    odd = ", ".join(str(2 * i + 1) for i in range(16))
+                    e(
+                        f"{q}%xe{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{even}] : {vt}, {vt}"
+                    )
+                    e(
+                        f"{q}%xo{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{odd}] : {vt}, {vt}"
+                    )
+                    for j in range(nr):
+                        fma(f"%xe{st}_{r}", f"%low{st}_{j}", r, j, f"{st}e")
+                        fma(f"%xo{st}_{r}", f"%hiw{st}_{j}", r, j, f"{st}o")
+        outs = []
+        for r in range(rows):
+            for j in range(nr):
+                if self.bits == 4:  # the weights were scaled in the table
+                    outs.append(str(cur[r, j]))
+                    continue
+                e(f"{q}%nt{r}_{j} = vector.fma %sb{j}, {cur[r, j]}, %tot{r}_{j} : {vt}")
+                outs.append(f"%nt{r}_{j}")
+        e(f"{q}scf.yield " + ", ".join(outs) + f" : {tys}")
+        e(f"{p}}}")
+        self._store(e, rows, "%res", c_t, p)

@@ -1,0 +1,353 @@
+"""torchao weight-only quantized matmuls of the module handed to IREE rewritten as calls of the
+AVX-512 quantized kernel (:mod:`.avx512_quant`), which reads the integer weights as stored.
+
+IREE 3.13 compiles torchao's dequantize-then-matmul as two dispatches per layer: an element-wise
+one writing the whole weight in f32 and an f32 matmul reading it back, so a quantized call moves
+more bytes than the fp32 one (docs/quantization.md). The exported program stays as it is; the
+compile copy (``rewrites.module_for_compile``) gets, for each ``torch.aten.mm`` whose right
+operand is one of torchao's weight-only patterns as imported, a call of a private function over
+builtin tensors (IREE inlines it) that dispatches the kernel on the weight's integer data:
+
+- ``Int8WeightOnlyConfig`` (per channel): ``mm(x, cast_f32(t(Q)))`` (or ``t(cast_f32(Q))``),
+  ``Q`` ``[N, K]`` si8; the scale multiply that follows stays the program's.
+- ``IntxWeightOnlyConfig`` (``PerGroup(G)``, int4 or int8):
+  ``mm(x, t(view_[N,K]((cast_f32(view_[N,K/G,G](Q)) - cast_f32(Z)) * S)))`` with ``S``
+  ``[N, K/G, 1]`` f32 and ``Z`` ``[N, K/G, 1]`` si8 (the subtraction may be absent). A ``Q``
+  that is an ``i4`` global sign-extended to i8 (``arith.extsi``: turbine's packed archives) is
+  read as its bytes (``flow.tensor.bitcast`` to ``[N, K/2] x i8``): half a byte per weight.
+
+Anything else (other dtypes, shapes the kernel does not take) stays IREE's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .avx512 import AVX512_FEATURES
+from .avx512_quant import Avx512QuantGemm
+from .matmuls import mark_cpu_requires
+from .torch_ir import TensorType, constant, walk
+
+__all__ = ["rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
+
+_CASTS = ("torch.aten._to_copy", "torch.aten.to.dtype")
+_VIEWS = ("torch.aten.view", "torch.aten.reshape")
+
+
+@dataclass(frozen=True)
+class _QuantMatmul:
+    """One rewritable quantized matmul: ``x`` ``[M, K]`` f32 times the weight's transpose."""
+
+    x: Any
+    q: Any  # the integer data: a torch [N, K] si8 value, or a builtin tensor<NxKxi4>
+    q_i4: bool
+    scale: Any  # torch [N, K/G, 1] f32 value, or None (per channel: applied after the call)
+    zero_point: Any  # torch [N, K/G, 1] si8 value, or None
+    m: int | None
+    k: int
+    n: int
+    group: int | None
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.q_i4 else 8
+
+    def kernel(self) -> Avx512QuantGemm:
+        return Avx512QuantGemm.for_shape(
+            self.k, self.n, self.bits, self.group, self.zero_point is not None
+        )
+
+
+def _owner(value: Any) -> Any:
+    owner = value.owner
+    return getattr(owner, "operation", owner) if hasattr(owner, "name") else None
+
+
+def _name(value: Any) -> str | None:
+    owner = _owner(value)
+    return None if owner is None else owner.name
+
+
+def _cast_f32_of(value: Any, dtype: str) -> Any:
+    """``value``'s input when it is an f32 cast of a ``dtype`` tensor (else None)."""
+    op = _owner(value)
+    if op is None or op.name not in _CASTS:
+        return None
+    src = op.operands[0]
+    st, dt = TensorType.of(src), TensorType.of(value)
+    if st is None or dt is None or st.dtype != dtype or dt.dtype != "f32":
+        return None
+    if st.sizes != dt.sizes:
+        return None
+    return src
+
+
+def _view_of(value: Any) -> Any:
+    op = _owner(value)
+    if op is None or op.name not in _VIEWS:
+        return None
+    return op.operands[0]
+
+
+def _transpose_of(value: Any) -> Any:
+    op = _owner(value)
+    if op is None or op.name != "torch.aten.t":
+        return None
+    return op.operands[0]
+
+
+def _int8_weight(w: Any) -> Any:
+    """``Q`` of ``cast_f32(t(Q))`` / ``t(cast_f32(Q))`` (else None)."""
+    inner = _cast_f32_of(w, "si8")
+    if inner is not None:
+        return _transpose_of(inner)
+    inner = _transpose_of(w)
+    return None if inner is None else _cast_f32_of(inner, "si8")
+
+
+def _grouped_weight(w: Any, n: int, k: int) -> tuple[Any, Any, Any, int] | None:
+    """``(Q, S, Z, G)`` of torchao's per-group dequantization feeding ``t(view(...))``."""
+    wt = _transpose_of(w)
+    if wt is None:
+        return None
+    mul = _view_of(wt)
+    if mul is None or _name(mul) != "torch.aten.mul.Tensor":
+        return None
+    mt = TensorType.of(mul)
+    if mt is None or len(mt.sizes) != 3 or mt.sizes[0] != n or None in mt.sizes:
+        return None
+    _, groups, g = mt.sizes
+    if groups * g != k:  # type: ignore[operator]
+        return None
+    a, b = _owner(mul).operands
+    for d, s in ((a, b), (b, a)):
+        st = TensorType.of(s)
+        if st is None or st.dtype != "f32" or st.sizes != [n, groups, 1]:
+            continue
+        zp = None
+        if _name(d) == "torch.aten.sub.Tensor":
+            sub = _owner(d)
+            c, z, alpha = sub.operands
+            if constant(alpha) not in (1, 1.0):
+                return None
+            zp = _cast_f32_of(z, "si8")
+            zt = None if zp is None else TensorType.of(zp)
+            if zt is None or zt.sizes != [n, groups, 1]:
+                return None
+            d = c
+        src = _cast_f32_of(d, "si8")
+        if src is None:
+            return None
+        q = _view_of(src)
+        qt = None if q is None else TensorType.of(q)
+        if qt is None or qt.dtype != "si8" or qt.sizes != [n, k]:
+            return None
+        return q, s, zp, int(g)  # type: ignore[arg-type]
+    return None
+
+
+def _i4_source(q: Any) -> Any:
+    """The ``tensor<NxKxi4>`` that ``q`` (a torch si8 value) sign-extends, else None."""
+    op = _owner(q)
+    if op is None or op.name != "torch_c.from_builtin_tensor":
+        return None
+    ext = _owner(op.operands[0])
+    if ext is None or ext.name != "arith.extsi":
+        return None
+    src = ext.operands[0]
+    return src if str(src.type).endswith("xi4>") else None
+
+
+def _spec(op: Any) -> _QuantMatmul | None:
+    if op.name != "torch.aten.mm" or len(op.operands) != 2:
+        return None
+    x, w = op.operands
+    xt, wt, ot = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
+    if xt is None or wt is None or ot is None:
+        return None
+    if not (xt.dtype == wt.dtype == ot.dtype == "f32") or len(xt.sizes) != 2:
+        return None
+    k, n = wt.sizes
+    if k is None or n is None or xt.sizes[1] != k:
+        return None
+    q = _int8_weight(w)
+    scale = zp = None
+    group: int | None = None
+    if q is None:
+        found = _grouped_weight(w, n, k)
+        if found is None:
+            return None
+        q, scale, zp, group = found
+    qt = TensorType.of(q)
+    if qt is None or qt.dtype != "si8" or qt.sizes != [n, k]:
+        return None
+    i4 = _i4_source(q) if group is not None and k % 2 == 0 else None
+    bits = 4 if i4 is not None else 8
+    if not Avx512QuantGemm.supports(k, n, bits, group):
+        return None
+    return _QuantMatmul(
+        x, i4 if i4 is not None else q, i4 is not None, scale, zp, xt.sizes[0], k, n, group
+    )
+
+
+def rewritable_quant_matmuls(module_op: Any) -> list[Any]:
+    """The ops of ``module_op`` that :func:`rewrite_quant_matmuls_avx512` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name == "torch.aten.mm" and _spec(o) is not None]
+
+
+def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm) -> str:
+    """The private function calling the kernel (builtin tensors)."""
+    m = "?" if g.m is None else str(g.m)
+    x_t, out_t = f"tensor<{m}x{g.k}xf32>", f"tensor<{m}x{g.n}xf32>"
+    q_t = f"tensor<{g.n}x{g.k}x{'i4' if g.q_i4 else 'i8'}>"
+    params = [f"%x: {x_t}", f"%q: {q_t}"]
+    groups = g.k // g.group if g.group else 0
+    s3_t, z3_t = f"tensor<{g.n}x{groups}x1xf32>", f"tensor<{g.n}x{groups}x1xi8>"
+    if g.scale is not None:
+        params.append(f"%s: {s3_t}")
+    if g.zero_point is not None:
+        params.append(f"%z: {z3_t}")
+    lines = [f"func.func private @{name}({', '.join(params)}) -> {out_t} {{"]
+    e = lines.append
+    if g.m is None:
+        e("  %c0 = arith.constant 0 : index")
+        e(f"  %m = tensor.dim %x, %c0 : {x_t}")
+        a = "%x"
+    else:
+        e(f"  %m = arith.constant {g.m} : index")
+        e(f"  %a = tensor.cast %x : {x_t} to tensor<?x{g.k}xf32>")
+        a = "%a"
+    weights = ["%q"]
+    if g.q_i4:
+        e(f"  %qb = flow.tensor.bitcast %q : {q_t} -> tensor<{g.n}x{g.k // 2}xi8>")
+        weights = ["%qb"]
+    if g.scale is not None:
+        e(
+            f"  %s2 = tensor.collapse_shape %s [[0], [1, 2]] : {s3_t} into tensor<{g.n}x{groups}xf32>"
+        )
+        weights.append("%s2")
+    if g.zero_point is not None:
+        e(f"  %z2 = tensor.collapse_shape %z [[0], [1, 2]] : {z3_t} into tensor<{g.n}x{groups}xi8>")
+        weights.append("%z2")
+    e("  %c = " + kernel.dispatch(a, weights, "%m"))
+    c = "%c"
+    if g.m is not None:
+        e(f"  %cs = tensor.cast %c : tensor<?x{g.n}xf32> to {out_t}")
+        c = "%cs"
+    e(f"  return {c} : {out_t}")
+    e("}")
+    return "\n".join(lines)
+
+
+#: Ops without side effects that the dequantization of a rewritten weight is made of.
+_PURE = frozenset(
+    {
+        *_CASTS,
+        *_VIEWS,
+        "torch.aten.t",
+        "torch.aten.sub.Tensor",
+        "torch.aten.mul.Tensor",
+        "torch.prim.ListConstruct",
+        "torch.constant.int",
+        "torch.constant.none",
+        "torch.constant.bool",
+        "torch.constant.device",
+        "torch_c.from_builtin_tensor",
+        "arith.extsi",
+        "util.global.load",
+    }
+)
+
+
+def _erase_dead(value: Any) -> None:
+    """Erases the ops computing ``value`` that nothing uses any more (the dequantization of a
+    rewritten weight: left in place, an ``i4`` global's now dead sign extension makes IREE 3.13
+    reject the module's bytecode: "parsed use-list orders were invalid")."""
+    stack = [_owner(value)]
+    while stack:
+        op = stack.pop()
+        if op is None or op.name not in _PURE:
+            continue
+        if any(len(list(r.uses)) for r in op.results):
+            continue
+        operands = list(op.operands)
+        op.erase()
+        stack.extend(_owner(v) for v in operands)
+
+
+def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
+    """Rewrites, in place, each matmul :func:`rewritable_quant_matmuls` finds as a call of the
+    AVX-512 quantized kernel, and records ``avx512f`` in the module's public functions
+    (``turbine.cpu_requires``).
+
+    Returns:
+        How many matmuls were rewritten.
+    """
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Module, Operation, Type
+
+    op = getattr(module_op, "operation", module_op)
+    body = op.regions[0].blocks[0]
+    taken = {
+        str(o.attributes["sym_name"]).strip('"')
+        for o in body.operations
+        if "sym_name" in o.operation.attributes
+    }
+    found = rewritable_quant_matmuls(op)
+    kernels: set[str] = set()
+    for index, mm in enumerate(found):
+        spec = _spec(mm)  # now: the rewrites before it replaced values it refers to
+        assert spec is not None
+        kernel = spec.kernel()
+        if kernel.name not in kernels:
+            kernels.add(kernel.name)
+            with mm.context:
+                parsed = Module.parse(kernel.executable())
+            exe = parsed.body.operations[0].operation
+            exe.detach_from_parent()
+            body.append(exe)
+        name = f"__turbine_avx512_quant_matmul_{index}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        with mm.context:
+            parsed = Module.parse(_function(name, spec, kernel))
+        func = parsed.body.operations[0].operation
+        func.detach_from_parent()
+        body.append(func)
+        m = "?" if spec.m is None else str(spec.m)
+        with mm.location, InsertionPoint(mm):
+
+            def builtin(value: Any, t: str, context: Any = mm.context) -> Any:
+                return Operation.create(
+                    "torch_c.to_builtin_tensor",
+                    results=[Type.parse(t, context)],
+                    operands=[value],
+                ).result
+
+            groups = spec.k // spec.group if spec.group else 0
+            operands = [builtin(spec.x, f"tensor<{m}x{spec.k}xf32>")]
+            operands.append(
+                spec.q if spec.q_i4 else builtin(spec.q, f"tensor<{spec.n}x{spec.k}xi8>")
+            )
+            if spec.scale is not None:
+                operands.append(builtin(spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"))
+            if spec.zero_point is not None:
+                operands.append(builtin(spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
+            call = Operation.create(
+                "func.call",
+                results=[Type.parse(f"tensor<{m}x{spec.n}xf32>", mm.context)],
+                operands=operands,
+                attributes={"callee": FlatSymbolRefAttr.get(name)},
+            ).result
+            result = Operation.create(
+                "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
+            ).result
+        weight = mm.operands[1]
+        mm.results[0].replace_all_uses_with(result)
+        mm.erase()
+        _erase_dead(weight)
+    if found:
+        mark_cpu_requires(op, AVX512_FEATURES)
+    return len(found)
