@@ -9,6 +9,7 @@ import torch
 from ir_check import check_ir
 
 from turbine_aot import export
+from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.avx512_conv import Avx512Conv, direct_convs
 from turbine_aot._compiler.convs import conv_geometry
@@ -251,3 +252,24 @@ def test_a_dynamic_batch_keeps_its_1x1_convolutions_as_kernel_matmuls():
         xn = torch.randn(n, 16, 8, 8)
         with torch.no_grad():
             torch.testing.assert_close(compiled.main(xn), model(xn), rtol=1e-5, atol=1e-5)
+
+
+def test_with_precision_bf16_the_convolutions_stay_fp32_on_the_kernel():
+    """``precision="bf16"`` puts the matmuls on the AMX kernel; the convolutions go to the fp32
+    direct-convolution kernel there too (before: IREE's fp32 convolutions)."""
+    if host_amx_missing():
+        pytest.skip(f"this CPU has no AMX-BF16 (lacks {', '.join(host_amx_missing())})")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16 * 6 * 6, 10),
+    ).eval()
+    x = torch.randn(1, 8, 6, 6)
+    eo = export(model, args=(x,))
+    asm = _copy_asm(eo, _flags("--turbine-precision=bf16"))
+    assert "avx512_f32_conv" in asm and "amx" in asm
+    got = load_module(eo.compile(None, precision="bf16")).main(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=0.0, atol=5e-2)

@@ -5,9 +5,9 @@ flags:
 
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
-- ``llvm-cpu`` targets where the AVX-512 fp32 matmul kernel is the choice (below): every
-  static 2-D fp32 convolution on turbine's AVX-512 direct-convolution kernel
-  (:mod:`.avx512_conv`). The others (and all of them with ``TURBINE_CPU_CONV_MATMUL=iree``):
+- ``llvm-cpu`` targets where the AVX-512 fp32 matmul kernel is the choice (below; with
+  ``precision="bf16"`` too): every static 2-D fp32 convolution on turbine's AVX-512
+  direct-convolution kernel (:mod:`.avx512_conv`). The others (and all of them with ``TURBINE_CPU_CONV_MATMUL=iree``):
   image stems (few input channels) and 1x1 convolutions as im2col + matmul (:mod:`.convs`;
   IREE 3.13's data-tiled convolution is slow on both; the matmul on the AVX-512 kernel where
   it is the choice). ``TURBINE_CPU_CONV_MATMUL=keep`` skips both.
@@ -94,10 +94,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     bf16 = precision_of(flags) == "bf16"
     if bf16:
         check_precision(flags)
-    avx512 = not bf16 and targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    fp32_kernel = targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
-    # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep)
-    conv_kernel = avx512 and not keep_convs and conv_choice != "iree"
+    # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
+    # with precision="bf16" too (they stay fp32 there: see docs/performance.md, section 10)
+    conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
     direct = conv_kernel and bool(direct_convs(op))
     if not attention and not casts and not shared_globals and not convs and not matmul:
         return module_op, False
