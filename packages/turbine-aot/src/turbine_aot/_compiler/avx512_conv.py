@@ -59,8 +59,10 @@ class Avx512Conv:
 
     Attributes:
         g: the convolution (NCHW sizes, stride, padding, dilation).
-        mr, nr, kc: the register block (rows, columns) and the reduction block (channels).
+        mr, nr, kc: the register block (rows, columns) and the reduction block (elements).
         rows_per_workgroup, cols_per_workgroup: the workgroup's block of C.
+        prefetch: cache lines of the next reduction block prefetched per step (0: none; 1-4
+            measured slower, docs/performance.md, section 10).
     """
 
     g: Conv
