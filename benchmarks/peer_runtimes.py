@@ -21,6 +21,7 @@ Usage::
     python benchmarks/peer_runtimes.py --models mlp,bert --threads 2 --no-aoti
     python benchmarks/peer_runtimes.py --json benchmarks/results/peers.json
     python benchmarks/peer_runtimes.py --report benchmarks/results/peers.json
+    python benchmarks/peer_runtimes.py --models resnet18 --baseline-env TURBINE_CPU_CONV_MATMUL=iree
 
 It is a benchmark: nothing here asserts on time.
 """
@@ -138,6 +139,23 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
         attempt("eager", lambda: _peers.build_eager(module, margs, mkwargs))
     if "turbine" in wanted:
         attempt("turbine", lambda: _peers.build_turbine(module, margs, mkwargs, threads, workdir))
+    if args.baseline_env:  # turbine built under other rewrite choices: before/after in one run
+        key, _, value = args.baseline_env.partition("=")
+
+        def baseline() -> _peers.Built:
+            old = os.environ.get(key)
+            os.environ[key] = value
+            try:
+                return _peers.build_turbine(
+                    module, margs, mkwargs, threads, workdir, name="turbine-baseline"
+                )
+            finally:
+                if old is None:
+                    del os.environ[key]
+                else:
+                    os.environ[key] = old
+
+        attempt("turbine-baseline", baseline)
     if "turbine-bf16" in wanted:
         attempt(
             "turbine-bf16",
@@ -254,7 +272,10 @@ def best_fp32_peer(r: dict) -> tuple[str | None, float | None]:
 
 def markdown_table(results: list[dict]) -> str:
     """Median ms per call per runtime, turbine over the faster fp32 peer, errors."""
-    head = ["model", "threads", *_peers.RUNTIMES, "turbine / best fp32 peer"]
+    baseline = any("turbine-baseline" in r.get("runtimes", {}) for r in results)
+    runtimes = [*_peers.RUNTIMES, *(["turbine-baseline"] if baseline else [])]
+    head = ["model", "threads", *runtimes, "turbine / best fp32 peer"]
+    head += ["turbine / turbine-baseline"] if baseline else []
     head += ["turbine-bf16 / openvino", "max abs err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
@@ -262,12 +283,15 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(f"| {r['model']} | {r['threads']} | failed: {r['error'][:120]} |")
             continue
         cells = [r["model"], str(r["threads"])]
-        for rt in _peers.RUNTIMES:
+        for rt in runtimes:
             row = r["runtimes"].get(rt)
             cells.append("" if row is None else ("failed" if "error" in row else _fmt(_ms(row))))
         peer, peer_ms = best_fp32_peer(r)
         t = _ms(r["runtimes"].get("turbine"))
         cells.append(f"**{t / peer_ms:.2f}** ({peer})" if t and peer_ms else "–")
+        if baseline:
+            tb0 = _ms(r["runtimes"].get("turbine-baseline"))
+            cells.append(f"{t / tb0:.2f}" if t and tb0 else "–")
         tb, ov = _ms(r["runtimes"].get("turbine-bf16")), _ms(r["runtimes"].get("openvino"))
         cells.append(f"**{tb / ov:.2f}**" if tb and ov else "–")
         errs = [
@@ -297,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         "--runtimes", default=",".join(_peers.RUNTIMES), help="comma list of runtimes to build"
     )
     p.add_argument("--no-aoti", action="store_true", help="leave AOTInductor out (slow builds)")
+    p.add_argument(
+        "--baseline-env",
+        default=None,
+        metavar="KEY=VALUE",
+        help="also build turbine with this environment variable set ('turbine-baseline', e.g. "
+        "TURBINE_CPU_CONV_MATMUL=iree: today's convolutions), timed in the same rounds",
+    )
     p.add_argument("--calls", type=int, default=20, help="timed rounds per model")
     p.add_argument("--budget-s", type=float, default=40.0, help="timing budget per model")
     p.add_argument("--timeout-s", type=float, default=3000.0, help="per-child timeout")
@@ -330,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--threads", str(threads), "--models", ",".join(args.models)]
             cmd += ["--runtimes", ",".join(args.runtimes), "--workdir", workdir]
             cmd += ["--calls", str(args.calls), "--budget-s", str(args.budget_s)]
+            cmd += ["--baseline-env", args.baseline_env] if args.baseline_env else []
             print(f"[peers] {threads} thread(s): {' '.join(args.models)}", flush=True)
             child = _harness.run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
             done = child.result or []

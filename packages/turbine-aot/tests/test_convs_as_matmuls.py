@@ -1,5 +1,6 @@
 """Image stems (few input channels) and 1x1 convolutions compile as im2col + matmul on llvm-cpu
-(``_compiler.convs``) and give eager's values; other convolutions and targets are untouched."""
+(``_compiler.convs``) and give eager's values; other convolutions and targets are untouched.
+(``TURBINE_CPU_CONV_MATMUL=iree`` here: see the fixture.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from turbine_aot._compiler.convs import convs_as_matmuls
 from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.runtime import load_module
+
+
+@pytest.fixture(autouse=True)
+def _todays_convolutions(monkeypatch):
+    """This file tests the im2col rewrite; where the AVX-512 kernels are the default, every
+    static convolution goes to the direct-convolution kernel instead
+    (``tests/test_cpu_conv_avx512.py``)."""
+    monkeypatch.setenv("TURBINE_CPU_CONV_MATMUL", "iree")
 
 
 def _copy_asm(out, flags) -> tuple[str, bool]:

@@ -52,9 +52,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .matmuls import KernelFactory, kernel_matmul_function, mark_cpu_requires
 from .torch_ir import NOT_CONSTANT, TensorType, constant, walk
 
-__all__ = ["SMALL_CHANNELS", "convs_as_matmuls", "rewrite_convs_as_matmuls"]
+__all__ = [
+    "SMALL_CHANNELS",
+    "Conv",
+    "conv_geometry",
+    "convs_as_matmuls",
+    "rewrite_convs_as_matmuls",
+]
 
 #: Convolutions reading at most this many input channels (through a kernel larger than 1x1) are
 #: rewritten; pointwise ones whatever their channels.
@@ -65,7 +72,7 @@ _FUNC_PREFIX = "__turbine_conv_as_matmul"
 
 
 @dataclass(frozen=True)
-class _Conv:
+class Conv:
     """A 2-D NCHW convolution this rewrite handles, and its geometry (``n`` None: dynamic)."""
 
     n: int | None
@@ -99,8 +106,9 @@ def _pair(values: list[int] | None) -> tuple[int, int] | None:
     return (values[0], values[-1])
 
 
-def _spec(op: Any) -> _Conv | None:
-    """The convolution's geometry when it is one this rewrite handles, else ``None``."""
+def conv_geometry(op: Any) -> Conv | None:
+    """The geometry of a 2-D fp32 NCHW convolution of groups 1, not transposed, with static
+    channels and spatial sizes (the batch may be dynamic), else ``None``."""
     operands = list(op.operands)
     if op.name == _CONV2D and len(operands) == 7:
         x, w, b, stride, padding, dilation, groups = operands
@@ -132,17 +140,27 @@ def _spec(op: Any) -> _Conv | None:
     n = xt.sizes[0]
     c, h, wi = (int(v) for v in xt.sizes[1:])  # type: ignore[arg-type]
     f, wc, kh, kw = (int(v) for v in wt.sizes)  # type: ignore[arg-type]
-    stem = c <= SMALL_CHANNELS and kh * kw > 1
-    pointwise = kh == kw == 1 and p == (0, 0) and s == (1, 1)
-    if wc != c or not (stem or pointwise):
+    if wc != c:
         return None
-    if n is None and _needs_barrier(kh, kw, s):
-        return None  # IREE 3.13 cannot carry a dynamic dimension through the barrier
     oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
     ow = (wi + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
     if [n, f, oh, ow] != rt.sizes or oh < 1 or ow < 1:
         return None
-    return _Conv(n, c, h, wi, f, kh, kw, s, p, d, oh, ow, bias is NOT_CONSTANT)
+    return Conv(n, c, h, wi, f, kh, kw, s, p, d, oh, ow, bias is NOT_CONSTANT)
+
+
+def _spec(op: Any) -> Conv | None:
+    """The convolution's geometry when it is one this rewrite handles, else ``None``."""
+    g = conv_geometry(op)
+    if g is None:
+        return None
+    stem = g.c <= SMALL_CHANNELS and g.kh * g.kw > 1
+    pointwise = g.kh == g.kw == 1 and g.padding == (0, 0) and g.stride == (1, 1)
+    if not (stem or pointwise):
+        return None
+    if g.n is None and _needs_barrier(g.kh, g.kw, g.stride):
+        return None  # IREE 3.13 cannot carry a dynamic dimension through the barrier
+    return g
 
 
 def _needs_barrier(kh: int, kw: int, stride: tuple[int, int]) -> bool:
@@ -160,8 +178,10 @@ def _tensor(*dims: int | None) -> str:
     return "tensor<" + "x".join("?" if d is None else str(d) for d in dims) + "xf32>"
 
 
-def _function(name: str, g: _Conv) -> str:
-    """The private function computing the convolution as im2col + matmul (builtin tensors)."""
+def _function(name: str, g: Conv, matmul: str | None = None) -> str:
+    """The private function computing the convolution as im2col + matmul (builtin tensors);
+    ``matmul``: the private function computing the matmul (a kernel's, see
+    :func:`rewrite_convs_as_matmuls`), else a ``linalg.matmul``."""
     dyn = g.n is None
     k = g.kh * g.kw * g.c
     m = None if g.n is None else g.n * g.oh * g.ow
@@ -210,9 +230,15 @@ def _function(name: str, g: _Conv) -> str:
         "permutation = [2, 3, 1, 0]",
         f"  %rhs = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {rhs_t}",
         f"  %acc_init = tensor.empty{m_arg} : {mm_t}",
-        f"  %acc = linalg.fill ins(%zero : f32) outs(%acc_init : {mm_t}) -> {mm_t}",
-        f"  %mm = linalg.matmul ins(%lhs, %rhs : {lhs_t}, {rhs_t}) outs(%acc : {mm_t}) -> {mm_t}",
     ]
+    if matmul is None:
+        lines += [
+            f"  %acc = linalg.fill ins(%zero : f32) outs(%acc_init : {mm_t}) -> {mm_t}",
+            f"  %mm = linalg.matmul ins(%lhs, %rhs : {lhs_t}, {rhs_t}) outs(%acc : {mm_t}) "
+            f"-> {mm_t}",
+        ]
+    else:
+        lines.append(f"  %mm = func.call @{matmul}(%lhs, %rhs) : ({lhs_t}, {rhs_t}) -> {mm_t}")
     result = "%mm"
     if g.bias:
         lines += [
@@ -238,9 +264,14 @@ def _function(name: str, g: _Conv) -> str:
     return "\n".join(lines)
 
 
-def rewrite_convs_as_matmuls(module_op: Any) -> int:
+def rewrite_convs_as_matmuls(
+    module_op: Any, kernel_for: KernelFactory | None = None, cpu_requires: tuple[str, ...] = ()
+) -> int:
     """Rewrites, in place, each stem and pointwise convolution (see the module doc) as an im2col
-    copy and a matmul.
+    copy and a matmul: a ``linalg.matmul``, or with ``kernel_for`` a call of the kernel
+    ``kernel_for(K, F, False)`` gives (:mod:`.matmuls`: the fp32 matmul rewrite only sees torch
+    ops, so these matmuls are written for the kernel here); ``cpu_requires`` is then recorded in
+    the module's public functions.
 
     Returns:
         How many convolutions were rewritten.
@@ -261,11 +292,23 @@ def rewrite_convs_as_matmuls(module_op: Any) -> int:
         while name in taken:
             name += "_"
         taken.add(name)
-        with conv.context:
-            parsed = Module.parse(_function(name, spec))
-        func = parsed.body.operations[0].operation
-        func.detach_from_parent()
-        body.append(func)
+        texts, matmul = [], None
+        if kernel_for is not None:  # the matmul as a call of the kernel's function
+            k = spec.kh * spec.kw * spec.c
+            kernel = kernel_for(k, spec.f, False)
+            if kernel.name not in taken:
+                taken.add(kernel.name)
+                texts.append(kernel.executable())
+            matmul = name + "_mm"
+            taken.add(matmul)
+            rows = None if spec.n is None else spec.n * spec.oh * spec.ow
+            texts.append(kernel_matmul_function(matmul, rows, k, spec.f, kernel))
+        texts.append(_function(name, spec, matmul))
+        with conv.context:  # one module: func.call needs its callee beside it to verify
+            parsed = Module.parse("\n".join(texts))
+        for child in list(parsed.body.operations):
+            child.operation.detach_from_parent()
+            body.append(child.operation)
         types = [
             _tensor(spec.n, spec.c, spec.h, spec.w),
             _tensor(spec.f, spec.c, spec.kh, spec.kw),
@@ -293,4 +336,6 @@ def rewrite_convs_as_matmuls(module_op: Any) -> int:
             ).result
         conv.results[0].replace_all_uses_with(back)
         conv.erase()
+    if convs and kernel_for is not None:
+        mark_cpu_requires(op, cpu_requires)
     return len(convs)

@@ -44,6 +44,7 @@ __all__ = [
     "CPU_REQUIRES_KEY",
     "Kernel",
     "cpu_matmul_kernel",
+    "kernel_matmul_function",
     "mark_cpu_requires",
     "rewritable_matmuls",
     "rewrite_matmuls",
@@ -78,6 +79,9 @@ class Kernel(Protocol):
     """What the rewrite needs of a kernel (:class:`.amx.AmxGemm`, :class:`.avx512.Avx512Gemm`)."""
 
     operand_dtype: str  # "bf16" or "f32"
+
+    @property
+    def name(self) -> str: ...
 
     @property
     def kp(self) -> int: ...
@@ -344,6 +348,24 @@ def _function(name: str, g: _Matmul, kernel: Kernel) -> str:
     return "\n".join(lines)
 
 
+def kernel_matmul_function(name: str, m: int | None, k: int, n: int, kernel: Kernel) -> str:
+    """A private function ``@name(x: [m, k], w: [k, n]) -> [m, n]`` (builtin f32 tensors,
+    ``m`` None: dynamic) computing ``x @ w`` through ``kernel`` (``w`` packed as for a weight;
+    the caller adds ``kernel.executable()`` to the module): for other rewrites whose matmuls are
+    built from builtin tensors (``convs``' im2col matmuls)."""
+    spec = _Matmul(
+        TensorType([m, k], "f32"),
+        TensorType([k, n], "f32"),
+        TensorType([m, n], "f32"),
+        k,
+        n,
+        (),
+        False,
+        None,
+    )
+    return _function(name, spec, kernel)
+
+
 def _truncf(result: str, src: str, src_t: str, init: str, dst_t: str, rank: int, dt: str) -> str:
     ids = ", ".join(f"d{i}" for i in range(rank))
     amap = f"affine_map<({ids}) -> ({ids})>"
@@ -434,7 +456,7 @@ def rewrite_matmuls(
         mm.results[0].replace_all_uses_with(result)
         mm.erase()
     if found:
-        _mark_public_functions(op, cpu_requires)
+        mark_cpu_requires(op, cpu_requires)
     return len(found)
 
 
@@ -452,7 +474,8 @@ def _i64(v: int, context: Any) -> Any:
         return IntegerAttr.get(IntegerType.get_signless(64), v)
 
 
-def _mark_public_functions(module_op: Any, features: Sequence[str]) -> None:
+def mark_cpu_requires(module_op: Any, features: Sequence[str]) -> None:
+    """Adds ``features`` to the ``turbine.cpu_requires`` of ``module_op``'s public functions."""
     from turbine_ir import ir
 
     body = module_op.regions[0].blocks[0]
@@ -474,11 +497,6 @@ def _mark_public_functions(module_op: Any, features: Sequence[str]) -> None:
             listed += [f for f in features if f not in listed]
             entries[CPU_REQUIRES_KEY] = ir.StringAttr.get(",".join(listed))
             attrs[_REFLECTION_ATTR] = ir.DictAttr.get(entries)
-
-
-#: Records CPU features in a module's public functions (``turbine.cpu_requires``, added to what
-#: is there): for the other kernels' rewrites (:mod:`.quant_matmuls`).
-mark_cpu_requires = _mark_public_functions
 
 
 def rewrite_matmuls_avx512(module_op: Any) -> int:

@@ -5,9 +5,12 @@ flags:
 
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
-- ``llvm-cpu`` targets: image stems (few input channels) and 1x1 convolutions as im2col +
-  matmul (:mod:`.convs`; IREE 3.13's data-tiled convolution is slow on both).
-  ``TURBINE_CPU_CONV_MATMUL=keep`` skips it.
+- ``llvm-cpu`` targets where the AVX-512 fp32 matmul kernel is the choice (below; with
+  ``precision="bf16"`` too): every static 2-D fp32 convolution on turbine's AVX-512
+  direct-convolution kernel (:mod:`.avx512_conv`). The others (and all of them with ``TURBINE_CPU_CONV_MATMUL=iree``):
+  image stems (few input channels) and 1x1 convolutions as im2col + matmul (:mod:`.convs`;
+  IREE 3.13's data-tiled convolution is slow on both; the matmul on the AVX-512 kernel where
+  it is the choice). ``TURBINE_CPU_CONV_MATMUL=keep`` skips both.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -32,6 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
+from .avx512 import AVX512_FEATURES, Avx512Gemm
+from .avx512_conv import direct_convs, rewrite_convs_avx512
 from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
@@ -52,8 +57,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
 #: 3: mutable globals sharing an initial value; 4: stem and 1x1 convolutions as matmuls on
 #: llvm-cpu; 5: bf16 matmuls on AMX; 6: fp32 matmuls on the AVX-512 kernel by default;
-#: 7: torchao weight-only int8 / int4 matmuls on the AVX-512 quantized kernel.
-REVISION = 7
+#: 7: torchao weight-only int8 / int4 matmuls on the AVX-512 quantized kernel; 8: fp32
+#: convolutions on the AVX-512 direct-convolution kernel (and the im2col matmuls of ``convs`` on
+#: the matmul kernel) where the matmul kernel is the choice.
+REVISION = 8
 
 _log = logging.getLogger("turbine.aot")
 
@@ -66,6 +73,10 @@ def environment_key() -> str:
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
+
+
+def _avx512_gemm(k: int, n: int, batched: bool) -> Avx512Gemm:
+    return Avx512Gemm.for_shape(k, n, batch_b=batched)
 
 
 def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
@@ -82,16 +93,21 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     vmvx = "vmvx" in targets
     casts = bool(float_to_int_casts(op, vmvx))
     shared_globals = bool(shared_mutable_globals(op))
-    keep_convs = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower() == "keep"
+    conv_choice = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower()
+    keep_convs = conv_choice == "keep"
     convs = not keep_convs and targets == {"llvm-cpu"} and bool(convs_as_matmuls(op))
     bf16 = precision_of(flags) == "bf16"
     if bf16:
         check_precision(flags)
-    avx512 = not bf16 and targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    fp32_kernel = targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
-    quant = targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
-    quant = quant and bool(rewritable_quant_matmuls(op))
-    if not (attention or casts or shared_globals or convs or matmul or quant):
+    quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
+    # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
+    # with precision="bf16" too (they stay fp32 there: see docs/performance.md, section 10)
+    conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
+    direct = conv_kernel and bool(direct_convs(op))
+    if not (attention or casts or shared_globals or convs or matmul or quant or direct):
         return module_op, False
     copy = op.clone()
     if attention:
@@ -103,8 +119,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if shared_globals:
         count = separate_shared_globals(copy)
         _log.info("%d mutable global(s) sharing an initial value given their own storage", count)
-    if convs:
-        count = rewrite_convs_as_matmuls(copy)
+    if direct:
+        count = rewrite_convs_avx512(copy)
+        _log.info("llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel", count)
+    if convs and convs_as_matmuls(copy):  # the stems (and dynamic-batch 1x1s) left
+        kernel_for = _avx512_gemm if conv_kernel else None
+        count = rewrite_convs_as_matmuls(copy, kernel_for, AVX512_FEATURES)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
     if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
         count = rewrite_quant_matmuls_avx512(copy)

@@ -1,0 +1,479 @@
+"""The AVX-512 fp32 direct-convolution kernel (an implicit-im2col variant of :mod:`.avx512`'s
+matmul kernel) and the rewrite that calls it for the 2-D convolutions of the compile copy.
+
+A convolution is the matmul ``out[m, f] = sum_k cols[m, k] * w[k, f]`` over ``m = (n, oh, ow)``
+and ``k = (ky, kx, c)``; the im2col copy ``cols`` is ``KH * KW`` times the input. This kernel
+never writes it: it reads the zero-padded **channels-last** input ``xp[n, hp, wp, c]`` in place,
+where row ``m``'s entry ``k`` is ``xp[n, oh*sh + ky*dh, ow*sw + kx*dw, c]``: an offset per row
+(its window's origin) plus an offset per kernel row ``ky`` plus ``kx * C + c``, contiguous over
+``(kx, c)`` when the width is not dilated (a *segment* of ``KW * C`` elements; dilated widths:
+one segment of ``C`` per tap). So the register block, panels and workgroups are the matmul
+kernel's (``mr x nr`` = 4 x 64 of C in 16 zmm accumulators, each step one broadcast of the
+input per row and ``nr / 16`` loads of the weight panel), with the reduction walked as segments:
+
+- the weight ``w[f, c, ky, kx]`` is packed once (a weight: by IREE's constant hoisting) as
+  ``[K, F]`` with ``k = (ky, kx, c)``, in :mod:`.avx512`'s ``nr``-column panels;
+- a reduction block is as many whole segments as fit in ``kc`` (128) elements, or ``kc``
+  elements of one segment: the panel block (at most 32 KiB) stays in L1 while the workgroup's
+  128 rows pass over it;
+- C is ``[N * OH * OW, Np]`` (channels-last); rows left over at the end use the 1-3 row kernels.
+
+The rewrite (:func:`rewrite_convs_avx512`, applied by ``rewrites.module_for_compile`` where the
+fp32 matmul kernel is the choice) turns each accepted ``torch.aten.convolution`` / ``conv2d``
+into a call of a private function over builtin tensors (IREE inlines it)::
+
+    xp  = pad(transpose(x, NCHW -> NHWC))                   (one copy, the input's size)
+    c   = flow.dispatch @kernel(xp, pack(w))
+    out = transpose(c[:, :F] + b, NHWC -> NCHW)
+
+Between two rewritten convolutions the element-wise ops (batch norm, ReLU, residual adds) sit
+between a transpose to NCHW and one back; IREE's element-wise fusion folds them into the one
+dispatch that writes the next padded input, so the relayouts cost one pass over each
+activation (docs/performance.md, section 10). No ``util.optimization_barrier`` is needed: the
+kernel's operands are read by a ``flow.dispatch`` IREE does not fuse into, and the producers
+it sees read their inputs through permutations (the IREE 3.13 miscompile in :mod:`.convs` needs
+a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the shared-producer
+case. Accepted: 2-D, fp32, groups 1, not transposed, static shapes (the batch too), any kernel
+size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .avx512 import AVX512_FEATURES
+from .convs import Conv, conv_geometry
+from .matmuls import mark_cpu_requires
+from .torch_ir import walk
+
+__all__ = ["Avx512Conv", "direct_convs", "rewrite_convs_avx512"]
+
+_CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
+_FUNC_PREFIX = "__turbine_avx512_conv"
+
+
+@dataclass(frozen=True)
+class Avx512Conv:
+    """One direct-convolution executable for a static geometry.
+
+    Attributes:
+        g: the convolution (NCHW sizes, stride, padding, dilation).
+        mr, nr, kc: the register block (rows, columns) and the reduction block (elements).
+        rows_per_workgroup, cols_per_workgroup: the workgroup's block of C.
+        prefetch: cache lines of the next reduction block prefetched per step (0: none; 1-4
+            measured slower, docs/performance.md, section 10).
+    """
+
+    g: Conv
+    mr: int = 4
+    nr: int = 64
+    kc: int = 128
+    rows_per_workgroup: int = 128
+    cols_per_workgroup: int = 64
+    prefetch: int = 0
+
+    #: The operand element type the kernel reads.
+    operand_dtype = "f32"
+
+    def __post_init__(self) -> None:
+        if self.g.n is None:
+            raise ValueError("AVX-512 convolution kernel: the batch must be static")
+        if self.nr % 16 or self.cols_per_workgroup % self.nr or self.np_ % self.cols_per_workgroup:
+            raise ValueError(f"AVX-512 convolution kernel: bad column blocking: {self}")
+        if self.mr < 1 or self.mr * self.nr // 16 > 24 or self.kc < 1:
+            raise ValueError(f"AVX-512 convolution kernel: bad register block: {self}")
+
+    @property
+    def np_(self) -> int:
+        """The output channels padded to whole panels."""
+        return -(-self.g.f // self.nr) * self.nr
+
+    @property
+    def m(self) -> int:
+        """The output pixels (rows of C)."""
+        assert self.g.n is not None
+        return self.g.n * self.g.oh * self.g.ow
+
+    @property
+    def k(self) -> int:
+        return self.g.kh * self.g.kw * self.g.c
+
+    @property
+    def hp(self) -> int:
+        return self.g.h + 2 * self.g.padding[0]
+
+    @property
+    def wp(self) -> int:
+        return self.g.w + 2 * self.g.padding[1]
+
+    @property
+    def input_size(self) -> int:
+        """Elements of the padded channels-last input the kernel reads."""
+        assert self.g.n is not None
+        return self.g.n * self.hp * self.wp * self.g.c
+
+    @property
+    def segments(self) -> int:
+        """The reduction's contiguous runs in the input: one per kernel row (``KW * C``
+        elements) when the width is not dilated, else one per tap (``C`` elements)."""
+        return self.g.kh if self.g.dilation[1] == 1 else self.g.kh * self.g.kw
+
+    @property
+    def segment_length(self) -> int:
+        return self.k // self.segments
+
+    @property
+    def segments_per_block(self) -> int:
+        """Segments per reduction block (each whole) when one fits in ``kc``, else 1."""
+        n, length = self.segments, self.segment_length
+        return max(1, min(n, self.kc // length)) if length <= self.kc else 1
+
+    @property
+    def block_length(self) -> int:
+        """Elements of a segment per reduction block."""
+        return min(self.segment_length, self.kc)
+
+    @property
+    def name(self) -> str:
+        g = self.g
+        return (
+            f"__turbine_avx512_f32_conv_n{g.n}_c{g.c}_h{g.h}_w{g.w}_f{self.np_}_k{g.kh}x{g.kw}"
+            f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
+            f"_d{g.dilation[0]}x{g.dilation[1]}_{self.mr}x{self.nr}x{self.kc}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}_pf{self.prefetch}"
+        )
+
+    def dispatch(self, a: str, b: str) -> str:
+        """The ``flow.dispatch`` of this kernel: ``a`` the padded NHWC input (1-D), ``b`` the
+        packed weight (1-D); the result is ``tensor<M x Np x f32>``."""
+        return (
+            f"flow.dispatch @{self.name}::@{self.name}({a}, {b}) : "
+            f"(tensor<{self.input_size}xf32>, tensor<{self.k * self.np_}xf32>) -> "
+            f"tensor<{self.m}x{self.np_}xf32>"
+        )
+
+    def executable(self) -> str:
+        """The ``stream.executable`` (MLIR text) for a module's top level."""
+        mr, nr = self.mr, self.nr
+        mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
+        taps, c = self.segments, self.segment_length
+        tb, cb = self.segments_per_block, self.block_length
+        a_t = f"memref<{self.input_size}xf32>"
+        b_t = f"memref<{self.k * self.np_}xf32>"
+        c_t = f"memref<{self.m}x{self.np_}xf32>"
+        out: list[str] = []
+        e = out.append
+        name = self.name
+        e(f"stream.executable private @{name} {{")
+        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
+        e(f"    %x = arith.constant {self.np_ // nb} : index")
+        e(f"    %y = arith.constant {-(-self.m // mb)} : index")
+        e("    %z = arith.constant 1 : index")
+        e("    stream.return %x, %y, %z : index, index, index")
+        e("  }")
+        e("  builtin.module {")
+        e(
+            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
+            "%c: !stream.binding) {"
+        )
+        consts = (
+            {0, 1, mr, nr, taps, c, tb, cb} | set(range(mr)) | {16 * j for j in range(nr // 16)}
+        )
+        for v in sorted(consts):
+            e(f"      %c{v} = arith.constant {v} : index")
+        e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}")
+        e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}")
+        e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}")
+        e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
+        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
+        e(f"      %n0 = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
+        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
+        e(f"      %mend = affine.min affine_map<()[s0] -> (s0 + {mb}, {self.m})>()[%m0]")
+        e(f"      %nbc = arith.constant {nb} : index")
+        e(f"      scf.for %t0 = %c0 to %c{taps} step %c{tb} {{")
+        e(f"        %tend = affine.min affine_map<()[s0] -> (s0 + {tb}, {taps})>()[%t0]")
+        e(f"        scf.for %k0 = %c0 to %c{c} step %c{cb} {{")
+        e("          %t0z = arith.cmpi eq, %t0, %c0 : index")
+        e("          %k0z = arith.cmpi eq, %k0, %c0 : index")
+        e("          %first = arith.andi %t0z, %k0z : i1")
+        e(f"          %kend = affine.min affine_map<()[s0] -> (s0 + {cb}, {c})>()[%k0]")
+        e(f"          scf.for %nn = %c0 to %nbc step %c{nr} {{")
+        e("            %ncol = arith.addi %n0, %nn : index")
+        # B element offset of (panel, k = 0)
+        e(
+            f"            %pbase = affine.apply affine_map<()[s0] -> ((s0 floordiv {nr}) * "
+            f"{self.k * nr})>()[%ncol]"
+        )
+        e(f"            scf.for %mi = %m0 to %mend step %c{mr} {{")
+        e(
+            f"              %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()"
+            "[%mi, %mend]"
+        )
+        p = "              "
+        if mr > 1:
+            e(f"{p}scf.index_switch %left")
+            for r in range(1, mr):
+                e(f"{p}case {r} {{")
+                self._micro(e, r, a_t, b_t, c_t, p + "  ")
+                e(f"{p}  scf.yield")
+                e(f"{p}}}")
+            e(f"{p}default {{")
+            self._micro(e, mr, a_t, b_t, c_t, p + "  ")
+            e(f"{p}}}")
+        else:
+            self._micro(e, 1, a_t, b_t, c_t, p)
+        e("            }")
+        e("          }")
+        e("        }")
+        e("      }")
+        e("      return")
+        e("    }")
+        e("  }")
+        e("}")
+        return "\n".join(out)
+
+    def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, p: str) -> None:
+        """``rows`` x ``nr`` of C over one reduction block: load (or zero), FMAs, store."""
+        g, nr = self.g, self.nr
+        nv = nr // 16
+        vt = "vector<16xf32>"
+        ohw, ow, c = g.oh * g.ow, g.ow, g.c
+        (sh, sw), (dh, dw) = g.stride, g.dilation
+        hp, wp = self.hp, self.wp
+        accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nv)]
+        types = ", ".join([vt] * len(accs))
+        # the element offset of row m's window origin: ((n * Hp + oh * sh) * Wp + ow * sw) * C
+        origin = (
+            f"affine_map<()[s0] -> ((((s0 floordiv {ohw}) * {hp} + ((s0 mod {ohw}) floordiv {ow})"
+            f" * {sh}) * {wp} + (s0 mod {ow}) * {sw}) * {c})>"
+        )
+        for r in range(rows):
+            e(f"{p}%row{r} = arith.addi %mi, %c{r} : index")
+            e(f"{p}%org{r} = affine.apply {origin}()[%row{r}]")
+            for j in range(nv):
+                e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
+        e(f"{p}%init:{len(accs)} = scf.if %first -> ({types}) {{")
+        e(f"{p}  scf.yield " + ", ".join(["%zero"] * len(accs)) + f" : {types}")
+        e(f"{p}}} else {{")
+        loads = []
+        for r in range(rows):
+            for j in range(nv):
+                e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+                loads.append(f"%ld{r}_{j}")
+        e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
+        e(f"{p}}}")
+        iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
+        e(
+            f"{p}%res:{len(accs)} = scf.for %t = %t0 to %tend step %c1 iter_args({iters}) "
+            f"-> ({types}) {{"
+        )
+        q = p + "  "
+        # the tap's offset in the input and its first row of the packed weight
+        if self.segments == g.kh:  # segment t: kernel row t, KW * C contiguous elements
+            toff = f"s0 * {dh * wp * c}"
+        else:  # segment t: tap (t / KW, t % KW), C contiguous elements
+            toff = f"(s0 floordiv {g.kw}) * {dh * wp * c} + (s0 mod {g.kw}) * {dw * c}"
+        e(f"{q}%toff = affine.apply affine_map<()[s0] -> ({toff})>()[%t]")
+        seg = self.segment_length
+        e(f"{q}%tb = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {seg * nr})>()[%pbase, %t]")
+        for r in range(rows):
+            e(f"{q}%torg{r} = arith.addi %org{r}, %toff : index")
+        taccs = [f"%tacc{r}_{j}" for r in range(rows) for j in range(nv)]
+        titers = ", ".join(f"{t} = {a}" for t, a in zip(taccs, accs))
+        e(
+            f"{q}%tres:{len(accs)} = scf.for %k = %k0 to %kend step %c1 iter_args({titers}) "
+            f"-> ({types}) {{"
+        )
+        w = q + "  "
+        e(f"{w}%boff = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {nr})>()[%tb, %k]")
+        if self.prefetch:  # the same position of the next reduction block (the panel is contiguous)
+            last = self.k * self.np_ - 1
+            dist = self.segments_per_block * self.block_length * nr
+            for j in range(self.prefetch):
+                e(
+                    f"{w}%pf{j} = affine.min affine_map<()[s0] -> (s0 + {dist + 16 * j}, {last})>()"
+                    "[%boff]"
+                )
+                e(f"{w}memref.prefetch %mb[%pf{j}], read, locality<3>, data : {b_t}")
+        for j in range(nv):
+            e(f"{w}%bo{j} = arith.addi %boff, %c{16 * j} : index")
+            e(f"{w}%bv{j} = vector.load %mb[%bo{j}] : {b_t}, {vt}")
+        outs = []
+        for r in range(rows):
+            e(f"{w}%ai{r} = arith.addi %torg{r}, %k : index")
+            e(f"{w}%as{r} = memref.load %ma[%ai{r}] : {a_t}")
+            e(f"{w}%ab{r} = vector.broadcast %as{r} : f32 to {vt}")
+            for j in range(nv):
+                e(f"{w}%f{r}_{j} = vector.fma %ab{r}, %bv{j}, %tacc{r}_{j} : {vt}")
+                outs.append(f"%f{r}_{j}")
+        e(f"{w}scf.yield " + ", ".join(outs) + f" : {types}")
+        e(f"{q}}}")
+        e(f"{q}scf.yield " + ", ".join(f"%tres#{i}" for i in range(len(accs))) + f" : {types}")
+        e(f"{p}}}")
+        for r in range(rows):
+            for j in range(nv):
+                e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+
+
+def _spec(op: Any) -> Conv | None:
+    g = conv_geometry(op)
+    if g is None or g.n is None:
+        return None
+    return g
+
+
+def direct_convs(module_op: Any) -> list[Any]:
+    """The convolutions of ``module_op`` that :func:`rewrite_convs_avx512` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name in _CONV_OPS and _spec(o) is not None]
+
+
+def _tensor(*dims: int) -> str:
+    return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
+
+
+def _function(name: str, kernel: Avx512Conv) -> str:
+    """The private function computing the convolution through ``kernel`` (builtin tensors)."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
+    (ph, pw) = g.padding
+    np_, k, nr = kernel.np_, kernel.k, kernel.nr
+    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
+    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, c)
+    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
+    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
+    lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
+    e = lines.append
+    e("  %zero = arith.constant 0.0 : f32")
+    e(f"  %xt_init = tensor.empty() : {nhwc_t}")
+    e(
+        f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
+    )
+    src, src_t = "%xt", nhwc_t
+    if ph or pw:
+        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{")
+        e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {nhwc_t} to {xp_t}")
+        src, src_t = "%xp", xp_t
+    dims = "[[" + ", ".join("0123") + "]]"
+    e(f"  %a = tensor.collapse_shape {src} {dims} : {src_t} into {_tensor(kernel.input_size)}")
+    # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> panels [P, K, nr]
+    e(f"  %wt_init = tensor.empty() : {wt_t}")
+    e(
+        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) permutation = [2, 3, 1, 0]"
+    )
+    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {kf_t}")
+    wk, wk_t = "%wk", kf_t
+    if np_ != f:
+        e(f"  %wpad = tensor.pad %wk low[0, 0] high[0, {np_ - f}] {{")
+        e("  ^bb0(%j0: index, %j1: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {kf_t} to {_tensor(k, np_)}")
+        wk, wk_t = "%wpad", _tensor(k, np_)
+    p = np_ // nr
+    ex_t, pan_t = _tensor(k, p, nr), _tensor(p, k, nr)
+    e(
+        f"  %wex = tensor.expand_shape {wk} [[0], [1, 2]] output_shape [{k}, {p}, {nr}] : {wk_t} into {ex_t}"
+    )
+    e(f"  %wpan_init = tensor.empty() : {pan_t}")
+    e(
+        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) permutation = [1, 0, 2]"
+    )
+    e(f"  %bp = tensor.collapse_shape %wpan [[0, 1, 2]] : {pan_t} into {_tensor(k * np_)}")
+    e("  %cm = " + kernel.dispatch("%a", "%bp"))
+    m = kernel.m
+    cm, cm_t = "%cm", _tensor(m, np_)
+    if np_ != f:
+        e(f"  %cs = tensor.extract_slice %cm[0, 0] [{m}, {f}] [1, 1] : {cm_t} to {_tensor(m, f)}")
+        cm, cm_t = "%cs", _tensor(m, f)
+    o_t = _tensor(n, g.oh, g.ow, f)
+    e(
+        f"  %o = tensor.expand_shape {cm} [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, {g.ow}, {f}] : {cm_t} into {o_t}"
+    )
+    e(f"  %out_init = tensor.empty() : {out_t}")
+    if g.bias:  # the bias add and the transpose back to NCHW: one element-wise op
+        e(
+            "  %out = linalg.generic {indexing_maps = ["
+            "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
+            "affine_map<(n, f, h, w) -> (n, f, h, w)>], iterator_types = "
+            '["parallel", "parallel", "parallel", "parallel"]} '
+            f"ins(%o, %b : {o_t}, {_tensor(f)}) outs(%out_init : {out_t}) {{"
+        )
+        e("  ^bb0(%v: f32, %bv: f32, %u: f32):")
+        e("    %s = arith.addf %v, %bv : f32")
+        e("    linalg.yield %s : f32")
+        e(f"  }} -> {out_t}")
+    else:
+        e(
+            f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
+        )
+    e(f"  return %out : {out_t}")
+    e("}")
+    return "\n".join(lines)
+
+
+def rewrite_convs_avx512(module_op: Any) -> int:
+    """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
+    direct-convolution kernel (see the module doc).
+
+    Returns:
+        How many convolutions were rewritten.
+    """
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Module, Operation, Type
+
+    op = getattr(module_op, "operation", module_op)
+    body = op.regions[0].blocks[0]
+    taken = {
+        str(o.attributes["sym_name"]).strip('"')
+        for o in body.operations
+        if "sym_name" in o.operation.attributes
+    }
+    found = [(o, _spec(o)) for o in direct_convs(op)]
+    for index, (conv, g) in enumerate(found):
+        assert g is not None and g.n is not None
+        kernel = Avx512Conv(g)
+        if kernel.name not in taken:
+            taken.add(kernel.name)
+            with conv.context:
+                parsed = Module.parse(kernel.executable())
+            exe = parsed.body.operations[0].operation
+            exe.detach_from_parent()
+            body.append(exe)
+        name = f"{_FUNC_PREFIX}_{index}"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        with conv.context:
+            parsed = Module.parse(_function(name, kernel))
+        func = parsed.body.operations[0].operation
+        func.detach_from_parent()
+        body.append(func)
+        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
+        operands = list(conv.operands)[: 3 if g.bias else 2]
+        with conv.location, InsertionPoint(conv):
+            builtin = [
+                Operation.create(
+                    "torch_c.to_builtin_tensor",
+                    results=[Type.parse(t, conv.context)],
+                    operands=[v],
+                ).result
+                for v, t in zip(operands, types)
+            ]
+            call = Operation.create(
+                "func.call",
+                results=[Type.parse(_tensor(g.n, g.f, g.oh, g.ow), conv.context)],
+                operands=builtin,
+                attributes={"callee": FlatSymbolRefAttr.get(name)},
+            ).result
+            back = Operation.create(
+                "torch_c.from_builtin_tensor", results=[conv.results[0].type], operands=[call]
+            ).result
+        conv.results[0].replace_all_uses_with(back)
+        conv.erase()
+    if found:
+        mark_cpu_requires(op, AVX512_FEATURES)
+    return len(found)

@@ -1,0 +1,275 @@
+"""fp32 convolutions on turbine's AVX-512 direct-convolution kernel (``_compiler.avx512_conv``):
+when the compile copy uses it, and that it gives eager's values for every geometry it accepts;
+stems and 1x1 convolutions left to ``_compiler.convs`` call the AVX-512 matmul kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ir_check import check_ir
+
+from turbine_aot import export
+from turbine_aot._compiler.amx import host_amx_missing
+from turbine_aot._compiler.avx512 import host_avx512_missing
+from turbine_aot._compiler.avx512_conv import Avx512Conv, direct_convs
+from turbine_aot._compiler.convs import conv_geometry
+from turbine_aot._compiler.rewrites import environment_key, module_for_compile
+from turbine_aot._compiler.targets import default_compile_flags
+from turbine_aot.runtime import load_module
+
+_MISSING = host_avx512_missing()
+needs_avx512 = pytest.mark.skipif(
+    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
+)
+
+
+@pytest.fixture(autouse=True)
+def _default_choices(monkeypatch):
+    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _flags(*extra: str) -> list[str]:
+    return [
+        *default_compile_flags("llvm-cpu", use_env=False),
+        "--turbine-cpu-matmul=avx512",
+        *extra,
+    ]
+
+
+def _copy_asm(eo, flags) -> str:
+    copy, owned = module_for_compile(eo.mlir_module, flags)
+    try:
+        return str(copy)
+    finally:
+        if owned:
+            copy.operation.erase()
+
+
+def _conv(c=16, f=70, k=3, stride=1, padding=1, dilation=1, bias=True) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Conv2d(c, f, k, stride=stride, padding=padding, dilation=dilation, bias=bias)
+
+
+# ---------------------------------------------------------------------------- when it applies
+def test_the_compile_copy_calls_the_conv_kernel_and_the_export_is_unchanged():
+    eo = export(_conv().eval(), args=(torch.randn(2, 16, 9, 11),))
+    exported = str(eo.mlir_module)
+    asm = _copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        r"call @__turbine_avx512_conv_0\(%\w+, %\w+, %\w+\) : \(tensor<2x16x9x11xf32>, "
+        r"tensor<70x16x3x3xf32>, tensor<70xf32>\) -> tensor<2x70x9x11xf32>",
+        r"stream.executable private @__turbine_avx512_f32_conv_n2_c16_h9_w11_f128_k3x3",
+        r"func.func private @__turbine_avx512_conv_0",
+        # channels-last, zero-padded input, read in place by the kernel
+        r"linalg.transpose ins\(%\w+ : tensor<2x16x9x11xf32>\) .* permutation = \[0, 2, 3, 1\]",
+        r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 1, 1, 0\]",
+        r"tensor.collapse_shape .* into tensor<4576xf32>",
+        r"flow.dispatch @__turbine_avx512_f32_conv_\w+::@__turbine_avx512_f32_conv_\w+\(%\w+, "
+        r"%\w+\) : \(tensor<4576xf32>, tensor<18432xf32>\) -> tensor<198x128xf32>",
+    )
+    assert "torch.aten.conv2d" not in asm and "avx512f" in asm  # turbine.cpu_requires
+    assert str(eo.mlir_module) == exported  # the exported module is the reference's
+
+
+def test_the_choices_that_keep_todays_convolutions(monkeypatch):
+    eo = export(_conv(c=3, f=8, k=7, stride=2, padding=3).eval(), args=(torch.randn(1, 3, 32, 32),))
+    assert "avx512_f32_conv" in _copy_asm(eo, _flags())  # a stem: the direct kernel too
+    # IREE's matmul code (the flag, a portable build): the stem is im2col + linalg.matmul
+    asm = _copy_asm(eo, _flags("--turbine-cpu-matmul=iree"))
+    assert "avx512" not in asm and "linalg.matmul" in asm
+    assert "avx512" not in _copy_asm(eo, default_compile_flags("llvm-cpu", host=False))
+    monkeypatch.setenv("TURBINE_CPU_CONV_MATMUL", "iree")  # today's convolution rewrites
+    key = environment_key()
+    asm = _copy_asm(eo, _flags())
+    assert "avx512_f32_conv" not in asm and "linalg.matmul" in asm
+    monkeypatch.setenv("TURBINE_CPU_CONV_MATMUL", "keep")  # no convolution rewrite at all
+    assert "torch.aten.conv2d" in _copy_asm(eo, _flags())
+    assert environment_key() != key  # the compile cache keys on the choice
+
+
+def test_what_the_kernel_accepts():
+    def accepted(model, x) -> int:
+        return len(direct_convs(export(model.eval(), args=(x,)).mlir_module.operation))
+
+    assert accepted(_conv(), torch.randn(1, 16, 8, 8)) == 1
+    grouped = torch.nn.Conv2d(16, 16, 3, groups=4)
+    assert accepted(grouped, torch.randn(1, 16, 8, 8)) == 0  # groups: IREE's convolution
+    transposed = torch.nn.ConvTranspose2d(16, 8, 3)
+    assert accepted(transposed, torch.randn(1, 16, 8, 8)) == 0
+    assert accepted(torch.nn.Conv1d(16, 8, 3), torch.randn(1, 16, 8)) == 0
+    assert accepted(_conv().double(), torch.randn(1, 16, 8, 8, dtype=torch.float64)) == 0
+
+
+def test_the_reduction_blocks():
+    """Segments (kernel rows of KW*C contiguous elements; dilated widths: taps of C) and how
+    many fit in a block of kc elements."""
+    eo = export(_conv(c=64, f=64).eval(), args=(torch.randn(1, 64, 8, 8),))
+    (conv,) = direct_convs(eo.mlir_module.operation)
+    g = conv_geometry(conv)
+    assert g is not None
+    k = Avx512Conv(g)
+    assert (k.segments, k.segment_length, k.segments_per_block, k.block_length) == (3, 192, 1, 128)
+    eo = export(_conv(c=8, f=16, dilation=2).eval(), args=(torch.randn(1, 8, 9, 9),))
+    g = conv_geometry(direct_convs(eo.mlir_module.operation)[0])
+    assert g is not None
+    k = Avx512Conv(g)
+    assert (k.segments, k.segment_length, k.segments_per_block, k.block_length) == (9, 8, 9, 8)
+
+
+# ---------------------------------------------------------------------------------- numerics
+_GEOMETRIES = {
+    # name: (C, F, kernel, stride, padding, dilation, bias, batch, H, W)
+    "3x3-tails": (16, 70, 3, 1, 1, 1, True, 2, 9, 11),  # F 70 -> 128, rows 198 = 49 * 4 + 2
+    "3x3-stride2": (64, 64, 3, 2, 1, 1, False, 1, 14, 14),
+    "1x1-stride2-long-channels": (200, 64, 1, 2, 0, 1, True, 1, 8, 8),  # blocks of 128 + 72
+    "1x1": (64, 256, 1, 1, 0, 1, False, 1, 7, 7),
+    "dilated": (8, 16, 3, 1, 2, 2, True, 1, 7, 9),  # per-tap segments
+    "rectangular": (32, 48, (3, 5), (2, 1), (1, 2), (2, 1), True, 1, 11, 10),
+    "stem": (3, 64, 7, 2, 3, 1, True, 1, 32, 32),  # segments of 21, six per block
+    "long-rows": (130, 20, 3, 1, 1, 1, False, 1, 5, 5),  # a segment of 390: 3 blocks + 6
+    "no-padding": (24, 40, 3, 1, 0, 1, True, 3, 6, 7),
+}
+
+
+@needs_avx512
+@pytest.mark.parametrize("name", sorted(_GEOMETRIES))
+def test_the_kernel_matches_eager(name):
+    c, f, k, s, p, d, bias, n, h, w = _GEOMETRIES[name]
+    model = _conv(c, f, k, s, p, d, bias).eval()
+    x = torch.randn(n, c, h, w)
+    eo = export(model, args=(x,))
+    assert len(direct_convs(eo.mlir_module.operation)) == 1
+    got = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"])).main(x)
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _SharedInput(torch.nn.Module):
+    """A strided convolution whose (element-wise) input is also an output and feeds a second
+    convolution: the pattern of the IREE 3.13 miscompile in ``_compiler.convs``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 3, 2, 1)
+        self.b = torch.nn.Conv2d(8, 16, 1, 2)
+
+    def forward(self, x):
+        y = torch.relu(x + 1)
+        return self.a(y) + self.b(y), y
+
+
+class _Block(torch.nn.Module):
+    """ResNet's basic block with a strided 1x1 shortcut, batch norms in eval mode."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = torch.nn.BatchNorm2d(cout)
+        self.c2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = torch.nn.BatchNorm2d(cout)
+        self.short = torch.nn.Sequential(
+            torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.BatchNorm2d(cout)
+        )
+
+    def forward(self, x):
+        y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+        return torch.relu(y + self.short(x))
+
+
+def _small_resnet() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 7, 2, 3, bias=False),
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(3, 2, 1),
+        _Block(16, 16, 1),
+        _Block(16, 32, 2),
+        _Block(32, 64, 2),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 10),
+    )
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+@needs_avx512
+def test_a_shared_elementwise_input_matches_eager():
+    torch.manual_seed(0)
+    model = _SharedInput().eval()
+    x = torch.randn(1, 8, 12, 12)
+    eo = export(model, args=(x,))
+    assert len(direct_convs(eo.mlir_module.operation)) == 2
+    compiled = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"]))
+    with torch.no_grad():
+        for got, want in zip(compiled.main(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_avx512
+def test_a_resnet_matches_eager():
+    model = _small_resnet()
+    x = torch.randn(2, 3, 64, 64)
+    eo = export(model, args=(x,))
+    assert len(direct_convs(eo.mlir_module.operation)) == 10  # every convolution
+    got = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"])).main(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+
+
+@needs_avx512
+def test_a_dynamic_batch_keeps_its_1x1_convolutions_as_kernel_matmuls():
+    """Dynamic batches are not the direct kernel's (static rows): a 1x1 convolution goes the
+    im2col (transpose) + matmul way of ``_compiler.convs``, its matmul on the AVX-512 matmul
+    kernel; its 3x3 convolution stays IREE's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU(), torch.nn.Conv2d(32, 8, 3, padding=1)
+    ).eval()
+    x = torch.randn(2, 16, 8, 8)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    eo = export(model, args=(x,), dynamic_shapes={"input": {0: batch}})
+    asm = _copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        r"func.func private @__turbine_conv_as_matmul_0_mm",
+        r"flow.dispatch @__turbine_avx512_f32_gemm_16x64",
+        r"func.func private @__turbine_conv_as_matmul_0\(",
+        r"call @__turbine_conv_as_matmul_0_mm\(%\w+, %\w+\) : \(tensor<\?x16xf32>, "
+        r"tensor<16x32xf32>\) -> tensor<\?x32xf32>",
+    )
+    assert "avx512_f32_conv" not in asm and "torch.aten.conv2d" in asm
+    compiled = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"]))
+    for n in (1, 3):
+        xn = torch.randn(n, 16, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled.main(xn), model(xn), rtol=1e-5, atol=1e-5)
+
+
+def test_with_precision_bf16_the_convolutions_stay_fp32_on_the_kernel():
+    """``precision="bf16"`` puts the matmuls on the AMX kernel; the convolutions go to the fp32
+    direct-convolution kernel there too (before: IREE's fp32 convolutions)."""
+    if host_amx_missing():
+        pytest.skip(f"this CPU has no AMX-BF16 (lacks {', '.join(host_amx_missing())})")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16 * 6 * 6, 10),
+    ).eval()
+    x = torch.randn(1, 8, 6, 6)
+    eo = export(model, args=(x,))
+    asm = _copy_asm(eo, _flags("--turbine-precision=bf16"))
+    assert "avx512_f32_conv" in asm and "amx" in asm
+    got = load_module(eo.compile(None, precision="bf16")).main(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=0.0, atol=5e-2)
