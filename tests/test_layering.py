@@ -128,6 +128,18 @@ def test_allowed_imports_pass(tmp_path):
         ),
         pytest.param(
             {
+                _aot("_a.py"): "from ._b import B\n",
+                _aot("_b.py"): (
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                    "    from ._a import A\nB = 1\n"
+                ),
+            },
+            "turbine_aot._a -> turbine_aot._b (line 1) -> turbine_aot._a (under TYPE_CHECKING, "
+            "line 3)",
+            id="closed by an import for annotations only",
+        ),
+        pytest.param(
+            {
                 _aot("_cli.py"): (
                     "import importlib\n\ndef parser():\n"
                     "    importlib.import_module('turbine_aot._cli_llm').register()\n"
@@ -146,6 +158,7 @@ def test_import_cycles_are_reported(tmp_path, files, cycle):
     assert len(violations) == 1, violations
     assert f"import cycle in turbine_aot: {cycle}" in violations[0].rule
     assert ("function-level import hides it" in violations[0].rule) == ("in a function" in cycle)
+    assert ("TYPE_CHECKING) closes it" in violations[0].rule) == ("TYPE_CHECKING" in cycle)
     assert check_layers.main([str(root)]) == 1
 
 
@@ -157,8 +170,25 @@ def test_type_checking_imports_and_acyclic_graphs_pass(tmp_path):
             _aot("_b.py"): "from ._c import C\nB = 1\n",
             _aot("_c.py"): (
                 "from typing import TYPE_CHECKING\n"
-                "if TYPE_CHECKING:\n    from ._a import A\nelse:\n    import json\nC = 1\n"
+                "if TYPE_CHECKING:\n    from ._d import D\nelse:\n    import json\nC = 1\n"
             ),
+            _aot("_d.py"): "def f():\n    import torch\nD = 1\n",
+        },
+    )
+    assert check_layers.check_tree(root) == []
+
+
+def test_an_import_for_annotations_only_is_not_a_lazy_import(tmp_path):
+    """A TYPE_CHECKING import inside a function body never runs: the lazy-import rule (about
+    what loads when) leaves it alone, the cycle rule still counts it."""
+    root = _make_tree(
+        tmp_path,
+        {
+            _aot("_a.py"): (
+                "from typing import TYPE_CHECKING\n"
+                "def f():\n    if TYPE_CHECKING:\n        from ._b import B\n"
+            ),
+            _aot("_b.py"): "B = 1\n",
         },
     )
     assert check_layers.check_tree(root) == []

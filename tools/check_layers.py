@@ -18,7 +18,9 @@ A package may import only lower layers (and itself). In addition:
   above it.
 
 Every import statement counts, including those inside functions (lazy imports are still
-dependencies); imports under ``if TYPE_CHECKING:`` count for the layers only (they never run).
+dependencies) and those under ``if TYPE_CHECKING:``: an import for annotations only never runs,
+but it is still a dependency a reader follows, so it counts for the layers, the sub-layers and the
+cycles (not for the lazy-import rule, which is about what loads).
 ``KNOWN_CYCLES`` / ``KNOWN_LAZY_IMPORTS`` list what existed when the rules were introduced: they
 may only shrink (a listed entry that no longer exists is reported too, so that the lists are
 kept exact). Usage: ``python tools/check_layers.py [ROOT]``; exit 1 on violations.
@@ -208,6 +210,7 @@ class Edge:
     path: Path
     line: int
     lazy: bool  # inside a function: runs when called
+    type_only: bool = False  # under ``if TYPE_CHECKING:``: never runs, still a dependency
 
 
 @dataclass
@@ -250,27 +253,36 @@ def _literal_import_module(node: ast.AST) -> ast.Import | None:
     return imp
 
 
-def _runtime_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """(import statement, lazy) for every import that runs (not under ``if TYPE_CHECKING:``)."""
-    out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+def _all_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """(import statement, lazy, type_only) for every import of the tree; ``type_only``: under
+    ``if TYPE_CHECKING:`` (it never runs)."""
+    out: list[tuple[ast.Import | ast.ImportFrom, bool, bool]] = []
 
-    def visit(node: ast.AST, lazy: bool) -> None:
+    def visit(node: ast.AST, lazy: bool, type_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.body:
+                    visit(ast.Module(body=[sub], type_ignores=[]), lazy, True)
                 for sub in child.orelse:
-                    visit(ast.Module(body=[sub], type_ignores=[]), lazy)
+                    visit(ast.Module(body=[sub], type_ignores=[]), lazy, type_only)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out.append((child, lazy))
+                out.append((child, lazy, type_only))
             elif (dynamic := _literal_import_module(child)) is not None:
-                out.append((dynamic, lazy))
+                out.append((dynamic, lazy, type_only))
             visit(
                 child,
                 lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+                type_only,
             )
 
-    visit(tree, False)
+    visit(tree, False, False)
     return out
+
+
+def _runtime_imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """(import statement, lazy) for every import that runs (not under ``if TYPE_CHECKING:``)."""
+    return [(node, lazy) for node, lazy, type_only in _all_imports(tree) if not type_only]
 
 
 def _imported_names(
@@ -298,19 +310,19 @@ def package_graph(src: Path, package: str) -> PackageGraph:
     for name, path in modules.items():
         tree = _parse(path)
         is_package = path.name == "__init__.py"
-        for node, is_lazy in _runtime_imports(tree):
+        for node, is_lazy, type_only in _all_imports(tree):
             for module, attr in _imported_names(node, name, is_package):
                 target = module
                 if attr is not None and f"{module}.{attr}" in modules:
                     target = f"{module}.{attr}"  # "from . import _x" names a submodule
-                if is_lazy:
+                if is_lazy and not type_only:
                     lazy.append((name, path, node.lineno, target))
                 if not _matches(target, package):
                     continue
                 while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in modules and target != name:
-                    edges.append(Edge(name, target, path, node.lineno, is_lazy))
+                    edges.append(Edge(name, target, path, node.lineno, is_lazy, type_only))
     return PackageGraph(package, modules, edges, lazy)
 
 
@@ -371,7 +383,7 @@ def _one_cycle(component: list[str], edges: list[Edge]) -> list[Edge]:
     while frontier:
         nxt_frontier = []
         for node in frontier:
-            for e in sorted(by_importer.get(node, []), key=lambda e: (e.lazy, e.imported)):
+            for e in sorted(by_importer.get(node, []), key=lambda e: (e.type_only, e.lazy, e.imported)):
                 if e.imported == start:
                     return [*paths[node], e]
                 if e.imported not in paths:
@@ -387,6 +399,12 @@ def import_cycles(graph: PackageGraph) -> list[list[str]]:
     for e in graph.edges:
         succ.setdefault(e.importer, []).append(e.imported)
     return [c for c in _strongly_connected(graph.modules, succ) if len(c) > 1]
+
+
+def _edge_place(e: Edge) -> str:
+    if e.type_only:
+        return "under TYPE_CHECKING, "
+    return "in a function, " if e.lazy else ""
 
 
 def check_cycles(
@@ -406,14 +424,16 @@ def check_cycles(
             steps = " -> ".join(
                 [cycle[0].importer]
                 + [
-                    f"{e.imported} ({'in a function, ' if e.lazy else ''}line {e.line})"
+                    f"{e.imported} ({_edge_place(e)}line {e.line})"
                     for e in cycle
                 ]
             )
-            hidden = any(e.lazy for e in cycle)
+            hidden = any(e.lazy and not e.type_only for e in cycle)
+            typed = any(e.type_only for e in cycle)
             rule = (
                 f"import cycle in {graph.package}: {steps}"
                 + (" — a function-level import hides it" if hidden else "")
+                + (" — an import for annotations only (TYPE_CHECKING) closes it" if typed else "")
                 + f"; the modules in the cycle: {', '.join(component)}. Move what both sides "
                 "need into a module below them (see docs/architecture.md)"
             )
@@ -458,7 +478,7 @@ def _heavy_at_import(graph: PackageGraph) -> dict[str, set[str]]:
                 if heavy and not _matches(module, graph.package):
                     direct[name].add(module)
     for e in graph.edges:
-        if not e.lazy:
+        if not e.lazy and not e.type_only:
             succ[e.importer].add(e.imported)
     out: dict[str, set[str]] = {}
     for m in graph.modules:

@@ -7,7 +7,7 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from iree.build.executor import (
     BuildContext,
@@ -21,17 +21,22 @@ from turbine_params import atomic_output_file
 from ._build_actions_errors import GenerationError, GeneratorSignatureError
 from ._exporter import ExportOutput
 
-if typing.TYPE_CHECKING:
-    from ._build_actions import TurbineBuilderAction
-
 __all__ = [
     "ExportOutputMarshaller",
+    "MarshalledAction",
     "ReturnMarshaller",
     "declared_return_marshallers",
 ]
 
 
 # -- return marshalling -----------------------------------------------------------------------
+
+
+class MarshalledAction(Protocol):
+    """What a marshaller needs of the action that produces a generator's outputs (a
+    ``TurbineBuilderAction``): the (marshaller, output file) pairs it writes, in order."""
+
+    return_marshallers: list[tuple[ReturnMarshaller, BuildFile]]
 
 
 class ReturnMarshaller:
@@ -46,7 +51,7 @@ class ReturnMarshaller:
     suffix = ""
 
     def prepare_action(
-        self, context: BuildContext, stem: str, action: TurbineBuilderAction
+        self, context: BuildContext, stem: str, action: MarshalledAction
     ) -> BuildFile:
         """Allocates the output file ``{stem}{suffix}`` and makes ``action`` produce it."""
         output = context.allocate_file(f"{stem}{self.suffix}", namespace=FileNamespace.GEN)
@@ -68,7 +73,7 @@ class ExportOutputMarshaller(ReturnMarshaller):
     suffix = ".mlir"
 
     def prepare_action(
-        self, context: BuildContext, stem: str, action: TurbineBuilderAction
+        self, context: BuildContext, stem: str, action: MarshalledAction
     ) -> BuildFile:
         output = super().prepare_action(context, stem, action)
         CompileSourceMeta.get(output).input_type = "torch"

@@ -4,7 +4,7 @@ through proxies of ``self`` and of procedure calls."""
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._compiled_module_info import (
     CompiledModuleInstanceInfo,
@@ -15,9 +15,6 @@ from ._compiled_module_info import (
 from ._errors import CompiledModuleError
 from ._program_calls import exported_program_call, unwrap_program
 
-if TYPE_CHECKING:
-    from ._compiled_module import CompiledModule
-
 __all__ = [
     "import_exports",
 ]
@@ -26,7 +23,9 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # Import machinery
 # ---------------------------------------------------------------------------------------------
-def import_exports(inst: CompiledModule, info: CompiledModuleInstanceInfo) -> None:
+def import_exports(inst: object, info: CompiledModuleInstanceInfo) -> None:
+    """Imports the exports of ``inst`` (a ``CompiledModule`` instance: only its class and
+    attributes are read, so any object is typed here) into ``info``'s module builder."""
     class_info = info.class_info
     builder = info.module_builder
     # Globals first: procedures refer to them.
@@ -60,7 +59,7 @@ def _import_program(info: CompiledModuleInstanceInfo, pdef: ExportedProgramDef) 
     )
 
 
-def _ensure_proc(inst: CompiledModule, info: CompiledModuleInstanceInfo, key: str) -> Any:
+def _ensure_proc(inst: object, info: CompiledModuleInstanceInfo, key: str) -> Any:
     """Traces the procedure ``key`` if not yet done; returns its ``func.func`` op."""
     if key in info.proc_funcs:
         return info.proc_funcs[key]
@@ -109,7 +108,7 @@ def _ensure_proc(inst: CompiledModule, info: CompiledModuleInstanceInfo, key: st
 class _ProcSelfProxy:
     """What ``self`` is inside a traced procedure: globals, other procedures, helpers."""
 
-    def __init__(self, inst: CompiledModule, info: CompiledModuleInstanceInfo):
+    def __init__(self, inst: object, info: CompiledModuleInstanceInfo):
         object.__setattr__(self, "_inst", inst)
         object.__setattr__(self, "_info", info)
 
@@ -161,7 +160,7 @@ def _make_proc_call_type() -> type:
 
         __slots__ = ("info", "inst", "key")
 
-        def __init__(self, inst: CompiledModule, info: CompiledModuleInstanceInfo, key: str):
+        def __init__(self, inst: object, info: CompiledModuleInstanceInfo, key: str):
             self.inst = inst
             self.info = info
             self.key = key
@@ -178,7 +177,7 @@ def _make_proc_call_type() -> type:
 _proc_call_type: type | None = None
 
 
-def _ProcCall(inst: CompiledModule, info: CompiledModuleInstanceInfo, key: str) -> Any:
+def _ProcCall(inst: object, info: CompiledModuleInstanceInfo, key: str) -> Any:
     global _proc_call_type
     if _proc_call_type is None:
         _proc_call_type = _make_proc_call_type()
