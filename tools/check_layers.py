@@ -383,7 +383,9 @@ def _one_cycle(component: list[str], edges: list[Edge]) -> list[Edge]:
     while frontier:
         nxt_frontier = []
         for node in frontier:
-            for e in sorted(by_importer.get(node, []), key=lambda e: (e.type_only, e.lazy, e.imported)):
+            for e in sorted(
+                by_importer.get(node, []), key=lambda e: (e.type_only, e.lazy, e.imported)
+            ):
                 if e.imported == start:
                     return [*paths[node], e]
                 if e.imported not in paths:
@@ -423,10 +425,7 @@ def check_cycles(
             first = cycle[0]
             steps = " -> ".join(
                 [cycle[0].importer]
-                + [
-                    f"{e.imported} ({_edge_place(e)}line {e.line})"
-                    for e in cycle
-                ]
+                + [f"{e.imported} ({_edge_place(e)}line {e.line})" for e in cycle]
             )
             hidden = any(e.lazy and not e.type_only for e in cycle)
             typed = any(e.type_only for e in cycle)

@@ -354,13 +354,13 @@ def test_bundle_from_a_vmfb_records_the_call_signatures(nested, tmp_path):
 
 
 def test_default_compile_flags_is_public_api():
-    from turbine_aot._compiler import targets as _targets
+    from turbine_aot._compiler import flags as _flags
 
-    assert turbine_aot.default_compile_flags is _targets.default_compile_flags
+    assert turbine_aot.default_compile_flags is _flags.default_compile_flags
     assert "default_compile_flags" in dir(turbine_aot)
     assert "default_compile_flags" not in turbine_aot.__all__  # not a reference star-import name
     flags = turbine_aot.default_compile_flags("llvm-cpu", host=False)
     assert "--iree-llvmcpu-target-cpu=generic" in flags
-    assert R.default_runtime_flags is _targets.default_runtime_flags
+    assert R.default_runtime_flags is _flags.default_runtime_flags
     assert issubclass(R.CallArgumentTypeError, TypeError)
     assert issubclass(R.CallArgumentValueError, ValueError)

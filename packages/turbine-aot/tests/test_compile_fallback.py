@@ -1,4 +1,4 @@
-"""A speed-only default never turns a working compile into a failure (``_compiler.targets``
+"""A speed-only default never turns a working compile into a failure (``_compiler.fallback``
 ``compile_with_fallback``): every compile path retries without the speed-only groups and warns.
 
 The forced cases make the compiler fail whenever a speed-only flag is present (the retry is a real
@@ -15,13 +15,8 @@ from torch import nn
 
 import turbine_aot
 from turbine_aot import runtime
-from turbine_aot._compiler.targets import (
-    COMPILE_FLAGS_ENV,
-    SPEED_ONLY_GROUPS,
-    compile_with_fallback,
-    default_compile_flags,
-    fallback_flags,
-)
+from turbine_aot._compiler.fallback import compile_with_fallback, fallback_flags
+from turbine_aot._compiler.flags import COMPILE_FLAGS_ENV, SPEED_ONLY_GROUPS, default_compile_flags
 
 DATA_TILING = "--iree-opt-data-tiling=true"
 SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"

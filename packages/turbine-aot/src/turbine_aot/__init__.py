@@ -21,7 +21,7 @@ from typing import Any
 
 from ._compiled_module import CompiledModule
 from ._compiled_module import ImportPhase as ImportPhase
-from ._compiler.targets import default_compile_flags as default_compile_flags
+from ._compiler.flags import default_compile_flags as default_compile_flags
 from ._errors import CompiledModuleError as CompiledModuleError
 from ._errors import CompileError as CompileError
 from ._errors import ExportError as ExportError

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from turbine_aot._bundle_manifest import check_manifest_shape
-from turbine_aot._compiler.targets import device_compile_flags, program_traits, resolve_target
+from turbine_aot._compiler.flags import device_compile_flags
+from turbine_aot._compiler.targets import resolve_target
+from turbine_aot._compiler.traits import program_traits
 from turbine_aot._runtime import (
     DEFAULT_PARAMETER_SCOPE,
     FunctionSignature,
@@ -375,7 +377,7 @@ def _compiled_contents(
         # The flags it was compiled with: without the speed-only defaults when those failed
         # (a compile-cache hit records the defaults it was looked up with).
         recorded_flags = getattr(module, "_last_compile_flags", None) or device_compile_flags(
-            devices, compile_flags, **traits
+            devices, compile_flags, traits=traits
         )
     else:
         recorded_flags = list(compile_flags or [])

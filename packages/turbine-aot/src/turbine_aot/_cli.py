@@ -29,13 +29,11 @@ from turbine_aot._cli_inputs import CliError, _load_source, _make_input, parse_i
 from turbine_aot._cli_llm import register as _register_llm_commands
 from turbine_aot._cli_progress import Stages
 from turbine_aot._compiler.cache import CompileError as CacheCompileError
+from turbine_aot._compiler.fallback import compile_with_fallback
+from turbine_aot._compiler.refusals import check_program_for_target
 from turbine_aot._compiler.rewrites import module_for_compile
-from turbine_aot._compiler.targets import (
-    TargetError,
-    check_program_for_target,
-    compile_with_fallback,
-    program_traits,
-)
+from turbine_aot._compiler.targets import TargetError
+from turbine_aot._compiler.traits import NO_TRAITS, program_traits
 from turbine_aot._errors import TurbineAotError
 from turbine_aot._inspect import format_report, inspect_path
 from turbine_aot._runtime import TurbineRuntimeError
@@ -198,8 +196,8 @@ def _cmd_compile(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     data = src.read_bytes()
     # The same program-dependent defaults and checks as ExportOutput.compile.
     module = _read_program(data)
-    traits = program_traits(module) if module is not None else {}
-    flags = R.device_compile_flags(devices, user_flags, **traits)
+    traits = program_traits(module) if module is not None else NO_TRAITS
+    flags = R.device_compile_flags(devices, user_flags, traits=traits)
     if module is not None:
         check_program_for_target(module, flags)
     cache: Any = False if args.no_cache else (args.cache_dir or True)

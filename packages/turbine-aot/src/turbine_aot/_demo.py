@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turbine_aot._compiler.targets import default_runtime_flags
+from turbine_aot._compiler.flags import default_runtime_flags
 from turbine_params import externalize_module_parameters, save_module_parameters
 
 __all__ = ["DemoConfig", "build_demo_model", "run_demo"]

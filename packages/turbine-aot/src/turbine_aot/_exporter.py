@@ -19,19 +19,17 @@ from ._compiled_module import (
     ExportedProgramDef,
     ImportPhase,
 )
+from ._compiler.fallback import compile_with_fallback
+from ._compiler.flags import as_list as _as_list
+from ._compiler.flags import compile_flags_for
 from ._compiler.invoke import compile_module
+from ._compiler.refusals import check_program_for_target
 from ._compiler.session import (
     new_session,
     session_context,
     session_flags,
 )
-from ._compiler.targets import as_list as _as_list
-from ._compiler.targets import (
-    check_program_for_target,
-    compile_flags_for,
-    compile_with_fallback,
-    program_traits,
-)
+from ._compiler.traits import program_traits
 from ._errors import CompileError
 from ._export_errors import torch_export_error
 from ._module_io import save_module, verify_module
@@ -68,7 +66,7 @@ class ExportOutput:
         self.compiled_module = compiled_module
         self.importer_uses_session = importer_uses_session
         #: The flags the last compile() used (None before one): without the speed-only defaults
-        #: when compiling with them failed (_compiler.targets.compile_with_fallback).
+        #: when compiling with them failed (_compiler.fallback.compile_with_fallback).
         self._last_compile_flags: list[str] | None = None
 
     # ---- the IR ---------------------------------------------------------------------------
@@ -148,7 +146,7 @@ class ExportOutput:
             target_device=target_device,
             host_cpu=host_cpu,
             extra_args=user_flags,
-            **program_traits(self.mlir_module),
+            traits=program_traits(self.mlir_module),
         )
         check_program_for_target(self.mlir_module, flags)
         # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.

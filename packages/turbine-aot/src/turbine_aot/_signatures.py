@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from turbine_aot._compiler.targets import public_functions
+from turbine_aot._compiler.torch_ir import public_functions
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._runtime_tensors import element_type_name
 

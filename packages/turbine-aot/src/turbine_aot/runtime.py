@@ -21,7 +21,7 @@ from turbine_aot._compiler.cache import (
     compiler_version,
     default_compile_cache,
 )
-from turbine_aot._compiler.targets import default_runtime_flags, device_compile_flags
+from turbine_aot._compiler.flags import default_runtime_flags, device_compile_flags
 from turbine_aot._runtime import (
     DEFAULT_PARAMETER_SCOPE,
     FunctionSignature,

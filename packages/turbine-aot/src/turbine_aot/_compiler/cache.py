@@ -35,7 +35,9 @@ from turbine_params import atomic_output_file
 from .._errors import CompileError as _AotCompileError
 from .._errors import Diagnostic
 from . import rewrites
-from .targets import compile_flags_for, program_traits, resolve_target
+from .flags import compile_flags_for
+from .targets import resolve_target
+from .traits import program_traits
 
 __all__ = [
     "CacheStats",
@@ -358,7 +360,7 @@ def compile_export_output(
     flags = compile_flags_for(
         target_device=target_device,
         extra_args=[*session_flags, *extra],
-        **program_traits(export_output),
+        traits=program_traits(export_output),
     )
     c = _resolve_cache(cache)
     key = ""

@@ -1,13 +1,23 @@
-"""Helpers for rewriting torch-dialect modules in place (shared by the compile-time rewrites):
-walking the operations, reading ``!torch.vtensor`` types and constant operands, and creating
-ops before an anchor op at its location."""
+"""Helpers for reading and rewriting torch-dialect modules in place (shared by the compile-time
+rewrites and the program traits): walking the operations, a module's top-level operations and
+public functions, reading ``!torch.vtensor`` types and constant operands, and creating ops
+before an anchor op at its location."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOT_CONSTANT", "Builder", "TensorType", "constant", "walk"]
+__all__ = [
+    "NOT_CONSTANT",
+    "Builder",
+    "TensorType",
+    "constant",
+    "public_functions",
+    "top_level_ops",
+    "walk",
+]
 
 _VTENSOR = re.compile(r"^!torch\.vtensor<\[(.*)\],(.+)>$")
 
@@ -18,6 +28,39 @@ def walk(op: Any):
             for child in block.operations:
                 yield child.operation
                 yield from walk(child.operation)
+
+
+def top_level_ops(module: object) -> list:
+    """The operations in a module's body (``ExportOutput``, ``ir.Module`` or its operation);
+    empty when ``module`` is not a module."""
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    try:
+        return [getattr(o, "operation", o) for o in op.regions[0].blocks[0].operations]
+    except Exception:
+        return []
+
+
+def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.func")) -> list:
+    """The public function operations at the top level of an MLIR module.
+
+    Args:
+        module: an ``ir.Module``, its operation, or an object with ``mlir_module``
+            (``ExportOutput``).
+        kinds: operation names that count as functions.
+
+    Returns:
+        The operations (empty when ``module`` is not a module).
+    """
+    out = []
+    for f in top_level_ops(module):
+        if f.name not in kinds:
+            continue
+        attrs = f.attributes
+        if "sym_visibility" in attrs and str(attrs["sym_visibility"]).strip('"') != "public":
+            continue
+        out.append(f)
+    return out
 
 
 class TensorType:
