@@ -12,7 +12,8 @@ import torch
 
 import turbine_aot
 from turbine_aot import runtime as R
-from turbine_aot._signatures import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_KEY, CallSignature
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.keys import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_KEY
 
 
 def _check_ordered(text: str, *patterns: str) -> None:
@@ -332,7 +333,7 @@ def test_unknown_result_types_come_back_as_dicts(nested, monkeypatch):
     a dict with the same keys; its package is never imported for it."""
     import json
 
-    from turbine_aot._signatures import _load_spec
+    from turbine_aot._signatures.trees import load_spec as _load_spec
 
     _, m, _ = nested
     data = json.loads(m.main.signature.call.return_schema)

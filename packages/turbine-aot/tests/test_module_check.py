@@ -25,7 +25,9 @@ import torch
 import turbine_aot
 from turbine_aot import runtime as R
 from turbine_aot._module_check import check_module_in_child, zero_arguments
-from turbine_aot._signatures import CallSignature, FunctionSignature, Leaf, TensorSpec
+from turbine_aot._signatures.abi import FunctionSignature, TensorSpec
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.leaf import Leaf
 
 
 class _Net(torch.nn.Module):

@@ -43,7 +43,7 @@ from turbine_aot._runtime import (
     load_module,
     signatures_from_mlir,
 )
-from turbine_aot._signatures import module_functions, module_name
+from turbine_aot._signatures.reflection import module_functions, module_name
 from turbine_aot._version import __version__ as turbine_aot_version
 from turbine_params import (
     ParameterArchive,

@@ -37,7 +37,7 @@ from turbine_aot._compiler.traits import NO_TRAITS, program_traits
 from turbine_aot._errors import TurbineAotError
 from turbine_aot._inspect import format_report, inspect_path
 from turbine_aot._runtime import TurbineRuntimeError
-from turbine_aot._signatures import compile_record
+from turbine_aot._signatures.recording import compile_record
 from turbine_params import (
     atomic_write_bytes,
     externalize_module_parameters,

@@ -33,7 +33,7 @@ from ._compiler.traits import program_traits
 from ._errors import CompileError
 from ._export_errors import torch_export_error
 from ._module_io import save_module, verify_module
-from ._signatures import compile_record, eager_defaults, record_module_signatures
+from ._signatures.recording import compile_record, eager_defaults, record_module_signatures
 from .runtime import load_module
 
 __all__ = ["ExportOutput", "export"]

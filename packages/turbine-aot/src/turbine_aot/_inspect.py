@@ -16,23 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from turbine_aot._bundle import read_bundle
+from turbine_aot._compiler.torch_ir import public_functions
 from turbine_aot._errors import TurbineRuntimeError
-from turbine_aot._signatures import (
-    COMPILE_KEY,
-    PARAMETERS_KEY,
-    CallSignature,
-    FunctionSignature,
-    Leaf,
-    _children,
-    _load_spec,
-    function_signature,
-    module_functions,
-    module_name,
-    module_parameters,
-    public_functions,
-    reflection_of,
-    signatures_from_mlir,
-)
+from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.keys import COMPILE_KEY, PARAMETERS_KEY
+from turbine_aot._signatures.leaf import Leaf
+from turbine_aot._signatures.recording import module_parameters, reflection_of
+from turbine_aot._signatures.reflection import function_signature, module_functions, module_name
+from turbine_aot._signatures.trees import load_spec, spec_children
 
 __all__ = ["format_report", "inspect_path"]
 
@@ -231,8 +223,8 @@ def _leaf_text(leaf: Leaf) -> str:
 
 
 def _call_lines(name: str, call: CallSignature) -> list[str]:
-    spec = _load_spec(call.args_schema)
-    pos, kw = _children(spec)
+    spec = load_spec(call.args_schema)
+    pos, kw = spec_children(spec)
     n_pos = pos.num_children
     kw_names = [str(k) for k in (kw.context or [])]
     names = list(call.arg_names)
@@ -240,12 +232,12 @@ def _call_lines(name: str, call: CallSignature) -> list[str]:
         names = [f"arg{i}" for i in range(n_pos)] + kw_names
     it = iter(call.args)
     params = []
-    for pname, child in zip(names, [*_children(pos), *_children(kw)]):
+    for pname, child in zip(names, [*spec_children(pos), *spec_children(kw)]):
         leaves = [_leaf_text(next(it)) for _ in range(child.num_leaves)]
         params.append(f"{pname}: {_tree_text(child, leaves)}")
     result = "..."
     if call.return_schema is not None:
-        result = _tree_text(_load_spec(call.return_schema), [_leaf_text(r) for r in call.results])
+        result = _tree_text(load_spec(call.return_schema), [_leaf_text(r) for r in call.results])
     lines = [f"{name}({', '.join(params)}) -> {result}"]
     for sym, (lo, hi) in call.dims.items():
         lines.append(f"    dynamic {sym}: {lo}..{hi if hi is not None else 'unbounded'}")

@@ -56,12 +56,9 @@ import numpy as np
 
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._runtime_tensors import hal_element_type
-from turbine_aot._signatures import (
-    FunctionSignature,
-    _eval_expression,
-    affinity_device_index,
-    function_signature,
-)
+from turbine_aot._signatures.abi import FunctionSignature, affinity_device_index
+from turbine_aot._signatures.checks import eval_expression
+from turbine_aot._signatures.reflection import function_signature
 
 __all__ = ["DEFAULT_CHECK_TIMEOUT", "MAX_CALL_INPUT_BYTES", "check_module_in_child"]
 
@@ -327,7 +324,7 @@ def zero_arguments(sig: FunctionSignature, named: dict[str, int], num_devices: i
             if isinstance(d, str):
                 size = sizes.get(d)
                 if size is None:
-                    size = _eval_expression(d, sizes)
+                    size = eval_expression(d, sizes)
             if size is None or size < 0:
                 what = f"{label} ({spec})" if spec is not None else label
                 return f"argument {what} has a dynamic dimension without a recorded range"

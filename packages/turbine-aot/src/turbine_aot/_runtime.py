@@ -21,25 +21,20 @@ import numpy as np
 from turbine_aot._compiler.cache import compile_export_output
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._module_check import check_module_in_child
-from turbine_aot._runtime_tensors import (
-    buffer_view_to_tensor,
-    element_type_name,
-    tensor_to_buffer_view,
-)
-from turbine_aot._signatures import (
+from turbine_aot._runtime_tensors import buffer_view_to_tensor, tensor_to_buffer_view
+from turbine_aot._signatures.abi import (
     FunctionSignature,
-    Leaf,
     TensorSpec,
     affinity_device_index,
-    check_tensor,
-    function_signature,
-    module_functions,
-    module_name,
     parse_abi_declaration,
-    rebuild_results,
     signatures_from_mlir,
-    type_error,
 )
+from turbine_aot._signatures.call import rebuild_results
+from turbine_aot._signatures.checks import check_tensor
+from turbine_aot._signatures.element_types import element_type_name
+from turbine_aot._signatures.errors import type_error
+from turbine_aot._signatures.leaf import Leaf
+from turbine_aot._signatures.reflection import function_signature, module_functions, module_name
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",

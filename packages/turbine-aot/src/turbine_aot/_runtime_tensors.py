@@ -19,45 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from turbine_aot._signatures.element_types import MLIR_TO_TORCH
+
 __all__ = [
     "LOCAL_DRIVERS",
     "buffer_view_to_tensor",
-    "element_type_name",
     "hal_element_type",
     "tensor_to_buffer_view",
     "torch_dtype_for_element_type",
 ]
 
 LOCAL_DRIVERS = frozenset({"local-task", "local-sync"})
-
-# MLIR element type name -> torch dtype name (the ABI declaration uses MLIR names).
-_MLIR_TO_TORCH: dict[str, str] = {
-    "f16": "float16",
-    "f32": "float32",
-    "f64": "float64",
-    "bf16": "bfloat16",
-    "f8E4M3FN": "float8_e4m3fn",
-    "f8E4M3FNUZ": "float8_e4m3fnuz",
-    "f8E5M2": "float8_e5m2",
-    "f8E5M2FNUZ": "float8_e5m2fnuz",
-    "f8E8M0FNU": "float8_e8m0fnu",
-    "i1": "bool",
-    "i8": "int8",
-    "si8": "int8",
-    "ui8": "uint8",
-    "i16": "int16",
-    "si16": "int16",
-    "ui16": "uint16",
-    "i32": "int32",
-    "si32": "int32",
-    "ui32": "uint32",
-    "i64": "int64",
-    "si64": "int64",
-    "ui64": "uint64",
-    "complex<f32>": "complex64",
-    "complex<f64>": "complex128",
-}
-
 
 #: torch dtype, HAL element type, carrier torch dtype (the one numpy can represent with the
 #: same bytes).
@@ -90,7 +62,7 @@ def hal_element_type(mlir_type: str) -> int | None:
     checked load's child builds its arguments from these); None when IREE has none."""
     import iree.runtime as rt
 
-    torch_name = _MLIR_TO_TORCH.get(mlir_type)
+    torch_name = MLIR_TO_TORCH.get(mlir_type)
     for tname, hname, _carrier in _ROWS:
         if tname == torch_name:
             het = getattr(rt.HalElementType, hname, None)
@@ -133,17 +105,6 @@ def _tables() -> tuple[dict[Any, tuple[Any, Any]], dict[int, Any]]:
 
 
 _TABLES: tuple[dict[Any, tuple[Any, Any]], dict[int, Any]] | None = None
-
-
-def element_type_name(mlir_type: str):
-    """The torch dtype for an MLIR element type name (``"bf16"`` -> ``torch.bfloat16``).
-
-    Returns None for a name with no torch equivalent.
-    """
-    import torch
-
-    name = _MLIR_TO_TORCH.get(mlir_type)
-    return getattr(torch, name, None) if name else None
 
 
 def torch_dtype_for_element_type(element_type: Any):

@@ -40,7 +40,8 @@ from turbine_aot._runtime_numerics import (
     check_numerics,
     default_tolerance,
 )
-from turbine_aot._signatures import CallArgumentTypeError, CallArgumentValueError, CallSignature
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.errors import CallArgumentTypeError, CallArgumentValueError
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",
