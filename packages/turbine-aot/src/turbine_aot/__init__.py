@@ -19,8 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._compiled_module import CompiledModule
-from ._compiled_module import ImportPhase as ImportPhase
+from ._compiled_module.module import CompiledModule
+from ._compiled_module.module import ImportPhase as ImportPhase
 from ._compiler.flags import default_compile_flags as default_compile_flags
 from ._errors import CompiledModuleError as CompiledModuleError
 from ._errors import CompileError as CompileError

@@ -13,12 +13,13 @@ from typing import Any
 
 from iree.compiler.api import Output, Session
 
-from ._compiled_module import (
+from ._compiled_module.module import (
     CompiledModule,
     CompiledModuleMeta,
     ExportedProgramDef,
     ImportPhase,
 )
+from ._compiled_module.module_io import save_module, verify_module
 from ._compiler.fallback import compile_with_fallback
 from ._compiler.flags import as_list as _as_list
 from ._compiler.flags import compile_flags_for
@@ -32,7 +33,6 @@ from ._compiler.session import (
 from ._compiler.traits import program_traits
 from ._errors import CompileError
 from ._export_errors import torch_export_error
-from ._module_io import save_module, verify_module
 from ._signatures.recording import compile_record, eager_defaults, record_module_signatures
 from .runtime import load_module
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import TurbineAotError
+from .._errors import TurbineAotError
 
 __all__ = [
     "CustomOpExpansionError",

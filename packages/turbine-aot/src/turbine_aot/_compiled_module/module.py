@@ -17,7 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._compiled_module_info import (
+from .._errors import CompiledModuleError, CompileError, Diagnostic
+from .custom_ops import expand_custom_ops_in_module
+from .info import (
     CompiledModuleClassInfo,
     CompiledModuleInstanceInfo,
     CompiledModuleMeta,
@@ -27,11 +29,9 @@ from ._compiled_module_info import (
     class_infos,
     instance_infos,
 )
-from ._compiled_module_trace import import_exports
-from ._custom_ops import expand_custom_ops_in_module
-from ._errors import CompiledModuleError, CompileError, Diagnostic
-from ._input_pipeline import run_iree_input_pipeline
-from ._module_io import save_module, verify_module
+from .input_pipeline import run_iree_input_pipeline
+from .module_io import save_module, verify_module
+from .trace import import_exports
 
 __all__ = [
     "CompiledModule",
@@ -103,7 +103,7 @@ class CompiledModule(metaclass=CompiledModuleMeta):
         module = None
         if module_op is None:
             if context is None:
-                from ._compiler.session import new_session, session_context
+                from .._compiler.session import new_session, session_context
 
                 session = new_session()
                 context = session_context(session)

@@ -7,7 +7,7 @@ from typing import Any
 
 from turbine_params import atomic_output_file
 
-from ._errors import ExportError
+from .._errors import ExportError
 
 __all__ = [
     "save_module",

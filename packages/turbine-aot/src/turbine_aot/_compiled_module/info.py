@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import CompiledModuleError
-from ._program_calls import unwrap_program
+from .._errors import CompiledModuleError
+from .program_calls import unwrap_program
 
 __all__ = [
     "CompiledModuleClassInfo",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from ._compiled_module_info import CompiledModuleInstanceInfo
+from .info import CompiledModuleInstanceInfo
 
 __all__ = [
     "run_iree_input_pipeline",
@@ -13,7 +13,7 @@ __all__ = [
 
 def run_iree_input_pipeline(info: CompiledModuleInstanceInfo) -> None:
     """Runs IREE's input pipeline (``--compile-to=input``) on the module, in place."""
-    from ._compiler.session import CapturedInvocation, new_session
+    from .._compiler.session import CapturedInvocation, new_session
 
     module_op = info.module_op
     if info.session is not None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ._compiled_module_info import (
+from .._errors import CompiledModuleError
+from .info import (
     CompiledModuleInstanceInfo,
     ExportedProgramDef,
     ExportProcDef,
     is_abstract,
 )
-from ._errors import CompiledModuleError
-from ._program_calls import exported_program_call, unwrap_program
+from .program_calls import exported_program_call, unwrap_program
 
 __all__ = [
     "import_exports",
