@@ -33,17 +33,12 @@ from turbine_aot._bundle_manifest import check_manifest_shape
 from turbine_aot._compiler.flags import device_compile_flags
 from turbine_aot._compiler.targets import resolve_target
 from turbine_aot._compiler.traits import program_traits
-from turbine_aot._runtime import (
-    DEFAULT_PARAMETER_SCOPE,
-    FunctionSignature,
-    LoadedModule,
-    TurbineRuntimeError,
-    _module_bytes_or_path,
-    function_signature,
-    load_module,
-    signatures_from_mlir,
-)
-from turbine_aot._signatures.reflection import module_functions, module_name
+from turbine_aot._errors import TurbineRuntimeError
+from turbine_aot._runtime.loaded_module import LoadedModule
+from turbine_aot._runtime.loading import load_module, module_bytes_or_path
+from turbine_aot._runtime.parameters import DEFAULT_PARAMETER_SCOPE
+from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
+from turbine_aot._signatures.reflection import function_signature, module_functions, module_name
 from turbine_aot._version import __version__ as turbine_aot_version
 from turbine_params import (
     ParameterArchive,
@@ -361,7 +356,7 @@ def _compiled_contents(
     is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
     if is_export:
         module._last_compile_flags = None  # set by ExportOutput.compile if it compiles now
-    data, mpath = _module_bytes_or_path(
+    data, mpath = module_bytes_or_path(
         module, device=devices, compile_flags=compile_flags, cache=cache
     )
     vmfb = data if data is not None else Path(mpath).read_bytes()  # type: ignore[arg-type]

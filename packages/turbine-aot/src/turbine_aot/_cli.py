@@ -34,9 +34,8 @@ from turbine_aot._compiler.refusals import check_program_for_target
 from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot._compiler.targets import TargetError
 from turbine_aot._compiler.traits import NO_TRAITS, program_traits
-from turbine_aot._errors import TurbineAotError
+from turbine_aot._errors import TurbineAotError, TurbineRuntimeError
 from turbine_aot._inspect import format_report, inspect_path
-from turbine_aot._runtime import TurbineRuntimeError
 from turbine_aot._signatures.recording import compile_record
 from turbine_params import (
     atomic_write_bytes,

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from turbine_aot._errors import TurbineRuntimeError
-from turbine_aot._runtime_tensors import hal_element_type
+from turbine_aot._runtime.tensors import hal_element_type
 from turbine_aot._signatures.abi import FunctionSignature, affinity_device_index
 from turbine_aot._signatures.checks import eval_expression
 from turbine_aot._signatures.reflection import function_signature
