@@ -19,7 +19,7 @@ import numpy as np
 
 from turbine_aot import _export_errors
 from turbine_aot import runtime as R
-from turbine_aot._bundle import check_parameter_file
+from turbine_aot._bundle.write import check_parameter_file
 from turbine_aot._cli_errors import (
     check_input_dtypes,
     quiet_torch_export_logs,

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from turbine_aot._bundle import read_bundle
+from turbine_aot._bundle.read import read_bundle
 from turbine_aot._compiler.torch_ir import public_functions
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir

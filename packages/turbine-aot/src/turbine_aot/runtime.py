@@ -11,7 +11,10 @@ See ``docs/running.md``.
 
 from __future__ import annotations
 
-from turbine_aot._bundle import Bundle, BundleError, load_bundle, read_bundle, save_bundle
+from turbine_aot._bundle.bundle import Bundle, BundleError
+from turbine_aot._bundle.load import load_bundle
+from turbine_aot._bundle.read import read_bundle
+from turbine_aot._bundle.write import save_bundle
 from turbine_aot._compiler.cache import (
     CacheStats,
     CompileCache,

@@ -1,18 +1,86 @@
-"""The shape of a bundle manifest, checked before any field of it is used.
+"""A bundle's manifest: the format constants and file names, the versions and device records
+it holds, and its shape, checked before any field of it is used.
 
 A manifest comes from a file that may have been edited or damaged: every field the loader reads
 is checked here for its JSON type first, so that a tampered manifest is a ``BundleError`` naming
 the field, never a ``KeyError`` / ``TypeError`` / ``AttributeError`` from deep in the loader.
-What the fields mean (paths inside the bundle, hashes, versions) is checked by ``_bundle``.
+What the fields mean (paths inside the bundle, hashes, versions) is checked by :mod:`.read`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_manifest_shape"]
+from turbine_aot._compiler.targets import resolve_target
+from turbine_aot._version import __version__ as turbine_aot_version
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "BUNDLE_FORMAT_VERSION",
+    "FLAGFILE",
+    "MANIFEST",
+    "MODULE_FILE",
+    "check_manifest_shape",
+    "device_records",
+    "release",
+    "versions",
+]
+
+BUNDLE_FORMAT = "turbine-bundle"
+
+BUNDLE_FORMAT_VERSION = 1
+
+MANIFEST = "manifest.json"
+
+MODULE_FILE = "module.vmfb"
+
+FLAGFILE = "iree-run-module.flags"
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    try:
+        from iree.runtime import version as rv
+
+        out["iree_runtime"] = rv.VERSION
+    except Exception:
+        out["iree_runtime"] = None
+    try:
+        from iree.compiler import version as cv
+
+        out["iree_compiler"] = cv.VERSION
+    except Exception:
+        out["iree_compiler"] = None
+    try:
+        import torch
+
+        out["torch"] = torch.__version__.split("+")[0]
+    except Exception:
+        out["torch"] = None
+    out["turbine_aot"] = turbine_aot_version
+    return out
+
+
+def release(version: str | None) -> str | None:
+    """``3.13.0rc20261016`` -> ``3.13`` (IREE's bytecode is compatible within a release)."""
+    if not version:
+        return None
+    parts = version.split(".")
+    return ".".join(parts[:2])
+
+
+def device_records(devices: Sequence[str]) -> list[dict[str, Any]]:
+    out = []
+    for uri in devices:
+        driver = uri.split("://", 1)[0].split(":", 1)[0]
+        try:
+            t = resolve_target(driver)
+            out.append({"uri": uri, "driver": driver, "target": t.name, "hal_device": t.hal_device})
+        except Exception:
+            out.append({"uri": uri, "driver": driver, "target": None, "hal_device": driver})
+    return out
 
 
 def _is_int(v: Any) -> bool:
