@@ -67,6 +67,7 @@ from ._build_actions_pool import (
     get_generator_pool,
 )
 from ._build_actions_remote import RemoteGenerator, callable_name, remote_dumps
+from ._hashing import sha256_file
 
 __all__ = [
     "BuildActionError",
@@ -177,7 +178,7 @@ class TurbineBuilderAction(BuildAction):
                 meta = output.access_metadata()
                 if meta.get(_METADATA_FINGERPRINT) != self._fingerprint:
                     return False
-                if not path.is_file() or meta.get(_METADATA_SHA256) != _sha256_file(path):
+                if not path.is_file() or meta.get(_METADATA_SHA256) != sha256_file(path):
                     return False
         except (OSError, ValueError):  # Unreadable or corrupt metadata: rebuild.
             return False
@@ -199,7 +200,7 @@ class TurbineBuilderAction(BuildAction):
         if self._fingerprint is None:
             return
         for (_, output), path in zip(self.return_marshallers, self._output_paths()):
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
 
             def record(meta: dict, digest: str = digest) -> bool:
                 meta[_METADATA_FINGERPRINT] = self._fingerprint
@@ -331,14 +332,6 @@ def _not_picklable_message(action: TurbineBuilderAction, e: Exception) -> str:
         "arguments (numbers, strings, tuples...): build models and tensors inside the "
         "generator. Or pass out_of_process=False to run it in the build process."
     )
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fingerprint(generator: Callable, payload: bytes) -> str:
