@@ -89,7 +89,7 @@ class _Forced:
     """Makes ``ExportOutput._compile`` fail while a speed-only flag is present."""
 
     def __init__(self, monkeypatch):
-        from turbine_aot._exporter import ExportOutput
+        from turbine_aot._export.output import ExportOutput
 
         real = ExportOutput._compile
         self.seen: list[list[str]] = []

@@ -197,7 +197,7 @@ def exported():
 
 
 def test_export_output_compile_uses_the_defaults(exported):
-    from turbine_aot._exporter import compile_flags_for
+    from turbine_aot._compiler.flags import compile_flags_for
 
     flags = compile_flags_for()
     assert flags == default_compile_flags(use_env=False)
@@ -270,7 +270,8 @@ class SelfAttention(nn.Module):
 
 def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypatch):
     import turbine_aot
-    from turbine_aot import _exporter, runtime
+    from turbine_aot import runtime
+    from turbine_aot._export import output as _exporter
 
     used: list[list[str]] = []
     real = _exporter.compile_flags_for

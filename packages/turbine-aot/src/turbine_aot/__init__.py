@@ -26,7 +26,8 @@ from ._errors import CompiledModuleError as CompiledModuleError
 from ._errors import CompileError as CompileError
 from ._errors import ExportError as ExportError
 from ._errors import TurbineAotError as TurbineAotError
-from ._exporter import ExportOutput, export
+from ._export.exporter import export
+from ._export.output import ExportOutput
 from ._version import __version__ as __version__
 
 # Exactly the names ``from iree.turbine.aot import *`` binds (38), submodules included.

@@ -19,7 +19,7 @@ from iree.build.metadata import CompileSourceMeta
 from turbine_params import atomic_output_file
 
 from ._build_actions_errors import GenerationError, GeneratorSignatureError
-from ._exporter import ExportOutput
+from ._export.output import ExportOutput
 
 __all__ = [
     "ExportOutputMarshaller",

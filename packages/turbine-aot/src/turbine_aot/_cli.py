@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from turbine_aot import _export_errors
 from turbine_aot import runtime as R
 from turbine_aot._bundle.write import check_parameter_file
 from turbine_aot._cli_errors import (
@@ -35,6 +34,7 @@ from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot._compiler.targets import TargetError
 from turbine_aot._compiler.traits import NO_TRAITS, program_traits
 from turbine_aot._errors import TurbineAotError, TurbineRuntimeError
+from turbine_aot._export import diagnosis as _export_errors
 from turbine_aot._inspect import format_report, inspect_path
 from turbine_aot._signatures.recording import compile_record
 from turbine_params import (

@@ -1,6 +1,6 @@
 """turbine-aot's compiler layer: everything between an imported MLIR module and a ``.vmfb``.
 
-Below the exporter (``_exporter``: ``export``, ``ExportOutput``) and the runtime (``_runtime``,
+Below the export side (``_export``: ``export``, ``ExportOutput``) and the runtime (``_runtime``,
 ``_bundle``), which both use it; it imports neither (``tools/check_layers.py`` enforces it).
 
 - :mod:`.targets`: the target registry (turbine's target names, the IREE device and backend

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._errors import ExportError
+from .._errors import ExportError
 
 __all__ = ["DOCS_EXPORT_ERRORS", "cli_message", "torch_export_error"]
 
