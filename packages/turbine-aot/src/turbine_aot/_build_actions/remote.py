@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._build_actions_errors import GeneratorSignatureError
-from ._build_actions_marshal import ReturnMarshaller
+from .errors import GeneratorSignatureError
+from .returns import ReturnMarshaller
 
 __all__ = [
     "RemoteGenerator",

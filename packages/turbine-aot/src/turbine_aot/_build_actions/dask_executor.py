@@ -35,8 +35,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ._build_actions_errors import BuildActionError
-from ._build_actions_pool import WorkerDiedError
+from .errors import BuildActionError
+from .pool import WorkerDiedError
 
 __all__ = ["WORKER_DEATH_RETRIES", "submit_to_dask"]
 

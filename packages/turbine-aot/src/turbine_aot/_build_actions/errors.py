@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._errors import TurbineAotError
+from .._errors import TurbineAotError
 
 __all__ = [
     "BuildActionError",

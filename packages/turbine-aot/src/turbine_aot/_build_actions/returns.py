@@ -18,8 +18,8 @@ from iree.build.metadata import CompileSourceMeta
 
 from turbine_params import atomic_output_file
 
-from ._build_actions_errors import GenerationError, GeneratorSignatureError
-from ._export.output import ExportOutput
+from .._export.output import ExportOutput
+from .errors import GenerationError, GeneratorSignatureError
 
 __all__ = [
     "ExportOutputMarshaller",

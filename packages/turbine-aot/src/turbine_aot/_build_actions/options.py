@@ -9,8 +9,8 @@ from typing import Any
 
 from iree.build.args import current_args_namespace, register_arg_parser_callback
 
-from ._build_actions_errors import BuildActionError
-from ._build_actions_pool import (
+from .errors import BuildActionError
+from .pool import (
     default_worker_count,
 )
 

@@ -7,7 +7,7 @@ or more ``ExportOutput``. ``turbine_generate`` turns one call of it into a
 the build's gen files, each ready for ``iree.build``'s ``compile`` action.
 
 Out of process (the default), the generator runs in a worker of a crash-tolerant process pool
-(:mod:`turbine_aot._build_actions_pool`), several at once, without holding any of the scheduler's
+(:mod:`turbine_aot._build_actions.pool`), several at once, without holding any of the scheduler's
 threads (``iree.build`` sizes its pools to 40 % of the cores: one on a two-core machine). In
 process, it runs under a lock on one of the scheduler's threads (torch.export is not thread-safe).
 
@@ -43,31 +43,31 @@ from iree.build.executor import (
 
 from turbine_params import remove_stale_temps
 
-from ._build_actions_args import (
-    resolve_dask,
-    resolve_jobs,
-    resolve_mp_context,
-    resolve_timeout,
-)
-from ._build_actions_errors import (
+from .._hashing import sha256_file
+from .errors import (
     BuildActionError,
     GenerationError,
     GeneratorNotRemotableError,
     GeneratorSignatureError,
 )
-from ._build_actions_marshal import (
-    ExportOutputMarshaller,
-    ReturnMarshaller,
-    declared_return_marshallers,
+from .options import (
+    resolve_dask,
+    resolve_jobs,
+    resolve_mp_context,
+    resolve_timeout,
 )
-from ._build_actions_pool import (
+from .pool import (
     RemoteJobError,
     WorkerDiedError,
     WorkerTimeoutError,
     get_generator_pool,
 )
-from ._build_actions_remote import RemoteGenerator, callable_name, remote_dumps
-from ._hashing import sha256_file
+from .remote import RemoteGenerator, callable_name, remote_dumps
+from .returns import (
+    ExportOutputMarshaller,
+    ReturnMarshaller,
+    declared_return_marshallers,
+)
 
 __all__ = [
     "BuildActionError",
@@ -254,7 +254,7 @@ class TurbineBuilderAction(BuildAction):
                 self._invalidate()
                 assert self._payload is not None, "prepare() was not called"
                 if self.dask_address:
-                    from ._build_actions_dask import submit_to_dask
+                    from .dask_executor import submit_to_dask
 
                     key = f"turbine-generate-{self._output_paths()[0].stem}-{uuid.uuid4().hex[:8]}"
                     job = submit_to_dask(
