@@ -196,7 +196,7 @@ LAZY_IMPORTS_ALLOWED: dict[str, str] = {
     "turbine_trace": "compiler side (imports turbine_ir): not loaded by run-only paths",
     "turbine_fx": "compiler side (imports torch): not loaded by run-only paths",
     "turbine_aot._build_actions.dask_executor": "optional: imports dask",
-    "turbine_aot._demo": "the demo's model and table: only for `turbine-aot demo`",
+    "turbine_aot._cli.demo": "the demo's model and table: only for `turbine-aot demo`",
     "turbine_aot.llm": "imports torch and turbine_fx: only for `turbine-aot llm` commands",
 }
 

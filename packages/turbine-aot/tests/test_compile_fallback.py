@@ -145,13 +145,14 @@ def test_compile_cache_and_bundle_fall_back(monkeypatch, tmp_path):
 
 
 def test_cli_compile_falls_back(monkeypatch, tmp_path, capsys, caplog):
-    from turbine_aot import _cli
+    from turbine_aot._cli import commands
+    from turbine_aot._cli.main import main
 
     _, _, eo = _export()
     src = tmp_path / "m.mlir"
     eo.save_mlir(src)
     seen: list[list[str]] = []
-    real = runtime.compile_mlir
+    real = commands.compile_mlir
 
     def compile_mlir(data, flags, **kw):
         seen.append(list(flags))
@@ -159,10 +160,10 @@ def test_cli_compile_falls_back(monkeypatch, tmp_path, capsys, caplog):
             raise turbine_aot.CompileError("compile (forced)", [], flags=list(flags))
         return real(data, flags, **kw)
 
-    monkeypatch.setattr(runtime, "compile_mlir", compile_mlir)
+    monkeypatch.setattr(commands, "compile_mlir", compile_mlir)
     out = tmp_path / "m.vmfb"
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
-        rc = _cli.main(["compile", str(src), "-o", str(out), "--input-type", "torch", "--no-cache"])
+        rc = main(["compile", str(src), "-o", str(out), "--input-type", "torch", "--no-cache"])
     assert rc == 0 and out.is_file()
     assert len(seen) == 2 and _speed_only(seen[1]) == []
     assert any("speed-only defaults" in r.getMessage() for r in caplog.records)

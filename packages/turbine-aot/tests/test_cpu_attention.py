@@ -150,7 +150,7 @@ def test_decomposing_at_export_is_still_the_users_choice():
 @pytest.mark.parametrize("command", ["compile", "bundle"])
 def test_cli_compile_of_an_mlir_file_rewrites_attention_for_cpu(tmp_path, monkeypatch, command):
     from turbine_aot import runtime
-    from turbine_aot._cli import main
+    from turbine_aot._cli.main import main
     from turbine_ir import ir
 
     args = _variant_inputs()

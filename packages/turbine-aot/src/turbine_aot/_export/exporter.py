@@ -208,7 +208,7 @@ def _programs_of(
 
 def _with_signatures(eo: ExportOutput, eager: Any = None) -> ExportOutput:
     """Records each function's call signature (argument/result trees, names, tensor specs) in
-    the module so that the compiled module is called like the eager one (see _signatures.py).
+    the module so that the compiled module is called like the eager one (see ``turbine_aot._signatures``).
 
     Never fails the export: a signature that cannot be recorded is logged and left out (that
     function then takes flat arguments)."""

@@ -84,7 +84,7 @@ def load_module(
         verify: load the module in a short-lived child process first, call each public
             function there once on zeros of its signature, and raise if that child dies: IREE
             does not check a module's contents, and a corrupted ``.vmfb`` can kill the process
-            when loaded or when called (see :mod:`turbine_aot._module_check`,
+            when loaded or when called (see :mod:`turbine_aot._runtime.module_check`,
             docs/security.md). ``"load"``: the child only loads the module. Costs one child
             process (about a second); ``LoadedModule.verified_calls``
             says what the child called.

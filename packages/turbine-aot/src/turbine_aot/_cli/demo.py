@@ -113,7 +113,7 @@ def run_demo(
     """Runs the demo; returns a JSON-able result (the caller prints it).
 
     Args:
-        stages: a :class:`~turbine_aot._cli_progress.Stages` that times each stage.
+        stages: a :class:`~turbine_aot._cli.progress.Stages` that times each stage.
         device: the IREE device to run on (``local-task`` compiles for the host CPU).
         workdir: where the ``.irpa`` and ``.vmfb`` are written (default: a temporary directory).
         repeat: timed calls for the latency medians.

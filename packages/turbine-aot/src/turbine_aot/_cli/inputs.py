@@ -1,6 +1,6 @@
 """The ``turbine-aot`` command line's inputs: the model source loader (``file.py[:NAME]``,
 ``package.module:NAME``) and example-input specs (``SHAPExDTYPE[=V1,V2,...]``, ``file.npy``),
-shared by ``_cli`` and ``_cli_llm``; ``CliError`` for what a user got wrong."""
+shared by :mod:`.commands` and :mod:`.llm_commands`; ``CliError`` for what a user got wrong."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from turbine_aot._cli_errors import input_tensor, user_code
+from .errors import input_tensor, user_code
 
 
 class CliError(Exception):

@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from turbine_aot import runtime as R
-from turbine_aot._cli_inputs import CliError, _load_source
-from turbine_aot._cli_progress import Stages
+from turbine_aot._bundle.write import save_bundle
+
+from .inputs import CliError, _load_source
+from .progress import Stages
 
 __all__ = ["register"]
 
@@ -105,7 +106,7 @@ def _build_model(obj: Any, seed: int) -> Any:
 def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     import torch
 
-    from .llm import export_causal_lm
+    from turbine_aot.llm import export_causal_lm
 
     if args.max_seq_len < 2:
         raise CliError(f"--max-seq-len must be at least 2; got {args.max_seq_len}")
@@ -127,7 +128,7 @@ def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         with st("save params"):
             eo.save_parameters(irpa)
         with st("compile + bundle"):
-            bundle = R.save_bundle(
+            bundle = save_bundle(
                 args.output, eo, parameters=irpa, device=args.device, overwrite=args.force
             )
     info = eo.llm
@@ -153,7 +154,7 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _generate(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
-    from .llm import load
+    from turbine_aot.llm import load
 
     prompts = [_parse_ids(t) for t in args.ids]
     if not Path(args.bundle).exists():
