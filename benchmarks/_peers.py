@@ -15,7 +15,9 @@ the timed call is the runtime's work plus its own input/output handling, as in a
   ``INFERENCE_NUM_THREADS`` = threads; the first with ``INFERENCE_PRECISION_HINT=f32``, the
   second with OpenVINO's default precision (bf16 on CPUs with AVX512-BF16 or AMX);
 * ``turbine`` — ``turbine_aot.export`` then ``ExportOutput.compile()`` with its defaults, run on
-  ``local-sync`` (1 thread) or ``local-task`` with ``threads`` workers.
+  ``local-sync`` (1 thread) or ``local-task`` with ``threads`` workers;
+* ``turbine-bf16`` — the same with ``compile(precision="bf16")`` (matmuls in bf16 on AMX; fails,
+  and says why, on a CPU without AMX-BF16): the column to read next to OpenVINO's default.
 
 These packages are dev requirements (``tools/requirements-dev.txt``), never dependencies of
 turbine's packages.
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 #: Every runtime this module builds, in table order.
-RUNTIMES = ("eager", "aoti", "ort", "openvino-f32", "openvino", "turbine")
+RUNTIMES = ("eager", "aoti", "ort", "openvino-f32", "openvino", "turbine", "turbine-bf16")
 #: The fp32 peers turbine is measured against ("the faster of ONNX Runtime and OpenVINO-f32").
 FP32_PEERS = ("ort", "openvino-f32")
 
@@ -111,12 +113,14 @@ def build_turbine(
     workdir: Path,
     *,
     compile_kw: dict | None = None,
+    name: str = "turbine",
 ) -> Built:
-    """turbine's defaults; the compiled module is cached in ``workdir`` across thread counts."""
+    """turbine's defaults (and ``compile_kw``); the compiled module is cached in ``workdir``
+    across thread counts as ``<name>.vmfb``."""
     import turbine_aot
     from turbine_aot import runtime
 
-    vmfb = workdir / "turbine.vmfb"
+    vmfb = workdir / f"{name}.vmfb"
     notes: list[str] = []
     t0 = time.perf_counter()
     if not vmfb.exists():

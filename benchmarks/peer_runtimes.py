@@ -9,9 +9,10 @@ all of them interleaved round-robin in that process (median wall time per call).
 same everywhere: ``torch.set_num_threads`` (eager, AOTInductor), ORT ``intra_op_num_threads``,
 OpenVINO ``INFERENCE_NUM_THREADS``, IREE task workers (``local-sync`` for one thread).
 
-The table's last column is turbine's latency over the faster fp32 peer (ONNX Runtime or
+The table's ratio column is turbine's latency over the faster fp32 peer (ONNX Runtime or
 OpenVINO with ``INFERENCE_PRECISION_HINT=f32``): below 1.00 turbine is faster. OpenVINO's default
-precision (bf16 where the CPU has it) is a column of its own, with its error against eager.
+precision (bf16 where the CPU has it) is a column of its own, with its error against eager, and
+so is ``turbine-bf16`` (``compile(precision="bf16")``, AMX CPUs only), with its ratio to it.
 Runtimes are described in ``benchmarks/_peers.py``.
 
 Usage::
@@ -137,6 +138,19 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
         attempt("eager", lambda: _peers.build_eager(module, margs, mkwargs))
     if "turbine" in wanted:
         attempt("turbine", lambda: _peers.build_turbine(module, margs, mkwargs, threads, workdir))
+    if "turbine-bf16" in wanted:
+        attempt(
+            "turbine-bf16",
+            lambda: _peers.build_turbine(
+                module,
+                margs,
+                mkwargs,
+                threads,
+                workdir,
+                compile_kw={"precision": "bf16"},
+                name="turbine-bf16",
+            ),
+        )
     onnx: dict[str, Any] = {}
 
     def onnx_path() -> Path:
@@ -240,7 +254,8 @@ def best_fp32_peer(r: dict) -> tuple[str | None, float | None]:
 
 def markdown_table(results: list[dict]) -> str:
     """Median ms per call per runtime, turbine over the faster fp32 peer, errors."""
-    head = ["model", "threads", *_peers.RUNTIMES, "turbine / best fp32 peer", "max abs err"]
+    head = ["model", "threads", *_peers.RUNTIMES, "turbine / best fp32 peer"]
+    head += ["turbine-bf16 / openvino", "max abs err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if "error" in r:
@@ -253,6 +268,8 @@ def markdown_table(results: list[dict]) -> str:
         peer, peer_ms = best_fp32_peer(r)
         t = _ms(r["runtimes"].get("turbine"))
         cells.append(f"**{t / peer_ms:.2f}** ({peer})" if t and peer_ms else "–")
+        tb, ov = _ms(r["runtimes"].get("turbine-bf16")), _ms(r["runtimes"].get("openvino"))
+        cells.append(f"**{tb / ov:.2f}**" if tb and ov else "–")
         errs = [
             f"{rt} {row['max_abs_err']:.0e}"
             for rt, row in r["runtimes"].items()

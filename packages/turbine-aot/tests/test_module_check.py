@@ -69,22 +69,32 @@ def test_checked_load_of_an_intact_module_runs(vmfb):
 
 def test_a_module_that_crashes_iree_is_refused_without_killing_the_caller(vmfb, tmp_path):
     """Failing-first: an unchecked load of this module kills the process (shown in a child
-    here); the checked load raises TurbineRuntimeError naming the signal instead."""
+    here); the checked load raises TurbineRuntimeError naming the signal instead.
+
+    The crashing mutant is found by the check itself (load only, killed by a signal) and then
+    confirmed by an unchecked load in a child: which flipped bits crash depends on the code
+    compiled for this host's CPU, and a crash of damaged code can depend on memory contents,
+    so a candidate the unchecked load survives is passed over."""
+    bad = tmp_path / "bad.vmfb"
     crasher = None
     for i, data in enumerate(_mutants(vmfb.read_bytes(), seed=1)):
-        if i == 300:
-            pytest.fail("none of 300 byte-flipped modules crashed IREE (about 5% do)")
+        if i == 600:
+            pytest.fail("none of 600 byte-flipped modules crashed IREE while loading")
         try:
-            check_module_in_child(data, None, ["local-task"])
-        except R.TurbineRuntimeError:
-            crasher = data
-            break
-    bad = tmp_path / "bad.vmfb"
-    bad.write_bytes(crasher)
-    unchecked = subprocess.run(
-        [sys.executable, "-c", _UNCHECKED_LOAD, str(bad)], capture_output=True, timeout=300
-    )
-    assert unchecked.returncode < 0, "the unchecked load survived the module it crashed on"
+            check_module_in_child(data, None, ["local-task"], calls=False)
+        except R.TurbineRuntimeError as e:
+            if "killed by SIG" not in str(e):
+                continue  # a damaged record: an ordinary refusal, not a crash
+            bad.write_bytes(data)
+            unchecked = subprocess.run(
+                [sys.executable, "-c", _UNCHECKED_LOAD, str(bad)],
+                capture_output=True,
+                timeout=300,
+            )
+            if unchecked.returncode < 0:
+                crasher = data
+                break
+    assert crasher is not None
     with pytest.raises(
         R.TurbineRuntimeError, match=r"crashed the IREE runtime while loading: .* killed by SIG"
     ):

@@ -35,6 +35,7 @@ from turbine_params import atomic_output_file
 from .._errors import CompileError as _AotCompileError
 from .._errors import Diagnostic
 from . import rewrites
+from .bf16 import strip_precision_flags
 from .flags import compile_flags_for
 from .targets import resolve_target
 from .traits import program_traits
@@ -131,7 +132,7 @@ class CompileCache:
         h = hashlib.sha256()
         h.update(b"turbine-compile-cache-v1\0")
         h.update((version or compiler_version()).encode() + b"\0")
-        h.update(f"rewrites-{rewrites.REVISION}".encode() + b"\0")
+        h.update(f"rewrites-{rewrites.REVISION}-{rewrites.environment_key()}".encode() + b"\0")
         h.update(json.dumps(list(flags)).encode() + b"\0")
         h.update(target.encode() + b"\0")
         h.update(ir)
@@ -302,7 +303,8 @@ def compile_mlir(
     t0 = time.perf_counter()
     try:
         source = rewrites.source_for_compile(data, flags) if rewrite else data
-        vmfb = ic.compile_str(source, input_type=input_type, extra_args=list(flags))
+        iree_flags = strip_precision_flags(flags)  # turbine's own flag: the rewrites read it
+        vmfb = ic.compile_str(source, input_type=input_type, extra_args=iree_flags)
     except ic.CompilerToolError as e:
         text = str(e).strip()
         first = next((ln.strip() for ln in text.splitlines() if "error:" in ln), "")

@@ -17,6 +17,7 @@ from iree.compiler.api import Output, Session
 from turbine_params import atomic_write_bytes
 
 from .._errors import CompileError, Diagnostic, ExportError
+from .bf16 import strip_precision_flags
 from .rewrites import module_for_compile
 from .session import CapturedInvocation, new_session, output_to_file
 
@@ -48,6 +49,7 @@ def compile_module(
     """
     start = time.perf_counter()
     module_op, owned = module_for_compile(module, flags)
+    flags = strip_precision_flags(flags)  # turbine's own flag: read by the rewrites only
     try:
         if tool_only_flags(flags) or places_globals_on_devices(module_op):
             _log.info("compiling with the iree-compile tool (flags %s)", flags)

@@ -13,6 +13,12 @@ flags:
   otherwise).
 - every target: mutable globals of the same type and initial value (per-layer KV caches) get
   their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
+- ``llvm-cpu`` with ``precision="bf16"`` (the ``--turbine-precision=bf16`` flag): fp32 matmuls
+  as calls of the AMX bf16 kernel (:mod:`.bf16`, :mod:`.matmuls`); refused where the host has
+  no AMX-BF16. Otherwise, for host builds with turbine's fast-matmul defaults on an AVX-512
+  CPU: fp32 matmuls as calls of turbine's AVX-512 fp32 kernel (:mod:`.matmuls`,
+  :mod:`.avx512`; 1.2-2.5x IREE's matmul code). ``TURBINE_CPU_MATMUL=iree`` or
+  ``--turbine-cpu-matmul=iree`` keeps IREE's.
 """
 
 from __future__ import annotations
@@ -23,21 +29,38 @@ from collections.abc import Sequence
 from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
+from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .globals import separate_shared_globals, shared_mutable_globals
+from .matmuls import (
+    CPU_MATMUL_ENV,
+    cpu_matmul_kernel,
+    rewritable_matmuls,
+    rewrite_matmuls_avx512,
+)
 from .targets import flag_targets
 
-__all__ = ["REVISION", "module_for_compile", "source_for_compile"]
+__all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
 
 #: What the rewrites hand IREE, as a number the compile cache keys on: bump it whenever a rewrite
 #: changes its output, so that no module compiled under an older rewrite (an older, maybe wrong,
 #: cast lowering) is served from the cache. 1: CPU attention; 2: float -> integer casts;
 #: 3: mutable globals sharing an initial value; 4: stem and 1x1 convolutions as matmuls on
-#: llvm-cpu.
-REVISION = 4
+#: llvm-cpu; 5: bf16 matmuls on AMX; 6: fp32 matmuls on the AVX-512 kernel by default.
+REVISION = 6
 
 _log = logging.getLogger("turbine.aot")
+
+#: The environment variables that change what the rewrites hand IREE.
+_ENVIRONMENT = ("TURBINE_CPU_ATTENTION", "TURBINE_CPU_CONV_MATMUL", CPU_MATMUL_ENV)
+
+
+def environment_key() -> str:
+    """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
+    ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``), for the compile cache's keys: a module
+    compiled under one choice is not served for another."""
+    return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
 
 def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
@@ -56,7 +79,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     shared_globals = bool(shared_mutable_globals(op))
     keep_convs = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower() == "keep"
     convs = not keep_convs and targets == {"llvm-cpu"} and bool(convs_as_matmuls(op))
-    if not attention and not casts and not shared_globals and not convs:
+    bf16 = precision_of(flags) == "bf16"
+    if bf16:
+        check_precision(flags)
+    avx512 = not bf16 and targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    matmul = bf16 or avx512
+    if not attention and not casts and not shared_globals and not convs and not matmul:
         return module_op, False
     copy = op.clone()
     if attention:
@@ -71,6 +99,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if convs:
         count = rewrite_convs_as_matmuls(copy)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
+    if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
+        if bf16:
+            count = rewrite_matmuls_bf16(copy)
+            _log.info("precision bf16: %d matmul(s) on the AMX bf16 kernel", count)
+        else:
+            count = rewrite_matmuls_avx512(copy)
+            _log.info("llvm-cpu target: %d fp32 matmul(s) on the AVX-512 kernel", count)
     return copy, True
 
 

@@ -12,6 +12,7 @@ from iree.compiler.api import Output, Session
 
 from .._compiled_module.module import CompiledModule, ImportPhase
 from .._compiled_module.module_io import save_module, verify_module
+from .._compiler.bf16 import precision_flags
 from .._compiler.fallback import compile_with_fallback
 from .._compiler.flags import as_list as _as_list
 from .._compiler.flags import compile_flags_for
@@ -95,6 +96,7 @@ class ExportOutput:
         target_device: str | Sequence[str] | None = None,
         extra_args: Sequence[str] = (),
         host_cpu: bool = True,
+        precision: str = "fp32",
     ) -> Output | None:
         """Compiles the exported program to an IREE VM module (``.vmfb``).
 
@@ -117,6 +119,10 @@ class ExportOutput:
                 (e.g. ``"--iree-llvmcpu-target-cpu=generic"``).
             host_cpu: for CPU targets, tune for this machine's CPU (default). ``False`` builds a
                 portable module.
+            precision: ``"fp32"`` (default) or ``"bf16"``: on llvm-cpu, on a CPU with AMX-BF16,
+                the fp32 matmuls run in bf16 on AMX (weights converted once, activations per
+                call, f32 accumulation; the exported program stays fp32). Adds the
+                ``--turbine-precision=bf16`` flag (docs/performance.md, "bf16 on AMX").
 
         Returns:
             The compiler ``Output`` when ``save_to`` is ``None``; otherwise ``None``.
@@ -125,9 +131,10 @@ class ExportOutput:
             ExportError: the module does not verify (nothing was compiled).
             CompileError: IREE failed; ``.diagnostics`` holds its messages.
             TargetError: the target cannot compile this program correctly (fp16 on IREE's
-                default Vulkan target: name one with ``--iree-vulkan-target=...``).
+                default Vulkan target: name one with ``--iree-vulkan-target=...``), or cannot
+                give ``precision`` (bf16 on a CPU without AMX-BF16, or another target).
         """
-        user_flags = [*self._session_flags(), *extra_args]
+        user_flags = [*self._session_flags(), *extra_args, *precision_flags(precision)]
         flags = compile_flags_for(
             target_backends=target_backends,
             target_device=target_device,

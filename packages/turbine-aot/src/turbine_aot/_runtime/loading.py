@@ -8,6 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from turbine_aot._compiler.amx import (
+    AmxUnavailableError,
+    module_requires_amx,
+    request_amx_permission,
+)
 from turbine_aot._compiler.cache import compile_export_output
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
@@ -131,6 +136,7 @@ def load_module(
     # Its records are read before anything of it runs (initializers): a damaged one fails here.
     name = module_name(vm_module, where)
     functions = module_functions(vm_module, where)
+    _prepare_cpu_for(vm_module)
     hal = (
         rt.create_hal_module(instance, devices[0])
         if len(devices) == 1
@@ -176,6 +182,21 @@ def load_module(
         verified_calls=verified_calls,
         functions=functions,
     )
+
+
+def _prepare_cpu_for(vm_module: Any) -> None:
+    """A module compiled with ``precision="bf16"`` runs AMX code: Linux must grant the process
+    the tile state first (else SIGILL); see :mod:`turbine_aot._compiler.amx`."""
+    if not module_requires_amx(vm_module):
+        return
+    try:
+        request_amx_permission()
+    except AmxUnavailableError as e:
+        raise TurbineRuntimeError(
+            f"module {vm_module.name!r} was compiled with precision='bf16' and runs AMX code, "
+            f"which this process cannot: {e}. Recompile it here with precision='fp32' (the "
+            "default)"
+        ) from e
 
 
 def _iree_version() -> str:

@@ -1,0 +1,251 @@
+"""The AVX-512 fp32 matmul kernel: a hand-written IREE executable (MLIR ``vector`` ops), the
+weight layout it reads, and the host check.
+
+IREE 3.13's fp32 ``mmt4d`` ukernel reaches 90-127 GFLOP/s on one core of this AVX-512 CPU for
+the GPT-2-small matmul shapes, oneDNN 150-165, this kernel 140-158 (docs/performance.md,
+sections 6 and 9; at M = 1-8 it is 2-2.5x IREE's code). This kernel is
+written as a ``stream.executable`` over ``vector<16xf32>`` FMAs that IREE compiles like any
+dispatch; :mod:`.matmuls` writes the calls. It computes
+``C[z, m, n] (f32) = sum_k A[z, m, k] * B[z, k, n]`` (f32):
+
+- ``A`` is ``[batch * M, K]`` row-major (the activations as they are: no copy).
+- ``B`` is packed once (weights: by IREE's constant hoisting) in panels of ``nr`` columns:
+  ``Bp[z][p][k][j] = B[z][k][nr*p + j]`` (``Np`` = ``N`` padded to ``nr``, zeros), flattened,
+  so that the kernel reads ``nr`` contiguous floats per ``k``. ``batch_b=False``: one ``B``
+  for every batch entry.
+- ``C`` is ``[batch * M, Np]``.
+
+Register blocking: ``mr`` rows by ``nr`` columns of ``C`` in ``mr * nr / 16`` zmm accumulators
+(4 x 64: 16 accumulators), each step of ``K`` one broadcast of ``A`` per row and ``nr / 16``
+loads of ``B``. ``K`` is walked in blocks of ``kc`` (128: a block of a panel, 32 KiB, stays in
+L1 while the workgroup's rows go over it), ``C`` accumulating across blocks. A workgroup
+computes ``rows_per_workgroup`` rows by ``cols_per_workgroup`` columns of one batch entry; rows
+left over at the end of ``M`` (any ``M``, dynamic too) use a kernel of fewer rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .amx import cpu_flags
+
+__all__ = ["AVX512_FEATURES", "Avx512Gemm", "host_avx512_missing"]
+
+#: The ``/proc/cpuinfo`` flag the kernel needs.
+AVX512_FEATURES = ("avx512f",)
+
+
+def host_avx512_missing() -> list[str]:
+    """What this machine lacks to run the kernel well (empty: nothing)."""
+    flags = cpu_flags()
+    return [f for f in AVX512_FEATURES if f not in flags]
+
+
+@dataclass(frozen=True)
+class Avx512Gemm:
+    """One AVX-512 fp32 matmul executable for a static ``k`` and padded width ``np_`` (a
+    multiple of ``nr``); ``M`` and the batch are given per call.
+
+    Attributes:
+        k: the reduction (any size).
+        np_: the padded output width.
+        batch_b: ``B`` has one packed matrix per batch entry (else one shared by all).
+        mr, nr: the register block (rows, columns; ``nr`` a multiple of 16).
+        kc: the reduction block.
+        rows_per_workgroup, cols_per_workgroup: the workgroup's block of ``C``
+            (``cols_per_workgroup`` a multiple of ``nr`` dividing ``np_``).
+    """
+
+    k: int
+    np_: int
+    batch_b: bool = False
+    mr: int = 4
+    nr: int = 64
+    kc: int = 128
+    rows_per_workgroup: int = 128
+    cols_per_workgroup: int = 64
+
+    #: The operand element type the kernel reads.
+    operand_dtype = "f32"
+
+    @staticmethod
+    def for_shape(k: int, n: int, *, batch_b: bool = False) -> Avx512Gemm:
+        """The kernel for ``k`` x ``n`` with the measured blocking (4 x 64 registers, K blocks
+        of 128, 128 x 64 workgroups)."""
+        nr = 64
+        np_ = -(-n // nr) * nr
+        return Avx512Gemm(k, np_, batch_b)
+
+    def __post_init__(self) -> None:
+        if self.k <= 0 or self.np_ <= 0 or self.np_ % self.nr or self.nr % 16:
+            raise ValueError(f"AVX-512 kernel: np_ must be a positive multiple of nr: {self}")
+        if self.cols_per_workgroup % self.nr or self.np_ % self.cols_per_workgroup:
+            raise ValueError(f"AVX-512 kernel: bad workgroup columns: {self}")
+        if self.mr < 1 or self.mr * self.nr // 16 > 24 or self.kc < 1:
+            raise ValueError(f"AVX-512 kernel: bad register block: {self}")
+
+    @property
+    def kp(self) -> int:
+        """The reduction as the kernel reads it (no padding: any ``K``)."""
+        return self.k
+
+    @property
+    def name(self) -> str:
+        b = "_bb" if self.batch_b else ""
+        return (
+            f"__turbine_avx512_f32_gemm_{self.k}x{self.np_}{b}_{self.mr}x{self.nr}x{self.kc}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
+        )
+
+    @property
+    def packed_b_size(self) -> int:
+        return self.np_ * self.k
+
+    def pack_layout(self, kind: str, batch: int) -> tuple[list[int], str, list[int]]:
+        """How :mod:`.matmuls` packs ``B`` (already padded to ``Np``): the expanded sizes, the
+        reassociation of the expand, and the permutation into the packed order. ``kind``:
+        ``"kn"`` (``[K, Np]``), ``"nk"`` (``[Np, K]``, a linear's weight), ``"bkn"``
+        (``[batch, K, Np]``)."""
+        p, k, nr = self.np_ // self.nr, self.k, self.nr
+        if kind == "kn":
+            return [k, p, nr], "[[0], [1, 2]]", [1, 0, 2]
+        if kind == "nk":
+            return [p, nr, k], "[[0, 1], [2]]", [0, 2, 1]
+        return [batch, k, p, nr], "[[0], [1], [2, 3]]", [0, 2, 1, 3]
+
+    def dispatch(self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int) -> str:
+        """The ``flow.dispatch`` of this kernel (result ``tensor<?xNpxf32>``)."""
+        a_t = f"tensor<?x{self.k}xf32>{{{rows}}}"
+        return (
+            f"flow.dispatch @{self.name}::@{self.name}[{m}, {batch}]({a}, {b}, {m}, {batch}) : "
+            f"({a_t}, tensor<{b_elems}xf32>, index, index) -> "
+            f"tensor<?x{self.np_}xf32>{{{rows}}}"
+        )
+
+    def executable(self) -> str:
+        """The ``stream.executable`` (MLIR text) for a module's top level."""
+        k, np_, nr, mr, kc = self.k, self.np_, self.nr, self.mr, self.kc
+        mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
+        panels = np_ // nr
+        b_elems = "?" if self.batch_b else str(self.packed_b_size)
+        a_t, c_t = f"memref<?x{k}xf32>", f"memref<?x{np_}xf32>"
+        b_t = f"memref<{b_elems}xf32>"
+        out: list[str] = []
+        e = out.append
+        name = self.name
+        e(f"stream.executable private @{name} {{")
+        e(
+            f"  stream.executable.export public @{name} workgroups(%m: index, %batch: index) "
+            "-> (index, index, index) {"
+        )
+        e(f"    %x = arith.constant {np_ // nb} : index")
+        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
+        e("    stream.return %x, %y, %batch : index, index, index")
+        e("  }")
+        e("  builtin.module {")
+        e(
+            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
+            "%c: !stream.binding, %m: index, %batch: index) {"
+        )
+        consts = {0, 1, 16, mr, nr, kc, k} | set(range(mr)) | {16 * j for j in range(nr // 16)}
+        for v in sorted(consts):
+            e(f"      %c{v} = arith.constant {v} : index")
+        e("      %rows = arith.muli %m, %batch : index")
+        b_dims = ""
+        if self.batch_b:
+            e(f"      %bmat = arith.constant {self.packed_b_size} : index")
+            e("      %bsize = arith.muli %batch, %bmat : index")
+            b_dims = "{%bsize}"
+        e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%rows}}")
+        e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}{b_dims}")
+        e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%rows}}")
+        e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
+        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
+        e("      %wgz = stream.dispatch.workgroup.id[2] : index")
+        e(f"      %n0 = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
+        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
+        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        e("      %zrow = arith.muli %wgz, %m : index")  # batch entry z: rows z*M ...
+        if self.batch_b:
+            e("      %bz = arith.muli %wgz, %bmat : index")
+        else:
+            e("      %bz = arith.addi %c0, %c0 : index")
+        e(f"      %nbc = arith.constant {nb} : index")
+        e(f"      scf.for %k0 = %c0 to %c{k} step %c{kc} {{")
+        e("        %first = arith.cmpi eq, %k0, %c0 : index")
+        e(f"        %kend = affine.min affine_map<()[s0] -> (s0 + {kc}, {k})>()[%k0]")
+        e(f"        scf.for %nn = %c0 to %nbc step %c{nr} {{")
+        e("          %ncol = arith.addi %n0, %nn : index")
+        e(f"          %panel = arith.divui %ncol, %c{nr} : index")
+        # B element offset of (panel, k=0): bz + panel * K * nr
+        e(
+            f"          %pbase = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {k * nr})>()"
+            "[%bz, %panel]"
+        )
+        e(f"          scf.for %mi = %m0 to %mend step %c{mr} {{")
+        e(f"            %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
+        e("            %grow = arith.addi %zrow, %mi : index")
+        if mr > 1:
+            e("            scf.index_switch %left")
+            for r in range(1, mr):
+                e(f"            case {r} {{")
+                self._micro(e, r, panels, b_t, a_t, c_t, "              ")
+                e("              scf.yield")
+                e("            }")
+            e("            default {")
+            self._micro(e, mr, panels, b_t, a_t, c_t, "              ")
+            e("            }")
+        else:
+            self._micro(e, 1, panels, b_t, a_t, c_t, "            ")
+        e("          }")
+        e("        }")
+        e("      }")
+        e("      return")
+        e("    }")
+        e("  }")
+        e("}")
+        return "\n".join(out)
+
+    def _micro(self, e, rows: int, panels: int, b_t: str, a_t: str, c_t: str, p: str) -> None:
+        """``rows`` x ``nr`` of C over one K block: load (or zero), FMAs, store."""
+        nv = self.nr // 16
+        vt = "vector<16xf32>"
+        accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nv)]
+        types = ", ".join([vt] * len(accs))
+        for r in range(rows):
+            e(f"{p}%row{r} = arith.addi %grow, %c{r} : index")
+            for j in range(nv):
+                e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
+        e(f"{p}%init:{len(accs)} = scf.if %first -> ({types}) {{")
+        e(f"{p}  scf.yield " + ", ".join(["%zero"] * len(accs)) + f" : {types}")
+        e(f"{p}}} else {{")
+        loads = []
+        for r in range(rows):
+            for j in range(nv):
+                e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+                loads.append(f"%ld{r}_{j}")
+        e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
+        e(f"{p}}}")
+        iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
+        e(
+            f"{p}%res:{len(accs)} = scf.for %k = %k0 to %kend step %c1 iter_args({iters}) -> ({types}) {{"
+        )
+        e(
+            f"{p}  %boff = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {self.nr})>()[%pbase, %k]"
+        )
+        for j in range(nv):
+            e(f"{p}  %bo{j} = arith.addi %boff, %c{16 * j} : index")
+            e(f"{p}  %bv{j} = vector.load %mb[%bo{j}] : {b_t}, {vt}")
+        outs = []
+        for r in range(rows):
+            e(f"{p}  %as{r} = memref.load %ma[%row{r}, %k] : {a_t}")
+            e(f"{p}  %ab{r} = vector.broadcast %as{r} : f32 to {vt}")
+            for j in range(nv):
+                e(f"{p}  %f{r}_{j} = vector.fma %ab{r}, %bv{j}, %acc{r}_{j} : {vt}")
+                outs.append(f"%f{r}_{j}")
+        e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
+        e(f"{p}}}")
+        for r in range(rows):
+            for j in range(nv):
+                e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")

@@ -1,0 +1,148 @@
+"""``precision="bf16"`` on llvm-cpu: what it asks for, where it is refused, and the rewrite that
+gives it (the fp32 matmuls of the compile copy on the AMX bf16 kernel, :mod:`.amx`, through
+:mod:`.matmuls`: activations cast per call, weights converted and packed once, f32
+accumulation; the exported program stays fp32).
+
+The choice travels as a compile flag, ``--turbine-precision=bf16``, so that every compile path
+carries it unchanged (the compile cache's keys, bundle manifests and the module's recorded
+compile flags include it); turbine reads it in ``rewrites.module_for_compile`` and removes it
+before IREE sees the flags (:func:`strip_precision_flags`). Rewritten modules are marked as
+needing ``amx_tile,amx_bf16`` (``turbine.cpu_requires``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .amx import AMX_FEATURES, AmxGemm, host_amx_missing
+from .matmuls import rewritable_matmuls, rewrite_matmuls
+from .targets import TargetError, flag_targets
+
+__all__ = [
+    "PRECISIONS",
+    "PRECISION_FLAG",
+    "TURBINE_FLAG_PREFIX",
+    "bf16_matmuls",
+    "check_precision",
+    "precision_flags",
+    "precision_of",
+    "rewrite_matmuls_bf16",
+    "strip_precision_flags",
+]
+
+#: The precisions ``ExportOutput.compile(precision=...)`` accepts.
+PRECISIONS = ("fp32", "bf16")
+#: The compile flag carrying ``precision="bf16"`` through every compile path (the compile
+#: cache keys, bundle manifests and the module's compile record see it); turbine reads it and
+#: removes it before IREE sees the flags (:func:`strip_precision_flags`).
+PRECISION_FLAG = "--turbine-precision"
+
+_REFLECTION_ATTR = "iree.reflection"
+_FUNC_PREFIX = "__turbine_bf16_matmul"
+_MATMUL_OPS = frozenset(
+    {
+        "torch.aten.mm",
+        "torch.aten.addmm",
+        "torch.aten.linear",
+        "torch.aten.matmul",
+        "torch.aten.bmm",
+    }
+)
+
+
+def precision_of(flags: Any) -> str:
+    """The precision the flags ask for (the last ``--turbine-precision=``; default fp32)."""
+    value = "fp32"
+    for f in flags:
+        if f.startswith(PRECISION_FLAG + "="):
+            value = f.split("=", 1)[1].strip().lower()
+    return value
+
+
+def precision_flags(precision: str) -> list[str]:
+    """The flags asking for ``precision`` (none for fp32).
+
+    Raises:
+        TargetError: ``precision`` is not one of :data:`PRECISIONS`.
+    """
+    value = str(precision).strip().lower()
+    if value not in PRECISIONS:
+        raise TargetError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return [] if value == "fp32" else [f"{PRECISION_FLAG}={value}"]
+
+
+#: The prefix of turbine's own compile flags (``--turbine-precision``, ``--turbine-cpu-matmul``):
+#: read by the rewrites, removed before IREE sees the flags.
+TURBINE_FLAG_PREFIX = "--turbine-"
+
+
+def strip_precision_flags(flags: Any) -> list[str]:
+    """``flags`` without turbine's own flags (:data:`TURBINE_FLAG_PREFIX`): what IREE is given."""
+    return [f for f in flags if not f.startswith(TURBINE_FLAG_PREFIX)]
+
+
+def _target_cpu(flags: Any) -> str | None:
+    cpu = None
+    for f in flags:
+        if f.startswith("--iree-llvmcpu-target-cpu="):
+            cpu = f.split("=", 1)[1]
+    return cpu
+
+
+def check_precision(flags: Any) -> None:
+    """Refuses a precision the flags' target cannot give.
+
+    ``bf16`` needs the llvm-cpu target built for this machine (``--iree-llvmcpu-target-cpu=host``,
+    turbine's default) on a CPU with AMX-BF16: the kernel is AMX code, and IREE 3.13's own bf16
+    path is slower than fp32 (docs/performance.md).
+
+    Raises:
+        TargetError: an unknown precision, another target, a portable build, or a host CPU
+            without AMX-BF16 (the message names what is missing and what to use instead).
+    """
+    precision = precision_of(flags)
+    if precision not in PRECISIONS:
+        raise TargetError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return
+    targets = flag_targets(flags)
+    if targets != {"llvm-cpu"}:
+        raise TargetError(
+            f"precision='bf16' is implemented for the llvm-cpu target only (this compile targets "
+            f"{', '.join(sorted(targets)) or 'nothing'}); on GPUs export the model in bf16 "
+            "instead (model.to(torch.bfloat16))"
+        )
+    cpu = _target_cpu(flags)
+    if cpu != "host":
+        raise TargetError(
+            f"precision='bf16' runs AMX code and needs a module built for this machine's CPU "
+            f"(--iree-llvmcpu-target-cpu=host, the default), not {cpu!r}; drop host_cpu=False / "
+            "the target CPU flag, or use precision='fp32' for a portable module"
+        )
+    missing = host_amx_missing()
+    if missing:
+        raise TargetError(
+            f"precision='bf16' needs a CPU with AMX-BF16 (Intel Xeon 4th generation, Sapphire "
+            f"Rapids, or newer); this machine lacks {', '.join(missing)}. Use precision='fp32' "
+            "(the default): IREE 3.13's own bf16 code is slower than its fp32 code on CPUs "
+            "without AMX"
+        )
+
+
+def bf16_matmuls(module_op: Any) -> list[Any]:
+    """The ops of ``module_op`` that :func:`rewrite_matmuls_bf16` rewrites."""
+    return rewritable_matmuls(module_op)
+
+
+def rewrite_matmuls_bf16(module_op: Any) -> int:
+    """Rewrites, in place, each fp32 matmul :mod:`.matmuls` handles as a call of the AMX bf16
+    kernel, and marks the module as needing AMX.
+
+    Returns:
+        How many matmuls were rewritten.
+    """
+
+    def kernel(k: int, n: int, batched: bool) -> AmxGemm:
+        return AmxGemm.for_shape(k, n, batch_b=batched)
+
+    return rewrite_matmuls(module_op, kernel, prefix=_FUNC_PREFIX, cpu_requires=AMX_FEATURES)

@@ -1,0 +1,206 @@
+"""fp32 matmuls on turbine's AVX-512 kernel (``_compiler.avx512``, ``_compiler.matmuls``): when the
+compile copy uses it, and that it gives eager's values for any rows, reduction and width."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from ir_check import check_ir
+
+from turbine_aot import export
+from turbine_aot._compiler import matmuls
+from turbine_aot._compiler.avx512 import Avx512Gemm, host_avx512_missing
+from turbine_aot._compiler.cache import compile_mlir
+from turbine_aot._compiler.matmuls import cpu_matmul_kernel
+from turbine_aot._compiler.rewrites import module_for_compile
+from turbine_aot._compiler.targets import TargetError, default_compile_flags
+from turbine_aot.runtime import load_module
+
+_MISSING = host_avx512_missing()
+needs_avx512 = pytest.mark.skipif(
+    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
+)
+
+
+def _flags(*extra: str) -> list[str]:
+    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
+
+
+class _Linear2(torch.nn.Module):
+    def __init__(self, k: int = 100, hidden: int = 70, n: int = 40):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(k, hidden)
+        self.b = torch.nn.Linear(hidden, n, bias=False)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _copy_asm(eo, flags) -> str:
+    copy, owned = module_for_compile(eo.mlir_module, flags)
+    try:
+        return str(copy)
+    finally:
+        if owned:
+            copy.operation.erase()
+
+
+# ---------------------------------------------------------------------------- when it applies
+def test_the_kernel_is_the_default_for_host_builds_with_avx512(monkeypatch):
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    host = default_compile_flags("llvm-cpu", use_env=False)
+    expected = "iree" if _MISSING else "avx512"
+    assert cpu_matmul_kernel(host) == expected
+    # portable builds, builds without turbine's fast-matmul defaults: IREE's matmul code
+    assert cpu_matmul_kernel(default_compile_flags("llvm-cpu", host=False, use_env=False)) == "iree"
+    assert cpu_matmul_kernel(default_compile_flags("llvm-cpu", fast_matmul=False)) == "iree"
+    # a compile that fails with the defaults is retried without data tiling + ukernels: then
+    # with IREE's matmul code too
+    from turbine_aot._compiler.targets import retry_flags
+
+    retry = retry_flags(host, [])
+    assert retry is not None and cpu_matmul_kernel(retry) == "iree"
+    # the flag and the environment choose; the flag wins
+    assert cpu_matmul_kernel([*host, "--turbine-cpu-matmul=iree"]) == "iree"
+    monkeypatch.setenv("TURBINE_CPU_MATMUL", "iree")
+    assert cpu_matmul_kernel(host) == "iree"
+    assert cpu_matmul_kernel([*host, "--turbine-cpu-matmul=avx512"]) == "avx512"
+    with pytest.raises(
+        TargetError, match=r"unknown --turbine-cpu-matmul value 'mkl'.*iree, avx512"
+    ):
+        cpu_matmul_kernel([*host, "--turbine-cpu-matmul=mkl"])
+
+
+def test_the_compile_copy_calls_the_kernel_and_the_export_is_unchanged(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    eo = export(_Linear2(), args=(torch.randn(8, 100),))
+    exported = str(eo.mlir_module)
+    asm = _copy_asm(eo, _flags("--turbine-cpu-matmul=avx512"))
+    check_ir(
+        asm,
+        r"stream.executable private @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64",
+        r"vector.fma %\w+, %\w+, %\w+ : vector<16xf32>",
+        r"func.func private @__turbine_avx512_matmul_0\(%\w+: tensor<8x100xf32>, %\w+: "
+        r"tensor<100x70xf32>\)",
+        r"tensor.pad %\w+ low\[0, 0\] high\[0, 58\]",  # the weight: N 70 -> 128, K as it is
+        r"linalg.transpose .* permutation = \[1, 0, 2\]",
+        r"flow.dispatch @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64::",
+        r"tensor.extract_slice %\w+\[0, 0\] \[%\w+, 70\]",
+    )
+    assert "arith.truncf" not in asm  # fp32 stays fp32
+    assert 'turbine.cpu_requires = "avx512f"' in asm
+    assert exported == str(eo.mlir_module)
+    # IREE's matmul code when asked for, and for other targets
+    assert "flow.dispatch" not in _copy_asm(eo, _flags("--turbine-cpu-matmul=iree"))
+    vmvx = [*default_compile_flags("vmvx", use_env=False), "--turbine-cpu-matmul=avx512"]
+    assert "flow.dispatch" not in _copy_asm(eo, vmvx)
+
+
+# ------------------------------------------------------------------------------ the kernel alone
+def _kernel_module(g: Avx512Gemm, batch_b: bool) -> str:
+    be = "?" if batch_b else str(g.packed_b_size)
+    bdims = "{%bel}" if batch_b else ""
+    call = g.dispatch("%a2", "%b", "%m", "%batch", "%rows", be).replace(
+        "tensor<?xf32>,", "tensor<?xf32>" + bdims + ","
+    )
+    k, np_ = g.k, g.np_
+    return g.executable() + textwrap.dedent(
+        f"""
+        func.func @main(%a: tensor<?x?x{k}xf32>, %b: tensor<{be}xf32>) -> tensor<?x?x{np_}xf32> {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %batch = tensor.dim %a, %c0 : tensor<?x?x{k}xf32>
+          %m = tensor.dim %a, %c1 : tensor<?x?x{k}xf32>
+          %rows = arith.muli %batch, %m : index
+          %bel = tensor.dim %b, %c0 : tensor<{be}xf32>
+          %a2 = tensor.collapse_shape %a [[0, 1], [2]] : tensor<?x?x{k}xf32> into tensor<?x{k}xf32>
+          %r = {call}
+          %o = tensor.expand_shape %r [[0, 1], [2]] output_shape [%batch, %m, {np_}] : tensor<?x{np_}xf32> into tensor<?x?x{np_}xf32>
+          return %o : tensor<?x?x{np_}xf32>
+        }}"""
+    )
+
+
+def _pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
+    """B [K, N] -> the kernel's panels (as documented in _compiler.avx512)."""
+    k, n = b.shape
+    bp = torch.zeros(k, g.np_)
+    bp[:, :n] = b
+    return bp.reshape(k, g.np_ // g.nr, g.nr).permute(1, 0, 2).reshape(-1)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "batch_b", "mr"), [(100, 70, False, 4), (300, 128, True, 4), (64, 64, False, 1)]
+)
+def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr):
+    # K = 100 / 300: blocks of 128 with a remainder; rows 1..130: the 1-3 row kernels too
+    g = Avx512Gemm(k, -(-n // 64) * 64, batch_b, mr=mr)
+    vmfb = compile_mlir(_kernel_module(g, batch_b), _flags(), cache=False)
+    import iree.runtime as rt
+
+    ctx = rt.SystemContext(config=rt.Config("local-task"))
+    ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
+    torch.manual_seed(0)
+    for batch in (1, 3):
+        for m in (1, 2, 3, 5, 17, 130):
+            a = torch.randn(batch, m, k)
+            b = torch.randn(batch if batch_b else 1, k, n)
+            packed = torch.cat([_pack(b[i], g) for i in range(b.shape[0])])
+            out = ctx.modules.module.main(a.numpy(), packed.numpy())
+            got = torch.from_numpy(np.asarray(out.to_host()))[..., :n]
+            torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------- end to end
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 7, 128])
+def test_linears_match_eager(rows):
+    model = _Linear2().eval()
+    x = torch.randn(rows, 100)
+    eo = export(model, args=(x,))
+    got = load_module(eo.compile(save_to=None, extra_args=["--turbine-cpu-matmul=avx512"])).main(x)
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_avx512
+def test_dynamic_batch_and_attention_match_eager():
+    class Block(torch.nn.Module):
+        def __init__(self, d: int = 64, heads: int = 2):
+            super().__init__()
+            torch.manual_seed(0)
+            self.qkv, self.out, self.heads = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d), heads
+
+        def forward(self, x):
+            b, s, d = x.shape
+            q, k, v = self.qkv(x).split(d, dim=-1)
+            q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+    model = Block().eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    eo = export(model, args=(torch.randn(2, 24, 64),), dynamic_shapes={"x": {0: batch}})
+    asm = _copy_asm(eo, _flags("--turbine-cpu-matmul=avx512"))
+    # the two linears; attention's products have a dynamic batch (left to IREE)
+    assert asm.count("func.func private @__turbine_avx512_matmul_") == 2
+    m = load_module(eo.compile(save_to=None, extra_args=["--turbine-cpu-matmul=avx512"]))
+    for b in (1, 5):
+        x = torch.randn(b, 24, 64)
+        torch.testing.assert_close(m.main(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_compile_cache_keys_on_the_kernel_choice(monkeypatch):
+    from turbine_aot._compiler.cache import CompileCache
+
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    monkeypatch.delenv("TURBINE_CPU_ATTENTION", raising=False)
+    keys = [CompileCache.key(b"module", _flags())]
+    monkeypatch.setenv("TURBINE_CPU_MATMUL", "iree")  # another module: never served for the first
+    keys.append(CompileCache.key(b"module", _flags()))
+    monkeypatch.setenv("TURBINE_CPU_ATTENTION", "keep")
+    keys.append(CompileCache.key(b"module", _flags()))
+    assert len(set(keys)) == 3
