@@ -37,6 +37,7 @@ import ctypes
 import functools
 import os
 import platform
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -133,12 +134,11 @@ def request_amx_permission() -> None:
     _request_permission()
 
 
-def module_requires_amx(vm_module: object) -> bool:
-    """Whether an ``iree.runtime.VmModule`` holds AMX code (a public function's reflection
-    names the AMX features under :data:`CPU_REQUIRES_KEY`)."""
-    for name in getattr(vm_module, "function_names", ()):
-        fn = vm_module.lookup_function(name)  # type: ignore[attr-defined]
-        reflection = getattr(fn, "reflection", None) or {}
+def module_requires_amx(reflections: Iterable[Mapping[str, str]]) -> bool:
+    """Whether a module holds AMX code: one of its public functions' reflections (as read by
+    ``_signatures.reflection.module_functions``, which turns an unreadable one into a damaged-
+    module error) names the AMX features under :data:`CPU_REQUIRES_KEY`."""
+    for reflection in reflections:
         requires = str(reflection.get(CPU_REQUIRES_KEY, ""))
         if any(f in requires.split(",") for f in AMX_FEATURES):
             return True

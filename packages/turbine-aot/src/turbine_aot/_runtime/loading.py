@@ -136,7 +136,7 @@ def load_module(
     # Its records are read before anything of it runs (initializers): a damaged one fails here.
     name = module_name(vm_module, where)
     functions = module_functions(vm_module, where)
-    _prepare_cpu_for(vm_module)
+    _prepare_cpu_for(name, [reflection for _, _, reflection in functions])
     hal = (
         rt.create_hal_module(instance, devices[0])
         if len(devices) == 1
@@ -184,16 +184,17 @@ def load_module(
     )
 
 
-def _prepare_cpu_for(vm_module: Any) -> None:
+def _prepare_cpu_for(name: str, reflections: Sequence[Mapping[str, str]]) -> None:
     """A module compiled with ``precision="bf16"`` runs AMX code: Linux must grant the process
-    the tile state first (else SIGILL); see :mod:`turbine_aot._compiler.amx`."""
-    if not module_requires_amx(vm_module):
+    the tile state first (else SIGILL); see :mod:`turbine_aot._compiler.amx`. ``reflections``
+    are its public functions' (already read: a damaged one was refused before this)."""
+    if not module_requires_amx(reflections):
         return
     try:
         request_amx_permission()
     except AmxUnavailableError as e:
         raise TurbineRuntimeError(
-            f"module {vm_module.name!r} was compiled with precision='bf16' and runs AMX code, "
+            f"module {name!r} was compiled with precision='bf16' and runs AMX code, "
             f"which this process cannot: {e}. Recompile it here with precision='fp32' (the "
             "default)"
         ) from e
