@@ -67,7 +67,9 @@ def tests_repo(session: nox.Session) -> None:
 @nox.session(name="params-standalone", tags=["ci"])
 def params_standalone(session: nox.Session) -> None:
     """turbine-params alone in a fresh venv: numpy only, no torch, no IREE."""
-    session.install("-c", str(ROOT / "tools/constraints.txt"), "numpy", "pytest", "hypothesis")
+    session.install(
+        "-c", str(ROOT / "tools/constraints.txt"), "numpy", "pytest", "pytest-timeout", "hypothesis"
+    )
     session.install("--no-deps", "-e", str(ROOT / "packages/turbine-params"))
     session.run(
         "python",

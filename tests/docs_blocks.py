@@ -10,8 +10,11 @@ the nearest non-blank line above its opening fence is one of these markers:
 * ``<!-- excerpt: not run: REASON -->``: the block is not run; the test reports the skip with
   REASON.
 
-A block that imports transformers, torchvision or timm must call ``torchvision_compat.install()``
-first (``tools/`` is on ``sys.path``, as in the tests), or the test fails and says so.
+Examples are written as a user copies them. What this development environment needs besides
+is done here, not in the pages: before a page whose blocks import transformers, torchvision or
+timm runs, the runner calls ``tools/torchvision_compat.install()`` (the registry's torchvision
+wheel needs stand-in op schemas against the CPU torch), as the root ``conftest.py`` does for the
+tests.
 
 Usage (one Markdown file per process): ``python tests/docs_blocks.py FILE.md RESULTS.jsonl``:
 writes one JSON object per block to RESULTS.jsonl (the blocks' own output goes to stdout) and
@@ -127,25 +130,23 @@ def chain(blocks: list[Block], block: Block) -> list[Block]:
     return out
 
 
-def compat_problem(blocks: list[Block], block: Block) -> str | None:
-    """Why ``block`` cannot run as written in the dev venv (transformers without the shim)."""
-    m = NEEDS_COMPAT.search(block.code)
-    if not m:
-        return None
-    before = "".join(b.code for b in chain(blocks, block)[:-1]) + block.code[: m.start()]
-    if "torchvision_compat.install()" in before:
-        return None
-    return (
-        f"{block.where} imports {m[1]} without calling torchvision_compat.install() first: "
-        "the registry's torchvision/transformers need it against the CPU torch "
-        "(add 'import torchvision_compat; torchvision_compat.install()' at the top of the block, "
-        "or mark it '<!-- excerpt: not run: REASON -->')"
-    )
+def needs_compat(blocks: list[Block]) -> bool:
+    """Whether a page's blocks import a library that needs ``torchvision_compat`` here."""
+    return any(NEEDS_COMPAT.search(b.code) for b in blocks if b.skip_reason is None)
+
+
+def install_environment(blocks: list[Block]) -> None:
+    """This development environment's workarounds, before a page's blocks run (not in them)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    if needs_compat(blocks):
+        import torchvision_compat
+
+        torchvision_compat.install()
 
 
 def _run_file(path: Path, results: Path) -> int:
-    sys.path.insert(0, str(ROOT / "tools"))
     blocks = python_blocks(path)
+    install_environment(blocks)
     # Each block runs as the __main__ module, as a script would. One module object serves every
     # block (its namespace is replaced per block): libraries that look __main__ up once (torch's
     # dynamo does) keep seeing the running block.
@@ -157,11 +158,8 @@ def _run_file(path: Path, results: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="turbine-docs-") as top, results.open("w") as out:
         for b in blocks:
             result: dict = {"block": b.number, "line": b.line, "where": b.where}
-            problem = compat_problem(blocks, b)
             if b.skip_reason is not None:
                 result.update(status="skipped", reason=b.skip_reason)
-            elif problem:
-                result.update(status="failed", error=problem)
             elif b.continues is not None and b.continues not in states:
                 result.update(status="failed", error=f"{b.where}: block {b.continues} failed")
             else:

@@ -16,7 +16,9 @@ from turbine_fx import (
     CONSTANT_RESULTS_ATTR,
     FxImportError,
     UnsupportedOpError,
+    constant_results,
     import_exported_program,
+    with_constant_results,
 )
 from turbine_ir.ir import StringAttr
 from turbine_params import externalize_module_parameters, save_module_parameters
@@ -207,9 +209,7 @@ def test_scalar_inputs_and_nested_outputs(iree_device):
     assert consts == {"2": None, "3": 3}  # None and 3 are not returned by the function
     for n in (2, 5):
         results = run_module(iree_device, asm, "main", [(x, n)])[0]
-        flat, it = [], iter(results)
-        for i in range(len(results) + len(consts)):
-            flat.append(consts[str(i)] if str(i) in consts else next(it))
+        flat = with_constant_results(results, constant_results(func))
         rebuilt = ep.call_spec.out_spec.unflatten(flat)
         expected = Structured()(x, n, True)
         torch.testing.assert_close(rebuilt["y"], expected["y"])

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.mark.parametrize("module", ["turbine_ir._global_attrs", "turbine_ir._module_builder"])
+@pytest.mark.parametrize(
+    "module", ["turbine_ir._global_attrs", "turbine_ir._module_builder", "turbine_ir._vtensor"]
+)
 def test_docstring_examples(module):
     import doctest
     import importlib

@@ -106,7 +106,8 @@ def test_mutated_archives_never_crash(tmp_path_factory, mutations, fields, trunc
 
 
 def _parse(data: bytes, fast: bool):
-    from turbine_params._format import EntryTable, parse_archive
+    from turbine_params._irpa_parser import parse_archive
+    from turbine_params._irpa_vectorized import EntryTable
 
     def read(off: int, n: int) -> bytes:
         return data[off : off + n]
@@ -143,7 +144,8 @@ def test_vectorized_parser_agrees_with_exact_parser(mutations, fields):
 
 
 def test_fast_path_is_used_for_well_formed_archives():
-    from turbine_params._format import EntryTable, parse_archive
+    from turbine_params._irpa_parser import parse_archive
+    from turbine_params._irpa_vectorized import EntryTable
 
     items, _ = parse_archive(lambda o, n: SEED[o : o + n], len(SEED), "seed", fast=True)
     assert len(items) == 1 and isinstance(items[0], EntryTable) and items[0].count == 6

@@ -293,6 +293,11 @@ class _EntryModule(nn.Module):
     the root's (``fc1.weight``, not ``root.fc1.weight``) and tensors stay the same objects.
     """
 
+    # Set through __dict__ (not nn.Module's __setattr__, which would register the root as a
+    # submodule); declared so that type checkers know them.
+    _turbine_root: nn.Module
+    _turbine_f: Callable
+
     def __init__(self, root: nn.Module, f: Callable):
         super().__init__()
         self.__dict__["_parameters"] = root._parameters

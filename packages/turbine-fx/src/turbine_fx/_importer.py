@@ -13,7 +13,6 @@ iree-base-compiler ships), customized only through its extension points:
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -41,6 +40,7 @@ from turbine_params import ExternalTensorTrait
 from ._decompositions import current_aot_decompositions, resolve_decomposition_ops
 from ._errors import FxImportError, UnsupportedOpError
 from ._program_prep import PreparedProgram, prepare_program
+from ._program_results import CONSTANT_RESULTS_ATTR, record_constant_results
 from ._quantized import quantized_op_decompositions, storage_dtype, widen_loaded
 
 __all__ = ["CONSTANT_RESULTS_ATTR", "import_exported_program", "inline_constant_limit"]
@@ -48,7 +48,7 @@ __all__ = ["CONSTANT_RESULTS_ATTR", "import_exported_program", "inline_constant_
 logger = logging.getLogger("turbine.fx")
 
 #: Lifted constants with at most this many elements are inlined as literals; larger ones become
-#: globals (DESIGN.md: "Small constants (≤ 1024 elements) may be inlined").
+#: globals (docs/design.md, "Globals and their names").
 inline_constant_limit = 1024
 
 _fx_importer = _fxi
@@ -148,24 +148,8 @@ def import_exported_program(
             raise _unsupported_op_error(module_builder, prepared, unknown, func_op)
         if arg_device:
             _set_arg_affinities(func_op, arg_device, context)
-        if constant_results:
-            func_op.attributes[CONSTANT_RESULTS_ATTR] = StringAttr.get(
-                json.dumps({str(k): _jsonable(v) for k, v in constant_results.items()})
-            )
+        record_constant_results(func_op, constant_results)
     return func_op
-
-
-#: Function attribute recording the program's constant outputs (``None``, Python numbers,
-#: strings), which are not returned by the compiled function: JSON ``{"<flat output index>":
-#: value}``. A runner re-inserts them at those positions before unflattening the outputs with
-#: ``program.call_spec.out_spec``.
-CONSTANT_RESULTS_ATTR = "turbine.constant_results"
-
-
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 def _drop_constant_outputs(prepared: PreparedProgram) -> dict[int, Any]:

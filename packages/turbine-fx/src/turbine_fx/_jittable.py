@@ -12,7 +12,6 @@ already a global of the module (``export_parameters``) is loaded from it.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import re
 import weakref
@@ -25,8 +24,6 @@ from torch.utils import _pytree as pytree
 from turbine_ir.ir import FlatSymbolRefAttr, Operation, StringAttr
 from turbine_trace import (
     CallableIntrinsic,
-    IrImmediateScalar,
-    IrImmediateTensor,
     IrScalar,
     IrTensor,
     current_ir_trace,
@@ -35,7 +32,13 @@ from turbine_trace import (
 from ._decompositions import current_aot_decompositions, resolve_decomposition_ops
 from ._errors import JittableError
 from ._export_guards import is_constraint_violation, unproven_guards
-from ._importer import CONSTANT_RESULTS_ATTR, import_exported_program
+from ._importer import import_exported_program
+from ._program_results import (
+    builtin_results,
+    constant_results,
+    user_output_dtypes,
+    with_constant_results,
+)
 
 __all__ = ["jittable"]
 
@@ -112,7 +115,7 @@ class jittable(CallableIntrinsic):
         self.decompose_ops = list(decompose_ops or [])
         self.decomposition_table = decomposition_table
         self.dynamic_shapes = dict(dynamic_shapes or {})
-        self.function_name = function_name or getattr(wrapped_f, "__name__", "jittable")
+        self.function_name: str = function_name or str(getattr(wrapped_f, "__name__", "jittable"))
         self.passes = tuple(passes)
         # module builder -> signature key -> (symbol, arg types, result info, out spec). Keyed
         # weakly by the builder itself: an id() key outlives the builder (its MLIR types keep
@@ -289,12 +292,9 @@ class jittable(CallableIntrinsic):
             ftype = func_op.type
             arg_types = list(ftype.inputs)
             result_types = list(ftype.results)
-            constant_results: dict[int, Any] = {}
-            if CONSTANT_RESULTS_ATTR in func_op.attributes:
-                raw = json.loads(StringAttr(func_op.attributes[CONSTANT_RESULTS_ATTR]).value)
-                constant_results = {int(k): v for k, v in raw.items()}
-        dtypes = _user_output_dtypes(program)
-        result_info = {"types": result_types, "dtypes": dtypes, "constants": constant_results}
+            constants = constant_results(func_op)
+        dtypes = user_output_dtypes(program)
+        result_info = {"types": result_types, "dtypes": dtypes, "constants": constants}
         return symbol, arg_types, result_info, program.call_spec.out_spec
 
     def _export(self, module, examples, dynamic_shapes):
@@ -368,49 +368,15 @@ class jittable(CallableIntrinsic):
                 operands=operands,
                 attributes={"callee": FlatSymbolRefAttr.get(symbol)},
             )
-            results = []
-            for value, dtype in zip(call.results, result_info["dtypes"]):
-                asm = str(value.type)
-                if asm.startswith("!torch.vtensor"):
-                    native = conv.torch_type_to_native(value.type)
-                    builtin = Operation.create(
-                        "torch_c.to_builtin_tensor", results=[native], operands=[value]
-                    ).result
-                    results.append(IrImmediateTensor(builtin, dtype))
-                elif asm == "!torch.int":
-                    i64 = Operation.create(
-                        "torch_c.to_i64",
-                        results=[conv.torch_type_to_native(value.type)],
-                        operands=[value],
-                    ).result
-                    results.append(IrImmediateScalar(i64))
-                elif asm == "!torch.float":
-                    f64 = Operation.create(
-                        "torch_c.to_f64",
-                        results=[conv.torch_type_to_native(value.type)],
-                        operands=[value],
-                    ).result
-                    results.append(IrImmediateScalar(f64))
-                else:
-                    raise JittableError(f"{self!r}: cannot return a value of type {asm}")
-        constants = result_info["constants"]
-        flat, it = [], iter(results)
-        for i in range(len(results) + len(constants)):
-            flat.append(constants[i] if i in constants else next(it))
+            results = builtin_results(
+                call.results,
+                result_info["dtypes"],
+                conv,
+                unsupported=lambda _, asm: JittableError(
+                    f"{self!r}: cannot return a value of type {asm}"
+                ),
+            )
+        flat = with_constant_results(results, result_info["constants"])
         if out_spec is None:
             return flat[0] if len(flat) == 1 else tuple(flat)
         return pytree.tree_unflatten(flat, out_spec)
-
-
-def _user_output_dtypes(program) -> list[torch.dtype | None]:
-    """dtypes of the program's non-constant user outputs, in order."""
-    from torch.export.graph_signature import ConstantArgument, OutputKind
-
-    nodes = {n.name: n for n in program.graph.nodes}
-    out = []
-    for s in program.graph_signature.output_specs:
-        if s.kind != OutputKind.USER_OUTPUT or isinstance(s.arg, ConstantArgument):
-            continue
-        val = nodes[s.arg.name].meta.get("val")
-        out.append(getattr(val, "dtype", None))
-    return out

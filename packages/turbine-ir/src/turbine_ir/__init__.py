@@ -4,7 +4,8 @@ The only package that imports ``iree.compiler.ir``, its dialects and the pass ma
 :mod:`turbine_ir.ir`, :mod:`turbine_ir.dialects` and :mod:`turbine_ir.passmanager`. Provides the
 torch dtype ↔ MLIR element type mapping, tensor → dense resource attributes, and the builders
 every export path uses (:class:`ModuleBuilder`, :class:`GlobalAttributes`,
-:class:`FunctionBuilder`).
+:class:`FunctionBuilder`), and the one parser of torch-dialect tensor type strings
+(:class:`VtensorType`).
 """
 
 from __future__ import annotations
@@ -34,26 +35,17 @@ from ._dtypes import (
 )
 from ._errors import IrBuildError, TurbineIrError, UnsupportedDtypeError
 from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes
-from ._module_builder import (
-    Empty,
-    EmptyType,
-    FunctionBuilder,
-    ModuleBuilder,
-    ModuleBuilderOptions,
-    NativeTypeConverter,
-    RefMapping,
-    RefTracker,
-    TypeCache,
-    build_index_constant,
-    build_tensor_dim_value,
-    tensor_storage_key,
-)
+from ._ir_helpers import build_index_constant, build_tensor_dim_value
+from ._module_builder import FunctionBuilder, ModuleBuilder, ModuleBuilderOptions
+from ._ref_tracker import Empty, EmptyType, RefMapping, RefTracker, tensor_storage_key
 from ._resources import (
     RESOURCE_ALIGNMENT,
     tensor_to_bytes,
     tensor_to_dense_attr,
     tensor_to_dense_resource_attr,
 )
+from ._type_conversion import NativeTypeConverter, TypeCache
+from ._vtensor import VtensorType
 
 __all__ = [
     "AFFINITY_ARG_ATTR",
@@ -77,6 +69,7 @@ __all__ = [
     "TurbineIrError",
     "TypeCache",
     "UnsupportedDtypeError",
+    "VtensorType",
     "attributes_from_argument_device_affinities",
     "build_index_constant",
     "build_tensor_dim_value",

@@ -1,4 +1,4 @@
-"""ModuleBuilder, FunctionBuilder and the small IR helpers every export path shares.
+"""Building a module: ModuleBuilder (symbols, functions, globals, checks, IR dumps), FunctionBuilder.
 
 Lifetimes follow the torch-mlir importer: one :class:`ModuleBuilder` per module being built
 (symbol table, globals, trackers, a per-context :class:`TypeCache`), one :class:`FunctionBuilder`
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,151 +17,23 @@ from typing import Any
 
 import torch
 from iree.compiler import ir
-from iree.compiler.dialects import arith, func, tensor, util
+from iree.compiler.dialects import func, util
 
 from ._affinity import GLOBAL_AFFINITY_ATTR, device_promise_attr
 from ._checks import reshape_element_count_errors
-from ._dtypes import (
-    element_type_to_torch_dtype,
-    torch_dtype_to_element_type,
-    torch_tensor_type,
-    vtensor_type_asm,
-)
 from ._errors import IrBuildError
 from ._global_attrs import DEFAULT_PARAMETER_SCOPE, GlobalAttributes, device_trait
+from ._ir_helpers import as_ranked_tensor, current_loc, zero_initial_value
+from ._ref_tracker import RefTracker
 from ._resources import tensor_to_dense_attr
+from ._type_conversion import NativeTypeConverter, TypeCache
 
-__all__ = [
-    "Empty",
-    "EmptyType",
-    "FunctionBuilder",
-    "ModuleBuilder",
-    "ModuleBuilderOptions",
-    "NativeTypeConverter",
-    "RefMapping",
-    "RefTracker",
-    "TypeCache",
-    "build_index_constant",
-    "build_tensor_dim_value",
-    "tensor_storage_key",
-    "zero_initial_value",
-]
+__all__ = ["DUMP_DIR_ENV", "FunctionBuilder", "ModuleBuilder", "ModuleBuilderOptions"]
 
 logger = logging.getLogger("turbine.ir")
 
 #: Environment variable naming a directory under which per-run IR dump directories are made.
 DUMP_DIR_ENV = "TURBINE_DUMP_DIR"
-
-
-class EmptyType:
-    """Type of the :data:`Empty` marker (no value associated yet)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "Empty"
-
-
-#: Marker for "no value yet" in a :class:`RefMapping`.
-Empty: Any = EmptyType()
-
-
-class RefMapping:
-    """The IR value/symbol associated with one tracked Python object (``value`` is ``Empty`` first)."""
-
-    __slots__ = ("referrent", "value")
-
-    def __init__(self, referrent: Any):
-        self.referrent = referrent
-        self.value: Any = Empty
-
-    @property
-    def is_empty(self) -> bool:
-        return self.value is Empty
-
-    def __repr__(self) -> str:
-        return f"<RefMapping {type(self.referrent).__name__} -> {self.value!r}>"
-
-
-def tensor_storage_key(t: torch.Tensor) -> tuple | None:
-    """A key equal for two tensors that view the same elements of the same storage, or ``None``.
-
-    ``(storage data_ptr, storage_offset, shape, stride, dtype, device, is_conj, is_neg)``: tied
-    weights (one ``Parameter`` under two names, ``t`` and ``t.detach()``) share it; ``t.conj()``
-    does not. Tensors without real storage (meta, fake, empty) get ``None`` and are tracked by
-    identity only.
-    """
-    if not isinstance(t, torch.Tensor) or t.is_meta or t.numel() == 0:
-        return None
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-
-        if is_fake(t):
-            return None
-        ptr = t.untyped_storage().data_ptr()
-    except Exception:
-        return None
-    if not ptr:
-        return None
-    # Conjugate/negative views share the storage but not the values: they must not tie.
-    return (
-        ptr,
-        t.storage_offset(),
-        tuple(t.shape),
-        tuple(t.stride()),
-        t.dtype,
-        str(t.device),
-        t.is_conj(),
-        t.is_neg(),
-    )
-
-
-class RefTracker:
-    """Tracks Python objects → their IR association, so each is materialized once.
-
-    Objects are keyed by identity; tensors additionally by :func:`tensor_storage_key`, so two
-    tensor objects viewing the same storage (tied weights) share one mapping. Tracked objects
-    are kept alive for the tracker's lifetime (an ``id()`` must not be reused while tracked).
-    Compatible with ``iree.compiler.extras.fx_importer``'s ``py_attr_tracker`` protocol.
-    """
-
-    __slots__ = ("_alive", "_by_id", "_by_storage")
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, RefMapping] = {}
-        self._by_storage: dict[tuple, RefMapping] = {}
-        self._alive: list[Any] = []  # strong refs: an id() must not be reused while tracked
-
-    def track(self, referrent: Any) -> RefMapping:
-        """The mapping for ``referrent`` (created empty on first sight)."""
-        existing = self._by_id.get(id(referrent))
-        if existing is not None:
-            return existing
-        key = tensor_storage_key(referrent) if isinstance(referrent, torch.Tensor) else None
-        mapping = self._by_storage.get(key) if key is not None else None
-        if mapping is None:
-            mapping = RefMapping(referrent)
-            if key is not None:
-                self._by_storage[key] = mapping
-        self._by_id[id(referrent)] = mapping
-        self._alive.append(referrent)
-        return mapping
-
-    def lookup(self, referrent: Any) -> RefMapping | None:
-        """The mapping for ``referrent`` if tracked (by identity or storage), else ``None``."""
-        existing = self._by_id.get(id(referrent))
-        if existing is not None:
-            return existing
-        key = tensor_storage_key(referrent) if isinstance(referrent, torch.Tensor) else None
-        return self._by_storage.get(key) if key is not None else None
-
-    def __len__(self) -> int:
-        return len(self._by_id)
-
-    def __bool__(self) -> bool:
-        # Always truthy: callers write `py_attr_tracker or RefTracker()` (the FX importer does),
-        # which must not replace an empty tracker.
-        return True
 
 
 @dataclass
@@ -181,135 +52,6 @@ class ModuleBuilderOptions:
     import_symbolic_shape_expressions: bool = False
     dump_dir: str | os.PathLike | None = None
     bf16_noinline: bool = True
-
-
-class TypeCache:
-    """Per-context cache of common types (torch dtype → element type, index, i1/i64 …)."""
-
-    __slots__ = ("_dtype_types", "context", "f32", "f64", "i1", "i32", "i64", "index")
-
-    def __init__(self, context: ir.Context):
-        self.context = context
-        self._dtype_types: dict[torch.dtype, ir.Type] = {}
-        with context:
-            self.index = ir.IndexType.get()
-            self.i1 = ir.IntegerType.get_signless(1)
-            self.i32 = ir.IntegerType.get_signless(32)
-            self.i64 = ir.IntegerType.get_signless(64)
-            self.f32 = ir.F32Type.get()
-            self.f64 = ir.F64Type.get()
-
-    def torch_dtype_to_iree_type(self, dtype: torch.dtype) -> ir.Type:
-        t = self._dtype_types.get(dtype)
-        if t is None:
-            t = self._dtype_types[dtype] = torch_dtype_to_element_type(dtype, self.context)
-        return t
-
-    def tensor_type(self, shape: Sequence[int | None], dtype: torch.dtype) -> ir.RankedTensorType:
-        return torch_tensor_type(shape, dtype, self.context)
-
-
-_VTENSOR_RE = re.compile(r"^!torch\.(v?)tensor<\[([^\]]*)\],(.+)>$")
-_TORCH_SCALARS = {"!torch.int": "i64", "!torch.float": "f64", "!torch.bool": "i1"}
-
-
-class NativeTypeConverter:
-    """Converts torch-dialect types to builtin ("native") types and back.
-
-    ``!torch.vtensor<[2,?],si64>`` ↔ ``tensor<2x?xi64>``; ``!torch.int`` → ``i64``,
-    ``!torch.float`` → ``f64``, ``!torch.bool`` → ``i1``. Builtin types pass through.
-    """
-
-    def __init__(self, context: ir.Context):
-        self._context = context
-
-    def torch_type_to_native(self, torch_type: ir.Type, *, signless: bool = True) -> ir.Type:
-        asm = str(torch_type)
-        if asm in _TORCH_SCALARS:
-            return ir.Type.parse(_TORCH_SCALARS[asm], self._context)
-        m = _VTENSOR_RE.match(asm)
-        if not m:
-            return torch_type
-        dims = [None if d.strip() == "?" else int(d) for d in m.group(2).split(",") if d.strip()]
-        elt = m.group(3)
-        dtype = element_type_to_torch_dtype(elt)
-        if signless:
-            return torch_tensor_type(dims, dtype, self._context)
-        ttype = torch_tensor_type(dims, dtype, self._context)
-        return ir.RankedTensorType.get(
-            ttype.shape, ir.Type.parse(elt, self._context), loc=ir.Location.unknown(self._context)
-        )
-
-    def native_type_to_torch(self, native_type: ir.Type) -> ir.Type:
-        """``tensor<2x?xi64>`` → ``!torch.vtensor<[2,?],si64>`` (signless ints read as signed)."""
-        rt = _as_ranked_tensor(native_type)
-        if rt is not None:
-            dtype = element_type_to_torch_dtype(rt.element_type)
-            dims = [None if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank)]
-            return ir.Type.parse(vtensor_type_asm(dims, dtype), self._context)
-        for torch_asm, native_asm in _TORCH_SCALARS.items():
-            if str(native_type) == native_asm:
-                return ir.Type.parse(torch_asm, self._context)
-        return native_type
-
-
-def zero_initial_value(typ: ir.Type, *, what: str = "global") -> ir.Attribute:
-    """The zero of ``typ`` as a global's initial value: ``0 : index``, ``0 : i32``,
-    ``0.000000e+00 : f32``, ``false`` (i1), or a splat (``dense<0> : tensor<1xi32>``,
-    ``dense<0.000000e+00> : tensor<2xf64>``) for a statically shaped tensor.
-
-    Raises:
-        ValueError: ``typ`` is a dynamically shaped tensor, or has no zero (e.g. not a number).
-    """
-    with typ.context, _current_loc(typ.context):
-        rtt = _as_ranked_tensor(typ)
-        if rtt is not None:
-            if not rtt.has_static_shape:
-                raise ValueError(
-                    f"{what}: Cannot create initialization value for dynamic shaped tensor "
-                    f"{typ}; declare the global with uninitialized=True (mutable=True, stored "
-                    "before it is loaded) or external=True"
-                )
-            element = _scalar_zero(rtt.element_type, what)
-            return ir.DenseElementsAttr.get_splat(rtt, element)
-        return _scalar_zero(typ, what)
-
-
-def _scalar_zero(typ: ir.Type, what: str) -> ir.Attribute:
-    if _isa(ir.IndexType, typ) or _isa(ir.IntegerType, typ):
-        return ir.IntegerAttr.get(typ, 0)
-    if _isa(ir.FloatType, typ):
-        return ir.FloatAttr.get(typ, 0.0)
-    raise ValueError(f"{what}: no zero initial value for type {typ}")
-
-
-def _isa(cls: type, t: ir.Type) -> bool:
-    if isinstance(t, cls):
-        return True
-    try:
-        cls(t)  # type: ignore[call-arg]
-    except (ValueError, TypeError):
-        return False
-    return True
-
-
-def _as_ranked_tensor(t: ir.Type) -> ir.RankedTensorType | None:
-    if isinstance(t, ir.RankedTensorType):
-        return t
-    try:
-        return ir.RankedTensorType(t)
-    except ValueError:
-        return None
-
-
-def _current_loc(context: ir.Context) -> ir.Location:
-    try:
-        loc = ir.Location.current
-    except ValueError:
-        loc = None
-    if loc is None or loc.context != context:
-        return ir.Location.unknown(context)
-    return loc
 
 
 class ModuleBuilder:
@@ -403,7 +145,7 @@ class ModuleBuilder:
         Result types are set later (:meth:`FunctionBuilder.emit_return`). A taken name gets a
         unique suffix; the actual name is returned.
         """
-        with self.context, _current_loc(self.context) as loc:
+        with self.context, current_loc(self.context) as loc:
             ftype = ir.FunctionType.get(list(argument_types), [])
             # Check the attributes before creating the op: a failure must not leave a
             # half-built, unregistered func.func (a duplicate symbol) in the module.
@@ -452,7 +194,7 @@ class ModuleBuilder:
         affinity: Any = None,
         noinline: bool = False,
     ) -> tuple[str, ir.Operation]:
-        with self.context, _current_loc(self.context) as loc:
+        with self.context, current_loc(self.context) as loc:
             with self._global_ip():
                 op = util.GlobalOp(
                     symbol_name,
@@ -487,7 +229,7 @@ class ModuleBuilder:
         )
 
     def _uninitialized(self, typ: ir.Type) -> ir.Attribute | None:
-        rtt = _as_ranked_tensor(typ)
+        rtt = as_ranked_tensor(typ)
         if rtt is not None and not rtt.has_static_shape:
             # IREE 3.13 cannot size `#util.uninitialized` for a dynamically shaped tensor
             # ("stream.tensor.sizeof ... 0 dimension values"); no initial value means the same.
@@ -745,39 +487,3 @@ class FunctionBuilder:
                 ir.FunctionType.get(ftype.inputs, types)
             )
         self.return_types = types
-
-
-def build_index_constant(value: int, constant_cache: dict[int, ir.Value] | None = None) -> ir.Value:
-    """``arith.constant {value} : index`` at the current insertion point (cached if given)."""
-    if constant_cache is not None and value in constant_cache:
-        return constant_cache[value]
-    result = arith.ConstantOp(ir.IndexType.get(), value).result
-    if constant_cache is not None:
-        constant_cache[value] = result
-    return result
-
-
-def build_tensor_dim_value(
-    t: ir.Value, dim: int, constant_cache: dict[int, ir.Value] | None = None
-) -> ir.Value:
-    """An ``index`` value for dimension ``dim`` of tensor value ``t``.
-
-    Static dimensions become (cached) ``arith.constant``; dynamic ones ``tensor.dim``. Needs a
-    current insertion point and location.
-
-    Raises:
-        ValueError: ``t`` is not a ranked tensor or ``dim`` is out of range.
-    """
-    ttype = t.type
-    rtt = _as_ranked_tensor(ttype)
-    if rtt is None:
-        raise ValueError(f"build_tensor_dim_value: expected a ranked tensor value, got {ttype}")
-    if not -rtt.rank <= dim < rtt.rank:
-        raise ValueError(
-            f"build_tensor_dim_value: dim {dim} is out of range for {ttype} (rank {rtt.rank})"
-        )
-    dim = dim % rtt.rank if rtt.rank else dim
-    if not rtt.is_dynamic_dim(dim):
-        return build_index_constant(rtt.shape[dim], constant_cache)
-    index = build_index_constant(dim, constant_cache)
-    return tensor.DimOp(t, index).result

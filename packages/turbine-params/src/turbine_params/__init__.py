@@ -12,10 +12,11 @@ from ._builder import ParameterArchiveBuilder, save_module_parameters
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
 from ._dtypes import DTypeInfo, TensorMetadata, dtype_info, known_dtype_names
 from ._errors import ParameterArchiveError
-from ._format import EntryType
+from ._file_operations import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._index import ParameterIndex, ParameterIndexEntry, max_splat_bytes
 from ._io import atomic_output_file, atomic_write_bytes, make_owned_temp, remove_stale_temps
-from ._module import externalize_module_parameters
+from ._irpa_format import EntryType
+from ._nn_module import externalize_module_parameters
 from ._safetensors import write_safetensors
 from ._subclasses import (
     archive_tensors,
@@ -26,7 +27,6 @@ from ._subclasses import (
     subclass_inner_tensors,
     unpack_int4,
 )
-from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._traits import DeviceAffinity, DeviceTensorTrait, ExternalTensorTrait
 from ._versions import versions_text
 

@@ -15,17 +15,16 @@ import numpy as np
 
 from ._dtypes import TensorMetadata, dtype_info, dtype_info_for_numpy
 from ._errors import ParameterArchiveError
-from ._format import (
+from ._index import MappedFile, ParameterIndex, ParameterIndexEntry, metadata_bytes
+from ._io import atomic_fd, copy_file_range, write_all
+from ._irpa_format import (
     DEFAULT_DATA_ALIGNMENT,
     DEFAULT_FILE_ALIGNMENT,
     SPLAT_PATTERN_LENGTHS,
     EntryType,
-    LayoutEntry,
-    layout_archive,
 )
-from ._index import MappedFile, ParameterIndex, ParameterIndexEntry, metadata_bytes
-from ._io import atomic_fd, copy_file_range, write_all
-from ._module import module_tensors
+from ._irpa_layout import LayoutEntry, layout_archive
+from ._nn_module import module_tensors
 from ._progress import Progress
 from ._sources import host_bytes, host_nbytes, is_torch_tensor, tensor_metadata, tie_key
 from ._subclasses import int4_values, is_wrapper_subclass, pack_int4, subclass_inner_tensors

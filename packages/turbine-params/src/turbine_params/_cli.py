@@ -11,7 +11,7 @@ import json
 import sys
 
 from ._errors import ParameterArchiveError
-from ._tools import convert_parameters, describe_archive, strip_archive, verify_archive
+from ._file_operations import convert_parameters, describe_archive, strip_archive, verify_archive
 from ._versions import versions_text
 
 

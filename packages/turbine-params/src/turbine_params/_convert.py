@@ -19,8 +19,8 @@ import numpy as np
 from ._archive import ParameterArchive
 from ._builder import ParameterArchiveBuilder
 from ._errors import ParameterArchiveError
-from ._format import DEFAULT_DATA_ALIGNMENT
 from ._io import atomic_fd, copy_file_range, write_all
+from ._irpa_format import DEFAULT_DATA_ALIGNMENT
 from ._progress import Progress
 from ._safetensors import read_safetensors_header
 

@@ -14,7 +14,9 @@ import numpy as np
 
 from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
-from ._format import EntryTable, EntryType, RawEntry, parse_archive
+from ._irpa_format import EntryType, RawEntry
+from ._irpa_parser import parse_archive
+from ._irpa_vectorized import EntryTable
 from ._safetensors import read_safetensors_header
 from ._sources import host_bytes, host_nbytes
 

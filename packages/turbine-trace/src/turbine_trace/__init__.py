@@ -31,17 +31,16 @@ from ._abstract import (
 from ._base import CallableIntrinsic, Intrinsic, IrTrace, current_ir_trace, new_ir_trace_scope
 from ._emitter import IREE, IREEEmitter
 from ._errors import ProcedureTraceError, TraceError
+from ._global_intrinsics import IrGlobalScalar, IrGlobalTensor
 from ._globals import (
     GlobalsDef,
     GlobalsDefError,
-    IrGlobalScalar,
-    IrGlobalTensor,
-    LiveGlobalCollectionProxy,
     export_buffers,
     export_global,
     export_global_tree,
     export_parameters,
 )
+from ._live_globals import LiveGlobalCollectionProxy
 from ._primitives import (
     IrImmediateScalar,
     IrImmediateTensor,

@@ -14,7 +14,7 @@ from . import _scalars
 from ._abstract import AbstractIntrinsic, abstractify_single_value
 from ._base import Intrinsic, IrTrace, new_ir_trace_scope
 from ._errors import ProcedureTraceError
-from ._globals import LiveGlobalCollectionProxy
+from ._live_globals import LiveGlobalCollectionProxy
 from ._primitives import IrScalar, IrTensor, convert_py_value_to_ir
 from ._tree import tree_flatten, tree_unflatten, treespec_dumps
 

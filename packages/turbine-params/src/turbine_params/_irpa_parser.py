@@ -1,99 +1,40 @@
-"""The IRPA v0 byte layout (IREE's ``iree/schemas/parameter_archive.h``): parse and lay out.
+"""The exact IRPA parser: every archive header and entry checked field by field.
 
-All structures are packed little-endian. Header (88 bytes)::
-
-    u32 magic "IRPA"; u16 version_major; u16 version_minor; u64 header_size;
-    u64 next_header_offset; u64 flags; u64 entry_count;
-    (u64 offset, u64 length) entry_segment, metadata_segment, storage_segment
-
-Every offset in a header is relative to the header's own file offset, so archives can be
-concatenated and linked through ``next_header_offset``. Entries (each 16-byte aligned) start with a
-60-byte common header ``u64 entry_size; u32 type; u64 flags; (u64,u64) name; (u64,u64) metadata;
-u64 minimum_alignment`` followed by the type's fields: SPLAT ``u64 length; u8 pattern[16];
-u8 pattern_length`` (85 bytes), DATA ``(u64 offset, u64 length) storage`` (76 bytes), EXTERNAL
-``(u64,u64) path; (u64 offset, u64 length) range`` (92 bytes). The writer reproduces the layout
-of IREE's own builder byte for byte.
+Anything malformed is a :class:`ParameterArchiveError` naming the file and the byte offset of the
+bad field (what a reader needs to find the damage in a hex dump). With ``fast=True`` a well-formed
+entry table is read by the numpy fast path (:mod:`._irpa_vectorized`) instead; anything that path
+does not accept is parsed here, so the precise error always comes from this module.
 """
 
 from __future__ import annotations
 
-import enum
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ._errors import ParameterArchiveError
+from ._irpa_format import (
+    DATA_SIZE,
+    DATA_TAIL,
+    ENTRY_ALIGNMENT,
+    ENTRY_HEADER,
+    EXTERNAL_SIZE,
+    EXTERNAL_TAIL,
+    HEADER_ALIGNMENT,
+    HEADER_PREFIX,
+    HEADER_V0,
+    MAGIC,
+    SPLAT_PATTERN_LENGTHS,
+    SPLAT_SIZE,
+    SPLAT_TAIL,
+    EntryType,
+    RawEntry,
+    align,
+)
+from ._irpa_vectorized import EntryTable
 
-__all__ = [
-    "DEFAULT_DATA_ALIGNMENT",
-    "DEFAULT_FILE_ALIGNMENT",
-    "EntryType",
-    "LayoutEntry",
-    "RawEntry",
-    "align",
-    "layout_archive",
-    "parse_archive",
-]
-
-MAGIC = 0x41505249  # b"IRPA" little-endian
-DEFAULT_FILE_ALIGNMENT = 4096
-HEADER_ALIGNMENT = 16
-ENTRY_ALIGNMENT = 16
-DEFAULT_DATA_ALIGNMENT = 64
-
-HEADER_PREFIX = struct.Struct("<IHHQQQ")
-HEADER_V0 = struct.Struct("<IHHQQQQQQQQQQ")
-ENTRY_HEADER = struct.Struct("<QIQQQQQQ")
-SPLAT_TAIL = struct.Struct("<Q16sB")
-DATA_TAIL = struct.Struct("<QQ")
-EXTERNAL_TAIL = struct.Struct("<QQQQ")
-SPLAT_SIZE = ENTRY_HEADER.size + SPLAT_TAIL.size  # 85
-DATA_SIZE = ENTRY_HEADER.size + DATA_TAIL.size  # 76
-EXTERNAL_SIZE = ENTRY_HEADER.size + EXTERNAL_TAIL.size  # 92
-SPLAT_PATTERN_LENGTHS = (1, 2, 4, 8, 16)
-
-
-class EntryType(enum.IntEnum):
-    """Entry types of the archive entry table."""
-
-    SKIP = 0
-    SPLAT = 1
-    DATA = 2
-    EXTERNAL = 3
-
-
-def align(value: int, alignment: int) -> int:
-    if alignment <= 1:
-        return value
-    return (value + alignment - 1) // alignment * alignment
-
-
-def _is_pow2(v: int) -> bool:
-    return v > 0 and (v & (v - 1)) == 0
-
-
-@dataclass(frozen=True)
-class RawEntry:
-    """One entry of an archive's entry table as stored (absolute file offsets)."""
-
-    type: EntryType
-    key: str
-    metadata: bytes
-    entry_offset: int
-    length: int
-    data_offset: int = 0
-    minimum_alignment: int = 0
-    splat_pattern: bytes = b""
-    external_path: str = ""
-    header_offset: int = 0
-
-
-# --------------------------------------------------------------------------------------------
-# Parsing
-# --------------------------------------------------------------------------------------------
+__all__ = ["parse_archive"]
 
 
 def parse_archive(
@@ -470,303 +411,5 @@ _ENTRY_PARSERS: dict[int, Callable[..., RawEntry]] = {
 }
 
 
-# One entry-table row as numpy sees it (fields of every entry type, by offset).
-_ROW = np.dtype(
-    {
-        "names": [
-            "size",
-            "type",
-            "name_off",
-            "name_len",
-            "md_off",
-            "md_len",
-            "min_align",
-            "tail0",
-            "tail1",
-            "pattern",
-            "plen",
-        ],
-        "formats": [
-            "<u8",
-            "<u4",
-            "<u8",
-            "<u8",
-            "<u8",
-            "<u8",
-            "<u8",
-            "<u8",
-            "<u8",
-            ("u1", (16,)),
-            "u1",
-        ],
-        "offsets": [0, 8, 20, 28, 36, 44, 52, 60, 68, 68, 84],
-        "itemsize": 96,
-    }
-)
-
-
-class EntryTable:
-    """A well-formed entry table parsed with vectorized numpy (columns, not objects).
-
-    Only tables whose every check passes are represented this way; see :func:`parse_archive`.
-    """
-
-    __slots__ = (
-        "count",
-        "data_offset",
-        "entry_offset",
-        "length",
-        "md_len",
-        "md_off",
-        "metadata",
-        "min_align",
-        "name_len",
-        "name_off",
-        "pattern",
-        "plen",
-        "type",
-    )
-    count: int
-    data_offset: np.ndarray
-    entry_offset: np.ndarray
-    length: np.ndarray
-    md_len: np.ndarray
-    md_off: np.ndarray
-    metadata: bytes
-    min_align: np.ndarray
-    name_len: np.ndarray
-    name_off: np.ndarray
-    pattern: np.ndarray | None
-    plen: np.ndarray
-    type: np.ndarray
-
-    @staticmethod
-    def parse(
-        table: bytes,
-        metadata: bytes,
-        count: int,
-        base: int,
-        entry_off: int,
-        stor_off: int,
-        stor_len: int,
-    ) -> EntryTable | None:
-        entry_len = len(table)
-        k = (entry_len + 15) // 16
-        buf = np.zeros(k * 16 + 128, dtype=np.uint8)
-        buf[:entry_len] = np.frombuffer(table, dtype=np.uint8)
-        sizes = buf[: k * 16].view("<u8")[::2]
-        big = sizes > np.uint64(1 << 40)
-        size_i = np.where(big, 0, sizes).astype(np.int64)
-        pos = np.arange(k, dtype=np.int64)
-        ok = ~big & (size_i >= ENTRY_HEADER.size) & (size_i <= entry_len - pos * 16)
-        nxt = np.minimum(pos + (size_i + 15) // 16, k)
-        step = int(nxt[0]) if ok[0] else 0
-        seq = pos[: count * step : step] if step else pos[:0]
-        if len(seq) != count or not (ok[seq].all() and (nxt[seq[:-1]] == seq[1:]).all()):
-            # Mixed entry sizes: follow the chain by pointer doubling, O(k log count).
-            jump = np.concatenate([np.where(ok, nxt, k + 1), [k + 1, k + 1]])
-            seq = np.zeros(1, dtype=np.int64)
-            while len(seq) < count:
-                seq = np.concatenate([seq, jump[seq]])
-                jump = jump[jump]
-            seq = seq[:count]
-            if (seq >= k).any() or not ok[seq].all():
-                return None
-        p = seq * 16
-        rows = np.lib.stride_tricks.as_strided(buf, shape=(k, _ROW.itemsize), strides=(16, 1))
-        rec = rows[seq].view(_ROW).reshape(-1)
-        etype = rec["type"]
-        size = size_i[seq]
-        name_off, name_len = rec["name_off"], rec["name_len"]
-        md_off, md_len = rec["md_off"], rec["md_len"]
-        min_align = rec["min_align"]
-        meta_n = np.uint64(len(metadata))
-
-        def in_meta(o: np.ndarray, n: np.ndarray) -> np.ndarray:
-            return (n == 0) | ((o <= meta_n) & (n <= meta_n - np.minimum(o, meta_n)))
-
-        is_splat = etype == EntryType.SPLAT
-        is_data = etype == EntryType.DATA
-        sized = (
-            ((etype == EntryType.SKIP) & (size >= ENTRY_HEADER.size))
-            | (is_splat & (size >= SPLAT_SIZE))
-            | (is_data & (size >= DATA_SIZE))
-        )
-        if not (
-            sized.all() and in_meta(name_off, name_len).all() and in_meta(md_off, md_len).all()
-        ):
-            return None  # external entries, unknown types, bad sizes or refs: exact parser
-        if len(metadata) and int(np.frombuffer(metadata, dtype=np.uint8).max()) >= 0x80:
-            return None  # non-ASCII names need per-name UTF-8 validation
-        # DATA: storage ref and alignment; SPLAT: pattern (the same bytes, read per type).
-        d_off, d_len = rec["tail0"], rec["tail1"]
-        s_n = np.uint64(stor_len)
-        data_in = (d_len == 0) | ((d_off <= s_n) & (d_len <= s_n - np.minimum(d_off, s_n)))
-        one = np.uint64(1)
-        pow2 = (min_align & (min_align - one)) == 0
-        safe_align = np.where(min_align == 0, one, min_align)
-        abs_data = np.uint64(base + stor_off) + np.where(is_data & data_in, d_off, 0).astype(
-            np.uint64
-        )
-        aligned = (d_len == 0) | (abs_data % safe_align == 0)
-        if not (~is_data | (data_in & pow2 & aligned)).all():
-            return None
-        plen = rec["plen"].astype(np.uint64)
-        splat_len = d_off  # a splat's length is the u64 at +60
-        plen_ok = (plen > 0) & (plen <= 16) & ((plen & (plen - one)) == 0)
-        safe_plen = np.where(plen_ok, plen, one)
-        if not (~is_splat | (plen_ok & (splat_len % safe_plen == 0))).all():
-            return None
-        t = EntryTable()
-        t.count = count
-        t.type = etype
-        t.entry_offset = p + (base + entry_off)
-        t.name_off, t.name_len, t.md_off, t.md_len = name_off, name_len, md_off, md_len
-        t.min_align = min_align
-        t.length = np.where(is_data, d_len, np.where(is_splat, splat_len, 0))
-        t.data_offset = np.where(is_data, abs_data, 0)
-        t.pattern = rec["pattern"] if is_splat.any() else None
-        t.plen = plen
-        t.metadata = metadata
-        return t
-
-    def keys(self) -> list[str]:
-        md = self.metadata
-        return [
-            md[o : o + n].decode("ascii")
-            for o, n in zip(self.name_off.tolist(), self.name_len.tolist())
-        ]
-
-    def raw_entries(self) -> list[RawEntry]:
-        md = self.metadata
-        out = []
-        for i, key in enumerate(self.keys()):
-            et = EntryType(int(self.type[i]))
-            mo, mn = int(self.md_off[i]), int(self.md_len[i])
-            pattern = b""
-            if et == EntryType.SPLAT and self.pattern is not None:
-                pattern = bytes(self.pattern[i, : int(self.plen[i])])
-            out.append(
-                RawEntry(
-                    et,
-                    key,
-                    md[mo : mo + mn],
-                    int(self.entry_offset[i]),
-                    int(self.length[i]),
-                    data_offset=int(self.data_offset[i]),
-                    minimum_alignment=int(self.min_align[i]) if et == EntryType.DATA else 0,
-                    splat_pattern=pattern,
-                )
-            )
-        return out
-
-
-# --------------------------------------------------------------------------------------------
-# Layout (writing)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LayoutEntry:
-    """An entry to lay out. ``storage_id`` groups DATA entries sharing one stored range."""
-
-    type: EntryType
-    key: bytes
-    metadata: bytes
-    length: int = 0
-    storage_id: int | None = None
-    alignment: int = DEFAULT_DATA_ALIGNMENT
-    splat_pattern: bytes = b""
-    external_path: bytes = b""
-    external_offset: int = 0
-
-
-@dataclass
-class ArchiveLayout:
-    """The bytes before the storage segment, and where each stored range goes."""
-
-    head: bytes
-    storage_offset: int
-    storage_length: int
-    # storage_id -> offset relative to the storage segment, in write order.
-    placements: dict[int, int]
-    total_size: int
-
-
-def layout_archive(
-    entries: list[LayoutEntry], *, file_alignment: int = DEFAULT_FILE_ALIGNMENT
-) -> ArchiveLayout:
-    """Lays out header, entry table and metadata exactly as IREE's archive builder does."""
-    # Pass 1: sizes and storage placement.
-    entry_len = 0
-    sizes = []
-    for e in entries:
-        size = {
-            EntryType.SKIP: ENTRY_HEADER.size,
-            EntryType.SPLAT: SPLAT_SIZE,
-            EntryType.DATA: DATA_SIZE,
-            EntryType.EXTERNAL: EXTERNAL_SIZE,
-        }[e.type]
-        sizes.append(size)
-        entry_len = align(entry_len, ENTRY_ALIGNMENT) + size
-    storage_alignment = 0
-    storage_len = 0
-    placements: dict[int, int] = {}
-    for e in entries:
-        if e.type != EntryType.DATA:
-            continue
-        if not storage_alignment:
-            storage_alignment = e.alignment  # the first data entry sets the base alignment
-        assert e.storage_id is not None
-        if e.storage_id in placements:
-            continue
-        off = align(storage_len, e.alignment)
-        placements[e.storage_id] = off
-        storage_len = off + e.length
-    entry_seg_off = align(HEADER_V0.size, ENTRY_ALIGNMENT)
-    meta = bytearray()
-    table = bytearray()
-    for e, size in zip(entries, sizes):
-        if len(table) % ENTRY_ALIGNMENT:
-            table += bytes(ENTRY_ALIGNMENT - len(table) % ENTRY_ALIGNMENT)
-        name_ref = (len(meta), len(e.key))
-        meta += e.key
-        md_ref = (len(meta) if e.metadata else 0, len(e.metadata))
-        meta += e.metadata
-        min_align = e.alignment if e.type == EntryType.DATA else 0
-        table += ENTRY_HEADER.pack(size, int(e.type), 0, *name_ref, *md_ref, min_align)
-        if e.type == EntryType.SPLAT:
-            table += SPLAT_TAIL.pack(
-                e.length, e.splat_pattern.ljust(16, b"\0"), len(e.splat_pattern)
-            )
-        elif e.type == EntryType.DATA:
-            assert e.storage_id is not None
-            table += DATA_TAIL.pack(placements[e.storage_id], e.length)
-        elif e.type == EntryType.EXTERNAL:
-            path_ref = (len(meta), len(e.external_path))
-            meta += e.external_path
-            table += EXTERNAL_TAIL.pack(*path_ref, e.external_offset, e.length)
-    assert len(table) == entry_len
-    meta_seg_off = entry_seg_off + entry_len
-    storage_off = align(meta_seg_off + len(meta), storage_alignment or 1)
-    header = HEADER_V0.pack(
-        MAGIC,
-        0,
-        0,
-        HEADER_V0.size,
-        0,
-        0,
-        len(entries),
-        entry_seg_off,
-        entry_len,
-        meta_seg_off,
-        len(meta),
-        storage_off,
-        storage_len,
-    )
-    head = bytearray(header)
-    head += bytes(entry_seg_off - len(head))
-    head += table
-    head += meta
-    total = align(storage_off + storage_len, file_alignment)
-    return ArchiveLayout(bytes(head), storage_off, storage_len, placements, total)
+def _is_pow2(v: int) -> bool:
+    return v > 0 and (v & (v - 1)) == 0

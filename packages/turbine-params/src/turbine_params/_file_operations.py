@@ -1,4 +1,4 @@
-"""Archive tools behind the CLI: describe, strip and verify archives, convert by file type."""
+"""Whole-file operations behind the CLI: describe, strip and verify archives, convert by file type."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ._builder import ParameterArchiveBuilder
 from ._convert import irpa_to_safetensors, safetensors_to_irpa, torch_checkpoint_to_irpa
 from ._dtypes import TensorMetadata
 from ._errors import ParameterArchiveError
-from ._format import DEFAULT_DATA_ALIGNMENT, EntryType
+from ._irpa_format import DEFAULT_DATA_ALIGNMENT, EntryType
 from ._safetensors import read_safetensors_header
 
 __all__ = ["EntryInfo", "convert_parameters", "describe_archive", "strip_archive", "verify_archive"]
