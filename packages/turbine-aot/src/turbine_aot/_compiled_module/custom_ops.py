@@ -177,7 +177,6 @@ def registered_custom_ops() -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Expansion of a module
 # ---------------------------------------------------------------------------------------------
-_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([^>]+)>")
 _SCALARS = {
     "!torch.int": ("i64", "torch_c.to_i64", "torch_c.from_i64"),
     "!torch.float": ("f64", "torch_c.to_f64", "torch_c.from_f64"),
@@ -188,16 +187,16 @@ _SCALARS = {
 def _builtin_type(torch_type: str, where: str) -> str:
     if torch_type in _SCALARS:
         return _SCALARS[torch_type][0]
-    m = _VTENSOR.fullmatch(torch_type)
-    if not m:
+    from turbine_ir import VtensorType
+
+    t = VtensorType.parse(torch_type)
+    if t is None:
         raise CustomOpExpansionError(
             f"{where}: operand/result type {torch_type} is not supported by custom op expansion "
             "(tensors with known rank and int/float/bool scalars are)"
         )
-    dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
-    elem = m.group(2)
-    elem = re.sub(r"^[su]i(\d+)$", r"i\1", elem)  # torch_c makes integers signless
-    shape = "".join(("?" if d == "?" else d) + "x" for d in dims)
+    elem = re.sub(r"^[su]i(\d+)$", r"i\1", t.dtype)  # torch_c makes integers signless
+    shape = "".join(("?" if d is None else str(d)) + "x" for d in t.sizes)
     return f"tensor<{shape}{elem}>"
 
 

@@ -5,7 +5,6 @@ before an anchor op at its location."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,8 +17,6 @@ __all__ = [
     "top_level_ops",
     "walk",
 ]
-
-_VTENSOR = re.compile(r"^!torch\.vtensor<\[(.*)\],(.+)>$")
 
 
 def walk(op: Any):
@@ -64,7 +61,9 @@ def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.
 
 
 class TensorType:
-    """Sizes (``None`` = dynamic) and element type of a ``!torch.vtensor``."""
+    """Sizes (``None`` = dynamic, a list the rewrites compare with lists) and element type of a
+    ``!torch.vtensor``; read and printed by :class:`turbine_ir.VtensorType`, the one parser of
+    the type string."""
 
     def __init__(self, sizes: list[int | None], dtype: str):
         self.sizes = sizes
@@ -72,17 +71,18 @@ class TensorType:
 
     @staticmethod
     def of(value: Any) -> TensorType | None:
-        m = _VTENSOR.match(str(value.type))
-        if m is None:
-            return None
-        dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
-        return TensorType([None if d == "?" else int(d) for d in dims], m.group(2))
+        from turbine_ir import VtensorType
+
+        t = VtensorType.parse(str(value.type))
+        return None if t is None else TensorType(list(t.sizes), t.dtype)
 
     def with_sizes(self, sizes: list[int | None], dtype: str | None = None) -> TensorType:
         return TensorType(list(sizes), dtype or self.dtype)
 
     def asm(self) -> str:
-        return f"!torch.vtensor<[{','.join('?' if s is None else str(s) for s in self.sizes)}],{self.dtype}>"
+        from turbine_ir import VtensorType
+
+        return VtensorType(tuple(self.sizes), self.dtype).asm()
 
 
 def constant(value: Any) -> Any:

@@ -96,7 +96,6 @@ def float_types(module: object) -> set[str]:
 
 
 _CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
-_VTENSOR_SIZES = re.compile(r"^!torch\.vtensor<\[([^\]]*)\]")
 
 
 # Matmul-like torch ops and the operand whose rows are the matmul's M (addmm/baddbmm: the
@@ -119,15 +118,12 @@ def _matmul_rows(op: object) -> int | None:
     operands = op.operands  # type: ignore[attr-defined]
     if len(operands) <= index:
         return None
-    m = _VTENSOR_SIZES.match(str(operands[index].type))
-    if m is None:
+    from turbine_ir import VtensorType
+
+    t = VtensorType.parse(str(operands[index].type))
+    if t is None or not t.sizes or not t.has_static_shape:
         return None
-    dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
-    if any(not d.lstrip("-").isdigit() or int(d) < 0 for d in dims):
-        return None
-    sizes = [int(d) for d in dims]
-    if not sizes:
-        return None
+    sizes = [int(d) for d in t.sizes if d is not None]
     if len(sizes) == 1:
         return 1  # a vector times a matrix
     if op.name == "torch.aten.linear":  # type: ignore[attr-defined]

@@ -133,6 +133,10 @@ def _split_top_level(text: str) -> list[str]:
 
 _TENSOR_RE = re.compile(r"^tensor<(.*)>$")
 
+# The ABI reader runs where the compiler side must not load (the runtime, the checking child of
+# _runtime.module_check, which imports only iree.runtime): turbine_ir.VtensorType, the parser the
+# compiler side uses, imports MLIR and torch with its package, so this one pattern reads the same
+# spelling here (`?` or `-1` dynamic, bounded static sizes: _DIM_RE).
 _VTENSOR_RE = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],\s*(.+)>$")
 
 _AFFINITY_RE = re.compile(
