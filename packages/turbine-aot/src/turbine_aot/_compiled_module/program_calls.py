@@ -16,7 +16,6 @@ as ``self._compute(t1, t2, foobar=t3)``); its results are rebuilt with the progr
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 __all__ = ["exported_program_call", "unwrap_program"]
@@ -74,9 +73,14 @@ def _call_type() -> type:
 def _emit_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> Any:
     from torch.utils import _pytree as pytree
 
-    from turbine_fx import CONSTANT_RESULTS_ATTR
+    from turbine_fx import (
+        builtin_results,
+        constant_results,
+        user_output_dtypes,
+        with_constant_results,
+    )
     from turbine_ir.ir import FlatSymbolRefAttr, Operation, StringAttr
-    from turbine_trace import IrImmediateScalar, IrImmediateTensor, IrTensor
+    from turbine_trace import IrTensor
 
     if call.pdef.public:
         raise ValueError(
@@ -136,47 +140,14 @@ def _emit_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> Any:
             operands=operands,
             attributes={"callee": FlatSymbolRefAttr.get(callee)},
         )
-        dtypes = _user_output_dtypes(program)
-        results: list[Any] = []
-        for i, value in enumerate(call_op.results):
-            asm = str(value.type)
-            if asm.startswith("!torch.vtensor"):
-                native = conv.torch_type_to_native(value.type)
-                builtin = Operation.create(
-                    "torch_c.to_builtin_tensor", results=[native], operands=[value]
-                ).result
-                results.append(IrImmediateTensor(builtin, dtypes[i] if i < len(dtypes) else None))
-            elif asm in ("!torch.int", "!torch.float"):
-                op_name = "torch_c.to_i64" if asm == "!torch.int" else "torch_c.to_f64"
-                scalar = Operation.create(
-                    op_name, results=[conv.torch_type_to_native(value.type)], operands=[value]
-                ).result
-                results.append(IrImmediateScalar(scalar))
-            else:
-                raise ValueError(
-                    f"call of exported program {call.name!r}: result {i} has type {asm}, which "
-                    "a procedure cannot receive"
-                )
-    constants: dict[int, Any] = {}
-    if CONSTANT_RESULTS_ATTR in func_op.attributes:
-        raw = json.loads(StringAttr(func_op.attributes[CONSTANT_RESULTS_ATTR]).value)
-        constants = {int(k): v for k, v in raw.items()}
-    flat: list[Any] = []
-    it = iter(results)
-    for i in range(len(results) + len(constants)):
-        flat.append(constants[i] if i in constants else next(it))
+        results = builtin_results(
+            call_op.results,
+            user_output_dtypes(program),
+            conv,
+            unsupported=lambda i, asm: ValueError(
+                f"call of exported program {call.name!r}: result {i} has type {asm}, which a "
+                "procedure cannot receive"
+            ),
+        )
+    flat = with_constant_results(results, constant_results(func_op))
     return pytree.tree_unflatten(flat, signature.out_spec)
-
-
-def _user_output_dtypes(program: Any) -> list[Any]:
-    """dtypes of the program's non-constant user outputs, in order."""
-    from torch.export.graph_signature import ConstantArgument, OutputKind
-
-    nodes = {n.name: n for n in program.graph.nodes}
-    out = []
-    for s in program.graph_signature.output_specs:
-        if s.kind != OutputKind.USER_OUTPUT or isinstance(s.arg, ConstantArgument):
-            continue
-        val = nodes[s.arg.name].meta.get("val")
-        out.append(getattr(val, "dtype", None))
-    return out

@@ -7,7 +7,6 @@ from __future__ import annotations
 __all__ = [
     "ARGS_SCHEMA",
     "COMPILE_KEY",
-    "CONSTANT_RESULTS_ATTR",
     "PARAMETERS_KEY",
     "REFLECTION_ATTR",
     "RETURN_SCHEMA",
@@ -32,6 +31,3 @@ PARAMETERS_KEY = "turbine.parameters"
 #: the compile flags and compiler version (JSON), recorded on the first public function while
 #: compiling (the exported IR is left as it was)
 COMPILE_KEY = "turbine.compile"
-
-#: function attribute (turbine_fx) holding the constant outputs the function does not return
-CONSTANT_RESULTS_ATTR = "turbine.constant_results"

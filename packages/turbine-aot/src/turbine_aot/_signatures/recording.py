@@ -19,7 +19,6 @@ from .element_types import element_bits
 from .keys import (
     ARGS_SCHEMA,
     COMPILE_KEY,
-    CONSTANT_RESULTS_ATTR,
     PARAMETERS_KEY,
     REFLECTION_ATTR,
     RETURN_SCHEMA,
@@ -246,6 +245,7 @@ def record_module_signatures(
         The recorded signatures by function name (functions without records are left as they
         are: programs whose trees torch cannot serialize, functions without schemas).
     """
+    from turbine_fx import constant_results
     from turbine_ir import ir
 
     flat = signatures_from_mlir(module_op)
@@ -259,12 +259,12 @@ def record_module_signatures(
         sig: CallSignature | None = None
         program = (programs or {}).get(name)
         if program is not None:
-            constants: dict[int, Any] = {}
-            if CONSTANT_RESULTS_ATTR in attrs:
-                raw = json.loads(ir.StringAttr(attrs[CONSTANT_RESULTS_ATTR]).value)
-                constants = {int(k): v for k, v in raw.items()}
             sig = signature_of_program(
-                program, fsig.inputs, fsig.outputs, constants, (defaults or {}).get(name)
+                program,
+                fsig.inputs,
+                fsig.outputs,
+                constant_results(f),
+                (defaults or {}).get(name),
             )
         elif ARGS_SCHEMA in attrs:
             ret = ir.StringAttr(attrs[RETURN_SCHEMA]).value if RETURN_SCHEMA in attrs else None
