@@ -168,7 +168,8 @@ instance_infos: weakref.WeakKeyDictionary[Any, CompiledModuleInstanceInfo] = (
 
 
 def _default_export_name(class_name: str) -> str:
-    """``BasicModule`` -> ``basic``; ``MyHTTPModel`` -> ``my_http_model`` (DESIGN.md)."""
+    """``BasicModule`` -> ``basic``; ``MyHTTPModel`` -> ``my_http_model`` (docs/design.md,
+    "Module and function names")."""
     name = class_name[: -len("Module")] if class_name.endswith("Module") else class_name
     if not name:
         return "module"

@@ -15,7 +15,7 @@ from turbine_aot._errors import TurbineRuntimeError
 __all__ = ["DEFAULT_PARAMETER_SCOPE", "ParametersArg", "parameter_modules"]
 
 #: The scope a bare parameter file is bound to: ``externalize_module_parameters`` writes an empty
-#: scope as ``"model"`` (see DESIGN.md).
+#: scope as ``"model"`` (docs/design.md, "Parameters: scopes and keys").
 DEFAULT_PARAMETER_SCOPE = "model"
 
 ParametersArg = (
