@@ -113,6 +113,8 @@ class TurbineBuilderAction(BuildAction):
         **kwargs: ``desc`` and ``executor``, as for any ``BuildAction``.
     """
 
+    failure: BaseException | None  # iree.build's BuildDependency sets it (not typed there)
+
     def __init__(
         self,
         thunk: Callable,

@@ -19,8 +19,8 @@ __all__ = ["extract_archive", "publish_archive", "unpack_dir", "unsafe_path"]
 def publish_archive(work: Path, dest: Path) -> None:
     """The bundle form ``.tar`` / ``.tar.gz``: ``work`` packed into ``dest``, then removed."""
     # turbine_params.atomic_output_file: fsynced, renamed, never a half-written archive.
-    mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
-    with atomic_output_file(dest) as tmp_tar, tarfile.open(tmp_tar, mode) as tf:
+    gz = dest.name.endswith(("gz", "tgz"))
+    with atomic_output_file(dest) as tmp_tar, tarfile.open(tmp_tar, "w:gz" if gz else "w") as tf:
         for p in sorted(work.rglob("*")):
             tf.add(p, arcname=str(p.relative_to(work)), recursive=False)
     shutil.rmtree(work)

@@ -72,7 +72,7 @@ def release(version: str | None) -> str | None:
 
 
 def device_records(devices: Sequence[str]) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, str | None]] = []
     for uri in devices:
         driver = uri.split("://", 1)[0].split(":", 1)[0]
         try:

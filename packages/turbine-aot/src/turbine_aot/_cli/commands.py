@@ -81,7 +81,7 @@ def _cmd_export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
         with st("save params"):
             externalize_module_parameters(obj)
             save_module_parameters(args.external_params, obj)
-    dynamic = None
+    dynamic: list[dict[int, Any]] | None = None
     dynamic_flags: dict[str, str] = {}  # the Dim's name -> the --dynamic value that made it
     if args.dynamic:
         dynamic = [dict() for _ in inputs]

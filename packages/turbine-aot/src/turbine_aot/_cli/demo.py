@@ -43,6 +43,8 @@ def build_demo_model(cfg: DemoConfig = DemoConfig()) -> Any:
     from torch import nn
 
     class Block(nn.Module):
+        mask: torch.Tensor  # a registered buffer (nn.Module's __getattr__ types it loosely)
+
         def __init__(self) -> None:
             super().__init__()
             d = cfg.d_model

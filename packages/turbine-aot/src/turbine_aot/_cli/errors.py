@@ -210,10 +210,11 @@ def check_input_dtypes(mlir_module: Any, specs: Sequence[str], error: type) -> N
         entry = func.regions[0].blocks[0]
 
         def arg_number(v: Any, entry: Any = entry) -> int | None:
-            if isinstance(v, ir.BlockArgument):  # values come downcast to their kind
+            block_argument = ir.BlockArgument  # type: ignore[attr-defined]  # from the `*` import
+            if isinstance(v, block_argument):  # values come downcast to their kind
                 arg = v
-            elif hasattr(ir.BlockArgument, "isinstance") and ir.BlockArgument.isinstance(v):
-                arg = ir.BlockArgument(v)
+            elif hasattr(block_argument, "isinstance") and block_argument.isinstance(v):
+                arg = block_argument(v)
             else:
                 return None
             return arg.arg_number if arg.owner == entry else None

@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # A CompileError's first line only names the stage; its first error says what failed.
         text = getattr(e, "cli_message", None) or (
-            e.errors[0].message if getattr(e, "errors", None) else str(e)
+            e.errors[0].message  # type: ignore[attr-defined]  # a CompileError's diagnostics
+            if getattr(e, "errors", None)
+            else str(e)
         )
         first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
         if not isinstance(e, CliError):

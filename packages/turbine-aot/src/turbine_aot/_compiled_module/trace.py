@@ -231,7 +231,7 @@ def _emit_proc_call(call: Any, proc_trace: Any, args: tuple, kwargs: dict) -> An
     if ret is None and not results:
         return None
     ret_leaves, ret_spec = tree_flatten(LiveGlobalCollectionProxy.unwrap(ret))
-    proxies = []
+    proxies: list[IrImmediateTensor | IrImmediateScalar] = []
     for leaf, value in zip(ret_leaves, results, strict=False):
         if isinstance(leaf, IrTensor):
             proxies.append(IrImmediateTensor(value, leaf.dtype))

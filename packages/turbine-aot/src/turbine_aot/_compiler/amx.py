@@ -270,8 +270,8 @@ class AmxGemm:
             f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
             "%c: !stream.binding, %m: index, %batch: index) {"
         )
-        for v in (0, 1, 16, 32):
-            e(f"      %c{v} = arith.constant {v} : index")
+        for c in (0, 1, 16, 32):
+            e(f"      %c{c} = arith.constant {c} : index")
         e("      %rows = arith.muli %m, %batch : index")
         b_dims = "{%bsize}" if self.batch_b else ""
         if self.batch_b:
@@ -317,8 +317,8 @@ class AmxGemm:
             "rows235": _FULL_ROWS & ~_byte_mask(2, 3, 5),
             "rows014": _FULL_ROWS & ~_byte_mask(0, 1, 4),
         }
-        for k, v in consts.items():
-            e(f"      %{k} = arith.constant {v} : i64")
+        for name, value in consts.items():
+            e(f"      %{name} = arith.constant {value} : i64")
         # The tile configuration (64 bytes, palette 1): words 0-5 and 7 are fixed, word 6
         # (the rows of tiles 0-7) is written per 32-row strip.
         e("      %cfg = memref.alloca() : memref<8xi64>")

@@ -5,6 +5,7 @@ before an anchor op at its location."""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ def walk(op: Any):
 def top_level_ops(module: object) -> list:
     """The operations in a module's body (``ExportOutput``, ``ir.Module`` or its operation);
     empty when ``module`` is not a module."""
-    op = getattr(module, "mlir_module", module)
+    op: Any = getattr(module, "mlir_module", module)
     op = getattr(op, "operation", op)
     try:
         return [getattr(o, "operation", o) for o in op.regions[0].blocks[0].operations]
@@ -87,7 +88,11 @@ class TensorType:
 
 def constant(value: Any) -> Any:
     """The Python value of a ``torch.constant.*`` operand (``None`` for none), else a marker."""
-    from turbine_ir.ir import BoolAttr, FloatAttr, IntegerAttr
+    from turbine_ir.ir import (  # type: ignore[attr-defined]  # BoolAttr comes from the `*` import
+        BoolAttr,
+        FloatAttr,
+        IntegerAttr,
+    )
 
     owner = value.owner
     name = getattr(owner, "name", None)
@@ -144,13 +149,13 @@ class Builder:
         return self.op("torch.constant.none", "!torch.none", [])
 
     def false(self) -> Any:
-        from turbine_ir.ir import BoolAttr
+        from turbine_ir.ir import BoolAttr  # type: ignore[attr-defined]  # from the `*` import
 
         with self.loc:
             attr = BoolAttr.get(False)
         return self.op("torch.constant.bool", "!torch.bool", [], {"value": attr})
 
-    def int_list(self, values: list[int]) -> Any:
+    def int_list(self, values: list[builtins.int]) -> Any:  # `int` is the method above
         return self.op(
             "torch.prim.ListConstruct", "!torch.list<int>", [self.int(v) for v in values]
         )

@@ -115,7 +115,9 @@ class FunctionSignature:
 
 def _split_top_level(text: str) -> list[str]:
     """Splits on commas not nested in <>, (), {}, []."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch in "<({[":
             depth += 1
@@ -176,7 +178,9 @@ _DIM_RE = re.compile(r"[0-9]{1,18}")
 
 def _split_top_level_x(text: str) -> list[str]:
     """``4x?xcomplex<f32>`` -> ``['4', '?', 'complex<f32>']``."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch == "<":
             depth += 1

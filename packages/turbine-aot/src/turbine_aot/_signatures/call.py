@@ -116,8 +116,10 @@ class CallSignature:
             )
             return None
         if ARGS_SCHEMA not in reflection:
-            e = KeyError(f"{ARGS_SCHEMA} is missing")
-            raise damaged_module_error(where, f"its argument tree ({ARGS_SCHEMA})", e) from e
+            missing = KeyError(f"{ARGS_SCHEMA} is missing")
+            raise damaged_module_error(
+                where, f"its argument tree ({ARGS_SCHEMA})", missing
+            ) from missing
         body["args_schema"] = reflection[ARGS_SCHEMA]
         body["return_schema"] = reflection.get(RETURN_SCHEMA)
         try:
