@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from turbine_aot._compiler.text import split_top_level_commas
 from turbine_aot._compiler.torch_ir import public_functions
 
 from .call import CallSignature
@@ -113,26 +114,6 @@ class FunctionSignature:
         )
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Splits on commas not nested in <>, (), {}, []."""
-    parts: list[str] = []
-    depth = 0
-    cur: list[str] = []
-    for ch in text:
-        if ch in "<({[":
-            depth += 1
-        elif ch in ">)}]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
-    return parts
-
-
 _TENSOR_RE = re.compile(r"^tensor<(.*)>$")
 
 # The ABI reader runs where the compiler side must not load (the runtime, the checking child of
@@ -213,11 +194,13 @@ def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
     while i < len(declaration) and depth:
         depth += {"(": 1, ")": -1}.get(declaration[i], 0)
         i += 1
-    ins = tuple(parse_value(p) for p in _split_top_level(declaration[start : i - 1]))
+    ins = tuple(
+        parse_value(p) for p in split_top_level_commas(declaration[start : i - 1], strip=True)
+    )
     res = declaration[i:].strip().removeprefix("->").strip()
     if res.startswith("(") and res.endswith(")"):
         res = res[1:-1]
-    outs = tuple(parse_value(p) for p in _split_top_level(res)) if res else ()
+    outs = tuple(parse_value(p) for p in split_top_level_commas(res, strip=True)) if res else ()
     return FunctionSignature(name, ins, outs)
 
 
@@ -235,7 +218,7 @@ def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
         m = re.match(r"^\((.*)\)\s*->\s*(.*)$", ftype, re.S)
         if not m:
             continue
-        arg_types = _split_top_level(m.group(1))
+        arg_types = split_top_level_commas(m.group(1), strip=True)
         decl_args = [
             f"{t} {arg_attrs[i]}" if i < len(arg_attrs) and arg_attrs[i] != "{}" else t
             for i, t in enumerate(arg_types)
@@ -246,7 +229,7 @@ def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
         out[name] = FunctionSignature(
             name,
             tuple(parse_value(a) for a in decl_args),
-            tuple(parse_value(r) for r in _split_top_level(res)) if res else (),
+            tuple(parse_value(r) for r in split_top_level_commas(res, strip=True)) if res else (),
         )
     return out
 
