@@ -223,13 +223,7 @@ def _leaf_text(leaf: Leaf) -> str:
 
 
 def _call_lines(name: str, call: CallSignature) -> list[str]:
-    spec = load_spec(call.args_schema)
-    pos, kw = spec_children(spec)
-    n_pos = pos.num_children
-    kw_names = [str(k) for k in (kw.context or [])]
-    names = list(call.arg_names)
-    if len(names) < n_pos + len(kw_names):
-        names = [f"arg{i}" for i in range(n_pos)] + kw_names
+    pos, kw, names = call.argument_specs()
     it = iter(call.args)
     params = []
     for pname, child in zip(names, [*spec_children(pos), *spec_children(kw)]):

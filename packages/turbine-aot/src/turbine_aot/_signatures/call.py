@@ -214,6 +214,18 @@ class CallSignature:
         return sorted((a for a in self.results if a.index is not None), key=lambda a: a.index or 0)
 
     # ---- calling
+    def argument_specs(self) -> tuple[Any, Any, list[str]]:
+        """The positional and keyword argument specs, and the arguments' names (positional
+        first, then the keywords): the recorded names, or ``arg0``, ``arg1``, ... and the
+        keywords' own when fewer were recorded."""
+        pos_spec, kw_spec = spec_children(load_spec(self.args_schema))
+        n_pos = pos_spec.num_children
+        kw_names = [str(k) for k in (kw_spec.context or [])]
+        names = list(self.arg_names)
+        if len(names) < n_pos + len(kw_names):
+            names = [f"arg{i}" for i in range(n_pos)] + kw_names
+        return pos_spec, kw_spec, names[: n_pos + len(kw_names)]
+
     def bind(self, fn_label: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         """Binds and checks a call; returns the compiled function's flat arguments.
 
@@ -225,14 +237,10 @@ class CallSignature:
                 its range or inconsistent with another argument's, a specialized constant with
                 another value.
         """
-        spec = load_spec(self.args_schema)
-        pos_spec, kw_spec = spec_children(spec)
+        pos_spec, kw_spec, all_names = self.argument_specs()
         n_pos = pos_spec.num_children
+        pos_names = all_names[:n_pos]
         kw_names = [str(k) for k in (kw_spec.context or [])]
-        names = list(self.arg_names)
-        if len(names) < n_pos + len(kw_names):
-            names = [f"arg{i}" for i in range(n_pos)] + kw_names
-        pos_names, all_names = names[:n_pos], names[: n_pos + len(kw_names)]
         # Keywords exported as keywords can also be given positionally, in the names' order.
         positional_ok = all_names
         if len(args) > len(positional_ok):
