@@ -13,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from turbine_aot._errors import TurbineAotError
+
 from .errors import input_tensor, user_code
 
 
-class CliError(Exception):
+class CliError(TurbineAotError):
     """A user error on the command line; printed as one line, exit status 2."""
 
 

@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._errors import TurbineAotError
+
 __all__ = [
     "TARGETS",
     "Target",
@@ -22,7 +24,7 @@ __all__ = [
 ]
 
 
-class TargetError(ValueError):
+class TargetError(TurbineAotError, ValueError):
     """A target, driver or flag given to turbine's target resolution is invalid."""
 
 

@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from turbine_aot._errors import TurbineAotError
+
 __all__ = [
     "NumericsError",
     "NumericsReport",
@@ -16,7 +18,7 @@ __all__ = [
 ]
 
 
-class NumericsError(AssertionError):
+class NumericsError(TurbineAotError, AssertionError):
     """A compiled function's results differ from eager beyond tolerance."""
 
 
