@@ -123,7 +123,7 @@ class _DeviceModule:
         import iree.runtime as rt
         import numpy as np
 
-        from turbine_aot._runtime_tensors import _page_aligned_copy
+        from turbine_aot._runtime.tensors import _page_aligned_copy
 
         fn = getattr(self._bound, name)
 
@@ -156,7 +156,7 @@ class _HostReadable:
     def to_host(self):
         import iree.runtime as rt
 
-        from turbine_aot._runtime_tensors import _staged_host_array
+        from turbine_aot._runtime.tensors import _staged_host_array
 
         if not isinstance(self.value, rt.DeviceArray):
             return self.value

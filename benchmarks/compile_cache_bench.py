@@ -32,7 +32,7 @@ def _model(name: str):
         return case.name, case.module, case.args
     import torch
 
-    from turbine_aot._demo import build_demo_model
+    from turbine_aot._cli.demo import build_demo_model
 
     model = build_demo_model()
     return "tiny-gpt", model, (torch.zeros(1, 32, dtype=torch.int64),)

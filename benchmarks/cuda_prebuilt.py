@@ -90,7 +90,7 @@ def prepare(out: Path, arch: str, models: list[str], cpu: str | None) -> None:
     import torch
 
     import turbine_aot
-    from turbine_aot._compiler.targets import default_compile_flags
+    from turbine_aot._compiler.flags import default_compile_flags
 
     out.mkdir(parents=True, exist_ok=True)
     flags = {

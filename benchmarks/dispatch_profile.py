@@ -56,7 +56,7 @@ def prepare(out: Path, model: str, target: str, extra: list[str]) -> None:
     from iree.compiler.tools.binaries import find_tool
 
     import turbine_aot
-    from turbine_aot._compiler.targets import default_compile_flags
+    from turbine_aot._compiler.flags import default_compile_flags
 
     case = cuda_prebuilt._case(model)
     turbine_aot.externalize_module_parameters(case.module)

@@ -17,7 +17,7 @@ Compile variants (``--variants``):
 * ``host`` — ``--iree-llvmcpu-target-cpu=host`` only;
 * ``host-dt-uk`` — host + data tiling + ukernels;
 * ``turbine`` — turbine's defaults: ``turbine_aot.export`` then ``ExportOutput.compile()`` with
-  no arguments (``turbine_aot._compiler.targets.default_compile_flags``);
+  no arguments (``turbine_aot._compiler.flags.default_compile_flags``);
 * ``attention-op`` — turbine's defaults *without* its linear decomposition and its CPU rewrite of
   attention (``extend_aot_decompositions(remove_ops=...)``, ``TURBINE_CPU_ATTENTION=keep``):
   IREE's own attention op and N-d linear, what the defaults bought
@@ -113,7 +113,7 @@ _OFF = {
 
 def _variant_flags(variant: str, target: str) -> tuple[bool, list[str]]:
     """(host_cpu, extra_args) for ``ExportOutput.compile`` giving exactly this variant's flags."""
-    from turbine_aot._compiler.targets import default_compile_flags
+    from turbine_aot._compiler.flags import default_compile_flags
 
     if variant in _EXPORT_VARIANTS or target != "llvm-cpu":
         return True, []

@@ -13,14 +13,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"
-#: Where citations may stand. turbine_aot's sources join once its reorganization (h24a) has
-#: replaced its own DESIGN.md citations.
+#: Where citations may stand: the docs and every package's sources.
 CITING = [
     ROOT / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
     *(
         p
-        for package in ("params", "ir", "trace", "fx")
+        for package in ("params", "ir", "trace", "fx", "aot")
         for p in sorted((ROOT / "packages" / f"turbine-{package}").rglob("*.py"))
     ),
 ]

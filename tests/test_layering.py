@@ -128,14 +128,14 @@ def test_allowed_imports_pass(tmp_path):
         ),
         pytest.param(
             {
-                _aot("_cli.py"): (
+                _aot("_commands.py"): (
                     "import importlib\n\ndef parser():\n"
-                    "    importlib.import_module('turbine_aot._cli_llm').register()\n"
+                    "    importlib.import_module('turbine_aot._commands_llm').register()\n"
                 ),
-                _aot("_cli_llm.py"): "from turbine_aot._cli import parser\n",
+                _aot("_commands_llm.py"): "from turbine_aot._commands import parser\n",
             },
-            "turbine_aot._cli -> turbine_aot._cli_llm (in a function, line 4) -> "
-            "turbine_aot._cli (line 1)",
+            "turbine_aot._commands -> turbine_aot._commands_llm (in a function, line 4) -> "
+            "turbine_aot._commands (line 1)",
             id="hidden behind importlib.import_module",
         ),
     ],
@@ -332,6 +332,47 @@ def test_the_compiler_layer_imports_nothing_above_it(tmp_path):
         ("turbine_aot._compiler.invoke", "turbine_aot._exporter"),
     ], found
     assert all("sub-layer" in v.rule for v in found)
+
+
+def test_each_turbine_aot_subpackage_imports_only_what_it_is_allowed(tmp_path):
+    """Every turbine_aot subpackage is a sub-layer: the runtime importing the export side, the
+    compiler layer importing call signatures, or a subpackage importing the package's
+    ``__init__`` without it being listed (a prefix would allow everything) is reported, with
+    the subpackage named; the listed imports (a subpackage's modules, a listed module) pass."""
+    root = _make_tree(
+        tmp_path,
+        {
+            _aot("_errors.py"): "X = 1\n",
+            _aot("_compiler/__init__.py"): "",
+            _aot("_compiler/cache.py"): "from .._signatures.abi import A\n",
+            _aot("_signatures/__init__.py"): "",
+            _aot("_signatures/abi.py"): "from turbine_aot._compiler import cache\nA = 1\n",
+            _aot("_runtime/__init__.py"): "",
+            _aot("_runtime/loading.py"): (
+                "from .._errors import X\n"
+                "from .._signatures.abi import A\n"
+                "def f():\n"
+                "    from turbine_aot._export.output import ExportOutput\n"
+                "    return ExportOutput\n"
+            ),
+            _aot("_runtime/tensors.py"): "import turbine_aot\n",
+            _aot("_export/__init__.py"): "",
+            _aot("_export/output.py"): "from .._runtime.loading import f\nExportOutput = f\n",
+            _aot("_cli/__init__.py"): "",
+            _aot("_cli/main.py"): "import turbine_aot\nfrom .._export import output\n",
+        },
+    )
+    found = check_layers.check_sublayers(
+        [check_layers.package_graph(check_layers._sources(root, "turbine_aot"), "turbine_aot")]
+    )
+    assert sorted((v.importer, v.imported) for v in found) == [
+        ("turbine_aot._compiler.cache", "turbine_aot._signatures.abi"),
+        ("turbine_aot._runtime.loading", "turbine_aot._export.output"),
+        ("turbine_aot._runtime.tensors", "turbine_aot"),
+    ], found
+    rules = {v.importer: v.rule for v in found}
+    assert "turbine_aot._runtime is a sub-layer" in rules["turbine_aot._runtime.loading"]
+    assert "turbine_aot._signatures" in rules["turbine_aot._runtime.loading"]  # what it may
 
 
 def test_a_root_without_the_packages_is_refused(tmp_path, capsys):

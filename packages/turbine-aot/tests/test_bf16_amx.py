@@ -26,8 +26,9 @@ from turbine_aot._compiler.bf16 import (
     strip_precision_flags,
 )
 from turbine_aot._compiler.cache import compile_mlir
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import module_for_compile
-from turbine_aot._compiler.targets import TargetError, default_compile_flags
+from turbine_aot._compiler.targets import TargetError
 from turbine_aot.runtime import TurbineRuntimeError, load_module
 
 _MISSING = host_amx_missing()

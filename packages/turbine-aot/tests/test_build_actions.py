@@ -346,7 +346,7 @@ def test_interpreter_exit_with_a_running_worker_does_not_hang(tmp_path: Path) ->
         textwrap.dedent(
             """
             import functools, pickle, time
-            from turbine_aot._build_actions_pool import GeneratorPool
+            from turbine_aot._build_actions.pool import GeneratorPool
 
             pool = GeneratorPool(max_workers=1, mp_context="spawn")
             busy = pool.submit(pickle.dumps(functools.partial(time.sleep, 600)), desc="sleeps")

@@ -267,7 +267,7 @@ def test_refuses_another_runtime_release_unless_told(parts, tmp_path):
 
 _KILLED_BUNDLER = r"""
 import sys, tarfile, time
-import turbine_aot._bundle as B
+import turbine_aot._bundle.write as B
 vmfb, params, dest = sys.argv[1:4]
 
 def stop(*args):

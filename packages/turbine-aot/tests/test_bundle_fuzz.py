@@ -188,7 +188,7 @@ def test_same_size_module_corruption_is_refused_before_iree_sees_it(seed, tmp_pa
     data[len(data) // 2] ^= 0x40
     mod.unlink()
     mod.write_bytes(bytes(data))
-    import turbine_aot._bundle as B
+    import turbine_aot._bundle.load as B
 
     def never(*args, **kwargs):
         raise AssertionError("the module reached load_module")
@@ -215,6 +215,6 @@ def test_a_manifest_without_parameters_loads_as_a_bundle_without_parameters(seed
     doc = dict(manifest)
     del doc["parameters"]
     (work / "manifest.json").write_text(json.dumps(doc))
-    from turbine_aot._bundle import read_bundle
+    from turbine_aot._bundle.read import read_bundle
 
     assert read_bundle(work).parameters() == {}

@@ -12,7 +12,8 @@ import torch
 
 import turbine_aot
 from turbine_aot import runtime as R
-from turbine_aot._signatures import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_KEY, CallSignature
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.keys import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_KEY
 
 
 def _check_ordered(text: str, *patterns: str) -> None:
@@ -332,7 +333,7 @@ def test_unknown_result_types_come_back_as_dicts(nested, monkeypatch):
     a dict with the same keys; its package is never imported for it."""
     import json
 
-    from turbine_aot._signatures import _load_spec
+    from turbine_aot._signatures.trees import load_spec as _load_spec
 
     _, m, _ = nested
     data = json.loads(m.main.signature.call.return_schema)
@@ -354,13 +355,13 @@ def test_bundle_from_a_vmfb_records_the_call_signatures(nested, tmp_path):
 
 
 def test_default_compile_flags_is_public_api():
-    from turbine_aot._compiler import targets as _targets
+    from turbine_aot._compiler import flags as _flags
 
-    assert turbine_aot.default_compile_flags is _targets.default_compile_flags
+    assert turbine_aot.default_compile_flags is _flags.default_compile_flags
     assert "default_compile_flags" in dir(turbine_aot)
     assert "default_compile_flags" not in turbine_aot.__all__  # not a reference star-import name
     flags = turbine_aot.default_compile_flags("llvm-cpu", host=False)
     assert "--iree-llvmcpu-target-cpu=generic" in flags
-    assert R.default_runtime_flags is _targets.default_runtime_flags
+    assert R.default_runtime_flags is _flags.default_runtime_flags
     assert issubclass(R.CallArgumentTypeError, TypeError)
     assert issubclass(R.CallArgumentValueError, ValueError)

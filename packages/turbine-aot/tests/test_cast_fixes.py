@@ -13,8 +13,8 @@ import torch
 from ir_check import check_ir
 
 from turbine_aot import export
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import module_for_compile
-from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.runtime import load_module
 
 # every value a uint8 holds, fractions on both sides of .5, negatives (eager wraps them on x86)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import turbine_aot
-from turbine_aot._cli import CliError, main, parse_input_spec
+from turbine_aot._cli.inputs import CliError, parse_input_spec
+from turbine_aot._cli.main import main
 
 needs_export = pytest.mark.skipif(
     not hasattr(turbine_aot, "export"), reason="turbine_aot.export is not in this checkout yet"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from turbine_aot import runtime as R
-from turbine_aot._cli import main
+from turbine_aot._cli.main import main
 
 LINEAR = "import torch\n\nmodel = torch.nn.Linear(4, 3)\n"
 SQUARE = """

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from turbine_aot._cli import CliError, _make_input, _parser, main
+from turbine_aot._cli.inputs import CliError, _make_input
+from turbine_aot._cli.main import main
+from turbine_aot._cli.parser import build_parser as _parser
 
 MODEL_SRC = textwrap.dedent(
     """

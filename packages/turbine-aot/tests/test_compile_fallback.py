@@ -1,4 +1,4 @@
-"""A speed-only default never turns a working compile into a failure (``_compiler.targets``
+"""A speed-only default never turns a working compile into a failure (``_compiler.fallback``
 ``compile_with_fallback``): every compile path retries without the speed-only groups and warns.
 
 The forced cases make the compiler fail whenever a speed-only flag is present (the retry is a real
@@ -15,13 +15,8 @@ from torch import nn
 
 import turbine_aot
 from turbine_aot import runtime
-from turbine_aot._compiler.targets import (
-    COMPILE_FLAGS_ENV,
-    SPEED_ONLY_GROUPS,
-    compile_with_fallback,
-    default_compile_flags,
-    fallback_flags,
-)
+from turbine_aot._compiler.fallback import compile_with_fallback, fallback_flags
+from turbine_aot._compiler.flags import COMPILE_FLAGS_ENV, SPEED_ONLY_GROUPS, default_compile_flags
 
 DATA_TILING = "--iree-opt-data-tiling=true"
 SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
@@ -94,7 +89,7 @@ class _Forced:
     """Makes ``ExportOutput._compile`` fail while a speed-only flag is present."""
 
     def __init__(self, monkeypatch):
-        from turbine_aot._exporter import ExportOutput
+        from turbine_aot._export.output import ExportOutput
 
         real = ExportOutput._compile
         self.seen: list[list[str]] = []
@@ -150,13 +145,14 @@ def test_compile_cache_and_bundle_fall_back(monkeypatch, tmp_path):
 
 
 def test_cli_compile_falls_back(monkeypatch, tmp_path, capsys, caplog):
-    from turbine_aot import _cli
+    from turbine_aot._cli import commands
+    from turbine_aot._cli.main import main
 
     _, _, eo = _export()
     src = tmp_path / "m.mlir"
     eo.save_mlir(src)
     seen: list[list[str]] = []
-    real = runtime.compile_mlir
+    real = commands.compile_mlir
 
     def compile_mlir(data, flags, **kw):
         seen.append(list(flags))
@@ -164,10 +160,10 @@ def test_cli_compile_falls_back(monkeypatch, tmp_path, capsys, caplog):
             raise turbine_aot.CompileError("compile (forced)", [], flags=list(flags))
         return real(data, flags, **kw)
 
-    monkeypatch.setattr(runtime, "compile_mlir", compile_mlir)
+    monkeypatch.setattr(commands, "compile_mlir", compile_mlir)
     out = tmp_path / "m.vmfb"
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
-        rc = _cli.main(["compile", str(src), "-o", str(out), "--input-type", "torch", "--no-cache"])
+        rc = main(["compile", str(src), "-o", str(out), "--input-type", "torch", "--no-cache"])
     assert rc == 0 and out.is_file()
     assert len(seen) == 2 and _speed_only(seen[1]) == []
     assert any("speed-only defaults" in r.getMessage() for r in caplog.records)

@@ -11,8 +11,8 @@ from ir_check import check_ir
 
 from turbine_aot import export
 from turbine_aot._compiler.convs import convs_as_matmuls
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import module_for_compile
-from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.runtime import load_module
 
 

@@ -149,21 +149,21 @@ def test_decomposing_at_export_is_still_the_users_choice():
 
 @pytest.mark.parametrize("command", ["compile", "bundle"])
 def test_cli_compile_of_an_mlir_file_rewrites_attention_for_cpu(tmp_path, monkeypatch, command):
-    from turbine_aot import runtime
-    from turbine_aot._cli import main
+    from turbine_aot._cli import commands
+    from turbine_aot._cli.main import main
     from turbine_ir import ir
 
     args = _variant_inputs()
     src = tmp_path / "m.mlir"
     src.write_text(str(aot.export(Variants(), args=args).mlir_module))
     handed: list[str] = []
-    compile_mlir = runtime.compile_mlir
+    compile_mlir = commands.compile_mlir  # what the compile and bundle commands call
 
     def spy(source, flags, **kw):
         handed.append(str(ir.Module.parse(source, context=ir.Context())))
         return compile_mlir(source, flags, **kw)
 
-    monkeypatch.setattr(runtime, "compile_mlir", spy)
+    monkeypatch.setattr(commands, "compile_mlir", spy)
     out = tmp_path / ("m.vmfb" if command == "compile" else "b")
     flags = [f"--flag={f}" for f in FAST]
     assert main([command, str(src), "-o", str(out), "-d", "local-task", *flags]) == 0

@@ -13,8 +13,8 @@ from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.avx512_conv import Avx512Conv, direct_convs
 from turbine_aot._compiler.convs import conv_geometry
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key, module_for_compile
-from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.runtime import load_module
 
 _MISSING = host_avx512_missing()

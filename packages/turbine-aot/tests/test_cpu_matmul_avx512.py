@@ -14,9 +14,10 @@ from turbine_aot import export
 from turbine_aot._compiler import matmuls
 from turbine_aot._compiler.avx512 import Avx512Gemm, host_avx512_missing
 from turbine_aot._compiler.cache import compile_mlir
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.matmuls import cpu_matmul_kernel
 from turbine_aot._compiler.rewrites import module_for_compile
-from turbine_aot._compiler.targets import TargetError, default_compile_flags
+from turbine_aot._compiler.targets import TargetError
 from turbine_aot.runtime import load_module
 
 _MISSING = host_avx512_missing()
@@ -60,7 +61,7 @@ def test_the_kernel_is_the_default_for_host_builds_with_avx512(monkeypatch):
     assert cpu_matmul_kernel(default_compile_flags("llvm-cpu", fast_matmul=False)) == "iree"
     # a compile that fails with the defaults is retried without data tiling + ukernels: then
     # with IREE's matmul code too
-    from turbine_aot._compiler.targets import retry_flags
+    from turbine_aot._compiler.fallback import retry_flags
 
     retry = retry_flags(host, [])
     assert retry is not None and cpu_matmul_kernel(retry) == "iree"

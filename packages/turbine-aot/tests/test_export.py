@@ -279,7 +279,7 @@ def test_compile_targets_and_flags(mlp_output):
 
 
 def test_compile_flags_defaults_and_overrides():
-    from turbine_aot._exporter import compile_flags_for
+    from turbine_aot._compiler.flags import compile_flags_for
 
     flags = compile_flags_for()
     assert "--iree-hal-target-device=local" in flags

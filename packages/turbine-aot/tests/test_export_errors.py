@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from turbine_aot import ExportError, export
-from turbine_aot._cli import main
-from turbine_aot._export_errors import DOCS_EXPORT_ERRORS
+from turbine_aot._cli.main import main
+from turbine_aot._export.diagnosis import DOCS_EXPORT_ERRORS
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -17,7 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 
 from turbine_aot import llm  # noqa: E402
-from turbine_aot._cli import main as cli_main  # noqa: E402
+from turbine_aot._cli.main import main as cli_main  # noqa: E402
 
 NEW_TOKENS = 32
 TIE = 1e-4

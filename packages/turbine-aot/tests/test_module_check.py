@@ -24,8 +24,10 @@ import torch
 
 import turbine_aot
 from turbine_aot import runtime as R
-from turbine_aot._module_check import check_module_in_child, zero_arguments
-from turbine_aot._signatures import CallSignature, FunctionSignature, Leaf, TensorSpec
+from turbine_aot._runtime.module_check import check_module_in_child, zero_arguments
+from turbine_aot._signatures.abi import FunctionSignature, TensorSpec
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.leaf import Leaf
 
 
 class _Net(torch.nn.Module):
@@ -297,7 +299,8 @@ _FUZZ_CHILD = "import json, random, struct, sys\n"
 _FUZZ_CHILD += "\n".join(inspect.getsource(f) for f in (_elf_code, _records, _damaged))
 _FUZZ_CHILD += """
 import torch
-from turbine_aot import _module_check, runtime as R
+from turbine_aot import runtime as R
+from turbine_aot._runtime import module_check as _module_check
 _module_check.DEFAULT_CHECK_TIMEOUT = 20.0  # a damaged module can loop: a few cost that long
 data = open(sys.argv[1], "rb").read()
 params, seed, start, n = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])

@@ -25,15 +25,11 @@ import torch
 
 import turbine_aot as aot
 from turbine_aot import runtime as R
-from turbine_aot._runtime_tensors import element_type_name
-from turbine_aot._signatures import (
-    ARGS_SCHEMA,
-    RETURN_SCHEMA,
-    SIGNATURE_KEY,
-    function_signature,
-    parse_abi_declaration,
-    rebuild_results,
-)
+from turbine_aot._signatures.abi import parse_abi_declaration
+from turbine_aot._signatures.call import rebuild_results
+from turbine_aot._signatures.element_types import element_type_name
+from turbine_aot._signatures.keys import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_KEY
+from turbine_aot._signatures.reflection import function_signature
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -18,9 +18,10 @@ import torch
 from turbine_aot import export
 from turbine_aot._compiler import matmuls
 from turbine_aot._compiler.avx512 import host_avx512_missing
+from turbine_aot._compiler.fallback import retry_flags
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.quant_matmuls import rewritable_quant_matmuls
 from turbine_aot._compiler.rewrites import module_for_compile
-from turbine_aot._compiler.targets import default_compile_flags, retry_flags
 from turbine_aot.runtime import load_module
 from turbine_params import externalize_module_parameters, save_module_parameters
 

@@ -210,9 +210,9 @@ def test_a_lost_device_is_replaced_at_the_next_load(monkeypatch):
     """Issue 23: IREE's device cache kept handing out a lost device, so every later load on
     that URI failed. After a call reports the device lost, the next load_module creates a new
     device (and later loads share it); an ordinary failure keeps the device."""
-    import turbine_aot._runtime as runtime
+    from turbine_aot._runtime import devices
 
-    monkeypatch.setattr(runtime, "_replacement_devices", {})
+    monkeypatch.setattr(devices, "_replacement_devices", {})
     vmfb = R.compile_mlir(_SQUARE, R.device_compile_flags(["local-task"]), cache=False)
     x = torch.arange(4.0)
     m = R.load_module(vmfb)

@@ -9,7 +9,8 @@ import torch
 from iree.compiler.api import Session
 
 from turbine_aot import DeviceAffinity, ExportOutput, export
-from turbine_aot._compiler.session import new_session, session_flags, split_top_level_commas
+from turbine_aot._compiler.session import new_session, session_flags
+from turbine_aot._compiler.text import split_top_level_commas
 
 TWO_DEVICE_FLAGS = (
     "--iree-hal-target-device=__device_0=local",

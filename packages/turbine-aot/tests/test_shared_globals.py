@@ -18,9 +18,9 @@ import torch
 from ir_check import check_ir
 
 from turbine_aot import CompiledModule, export, export_global_tree
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.globals import separate_shared_globals, shared_mutable_globals
 from turbine_aot._compiler.rewrites import module_for_compile, source_for_compile
-from turbine_aot._compiler.targets import default_compile_flags
 from turbine_aot.builtins import IREE, AbstractTensor
 from turbine_aot.runtime import compile_mlir, device_compile_flags, load_module
 from turbine_ir import ir

@@ -10,16 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from turbine_aot._compiler.targets import (
+from turbine_aot._compiler.flags import (
     COMPILE_FLAGS_ENV,
-    TARGETS,
-    TargetError,
     default_compile_flags,
     default_runtime_flags,
-    has_dynamic_shapes,
     merge_flags,
-    resolve_target,
 )
+from turbine_aot._compiler.targets import TARGETS, TargetError, resolve_target
+from turbine_aot._compiler.traits import has_dynamic_shapes
 
 HOST = "--iree-llvmcpu-target-cpu=host"
 GENERIC = "--iree-llvmcpu-target-cpu=generic"
@@ -199,7 +197,7 @@ def exported():
 
 
 def test_export_output_compile_uses_the_defaults(exported):
-    from turbine_aot._exporter import compile_flags_for
+    from turbine_aot._compiler.flags import compile_flags_for
 
     flags = compile_flags_for()
     assert flags == default_compile_flags(use_env=False)
@@ -272,7 +270,8 @@ class SelfAttention(nn.Module):
 
 def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypatch):
     import turbine_aot
-    from turbine_aot import _exporter, runtime
+    from turbine_aot import runtime
+    from turbine_aot._export import output as _exporter
 
     used: list[list[str]] = []
     real = _exporter.compile_flags_for
@@ -314,7 +313,7 @@ def test_cuda_splits_fp32_matmul_reductions_of_static_programs_only():
     other = "--iree-dispatch-creation-split-matmul-reduction=4"
     over = default_compile_flags("cuda", fp32_only=True, overrides=[other], use_env=False)
     assert other in over and SPLIT_K not in over
-    from turbine_aot._compiler.targets import retry_flags
+    from turbine_aot._compiler.fallback import retry_flags
 
     flags = default_compile_flags("cuda", fp32_only=True, use_env=False)
     assert retry_flags(flags, []) == [f for f in flags if f != SPLIT_K]
@@ -324,28 +323,28 @@ def test_cuda_splits_fp32_matmul_reductions_of_static_programs_only():
 
 def test_program_traits():
     import turbine_aot
-    from turbine_aot._compiler.targets import float_types, program_traits
+    from turbine_aot._compiler.traits import ProgramTraits, float_types, program_traits
 
     lin = nn.Linear(8, 4).eval()
     x = torch.randn(2, 8)
     fp32 = turbine_aot.export(lin, args=(x,))
     assert float_types(fp32) == {"f32"}
-    assert program_traits(fp32) == {
-        "dynamic_shapes": False,
-        "fp32_only": True,
-        "narrow_matmuls": True,  # 2 rows
-    }
+    assert program_traits(fp32) == ProgramTraits(
+        dynamic_shapes=False,
+        fp32_only=True,
+        narrow_matmuls=True,  # 2 rows
+    )
     half = turbine_aot.export(nn.Linear(8, 4).half().eval(), args=(x.half(),))
-    assert float_types(half) == {"f16"} and not program_traits(half)["fp32_only"]
+    assert float_types(half) == {"f16"} and not program_traits(half).fp32_only
     bf16 = turbine_aot.export(nn.Linear(8, 4).bfloat16().eval(), args=(x.bfloat16(),))
     assert float_types(bf16) == {"bf16"}
     batch = torch.export.Dim("batch", min=2, max=64)
     dyn = turbine_aot.export(lin, args=(x,), dynamic_shapes={"input": {0: batch}})
-    assert program_traits(dyn) == {
-        "dynamic_shapes": True,
-        "fp32_only": True,
-        "narrow_matmuls": False,  # the batch can reach 64 rows
-    }
+    assert program_traits(dyn) == ProgramTraits(
+        dynamic_shapes=True,
+        fp32_only=True,
+        narrow_matmuls=False,  # the batch can reach 64 rows
+    )
 
 
 class _Decode(nn.Module):
@@ -362,7 +361,7 @@ class _Decode(nn.Module):
 
 def test_narrow_matmul_programs_are_not_data_tiled():
     import turbine_aot
-    from turbine_aot._compiler.targets import NARROW_MATMUL_ROWS, narrow_matmuls
+    from turbine_aot._compiler.traits import NARROW_MATMUL_ROWS, narrow_matmuls
 
     mlp = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).eval()
     for rows, narrow in ((1, True), (8, True), (NARROW_MATMUL_ROWS, True), (32, False)):

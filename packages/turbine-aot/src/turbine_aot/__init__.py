@@ -19,14 +19,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ._compiled_module import CompiledModule
-from ._compiled_module import ImportPhase as ImportPhase
-from ._compiler.targets import default_compile_flags as default_compile_flags
+from ._compiled_module.module import CompiledModule
+from ._compiled_module.module import ImportPhase as ImportPhase
+from ._compiler.flags import default_compile_flags as default_compile_flags
 from ._errors import CompiledModuleError as CompiledModuleError
 from ._errors import CompileError as CompileError
 from ._errors import ExportError as ExportError
 from ._errors import TurbineAotError as TurbineAotError
-from ._exporter import ExportOutput, export
+from ._export.exporter import export
+from ._export.output import ExportOutput
 from ._version import __version__ as __version__
 
 # Exactly the names ``from iree.turbine.aot import *`` binds (38), submodules included.

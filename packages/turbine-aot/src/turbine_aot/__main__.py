@@ -1,3 +1,3 @@
-from turbine_aot._cli import main
+from turbine_aot._cli.main import main
 
 raise SystemExit(main())

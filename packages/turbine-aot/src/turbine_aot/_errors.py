@@ -1,5 +1,17 @@
-"""Exception types of turbine_aot: export and compile (``TurbineAotError``), running
-(``TurbineRuntimeError``)."""
+"""Exception types of turbine_aot: one root, ``TurbineAotError``, for export, compile and
+running (``TurbineRuntimeError``).
+
+Every error turbine_aot raises to a user is a ``TurbineAotError``: ``ExportError``,
+``CompileError``, ``CompiledModuleError``, ``TurbineRuntimeError`` (and ``BundleError``, the call
+argument errors), ``TargetError`` (``_compiler.targets``), ``NumericsError``
+(``_runtime.numerics``), ``CliError`` (``_cli.inputs``), ``CustomOpExpansionError``, the build
+actions' ``BuildActionError`` family and ``llm``'s ``LLMError``. Each keeps the built-in base it
+had (``RuntimeError``, ``ValueError``, ``AssertionError``, ``TypeError``...), so ``except`` clauses
+written for those still catch them. Left outside, because no user sees them: the worker pool's
+``RemoteJobError``, ``WorkerDiedError`` and ``WorkerTimeoutError`` (a build action wraps each in
+a ``GenerationError``) and ``_compiler.amx.AmxUnavailableError`` (the load turns it into a
+``TurbineRuntimeError``).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +30,7 @@ __all__ = [
 
 
 class TurbineAotError(Exception):
-    """Root of the errors raised by turbine_aot's export/compile API.
+    """Root of the errors raised by turbine_aot (export, compile, run, the command line).
 
     Attributes:
         cli_message: the one-line message worded with ``turbine-aot``'s options, where the
@@ -97,7 +109,7 @@ class CompileError(TurbineAotError):
         return [d for d in self.diagnostics if d.severity == "error"]
 
 
-class TurbineRuntimeError(RuntimeError):
+class TurbineRuntimeError(TurbineAotError, RuntimeError):
     """Loading or calling a compiled module failed; the message says what, where and what to do.
 
     Attributes:

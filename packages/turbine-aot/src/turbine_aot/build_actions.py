@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
-from . import _build_actions
-from ._build_actions import *  # noqa: F403  (the public names are _build_actions.__all__)
-from ._build_actions_pool import shutdown_generator_pools
+from ._build_actions import action as _action
+from ._build_actions.action import *  # noqa: F403  (the public names are its __all__)
+from ._build_actions.pool import shutdown_generator_pools
 
-__all__ = [*_build_actions.__all__, "shutdown_generator_pools"]
+__all__ = [*_action.__all__, "shutdown_generator_pools"]

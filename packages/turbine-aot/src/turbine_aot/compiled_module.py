@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ._compiled_module import (
+from ._compiled_module.module import (
     CompiledModule,
     CompiledModuleClassInfo,
     CompiledModuleInstanceInfo,

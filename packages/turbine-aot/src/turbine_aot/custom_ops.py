@@ -8,7 +8,7 @@ testing), register an expansion that writes its body in MLIR; ``export()`` keeps
 
 from __future__ import annotations
 
-from . import _custom_ops
-from ._custom_ops import *  # noqa: F403  (the public names are _custom_ops.__all__)
+from ._compiled_module import custom_ops as _custom_ops
+from ._compiled_module.custom_ops import *  # noqa: F403  (the public names are its __all__)
 
 __all__ = list(_custom_ops.__all__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from ._exporter import ExportOutput, export
+from ._export.exporter import export
+from ._export.output import ExportOutput
 
 __all__ = ["ExportOutput", "export"]

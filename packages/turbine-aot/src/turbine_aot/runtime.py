@@ -11,7 +11,10 @@ See ``docs/running.md``.
 
 from __future__ import annotations
 
-from turbine_aot._bundle import Bundle, BundleError, load_bundle, read_bundle, save_bundle
+from turbine_aot._bundle.bundle import Bundle, BundleError
+from turbine_aot._bundle.load import load_bundle
+from turbine_aot._bundle.read import read_bundle
+from turbine_aot._bundle.write import save_bundle
 from turbine_aot._compiler.cache import (
     CacheStats,
     CompileCache,
@@ -21,26 +24,26 @@ from turbine_aot._compiler.cache import (
     compiler_version,
     default_compile_cache,
 )
-from turbine_aot._compiler.targets import default_runtime_flags, device_compile_flags
-from turbine_aot._runtime import (
-    DEFAULT_PARAMETER_SCOPE,
-    FunctionSignature,
-    LoadedFunction,
-    LoadedModule,
-    TensorSpec,
-    TurbineRuntimeError,
-    load_module,
-    parse_abi_declaration,
-    signatures_from_mlir,
-)
-from turbine_aot._runtime_numerics import (
+from turbine_aot._compiler.flags import default_runtime_flags, device_compile_flags
+from turbine_aot._errors import TurbineRuntimeError
+from turbine_aot._runtime.loaded_module import LoadedFunction, LoadedModule
+from turbine_aot._runtime.loading import load_module
+from turbine_aot._runtime.numerics import (
     NumericsError,
     NumericsReport,
     OutputComparison,
     check_numerics,
     default_tolerance,
 )
-from turbine_aot._signatures import CallArgumentTypeError, CallArgumentValueError, CallSignature
+from turbine_aot._runtime.parameters import DEFAULT_PARAMETER_SCOPE
+from turbine_aot._signatures.abi import (
+    FunctionSignature,
+    TensorSpec,
+    parse_abi_declaration,
+    signatures_from_mlir,
+)
+from turbine_aot._signatures.call import CallSignature
+from turbine_aot._signatures.errors import CallArgumentTypeError, CallArgumentValueError
 
 __all__ = [
     "DEFAULT_PARAMETER_SCOPE",

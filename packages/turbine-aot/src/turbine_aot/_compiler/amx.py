@@ -37,6 +37,7 @@ import ctypes
 import functools
 import os
 import platform
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -133,12 +134,11 @@ def request_amx_permission() -> None:
     _request_permission()
 
 
-def module_requires_amx(vm_module: object) -> bool:
-    """Whether an ``iree.runtime.VmModule`` holds AMX code (a public function's reflection
-    names the AMX features under :data:`CPU_REQUIRES_KEY`)."""
-    for name in getattr(vm_module, "function_names", ()):
-        fn = vm_module.lookup_function(name)  # type: ignore[attr-defined]
-        reflection = getattr(fn, "reflection", None) or {}
+def module_requires_amx(reflections: Iterable[Mapping[str, str]]) -> bool:
+    """Whether a module holds AMX code: one of its public functions' reflections (as read by
+    ``_signatures.reflection.module_functions``, which turns an unreadable one into a damaged-
+    module error) names the AMX features under :data:`CPU_REQUIRES_KEY`."""
+    for reflection in reflections:
         requires = str(reflection.get(CPU_REQUIRES_KEY, ""))
         if any(f in requires.split(",") for f in AMX_FEATURES):
             return True
@@ -270,8 +270,8 @@ class AmxGemm:
             f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
             "%c: !stream.binding, %m: index, %batch: index) {"
         )
-        for v in (0, 1, 16, 32):
-            e(f"      %c{v} = arith.constant {v} : index")
+        for c in (0, 1, 16, 32):
+            e(f"      %c{c} = arith.constant {c} : index")
         e("      %rows = arith.muli %m, %batch : index")
         b_dims = "{%bsize}" if self.batch_b else ""
         if self.batch_b:
@@ -317,8 +317,8 @@ class AmxGemm:
             "rows235": _FULL_ROWS & ~_byte_mask(2, 3, 5),
             "rows014": _FULL_ROWS & ~_byte_mask(0, 1, 4),
         }
-        for k, v in consts.items():
-            e(f"      %{k} = arith.constant {v} : i64")
+        for name, value in consts.items():
+            e(f"      %{name} = arith.constant {value} : i64")
         # The tile configuration (64 bytes, palette 1): words 0-5 and 7 are fixed, word 6
         # (the rows of tiles 0-7) is written per 32-row strip.
         e("      %cfg = memref.alloca() : memref<8xi64>")

@@ -51,8 +51,9 @@ def has_attention(module_op: Any) -> bool:
 
 def _broadcast(a: list[int | None], b: list[int | None]) -> list[int | None]:
     n = max(len(a), len(b))
-    a = [1] * (n - len(a)) + a
-    b = [1] * (n - len(b)) + b
+    ones: list[int | None] = [1]
+    a = ones * (n - len(a)) + a
+    b = ones * (n - len(b)) + b
     out: list[int | None] = []
     for x, y in zip(a, b):
         if x == y:

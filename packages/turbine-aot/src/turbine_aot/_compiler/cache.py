@@ -36,7 +36,9 @@ from .._errors import CompileError as _AotCompileError
 from .._errors import Diagnostic
 from . import rewrites
 from .bf16 import strip_precision_flags
-from .targets import compile_flags_for, program_traits, resolve_target
+from .flags import compile_flags_for
+from .targets import resolve_target
+from .traits import program_traits
 
 __all__ = [
     "CacheStats",
@@ -155,8 +157,8 @@ class CompileCache:
             logger.warning("could not read compile cache entry %s (%s); recompiling", path, e)
             self.stats.misses += 1
             return None
-        payload = self._verify(header, payload)
-        if payload is None:
+        verified = self._verify(header, payload)
+        if verified is None:
             logger.warning("compile cache entry %s is corrupted; removing and recompiling", path)
             self.stats.corrupted += 1
             self.stats.misses += 1
@@ -166,7 +168,7 @@ class CompileCache:
         with contextlib.suppress(OSError):
             os.utime(path)  # LRU: a hit refreshes the entry
         self.stats.hits += 1
-        return payload
+        return verified
 
     @staticmethod
     def _verify(header: bytes, payload: bytes) -> bytes | None:
@@ -197,7 +199,7 @@ class CompileCache:
 
     def entries(self) -> list[tuple[Path, int, float]]:
         """(path, size, mtime) of every entry."""
-        out = []
+        out: list[tuple[Path, int, float]] = []
         if not self.directory.is_dir():
             return out
         for p in self.directory.glob("??/*.vmfb"):
@@ -356,11 +358,11 @@ def compile_export_output(
     targets = [resolve_target(d.split("://", 1)[0].split(":", 1)[0]).name for d in devices]
     target_device: str | list[str] = targets[0] if len(targets) == 1 else targets
     extra = list(compile_flags or ())
-    session_flags = getattr(export_output, "_session_flags", lambda: [])()
+    session_flags: list[str] = getattr(export_output, "_session_flags", lambda: [])()
     flags = compile_flags_for(
         target_device=target_device,
         extra_args=[*session_flags, *extra],
-        **program_traits(export_output),
+        traits=program_traits(export_output),
     )
     c = _resolve_cache(cache)
     key = ""

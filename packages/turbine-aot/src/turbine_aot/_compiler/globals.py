@@ -160,7 +160,10 @@ def _constant_kind(attr: Any) -> str | None:
 
 def _fillable(element_type: Any) -> bool:
     """Whether ``arith.constant`` / ``flow.tensor.splat`` take this element type."""
-    from turbine_ir.ir import FloatType, IntegerType
+    from turbine_ir.ir import (  # type: ignore[attr-defined]  # FloatType comes from the `*` import
+        FloatType,
+        IntegerType,
+    )
 
     if isinstance(element_type, FloatType) or _isa(FloatType, element_type):
         return True
@@ -179,7 +182,10 @@ def _narrow_float_bits(element_type: Any) -> Any:
     """The signless integer type of a float type narrower than 32 bits (f16, bf16, f8), else
     ``None``: such scalars cannot live on the host (the VM has no f16: a barrier of one fails
     to legalize), so the salted fill carries its bit pattern and is bitcast back."""
-    from turbine_ir.ir import FloatType, IntegerType
+    from turbine_ir.ir import (  # type: ignore[attr-defined]  # FloatType comes from the `*` import
+        FloatType,
+        IntegerType,
+    )
 
     if not _isa(FloatType, element_type):
         return None

@@ -21,6 +21,7 @@ from iree.compiler.api import Invocation, Output, Session
 from turbine_params import atomic_output_file
 
 from .._errors import CompileError, Diagnostic
+from .text import split_top_level_commas
 
 __all__ = [
     "CapturedInvocation",
@@ -101,29 +102,6 @@ def session_flags(session: Session) -> list[str]:
         else:
             out.append(flag)
     return out
-
-
-def split_top_level_commas(text: str) -> list[str]:
-    """``a,b<c,d>,"e,f"`` -> ``['a', 'b<c,d>', '"e,f"']``: commas inside brackets or quotes
-    (attribute syntax such as ``#hal.device.target<"local", [...]>``) do not split."""
-    parts: list[str] = []
-    depth = 0
-    quote = False
-    start = 0
-    for i, ch in enumerate(text):
-        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
-            quote = not quote
-        elif quote:
-            continue
-        elif ch in "<[({":
-            depth += 1
-        elif ch in ">])}":
-            depth = max(0, depth - 1)
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p for p in parts if p]
 
 
 def new_session(flags: Sequence[str] = ()) -> Session:

@@ -1,15 +1,23 @@
-"""Helpers for rewriting torch-dialect modules in place (shared by the compile-time rewrites):
-walking the operations, reading ``!torch.vtensor`` types and constant operands, and creating
-ops before an anchor op at its location."""
+"""Helpers for reading and rewriting torch-dialect modules in place (shared by the compile-time
+rewrites and the program traits): walking the operations, a module's top-level operations and
+public functions, reading ``!torch.vtensor`` types and constant operands, and creating ops
+before an anchor op at its location."""
 
 from __future__ import annotations
 
-import re
+import builtins
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["NOT_CONSTANT", "Builder", "TensorType", "constant", "walk"]
-
-_VTENSOR = re.compile(r"^!torch\.vtensor<\[(.*)\],(.+)>$")
+__all__ = [
+    "NOT_CONSTANT",
+    "Builder",
+    "TensorType",
+    "constant",
+    "public_functions",
+    "top_level_ops",
+    "walk",
+]
 
 
 def walk(op: Any):
@@ -20,8 +28,43 @@ def walk(op: Any):
                 yield from walk(child.operation)
 
 
+def top_level_ops(module: object) -> list:
+    """The operations in a module's body (``ExportOutput``, ``ir.Module`` or its operation);
+    empty when ``module`` is not a module."""
+    op: Any = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    try:
+        return [getattr(o, "operation", o) for o in op.regions[0].blocks[0].operations]
+    except Exception:
+        return []
+
+
+def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.func")) -> list:
+    """The public function operations at the top level of an MLIR module.
+
+    Args:
+        module: an ``ir.Module``, its operation, or an object with ``mlir_module``
+            (``ExportOutput``).
+        kinds: operation names that count as functions.
+
+    Returns:
+        The operations (empty when ``module`` is not a module).
+    """
+    out = []
+    for f in top_level_ops(module):
+        if f.name not in kinds:
+            continue
+        attrs = f.attributes
+        if "sym_visibility" in attrs and str(attrs["sym_visibility"]).strip('"') != "public":
+            continue
+        out.append(f)
+    return out
+
+
 class TensorType:
-    """Sizes (``None`` = dynamic) and element type of a ``!torch.vtensor``."""
+    """Sizes (``None`` = dynamic, a list the rewrites compare with lists) and element type of a
+    ``!torch.vtensor``; read and printed by :class:`turbine_ir.VtensorType`, the one parser of
+    the type string."""
 
     def __init__(self, sizes: list[int | None], dtype: str):
         self.sizes = sizes
@@ -29,22 +72,27 @@ class TensorType:
 
     @staticmethod
     def of(value: Any) -> TensorType | None:
-        m = _VTENSOR.match(str(value.type))
-        if m is None:
-            return None
-        dims = [d.strip() for d in m.group(1).split(",") if d.strip()]
-        return TensorType([None if d == "?" else int(d) for d in dims], m.group(2))
+        from turbine_ir import VtensorType
+
+        t = VtensorType.parse(str(value.type))
+        return None if t is None else TensorType(list(t.sizes), t.dtype)
 
     def with_sizes(self, sizes: list[int | None], dtype: str | None = None) -> TensorType:
         return TensorType(list(sizes), dtype or self.dtype)
 
     def asm(self) -> str:
-        return f"!torch.vtensor<[{','.join('?' if s is None else str(s) for s in self.sizes)}],{self.dtype}>"
+        from turbine_ir import VtensorType
+
+        return VtensorType(tuple(self.sizes), self.dtype).asm()
 
 
 def constant(value: Any) -> Any:
     """The Python value of a ``torch.constant.*`` operand (``None`` for none), else a marker."""
-    from turbine_ir.ir import BoolAttr, FloatAttr, IntegerAttr
+    from turbine_ir.ir import (  # type: ignore[attr-defined]  # BoolAttr comes from the `*` import
+        BoolAttr,
+        FloatAttr,
+        IntegerAttr,
+    )
 
     owner = value.owner
     name = getattr(owner, "name", None)
@@ -101,13 +149,13 @@ class Builder:
         return self.op("torch.constant.none", "!torch.none", [])
 
     def false(self) -> Any:
-        from turbine_ir.ir import BoolAttr
+        from turbine_ir.ir import BoolAttr  # type: ignore[attr-defined]  # from the `*` import
 
         with self.loc:
             attr = BoolAttr.get(False)
         return self.op("torch.constant.bool", "!torch.bool", [], {"value": attr})
 
-    def int_list(self, values: list[int]) -> Any:
+    def int_list(self, values: list[builtins.int]) -> Any:  # `int` is the method above
         return self.op(
             "torch.prim.ListConstruct", "!torch.list<int>", [self.int(v) for v in values]
         )

@@ -38,7 +38,8 @@ def _torchao_quantize(model: nn.Module, quantize: str, group_size: int) -> None:
     if quantize == "int8":
         config: Any = Int8WeightOnlyConfig()
     else:
-        config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group_size))
+        int4 = torch.int4  # type: ignore[attr-defined]  # torch's stubs lack the sub-byte dtypes
+        config = IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(group_size))
     quantize_(model, config)
 
 

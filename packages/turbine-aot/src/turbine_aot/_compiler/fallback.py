@@ -1,0 +1,106 @@
+"""The compile-with-fallback rule: a default that only buys speed must never turn a working
+compile into a failure, so a compile that fails with turbine's defaults is tried once more
+without the speed-only ones (:data:`.flags.SPEED_ONLY_GROUPS`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from .flags import SPEED_ONLY_GROUPS, SpeedOnlyGroup, flag_key
+from .targets import flag_targets
+
+__all__ = ["compile_with_fallback", "fallback_flags", "retry_flags"]
+
+T = TypeVar("T")
+
+
+def fallback_flags(
+    flags: Sequence[str], user_flags: Sequence[str] = ()
+) -> tuple[list[str], list[SpeedOnlyGroup]] | None:
+    """The flags to compile with again after ``flags`` failed, and the groups dropped.
+
+    Every :data:`SPEED_ONLY_GROUPS` group that is speed only for a target the flags compile for
+    is removed, except flags the user named (``user_flags``, by flag name).
+
+    Returns:
+        ``(flags, dropped groups)``, or ``None`` when nothing can be dropped (the failure is not
+        a speed-only default's).
+    """
+    targets = flag_targets(flags)
+    user_keys = {flag_key(f) for f in user_flags}
+    dropped: list[SpeedOnlyGroup] = []
+    drop: set[str] = set()
+    for group in SPEED_ONLY_GROUPS:
+        if not targets.intersection(group.targets):
+            continue
+        present = [f for f in group.flags if f in flags and flag_key(f) not in user_keys]
+        if present:
+            dropped.append(group)
+            drop.update(present)
+    if not dropped:
+        return None
+    return [f for f in flags if f not in drop], dropped
+
+
+def retry_flags(flags: Sequence[str], user_flags: Sequence[str]) -> list[str] | None:
+    """The flags to compile with again after ``flags`` failed, or ``None``
+    (:func:`fallback_flags` without the dropped groups)."""
+    fb = fallback_flags(flags, user_flags)
+    return None if fb is None else fb[0]
+
+
+def compile_with_fallback(
+    compile_fn: Callable[[list[str]], T],
+    flags: Sequence[str],
+    user_flags: Sequence[str] = (),
+    *,
+    errors: tuple[type[BaseException], ...] = (Exception,),
+    logger: logging.Logger | None = None,
+) -> tuple[T, list[str]]:
+    """Calls ``compile_fn(flags)``; if it fails, once more without the speed-only defaults.
+
+    The rule for every compile path (``ExportOutput.compile``, ``turbine-aot compile``/``bundle``,
+    the compile cache): a speed-only default (:data:`SPEED_ONLY_GROUPS`) must never turn a
+    working compile into a failure. The retry logs a warning naming the groups and flags dropped.
+    When the retry fails too, the first error is raised (it is the one for the flags asked for).
+
+    Args:
+        compile_fn: compiles with the given flags; raises one of ``errors`` on failure.
+        flags: turbine's defaults merged with the user's flags.
+        user_flags: the flags the user named (never dropped).
+        errors: the exceptions that mean "the compiler failed".
+        logger: where the warning goes (``turbine.aot`` by default).
+
+    Returns:
+        ``(result, the flags it was compiled with)``.
+    """
+    flags = list(flags)
+    try:
+        return compile_fn(flags), flags
+    except errors as first:
+        fb = fallback_flags(flags, user_flags)
+        if fb is None:
+            raise
+        retry, dropped = fb
+        (logger or logging.getLogger("turbine.aot")).warning(
+            "compiling with turbine's default flags failed (%s); compiling again without the "
+            "speed-only defaults %s (%s). The module works but may be slower; pass those flags "
+            "yourself to see the failure.",
+            _first_line(first),
+            ", ".join(g.name for g in dropped),
+            " ".join(f for f in flags if f not in retry),
+        )
+        try:
+            return compile_fn(retry), retry
+        except errors:
+            raise first from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    for line in text.splitlines():
+        if "error:" in line:
+            return line.strip()[:300]
+    return (text.splitlines() or [type(error).__name__])[0][:300]

@@ -1,0 +1,209 @@
+"""``load_module``: a compiled module (``.vmfb`` bytes, a file, a compiler ``Output``) loaded on
+one or more IREE devices with its parameter archives, as a :class:`LoadedModule`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from turbine_aot._compiler.amx import (
+    AmxUnavailableError,
+    module_requires_amx,
+    request_amx_permission,
+)
+from turbine_aot._compiler.cache import compile_export_output
+from turbine_aot._errors import TurbineRuntimeError
+from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
+from turbine_aot._signatures.reflection import module_functions, module_name
+
+from .devices import create_devices, device_lost, forget_lost_devices, normalize_devices
+from .loaded_module import LoadedModule
+from .module_check import check_module_in_child
+from .parameters import parameter_modules
+
+__all__ = ["load_module", "module_bytes_or_path"]
+
+
+def module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | None, Path | None]:
+    """Normalizes what ``load_module`` accepts to (bytes, None) or (None, path)."""
+    if isinstance(module, (bytes, bytearray, memoryview)):
+        return bytes(module), None
+    if isinstance(module, (str, os.PathLike)):
+        path = Path(module)
+        if not path.is_file():
+            raise TurbineRuntimeError(
+                f"compiled module {str(path)!r} does not exist; pass the path of a .vmfb "
+                "written by ExportOutput.compile(save_to=...) or `turbine-aot compile`"
+            )
+        return None, path
+    if hasattr(module, "map_memory"):  # iree.compiler Output
+        return bytes(module.map_memory()), None
+    if hasattr(module, "mlir_module") and hasattr(module, "compile"):  # ExportOutput
+        return compile_export_output(module, **compile_kwargs), None
+    raise TurbineRuntimeError(
+        f"cannot load a module from {type(module).__name__}; pass .vmfb bytes, a .vmfb path, "
+        "an iree.compiler Output or an ExportOutput"
+    )
+
+
+def load_module(
+    module: Any,
+    *,
+    device: str | Sequence[str] = "local-task",
+    parameters: Any = None,
+    runtime_flags: Sequence[str] = (),
+    copy_results: bool = False,
+    compile_flags: Sequence[str] | None = None,
+    cache: Any = True,
+    signatures: Mapping[str, FunctionSignature] | None = None,
+    zero_copy_inputs: bool = False,
+    verify: bool | str = False,
+) -> LoadedModule:
+    """Loads a compiled module on one or more IREE devices.
+
+    Args:
+        module: ``.vmfb`` bytes, a path to a ``.vmfb`` (memory-mapped), an ``iree.compiler``
+            ``Output``, or an ``ExportOutput`` (compiled here for ``device`` with turbine's
+            default flags, through the compile cache).
+        device: a device URI (``"local-task"``, ``"local-sync"``, ``"vulkan"``, ``"cuda"``,
+            ``"hip"``, ``"cuda://0"``...) or a list of URIs for a multi-device program, in
+            ``__device_0``, ``__device_1``... order.
+        parameters: a path (bound to scope ``"model"``), or a mapping scope -> a path, a list
+            of paths, an ``iree.runtime.ParameterIndex``, or a dict of name -> tensor.
+            ``.irpa``, ``.safetensors`` and ``.gguf`` files are read by IREE (memory-mapped).
+        runtime_flags: flags for ``iree.runtime.flags.parse_flags`` (process-wide).
+        copy_results: give each result its own memory even where it could share the result
+            buffer (local drivers share by default: IREE hands result buffers to the caller).
+        compile_flags: only for an ``ExportOutput``: flags replacing turbine's defaults.
+        cache: only for an ``ExportOutput``: True (default cache), False, or a
+            :class:`~turbine_aot.runtime.CompileCache`.
+        signatures: function signatures to use where the module has no ABI reflection
+            (modules compiled from torch-dialect IR); taken from an ``ExportOutput``'s IR
+            automatically.
+        zero_copy_inputs: on local (CPU) drivers, pass contiguous tensor arguments by
+            importing their memory instead of copying it. Only for programs that do not keep an
+            argument (store it into a global) and callers that do not modify an argument while
+            the module may still read it.
+        verify: load the module in a short-lived child process first, call each public
+            function there once on zeros of its signature, and raise if that child dies: IREE
+            does not check a module's contents, and a corrupted ``.vmfb`` can kill the process
+            when loaded or when called (see :mod:`turbine_aot._runtime.module_check`,
+            docs/security.md). ``"load"``: the child only loads the module. Costs one child
+            process (about a second); ``LoadedModule.verified_calls``
+            says what the child called.
+
+    Returns:
+        The loaded module.
+
+    Raises:
+        TurbineRuntimeError: missing file, unknown device, unreadable archive, a module the
+            runtime rejects (built for another target or IREE version) or whose records are
+            damaged, or (``verify``) a module that crashed or hung the checking child.
+    """
+    import iree.runtime as rt
+
+    if verify not in (False, True, "load"):
+        raise TurbineRuntimeError(f"verify must be True, False or 'load'; got {verify!r}")
+    uris = normalize_devices(device)
+    if signatures is None and hasattr(module, "mlir_module"):
+        signatures = signatures_from_mlir(module)
+    if runtime_flags:
+        rt.flags.parse_flags(*runtime_flags)
+    data, path = module_bytes_or_path(module, device=uris, compile_flags=compile_flags, cache=cache)
+    where = repr(str(path)) if path is not None else "the given module bytes"
+    verified_calls = None
+    if verify:
+        calls = verify != "load"
+        checked = check_module_in_child(
+            data, path, uris, parameters, calls=calls, signatures=signatures
+        )
+        verified_calls = checked if calls else None
+    devices = create_devices(uris)
+    instance = rt.VmInstance()
+    try:
+        if path is not None:
+            vm_module = rt.VmModule.mmap(instance, str(path))
+        else:
+            vm_module = rt.VmModule.copy_buffer(instance, data)
+    except Exception as e:
+        where = str(path) if path else "the given bytes"
+        raise TurbineRuntimeError(
+            f"{where} is not a loadable IREE module: {str(e).splitlines()[0]}; recompile it "
+            f"with iree-compile {_iree_version()}"
+        ) from e
+    # Its records are read before anything of it runs (initializers): a damaged one fails here.
+    name = module_name(vm_module, where)
+    functions = module_functions(vm_module, where)
+    _prepare_cpu_for(name, [reflection for _, _, reflection in functions])
+    hal = (
+        rt.create_hal_module(instance, devices[0])
+        if len(devices) == 1
+        else rt.create_hal_module(instance, devices=devices)
+    )
+    param_modules, keep = parameter_modules(instance, parameters)
+    try:
+        context = rt.VmContext(instance, [hal, *param_modules, vm_module])
+    except Exception as e:
+        msg = str(e)
+        if device_lost(e):
+            forget_lost_devices(devices, uris)
+            raise TurbineRuntimeError(
+                f"could not initialize module {name!r}: the device ({', '.join(uris)}) was lost "
+                f"({msg.strip().splitlines()[0]}); load it again (a new device is created)"
+            ) from e
+        hint = (
+            "the module was compiled for another device or needs more devices; compile it "
+            f"for {', '.join(uris)} or load it on the device it was built for"
+        )
+        cli_hint = hint
+        if "parameter" in msg.lower() or "not found" in msg.lower():
+            hint = "pass the parameter archives it needs: parameters={'model': 'weights.irpa'}"
+            cli_hint = "pass the parameter archives it needs: -p model=weights.irpa"
+        what = (
+            f"could not initialize module {name!r} on {', '.join(uris)}: "
+            f"{msg.strip().splitlines()[0] if msg.strip() else type(e).__name__}"
+        )
+        err = TurbineRuntimeError(f"{what}; {hint}")
+        err.cli_message = f"{what}; {cli_hint}"
+        raise err from e
+    return LoadedModule(
+        vm_module,
+        instance=instance,
+        device_uris=uris,
+        devices=devices,
+        context=context,
+        keep_alive=[data, *keep],
+        copy_results=copy_results,
+        signatures=signatures,
+        zero_copy_inputs=zero_copy_inputs,
+        where=where,
+        verified_calls=verified_calls,
+        functions=functions,
+    )
+
+
+def _prepare_cpu_for(name: str, reflections: Sequence[Mapping[str, str]]) -> None:
+    """A module compiled with ``precision="bf16"`` runs AMX code: Linux must grant the process
+    the tile state first (else SIGILL); see :mod:`turbine_aot._compiler.amx`. ``reflections``
+    are its public functions' (already read: a damaged one was refused before this)."""
+    if not module_requires_amx(reflections):
+        return
+    try:
+        request_amx_permission()
+    except AmxUnavailableError as e:
+        raise TurbineRuntimeError(
+            f"module {name!r} was compiled with precision='bf16' and runs AMX code, "
+            f"which this process cannot: {e}. Recompile it here with precision='fp32' (the "
+            "default)"
+        ) from e
+
+
+def _iree_version() -> str:
+    try:
+        from iree.runtime import version
+
+        return version.VERSION
+    except Exception:  # pragma: no cover - very old runtimes
+        return "(unknown version)"
