@@ -4,6 +4,8 @@ stems and 1x1 convolutions left to ``_compiler.convs`` call the AVX-512 matmul k
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from ir_check import check_ir
@@ -252,6 +254,38 @@ def test_a_dynamic_batch_keeps_its_1x1_convolutions_as_kernel_matmuls():
         xn = torch.randn(n, 16, 8, 8)
         with torch.no_grad():
             torch.testing.assert_close(compiled.main(xn), model(xn), rtol=1e-5, atol=1e-5)
+
+
+class _ConvAndLinear(torch.nn.Module):
+    """A 1x1 convolution (16 -> 32 channels) and a Linear(16, 32) over the same dynamic batch:
+    the conv rewrite and the matmul rewrite both call the 16x32 matmul kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 1)
+        self.fc = torch.nn.Linear(16, 32)
+
+    def forward(self, x, v):
+        return self.conv(x).mean(dim=(2, 3)) + self.fc(v)
+
+
+@needs_avx512
+def test_two_rewrites_calling_the_same_kernel_share_its_one_executable():
+    torch.manual_seed(0)
+    model = _ConvAndLinear().eval()
+    x, v = torch.randn(2, 16, 4, 4), torch.randn(2, 16)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    eo = export(model, args=(x, v), dynamic_shapes={"x": {0: batch}, "v": {0: batch}})
+    asm = _copy_asm(eo, _flags())
+    executables = re.findall(r"stream.executable private @(\w+)", asm)
+    assert any(e.startswith("__turbine_avx512_f32_gemm_16x") for e in executables), executables
+    assert len(executables) == len(set(executables)), executables  # each kernel once
+    assert "call @__turbine_conv_as_matmul_0_mm" in asm and "torch.aten.linear" not in asm
+    compiled = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"]))
+    for n in (1, 3):
+        xn, vn = torch.randn(n, 16, 4, 4), torch.randn(n, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled.main(xn, vn), model(xn, vn), rtol=1e-5, atol=1e-5)
 
 
 def test_with_precision_bf16_the_convolutions_stay_fp32_on_the_kernel():

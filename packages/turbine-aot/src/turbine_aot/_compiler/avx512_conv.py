@@ -45,7 +45,7 @@ from typing import Any
 from .avx512 import AVX512_FEATURES
 from .convs import Conv, conv_geometry
 from .matmuls import mark_cpu_requires
-from .torch_ir import walk
+from .torch_ir import TopLevel, walk
 
 __all__ = ["Avx512Conv", "direct_convs", "rewrite_convs_avx512"]
 
@@ -423,35 +423,18 @@ def rewrite_convs_avx512(module_op: Any) -> int:
     Returns:
         How many convolutions were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Module, Operation, Type
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
 
     op = getattr(module_op, "operation", module_op)
-    body = op.regions[0].blocks[0]
-    taken = {
-        str(o.attributes["sym_name"]).strip('"')
-        for o in body.operations
-        if "sym_name" in o.operation.attributes
-    }
+    top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         kernel = Avx512Conv(g)
-        if kernel.name not in taken:
-            taken.add(kernel.name)
-            with conv.context:
-                parsed = Module.parse(kernel.executable())
-            exe = parsed.body.operations[0].operation
-            exe.detach_from_parent()
-            body.append(exe)
-        name = f"{_FUNC_PREFIX}_{index}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        with conv.context:
-            parsed = Module.parse(_function(name, kernel))
-        func = parsed.body.operations[0].operation
-        func.detach_from_parent()
-        body.append(func)
+        if kernel.name not in top:
+            top.append(kernel.executable())
+        name = top.unique(f"{_FUNC_PREFIX}_{index}")
+        top.append(_function(name, kernel))
         types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
         operands = list(conv.operands)[: 3 if g.bias else 2]
         with conv.location, InsertionPoint(conv):

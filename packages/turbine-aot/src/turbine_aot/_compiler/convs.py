@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .matmuls import KernelFactory, kernel_matmul_function, mark_cpu_requires
-from .torch_ir import NOT_CONSTANT, TensorType, constant, walk
+from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, walk
 
 __all__ = [
     "SMALL_CHANNELS",
@@ -276,39 +276,25 @@ def rewrite_convs_as_matmuls(
     Returns:
         How many convolutions were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Module, Operation, Type
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
 
     op = getattr(module_op, "operation", module_op)
-    body = op.regions[0].blocks[0]
-    taken = {
-        str(o.attributes["sym_name"]).strip('"')
-        for o in body.operations
-        if "sym_name" in o.operation.attributes
-    }
+    top = TopLevel(op)
     convs = [(o, _spec(o)) for o in convs_as_matmuls(op)]
     for index, (conv, spec) in enumerate(convs):
         assert spec is not None
-        name = f"{_FUNC_PREFIX}_{index}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
+        name = top.unique(f"{_FUNC_PREFIX}_{index}")
         texts, matmul = [], None
         if kernel_for is not None:  # the matmul as a call of the kernel's function
             k = spec.kh * spec.kw * spec.c
             kernel = kernel_for(k, spec.f, False)
-            if kernel.name not in taken:
-                taken.add(kernel.name)
+            if kernel.name not in top:
                 texts.append(kernel.executable())
-            matmul = name + "_mm"
-            taken.add(matmul)
+            matmul = top.unique(name + "_mm")
             rows = None if spec.n is None else spec.n * spec.oh * spec.ow
             texts.append(kernel_matmul_function(matmul, rows, k, spec.f, kernel))
         texts.append(_function(name, spec, matmul))
-        with conv.context:  # one module: func.call needs its callee beside it to verify
-            parsed = Module.parse("\n".join(texts))
-        for child in list(parsed.body.operations):
-            child.operation.detach_from_parent()
-            body.append(child.operation)
+        top.append(*texts)  # one module: func.call needs its callee beside it to verify
         types = [
             _tensor(spec.n, spec.c, spec.h, spec.w),
             _tensor(spec.f, spec.c, spec.kh, spec.kw),

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from .amx import CPU_REQUIRES_KEY
 from .avx512 import AVX512_FEATURES, Avx512Gemm, host_avx512_missing
 from .targets import TargetError
-from .torch_ir import NOT_CONSTANT, TensorType, constant, walk
+from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, walk
 
 __all__ = [
     "CPU_MATMUL_ENV",
@@ -393,36 +393,18 @@ def rewrite_matmuls(
     Returns:
         How many matmuls were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Module, Operation, Type
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
 
     op = getattr(module_op, "operation", module_op)
-    body = op.regions[0].blocks[0]
-    taken = {
-        str(o.attributes["sym_name"]).strip('"')
-        for o in body.operations
-        if "sym_name" in o.operation.attributes
-    }
+    top = TopLevel(op)
     found = [(o, _spec(o)) for o in rewritable_matmuls(op)]
-    kernels: dict[Any, None] = {}
     for index, (mm, spec) in enumerate(found):
         assert spec is not None
         kernel = kernel_for(spec.k, spec.n, spec.batched)
-        if kernel not in kernels:
-            kernels[kernel] = None
-            with mm.context:
-                parsed = Module.parse(kernel.executable())
-            exe = parsed.body.operations[0].operation
-            exe.detach_from_parent()
-            body.append(exe)
-        name = f"{prefix}_{index}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        with mm.context:
-            parsed = Module.parse(_function(name, spec, kernel))
-        func = parsed.body.operations[0].operation
-        func.detach_from_parent()
-        body.append(func)
+        if kernel.name not in top:  # one executable per kernel (the conv rewrites' too)
+            top.append(kernel.executable())
+        name = top.unique(f"{prefix}_{index}")
+        top.append(_function(name, spec, kernel))
         operands = _operands(mm)
         with mm.location, InsertionPoint(mm):
             builtin = [

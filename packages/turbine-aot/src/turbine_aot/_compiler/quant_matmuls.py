@@ -27,7 +27,7 @@ from typing import Any
 from .avx512 import AVX512_FEATURES
 from .avx512_quant import Avx512QuantGemm
 from .matmuls import mark_cpu_requires
-from .torch_ir import TensorType, constant, walk
+from .torch_ir import TensorType, TopLevel, constant, walk
 
 __all__ = ["rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
 
@@ -285,37 +285,19 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
     Returns:
         How many matmuls were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Module, Operation, Type
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
 
     op = getattr(module_op, "operation", module_op)
-    body = op.regions[0].blocks[0]
-    taken = {
-        str(o.attributes["sym_name"]).strip('"')
-        for o in body.operations
-        if "sym_name" in o.operation.attributes
-    }
+    top = TopLevel(op)
     found = rewritable_quant_matmuls(op)
-    kernels: set[str] = set()
     for index, mm in enumerate(found):
         spec = _spec(mm)  # now: the rewrites before it replaced values it refers to
         assert spec is not None
         kernel = spec.kernel()
-        if kernel.name not in kernels:
-            kernels.add(kernel.name)
-            with mm.context:
-                parsed = Module.parse(kernel.executable())
-            exe = parsed.body.operations[0].operation
-            exe.detach_from_parent()
-            body.append(exe)
-        name = f"__turbine_avx512_quant_matmul_{index}"
-        while name in taken:
-            name += "_"
-        taken.add(name)
-        with mm.context:
-            parsed = Module.parse(_function(name, spec, kernel))
-        func = parsed.body.operations[0].operation
-        func.detach_from_parent()
-        body.append(func)
+        if kernel.name not in top:
+            top.append(kernel.executable())
+        name = top.unique(f"__turbine_avx512_quant_matmul_{index}")
+        top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
         with mm.location, InsertionPoint(mm):
 

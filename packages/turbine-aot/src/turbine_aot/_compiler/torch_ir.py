@@ -1,7 +1,8 @@
 """Helpers for reading and rewriting torch-dialect modules in place (shared by the compile-time
 rewrites and the program traits): walking the operations, a module's top-level operations and
-public functions, reading ``!torch.vtensor`` types and constant operands, and creating ops
-before an anchor op at its location."""
+public functions, reading ``!torch.vtensor`` types and constant operands, creating ops before
+an anchor op at its location, and adding parsed top-level operations (the kernels' executables,
+private functions) under symbol names unique in the module."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ __all__ = [
     "NOT_CONSTANT",
     "Builder",
     "TensorType",
+    "TopLevel",
     "constant",
     "public_functions",
     "top_level_ops",
@@ -59,6 +61,47 @@ def public_functions(module: object, kinds: Sequence[str] = ("func.func", "util.
             continue
         out.append(f)
     return out
+
+
+class TopLevel:
+    """The top level of a module being rewritten: its symbol names, and operations parsed from
+    MLIR text appended to it (the kernel rewrites' executables and private functions)."""
+
+    def __init__(self, module_op: Any) -> None:
+        op = getattr(module_op, "operation", module_op)
+        self._body = op.regions[0].blocks[0]
+        self._context = op.context
+        self._names = {_sym_name(o.operation) for o in self._body.operations} - {None}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def unique(self, name: str) -> str:
+        """``name``, or ``name`` followed by underscores where taken; reserved from now on."""
+        while name in self._names:
+            name += "_"
+        self._names.add(name)
+        return name
+
+    def append(self, *texts: str) -> None:
+        """Parses ``texts`` as one module (so a call verifies beside its callee) and moves its
+        operations to the end of this module's top level."""
+        from turbine_ir.ir import Module
+
+        with self._context:
+            parsed = Module.parse("\n".join(texts))
+        for child in list(parsed.body.operations):
+            op = child.operation
+            op.detach_from_parent()
+            self._body.append(op)
+            name = _sym_name(op)
+            if name is not None:
+                self._names.add(name)
+
+
+def _sym_name(op: Any) -> str | None:
+    attrs = op.attributes
+    return str(attrs["sym_name"]).strip('"') if "sym_name" in attrs else None
 
 
 class TensorType:
