@@ -26,10 +26,11 @@ left over at the end of ``M`` (any ``M``, dynamic too) use a kernel of fewer row
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .amx import cpu_flags
 
-__all__ = ["AVX512_FEATURES", "Avx512Gemm", "host_avx512_missing"]
+__all__ = ["AVX512_FEATURES", "Avx512Gemm", "emit_accumulator_init", "host_avx512_missing"]
 
 #: The ``/proc/cpuinfo`` flag the kernel needs.
 AVX512_FEATURES = ("avx512f",)
@@ -39,6 +40,25 @@ def host_avx512_missing() -> list[str]:
     """What this machine lacks to run the kernel well (empty: nothing)."""
     flags = cpu_flags()
     return [f for f in AVX512_FEATURES if f not in flags]
+
+
+def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str) -> None:
+    """Emits ``%init``: the ``rows`` x ``nv`` vector<16xf32> accumulators' starting values,
+    zeros on the first reduction block (``%first``), else C's values there (``%mc[%row<r>,
+    %col<r>_<j>]``); shared by the matmul and the direct-convolution kernels."""
+    vt = "vector<16xf32>"
+    n = rows * nv
+    types = ", ".join([vt] * n)
+    e(f"{p}%init:{n} = scf.if %first -> ({types}) {{")
+    e(f"{p}  scf.yield " + ", ".join(["%zero"] * n) + f" : {types}")
+    e(f"{p}}} else {{")
+    loads = []
+    for r in range(rows):
+        for j in range(nv):
+            e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+            loads.append(f"%ld{r}_{j}")
+    e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
+    e(f"{p}}}")
 
 
 @dataclass(frozen=True)
@@ -217,16 +237,7 @@ class Avx512Gemm:
             e(f"{p}%row{r} = arith.addi %grow, %c{r} : index")
             for j in range(nv):
                 e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
-        e(f"{p}%init:{len(accs)} = scf.if %first -> ({types}) {{")
-        e(f"{p}  scf.yield " + ", ".join(["%zero"] * len(accs)) + f" : {types}")
-        e(f"{p}}} else {{")
-        loads = []
-        for r in range(rows):
-            for j in range(nv):
-                e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
-                loads.append(f"%ld{r}_{j}")
-        e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
-        e(f"{p}}}")
+        emit_accumulator_init(e, p, rows, nv, c_t)
         iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
         e(
             f"{p}%res:{len(accs)} = scf.for %k = %k0 to %kend step %c1 iter_args({iters}) -> ({types}) {{"

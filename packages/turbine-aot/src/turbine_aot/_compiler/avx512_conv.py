@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .avx512 import AVX512_FEATURES
+from .avx512 import AVX512_FEATURES, emit_accumulator_init
 from .convs import Conv, conv_geometry
 from .matmuls import mark_cpu_requires
 from .torch_ir import TopLevel, walk
@@ -254,16 +254,7 @@ class Avx512Conv:
             e(f"{p}%org{r} = affine.apply {origin}()[%row{r}]")
             for j in range(nv):
                 e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
-        e(f"{p}%init:{len(accs)} = scf.if %first -> ({types}) {{")
-        e(f"{p}  scf.yield " + ", ".join(["%zero"] * len(accs)) + f" : {types}")
-        e(f"{p}}} else {{")
-        loads = []
-        for r in range(rows):
-            for j in range(nv):
-                e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
-                loads.append(f"%ld{r}_{j}")
-        e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
-        e(f"{p}}}")
+        emit_accumulator_init(e, p, rows, nv, c_t)
         iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
         e(
             f"{p}%res:{len(accs)} = scf.for %t = %t0 to %tend step %c1 iter_args({iters}) "
