@@ -312,8 +312,9 @@ def test_the_compiler_layer_imports_nothing_above_it(tmp_path):
         {
             _aot("_errors.py"): "X = 1\n",
             _aot("_exporter.py"): "from ._compiler.targets import F\n",
-            _aot("_runtime.py"): "from ._compiler import targets\n",
+            _aot("_runtime.py"): "from ._compiler.amx import A\n",
             _aot("_compiler/__init__.py"): "",
+            _aot("_compiler/amx.py"): "A = 1\n",
             _aot("_compiler/targets.py"): "from .._errors import X\nF = X\n",
             _aot("_compiler/cache.py"): (
                 "from .targets import F\n"
@@ -335,8 +336,8 @@ def test_the_compiler_layer_imports_nothing_above_it(tmp_path):
 
 
 def test_each_turbine_aot_subpackage_imports_only_what_it_is_allowed(tmp_path):
-    """Every turbine_aot subpackage is a sub-layer: the runtime importing the export side, the
-    compiler layer importing call signatures, or a subpackage importing the package's
+    """Every turbine_aot subpackage is a sub-layer: the runtime importing the export side or
+    compiling (the compile cache), the compiler layer importing call signatures, or a subpackage importing the package's
     ``__init__`` without it being listed (a prefix would allow everything) is reported, with
     the subpackage named; the listed imports (a subpackage's modules, a listed module) pass."""
     root = _make_tree(
@@ -356,6 +357,11 @@ def test_each_turbine_aot_subpackage_imports_only_what_it_is_allowed(tmp_path):
                 "    return ExportOutput\n"
             ),
             _aot("_runtime/tensors.py"): "import turbine_aot\n",
+            # the runtime loads, it never compiles: the AMX permission is all it may take of
+            # the compiler layer
+            _aot("_runtime/cpu.py"): "from .._compiler.amx import request\n",
+            _aot("_runtime/compiling.py"): "from turbine_aot._compiler.cache import compile_mlir\n",
+            _aot("_compiler/amx.py"): "def request():\n    pass\n",
             _aot("_export/__init__.py"): "",
             _aot("_export/output.py"): "from .._runtime.loading import f\nExportOutput = f\n",
             _aot("_cli/__init__.py"): "",
@@ -367,6 +373,7 @@ def test_each_turbine_aot_subpackage_imports_only_what_it_is_allowed(tmp_path):
     )
     assert sorted((v.importer, v.imported) for v in found) == [
         ("turbine_aot._compiler.cache", "turbine_aot._signatures.abi"),
+        ("turbine_aot._runtime.compiling", "turbine_aot._compiler.cache"),
         ("turbine_aot._runtime.loading", "turbine_aot._export.output"),
         ("turbine_aot._runtime.tensors", "turbine_aot"),
     ], found

@@ -54,10 +54,11 @@ SUBLAYERS: dict[str, tuple[str, ...]] = {
     "turbine_aot._signatures": ("turbine_aot._errors", "turbine_aot._compiler"),
     # CompiledModule and its import phases
     "turbine_aot._compiled_module": ("turbine_aot._errors", "turbine_aot._compiler"),
-    # the runtime: never the export side (_export, _compiled_module) above it
+    # the runtime loads, it never compiles: of the compiler layer only the AMX tile permission
+    # (a module built for AMX needs it before it runs); never the export side above it
     "turbine_aot._runtime": (
         "turbine_aot._errors",
-        "turbine_aot._compiler",
+        "turbine_aot._compiler.amx",
         "turbine_aot._signatures",
     ),
     # the export side: export(), ExportOutput (compiles through _compiler, loads through _runtime)

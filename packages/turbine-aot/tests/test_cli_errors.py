@@ -192,7 +192,7 @@ def test_run_refuses_random_bytes_as_parameters(tmp_path, capsys, square_vmfb):
 
 
 def test_run_verify_and_ignore_versions(tmp_path, capsys, square_vmfb):
-    assert main(["--json", "run", "--verify", str(square_vmfb)]) == 0
+    assert main(["--json", "run", "--check-in-child", str(square_vmfb)]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["function"] == "main"
     R.save_bundle(tmp_path / "b", square_vmfb)
     man_path = tmp_path / "b" / "manifest.json"
@@ -202,6 +202,25 @@ def test_run_verify_and_ignore_versions(tmp_path, capsys, square_vmfb):
     assert main(["run", str(tmp_path / "b")]) == 2
     _one_error(capsys, r"built with IREE 2\.0\.0 but this runtime is IREE .*--ignore-versions")
     assert main(["run", "--ignore-versions", "--verify", str(tmp_path / "b")]) == 0
+    assert main(["run", "--ignore-versions", "--check-in-child", str(tmp_path / "b")]) == 0
+
+
+def test_run_verify_on_a_vmfb_is_the_former_check_in_child(capsys, square_vmfb, monkeypatch):
+    """``run --verify m.vmfb`` (its meaning before --check-in-child) still checks in a child,
+    and says it is now --check-in-child."""
+    from turbine_aot._cli import commands
+
+    seen = {}
+    real = commands.load_module
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(commands, "load_module", spy)
+    assert main(["run", "--verify", str(square_vmfb)]) == 0
+    assert seen["check_in_child"] is True
+    assert "--verify on a .vmfb is now --check-in-child" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- turbine-params

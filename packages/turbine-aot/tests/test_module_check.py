@@ -1,4 +1,4 @@
-"""Checked loading of untrusted .vmfb files (load_module(..., verify=True), run --verify).
+"""Checked loading of untrusted .vmfb files (load_module(..., check_in_child=True), run --check-in-child).
 
 IREE does not verify module contents: some byte-flipped modules kill the loading process with
 SIGSEGV/SIGBUS/SIGILL, while loading or at the first call (damaged compiled code runs only
@@ -25,7 +25,7 @@ import torch
 import turbine_aot
 from turbine_aot import runtime as R
 from turbine_aot._runtime.module_check import check_module_in_child, zero_arguments
-from turbine_aot._signatures.abi import FunctionSignature, TensorSpec
+from turbine_aot._signatures.abi import FlatSignature, TensorSpec
 from turbine_aot._signatures.call import CallSignature
 from turbine_aot._signatures.leaf import Leaf
 
@@ -61,9 +61,9 @@ _UNCHECKED_LOAD = (
 
 
 def test_checked_load_of_an_intact_module_runs(vmfb):
-    m = R.load_module(vmfb, verify=True)
+    m = R.load_module(vmfb, check_in_child=True)
     torch.testing.assert_close(m.main(X, Y), _Net()(X, Y))
-    m = R.load_module(vmfb.read_bytes(), verify=True)
+    m = R.load_module(vmfb.read_bytes(), check_in_child=True)
     torch.testing.assert_close(m.main(X, Y), _Net()(X, Y))
 
 
@@ -95,7 +95,7 @@ def test_a_module_that_crashes_iree_is_refused_without_killing_the_caller(vmfb, 
                 continue
             # The checked load refuses it, in this process, whatever else the flips damaged.
             with pytest.raises(R.TurbineRuntimeError) as refused:
-                R.load_module(bad, verify=True)
+                R.load_module(bad, check_in_child=True)
             if "crashed the IREE runtime while loading" in str(refused.value):
                 crasher = data
                 break
@@ -106,9 +106,9 @@ def test_a_module_that_crashes_iree_is_refused_without_killing_the_caller(vmfb, 
     with pytest.raises(
         R.TurbineRuntimeError, match=r"crashed the IREE runtime while loading: .* killed by SIG"
     ):
-        R.load_module(bad, verify=True)
+        R.load_module(bad, check_in_child=True)
     with pytest.raises(R.TurbineRuntimeError, match=r"given module bytes crashed the IREE"):
-        R.load_module(crasher, verify=True)
+        R.load_module(crasher, check_in_child=True)
 
 
 def test_a_hung_check_is_killed_and_reported(vmfb):
@@ -120,7 +120,7 @@ def test_ordinary_errors_are_left_to_the_in_process_load(tmp_path):
     junk = tmp_path / "junk.vmfb"
     junk.write_bytes(b"not a module at all" * 10)
     with pytest.raises(R.TurbineRuntimeError, match=r"junk.vmfb is not a loadable IREE module"):
-        R.load_module(junk, verify=True)
+        R.load_module(junk, check_in_child=True)
 
 
 # ----------------------------------------------------------------------------- calls in the child
@@ -202,27 +202,52 @@ def test_a_module_that_crashes_when_called_is_refused_by_the_checked_load(linear
         match=r"bad.vmfb' crashed the IREE runtime while calling main\(\) on zeros of its "
         r"signature: a checking child process was killed by SIG",
     ):
-        R.load_module(bad, parameters=params, verify=True)
+        R.load_module(bad, parameters=params, check_in_child=True)
 
 
 _LOAD_AND_CALL = """
 import sys, torch
 from turbine_aot import runtime as R
-m = R.load_module(sys.argv[1], parameters=sys.argv[2], verify=eval(sys.argv[3]))
+m = R.load_module(sys.argv[1], parameters=sys.argv[2], check_in_child=eval(sys.argv[3]))
 print("loaded", flush=True)
 m.main(torch.zeros(2, 4))
 print("called", flush=True)
 """
 
 
-def test_verified_calls_say_what_the_child_called(linear):
+def test_checked_calls_say_what_the_child_called(linear):
     vmfb, params = linear
-    m = R.load_module(vmfb, parameters=params, verify=True)
-    assert m.verified_calls == {"main": "called"}
-    assert R.load_module(vmfb, parameters=params, verify="load").verified_calls is None
-    assert R.load_module(vmfb, parameters=params).verified_calls is None
-    with pytest.raises(R.TurbineRuntimeError, match=r"verify must be True, False or 'load'"):
-        R.load_module(vmfb, verify="calls")
+    m = R.load_module(vmfb, parameters=params, check_in_child=True)
+    assert m.checked_calls == {"main": "called"}
+    assert R.load_module(vmfb, parameters=params, check_in_child="load").checked_calls is None
+    assert R.load_module(vmfb, parameters=params).checked_calls is None
+    with pytest.raises(
+        R.TurbineRuntimeError, match=r"check_in_child must be True, False or 'load'"
+    ):
+        R.load_module(vmfb, check_in_child="calls")
+
+
+def test_verify_is_the_deprecated_spelling_of_check_in_child(linear):
+    """Code written before the rename keeps its protection: ``verify=True`` still runs the
+    child check (with a DeprecationWarning naming the new argument), ``verified_calls`` still
+    reads the child's report."""
+    vmfb, params = linear
+    with pytest.warns(DeprecationWarning, match="check_in_child"):
+        m = R.load_module(vmfb, parameters=params, verify=True)
+    assert m.checked_calls == {"main": "called"}
+    assert m.verified_calls == m.checked_calls
+    with pytest.warns(DeprecationWarning):
+        assert R.load_module(vmfb, parameters=params, verify="load").checked_calls is None
+
+
+def test_a_bundle_is_checked_in_a_child_too(linear, tmp_path):
+    """``load_bundle(check_in_child=True)``: the bundle's hashes say its files are the ones
+    bundled, not that its module is safe to run; the child check says that."""
+    vmfb, params = linear
+    R.save_bundle(tmp_path / "b", vmfb, parameters=params)
+    m = R.load_bundle(tmp_path / "b", verify=True, check_in_child=True)
+    assert m.checked_calls == {"main": "called"}
+    assert R.load_bundle(tmp_path / "b").checked_calls is None
 
 
 _COUNTER = """
@@ -254,11 +279,11 @@ def test_the_child_calls_a_stateful_module_without_changing_its_state_here(caplo
     called (a module not exported by turbine)."""
     vmfb = R.compile_mlir(_COUNTER, R.device_compile_flags(["local-task"]), cache=False)
     with caplog.at_level(logging.WARNING, logger="turbine.aot.runtime"):
-        m = R.load_module(vmfb, verify=True)
-    assert m.verified_calls["step"] == "called"
-    assert m.verified_calls["nonzero"].startswith("call failed: ")
-    assert "x must not be zero" in m.verified_calls["nonzero"]
-    assert m.verified_calls["dynamic"] == (
+        m = R.load_module(vmfb, check_in_child=True)
+    assert m.checked_calls["step"] == "called"
+    assert m.checked_calls["nonzero"].startswith("call failed: ")
+    assert "x must not be zero" in m.checked_calls["nonzero"]
+    assert m.checked_calls["dynamic"] == (
         "not called: argument 0 (tensor<?xf32>) has a dynamic dimension without a recorded range"
     )
     assert "nonzero() on zeros of its signature failed in the checking child" in caplog.text
@@ -266,7 +291,7 @@ def test_the_child_calls_a_stateful_module_without_changing_its_state_here(caplo
     assert m.nonzero(5) == 5
 
 
-def _sig(leaves, dims, inputs=None) -> FunctionSignature:
+def _sig(leaves, dims, inputs=None) -> FlatSignature:
     call = CallSignature("[1, {}]", None, ("x",), tuple(leaves), dims=dims)
     specs = inputs or tuple(
         TensorSpec(tuple(d if isinstance(d, int) else None for d in leaf.shape), leaf.dtype)
@@ -274,7 +299,7 @@ def _sig(leaves, dims, inputs=None) -> FunctionSignature:
         else TensorSpec((), leaf.dtype, is_tensor=False)
         for leaf in leaves
     )
-    return FunctionSignature("main", specs, (), call)
+    return FlatSignature("main", specs, (), call)
 
 
 def test_zero_arguments_take_the_smallest_size_of_at_least_one_each_range_allows():
@@ -313,7 +338,7 @@ for i in range(n):
         continue
     print(json.dumps({"trying": i, "region": region}), flush=True)
     try:
-        m = R.load_module(mutant, parameters=params, verify=True)
+        m = R.load_module(mutant, parameters=params, check_in_child=True)
     except R.TurbineRuntimeError as e:
         kind = "refused: child crashed" if "crashed the IREE" in str(e) else "refused: error"
         print(json.dumps({"i": i, "outcome": kind}), flush=True)

@@ -157,7 +157,7 @@ def test_the_issues_damaged_records_are_turbine_errors_naming_file_and_record(
         assert isinstance(e.value.__cause__, cause)
     # The checked load reads the records with the same reader: the same error, no child crash.
     with pytest.raises(R.TurbineRuntimeError, match=rf"{what} is unreadable"):
-        R.load_module(bad, parameters=params, verify=True)
+        R.load_module(bad, parameters=params, check_in_child=True)
 
 
 def test_an_intact_module_still_loads_and_calls(linear):

@@ -110,7 +110,10 @@ PUBLIC_NAMES = [
     ("turbine_aot.runtime", "CallSignature", "class CallSignature", None),
     ("turbine_aot.runtime", "CompileCache", "class CompileCache", None),
     ("turbine_aot.runtime", "CompileError", "class CompileError", None),
-    ("turbine_aot.runtime", "FunctionSignature", "class FunctionSignature", None),
+    # Named for what it holds since (the flat ABI, beside CallSignature): the old name is the
+    # same class.
+    ("turbine_aot.runtime", "FunctionSignature", "class FlatSignature", None),
+    ("turbine_aot.runtime", "FlatSignature", "class FlatSignature", None),
     ("turbine_aot.runtime", "LoadedFunction", "class LoadedFunction", None),
     ("turbine_aot.runtime", "LoadedModule", "class LoadedModule", None),
     ("turbine_aot.runtime", "NumericsError", "class NumericsError", None),
@@ -503,6 +506,7 @@ SAME_OBJECT = [
     ],
     ["turbine_aot.params:save_module_parameters", "turbine_aot:save_module_parameters"],
     ["turbine_aot.runtime:CompileError", "turbine_aot:CompileError"],
+    ["turbine_aot.runtime:FunctionSignature", "turbine_aot.runtime:FlatSignature"],
     [
         "turbine_aot.support.procedural:DeviceAffinity",
         "turbine_aot.tensor_traits:DeviceAffinity",

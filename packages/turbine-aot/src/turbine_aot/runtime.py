@@ -19,13 +19,13 @@ from turbine_aot._compiler.cache import (
     CacheStats,
     CompileCache,
     CompileError,
-    compile_export_output,
     compile_mlir,
     compiler_version,
     default_compile_cache,
 )
 from turbine_aot._compiler.flags import default_runtime_flags, device_compile_flags
 from turbine_aot._errors import TurbineRuntimeError
+from turbine_aot._export.cached_compile import compile_export_output
 from turbine_aot._runtime.loaded_module import LoadedFunction, LoadedModule
 from turbine_aot._runtime.loading import load_module
 from turbine_aot._runtime.numerics import (
@@ -37,6 +37,7 @@ from turbine_aot._runtime.numerics import (
 )
 from turbine_aot._runtime.parameters import DEFAULT_PARAMETER_SCOPE
 from turbine_aot._signatures.abi import (
+    FlatSignature,
     FunctionSignature,
     TensorSpec,
     parse_abi_declaration,
@@ -55,6 +56,7 @@ __all__ = [
     "CallSignature",
     "CompileCache",
     "CompileError",
+    "FlatSignature",
     "FunctionSignature",
     "LoadedFunction",
     "LoadedModule",

@@ -9,7 +9,7 @@ from typing import Any
 
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._hashing import sha256_file
-from turbine_aot._signatures.abi import FunctionSignature
+from turbine_aot._signatures.abi import FlatSignature
 
 from .manifest import MANIFEST
 
@@ -32,8 +32,8 @@ class Bundle:
         return self.path / self.manifest["module"]
 
     @property
-    def functions(self) -> dict[str, FunctionSignature]:
-        return {k: FunctionSignature.from_json(k, v) for k, v in self.manifest["functions"].items()}
+    def functions(self) -> dict[str, FlatSignature]:
+        return {k: FlatSignature.from_json(k, v) for k, v in self.manifest["functions"].items()}
 
     @property
     def devices(self) -> list[str]:

@@ -27,6 +27,7 @@ def load_bundle(
     copy_results: bool = False,
     verify: bool = False,
     check_versions: bool = True,
+    check_in_child: bool | str = False,
 ) -> LoadedModule:
     """Loads a bundle with one call.
 
@@ -40,6 +41,9 @@ def load_bundle(
         check_versions: refuse a bundle whose module was built, or which was bundled, under
             another IREE release (major.minor) than this runtime's. ``False`` loads it anyway
             (IREE may then reject or misrun the module).
+        check_in_child: load (and call) the bundle's module in a child process first, as
+            :func:`~turbine_aot.runtime.load_module` does: for a bundle from someone you cannot
+            vouch for (the hashes say the files are the ones bundled, not that they are safe).
 
     Returns:
         The loaded module; its functions are attributes.
@@ -66,6 +70,7 @@ def load_bundle(
             parameters=params or None,
             copy_results=copy_results,
             signatures=bundle.functions,
+            check_in_child=check_in_child,
         )
     except BaseException:
         if unpacked is not None:

@@ -12,14 +12,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from turbine_aot._compiler.flags import device_compile_flags
-from turbine_aot._compiler.traits import program_traits
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._hashing import sha256_file
-from turbine_aot._runtime.loading import module_bytes_or_path
+from turbine_aot._runtime.loading import LoadableExport, module_bytes_or_path
 from turbine_aot._runtime.parameters import DEFAULT_PARAMETER_SCOPE
-from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
-from turbine_aot._signatures.reflection import function_signature, module_functions, module_name
+from turbine_aot._signatures.abi import FlatSignature
+from turbine_aot._signatures.reflection import (
+    compiled_with_flags,
+    function_signature,
+    module_functions,
+    module_name,
+)
 from turbine_params import ParameterArchive, ParameterArchiveError, make_owned_temp
 
 from .archive import publish_archive
@@ -37,7 +40,9 @@ from .manifest import (
 __all__ = ["check_parameter_file", "save_bundle"]
 
 
-def _signatures_of(vmfb: bytes) -> tuple[str, dict[str, FunctionSignature]]:
+def _module_records(vmfb: bytes) -> tuple[str, dict[str, FlatSignature], list[str] | None]:
+    """The module's name, its functions' signatures and the compile flags it records having been
+    built with (``None`` when it records none: not compiled by turbine)."""
     import iree.runtime as rt
 
     instance = rt.VmInstance()
@@ -46,12 +51,15 @@ def _signatures_of(vmfb: bytes) -> tuple[str, dict[str, FunctionSignature]]:
     except Exception as e:
         raise BundleError(f"the module to bundle is not a loadable .vmfb: {e}") from e
     sigs = {}
+    built_with: list[str] | None = None
     where = "the module to bundle"
     try:
         for name, _fn, reflection in module_functions(mod, where):
             # The flat ABI and the call signature (trees, names, dim ranges) the module records.
             sigs[name] = function_signature(name, reflection, where=where)
-        return module_name(mod, where), sigs
+            if built_with is None:
+                built_with = compiled_with_flags(reflection)
+        return module_name(mod, where), sigs, built_with
     except TurbineRuntimeError as e:
         raise BundleError(str(e)) from e
 
@@ -119,7 +127,7 @@ def save_bundle(
     compile_flags: Sequence[str] | None = None,
     overwrite: bool = False,
     cache: Any = True,
-    signatures: Mapping[str, FunctionSignature] | None = None,
+    signatures: Mapping[str, FlatSignature] | None = None,
 ) -> Bundle:
     """Writes a deployable bundle.
 
@@ -185,33 +193,24 @@ def _compiled_contents(
     devices: list[str],
     compile_flags: Sequence[str] | None,
     cache: Any,
-    signatures: Mapping[str, FunctionSignature] | None,
-) -> tuple[bytes, str, dict[str, FunctionSignature], list[str] | None]:
-    """The ``.vmfb`` bytes (compiled here from an ``ExportOutput``), its module name, its
-    entry-point signatures and the compile flags to record."""
-    is_export = hasattr(module, "mlir_module") and hasattr(module, "compile")
-    if is_export:
-        module._last_compile_flags = None  # set by ExportOutput.compile if it compiles now
+    signatures: Mapping[str, FlatSignature] | None,
+) -> tuple[bytes, str, dict[str, FlatSignature], list[str] | None]:
+    """The ``.vmfb`` bytes (an ``ExportOutput`` compiles itself here), its module name, its
+    entry-point signatures and the compile flags to record: those the module records having
+    been built with (without the speed-only defaults when those failed), else the given
+    ``compile_flags`` of a module turbine did not compile."""
     data, mpath = module_bytes_or_path(
         module, device=devices, compile_flags=compile_flags, cache=cache
     )
     vmfb = data if data is not None else Path(mpath).read_bytes()  # type: ignore[arg-type]
-    module_name, sigs = _signatures_of(vmfb)
+    module_name, sigs, built_with = _module_records(vmfb)
+    is_export = isinstance(module, LoadableExport)
     if signatures is None and is_export:
-        signatures = signatures_from_mlir(module)
+        signatures = module._flat_signatures()
     for name, sig in (signatures or {}).items():
         if name in sigs and not sigs[name].inputs and not sigs[name].outputs:
             sigs[name] = sig
-    recorded_flags: list[str] | None
-    if is_export:
-        traits = program_traits(module)
-        # The flags it was compiled with: without the speed-only defaults when those failed
-        # (a compile-cache hit records the defaults it was looked up with).
-        recorded_flags = getattr(module, "_last_compile_flags", None) or device_compile_flags(
-            devices, compile_flags, traits=traits
-        )
-    else:
-        recorded_flags = list(compile_flags or [])
+    recorded_flags = built_with if is_export or not compile_flags else list(compile_flags)
     return vmfb, module_name, sigs, recorded_flags or None
 
 
@@ -221,7 +220,7 @@ def _fill_bundle(
     params: dict[str, list[Path]],
     devices: list[str],
     module_name: str,
-    sigs: dict[str, FunctionSignature],
+    sigs: dict[str, FlatSignature],
     recorded_flags: list[str] | None,
 ) -> dict[str, Any]:
     """Writes the module, parameter files, manifest and flag file into ``work``; returns the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -220,13 +221,19 @@ def _cmd_run(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
                 parameters=_parameters(args.parameters),
                 verify=args.verify,
                 check_versions=not args.ignore_versions,
+                check_in_child=args.check_in_child,
             )
         else:
+            if args.verify:  # its meaning for a .vmfb before --check-in-child had its name
+                print(
+                    "turbine-aot: warning: --verify on a .vmfb is now --check-in-child",
+                    file=sys.stderr,
+                )
             m = load_module(
                 target,
                 device=_devices(args),
                 parameters=_parameters(args.parameters),
-                verify=args.verify,
+                check_in_child=args.check_in_child or args.verify,
             )
     fn = m[args.function]
     call = fn.signature.call

@@ -18,12 +18,17 @@ from typing import Any
 from turbine_aot._bundle.read import read_bundle
 from turbine_aot._compiler.torch_ir import public_functions
 from turbine_aot._errors import TurbineRuntimeError
-from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
+from turbine_aot._signatures.abi import FlatSignature, signatures_from_mlir
 from turbine_aot._signatures.call import CallSignature
-from turbine_aot._signatures.keys import COMPILE_KEY, PARAMETERS_KEY
+from turbine_aot._signatures.keys import PARAMETERS_KEY
 from turbine_aot._signatures.leaf import Leaf
 from turbine_aot._signatures.recording import module_parameters, reflection_of
-from turbine_aot._signatures.reflection import function_signature, module_functions, module_name
+from turbine_aot._signatures.reflection import (
+    compile_record_of,
+    function_signature,
+    module_functions,
+    module_name,
+)
 from turbine_aot._signatures.trees import load_spec, spec_children
 
 __all__ = ["format_report", "inspect_path"]
@@ -60,7 +65,7 @@ def _looks_like_vmfb(p: Path) -> bool:
 # ----------------------------------------------------------------------------- readers
 def _vmfb_functions(
     path: Path,
-) -> tuple[str, dict[str, FunctionSignature], list[Any] | None, dict[str, Any] | None]:
+) -> tuple[str, dict[str, FlatSignature], list[Any] | None, dict[str, Any] | None]:
     import iree.runtime as rt
 
     try:
@@ -69,7 +74,7 @@ def _vmfb_functions(
         raise TurbineRuntimeError(
             f"{str(path)!r} is not a loadable IREE module: {str(e).splitlines()[0]}"
         ) from e
-    sigs: dict[str, FunctionSignature] = {}
+    sigs: dict[str, FlatSignature] = {}
     params: list[Any] | None = None
     built: dict[str, Any] | None = None
     where = repr(str(path))
@@ -77,8 +82,8 @@ def _vmfb_functions(
         sigs[name] = function_signature(name, reflection, where=where)
         if params is None and PARAMETERS_KEY in reflection:
             params = _json_or_none(reflection[PARAMETERS_KEY])
-        if built is None and COMPILE_KEY in reflection:
-            built = _json_or_none(reflection[COMPILE_KEY])
+        if built is None:
+            built = compile_record_of(reflection)
     return module_name(vm, where), sigs, params, built
 
 
@@ -114,7 +119,7 @@ def _inspect_bundle(path: Path) -> dict[str, Any]:
         recorded = manifest.get("functions") or {}
         for fname, sig in sigs.items():
             if not sig.inputs and not sig.outputs and isinstance(recorded.get(fname), dict):
-                sigs[fname] = FunctionSignature.from_json(fname, recorded[fname])
+                sigs[fname] = FlatSignature.from_json(fname, recorded[fname])
         files = {
             scope: [{"path": p, "bytes": (bundle.path / p).stat().st_size} for p in ps]
             for scope, ps in (manifest.get("parameters") or {}).items()
@@ -146,12 +151,12 @@ def _inspect_mlir(path: Path) -> dict[str, Any]:
             f"{str(path)!r} does not parse as MLIR: {str(e).strip().splitlines()[0]}"
         ) from e
     flat = signatures_from_mlir(module.operation)
-    sigs: dict[str, FunctionSignature] = {}
+    sigs: dict[str, FlatSignature] = {}
     for f in public_functions(module.operation, kinds=("func.func",)):
         name = str(f.attributes["sym_name"]).strip('"')
         if name in flat:
             call = CallSignature.from_reflection(reflection_of(f))
-            sigs[name] = FunctionSignature(name, flat[name].inputs, flat[name].outputs, call)
+            sigs[name] = FlatSignature(name, flat[name].inputs, flat[name].outputs, call)
     return {
         "path": str(path),
         "kind": "mlir",
@@ -247,7 +252,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append("functions:")
     for fname, rec in report["functions"].items():
-        sig = FunctionSignature.from_json(fname, rec)
+        sig = FlatSignature.from_json(fname, rec)
         if sig.call is not None:
             lines += ["  " + line for line in _call_lines(fname, sig.call)]
         else:

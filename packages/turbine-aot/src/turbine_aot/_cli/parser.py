@@ -142,11 +142,16 @@ def _add_run_command(sub: Any, common: Any) -> None:
     r.add_argument("--check-eager", metavar="SOURCE", help="compare with this eager model")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument(
+        "--check-in-child",
+        action="store_true",
+        help="load the module (a .vmfb or a bundle's) and call each function once on zeros in "
+        "a child process first: a corrupted module that crashes there is refused",
+    )
+    r.add_argument(
         "--verify",
         action="store_true",
-        help="a .vmfb: load it and call each function once on zeros in a child process "
-        "first (a corrupted module that crashes there is refused); a bundle: also check "
-        "every file's SHA-256",
+        help="a bundle: check every file's SHA-256 against its manifest (a .vmfb: the former "
+        "spelling of --check-in-child)",
     )
     r.add_argument(
         "--ignore-versions",

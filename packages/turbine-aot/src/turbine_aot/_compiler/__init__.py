@@ -20,5 +20,6 @@ Below the export side (``_export``: ``export``, ``ExportOutput``) and the runtim
 - :mod:`.session`: in-process compiler sessions and invocations, diagnostics captured.
 - :mod:`.invoke`: one compile of a module with final flags, in process or with the
   ``iree-compile`` tool in a subprocess.
-- :mod:`.cache`: the content-addressed compile cache (``compile_mlir``, ``compile_export_output``).
+- :mod:`.cache`: the content-addressed compile cache (``CompileCache``, ``compile_mlir``); the
+  export side compiles an ``ExportOutput`` through it (``_export.cached_compile``).
 """

@@ -36,18 +36,15 @@ from .._errors import CompileError as _AotCompileError
 from .._errors import Diagnostic
 from . import rewrites
 from .bf16 import strip_precision_flags
-from .flags import compile_flags_for
-from .targets import resolve_target
-from .traits import program_traits
 
 __all__ = [
     "CacheStats",
     "CompileCache",
     "CompileError",
-    "compile_export_output",
     "compile_mlir",
     "compiler_version",
     "default_compile_cache",
+    "resolve_cache",
 ]
 
 logger = logging.getLogger("turbine.aot.compile_cache")
@@ -246,7 +243,9 @@ def default_compile_cache() -> CompileCache:
     return _DEFAULT
 
 
-def _resolve_cache(cache: Any) -> CompileCache | None:
+def resolve_cache(cache: Any) -> CompileCache | None:
+    """The cache a ``cache=`` argument names: True / None the default one, False none, a
+    :class:`CompileCache`, or a directory. A disabled cache is none."""
     if cache is True or cache is None:
         c = default_compile_cache()
         return c if c.enabled else None
@@ -293,7 +292,7 @@ def compile_mlir(
 
     data = ir.encode() if isinstance(ir, str) else bytes(ir)
     all_flags = [f"--iree-input-type={input_type}", *flags]
-    c = _resolve_cache(cache)
+    c = resolve_cache(cache)
     key = CompileCache.key(data, all_flags) if c else ""
     if c:
         hit = c.get(key)
@@ -317,63 +316,6 @@ def compile_mlir(
             flags=list(flags),
         ) from e
     logger.info("compiled in %.2fs (%d bytes)", time.perf_counter() - t0, len(vmfb))
-    if c:
-        c.put(key, vmfb)
-    return vmfb
-
-
-def export_output_ir(export_output: Any) -> bytes:
-    """The MLIR bytecode of an ``ExportOutput``'s module (at its current import phase)."""
-    import io
-
-    op = export_output.mlir_module
-    op = getattr(op, "operation", op)
-    buf = io.BytesIO()
-    try:
-        op.write_bytecode(buf)
-        return buf.getvalue()
-    except Exception:  # bindings without write_bytecode: fall back to text
-        return str(op).encode()
-
-
-def compile_export_output(
-    export_output: Any,
-    *,
-    device: Sequence[str] | str = "local-task",
-    compile_flags: Sequence[str] | None = None,
-    cache: Any = True,
-) -> bytes:
-    """Compiles an ``ExportOutput`` for the given device URI(s) through the compile cache.
-
-    The flags are those ``ExportOutput.compile(target_device=..., extra_args=compile_flags)``
-    uses; on a miss the module is compiled by ``ExportOutput.compile`` itself (so import phases
-    and session flags are honoured), and the result is stored under the key of the module's
-    bytecode, the flags, the compiler version and the compile targets the devices resolve to
-    (``local-task`` and ``local-sync`` are both ``llvm-cpu``: one compile serves both).
-
-    Returns:
-        The ``.vmfb`` bytes.
-    """
-    devices = [device] if isinstance(device, str) else list(device)
-    targets = [resolve_target(d.split("://", 1)[0].split(":", 1)[0]).name for d in devices]
-    target_device: str | list[str] = targets[0] if len(targets) == 1 else targets
-    extra = list(compile_flags or ())
-    session_flags: list[str] = getattr(export_output, "_session_flags", lambda: [])()
-    flags = compile_flags_for(
-        target_device=target_device,
-        extra_args=[*session_flags, *extra],
-        traits=program_traits(export_output),
-    )
-    c = _resolve_cache(cache)
-    key = ""
-    if c:
-        key = CompileCache.key(export_output_ir(export_output), flags, target=",".join(targets))
-        hit = c.get(key)
-        if hit is not None:
-            logger.info("compile cache hit %s", key[:16])
-            return hit
-    out = export_output.compile(save_to=None, target_device=target_device, extra_args=extra)
-    vmfb = bytes(out.map_memory())
     if c:
         c.put(key, vmfb)
     return vmfb

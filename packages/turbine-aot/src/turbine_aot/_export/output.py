@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,25 @@ from .._compiler.refusals import check_program_for_target
 from .._compiler.session import session_flags
 from .._compiler.traits import program_traits
 from .._errors import CompileError
+from .._runtime.devices import normalize_devices
 from .._runtime.loading import load_module
+from .._signatures.abi import FlatSignature, signatures_from_mlir
 from .._signatures.recording import compile_record
+from .cached_compile import compile_export_output
 
-__all__ = ["ExportOutput"]
+__all__ = ["CompilePlan", "ExportOutput"]
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """The flags of one compile of an ``ExportOutput``, computed once: ``flags`` as handed to
+    IREE (the compile cache's key), ``user_flags`` the ones the user named (the fallback keeps
+    them), ``target`` the target's name for messages."""
+
+    flags: tuple[str, ...]
+    user_flags: tuple[str, ...]
+    target: str
+
 
 _log = logging.getLogger("turbine.aot")
 
@@ -134,6 +150,28 @@ class ExportOutput:
                 default Vulkan target: name one with ``--iree-vulkan-target=...``), or cannot
                 give ``precision`` (bf16 on a CPU without AMX-BF16, or another target).
         """
+        plan = self._plan_compile(
+            target_backends=target_backends,
+            target_device=target_device,
+            extra_args=extra_args,
+            host_cpu=host_cpu,
+            precision=precision,
+        )
+        return self._compile_planned(plan, save_to)
+
+    def _plan_compile(
+        self,
+        *,
+        target_backends: str | Sequence[str] | None = ("llvm-cpu",),
+        target_device: str | Sequence[str] | None = None,
+        extra_args: Sequence[str] = (),
+        host_cpu: bool = True,
+        precision: str = "fp32",
+    ) -> CompilePlan:
+        """The flags :meth:`compile` would use for these arguments, computed once (the session's
+        flags, turbine's defaults for the target and the program's traits, then ``extra_args``),
+        checked against the program (:class:`TargetError` for what the target cannot compile
+        correctly). :meth:`_compile_planned` compiles with them; the compile cache keys on them."""
         user_flags = [*self._session_flags(), *extra_args, *precision_flags(precision)]
         flags = compile_flags_for(
             target_backends=target_backends,
@@ -143,6 +181,16 @@ class ExportOutput:
             traits=program_traits(self.mlir_module),
         )
         check_program_for_target(self.mlir_module, flags)
+        named = " ".join(_as_list(target_device) or _as_list(target_backends)) or "session flags"
+        return CompilePlan(flags=tuple(flags), user_flags=tuple(user_flags), target=named)
+
+    def _compile_planned(
+        self, plan: CompilePlan, save_to: str | Path | Output | None = None
+    ) -> Output | None:
+        """Compiles with a :meth:`_plan_compile`'s flags (``save_to`` as for :meth:`compile`).
+
+        A default that is only a speed-up must not cost a compile: on failure, once more
+        without the speed-only defaults (a warning names them)."""
         # Invalid IR would otherwise surface as an obscure bytecode error in the compiler.
         info = CompiledModule.get_info(self.compiled_module)
         if info.current_import_phase is None:  # an instance created with import_to=None
@@ -150,12 +198,10 @@ class ExportOutput:
         self.verify()
         phase = info.current_import_phase
         compile_from = "input" if phase is not None and phase >= ImportPhase.FULL else None
-        # A default that is only a speed-up must not cost a compile: on failure, once more
-        # without the speed-only defaults (a warning names them).
         result, used = compile_with_fallback(
-            lambda f: self._compile(f, save_to, compile_from, target_device, target_backends),
-            flags,
-            user_flags,
+            lambda f: self._compile(f, save_to, compile_from, plan.target),
+            list(plan.flags),
+            list(plan.user_flags),
             errors=(CompileError,),
             logger=_log,
         )
@@ -167,10 +213,8 @@ class ExportOutput:
         flags: list[str],
         save_to: str | Path | Output | None,
         compile_from: str | None,
-        target_device: str | Sequence[str] | None,
-        target_backends: str | Sequence[str] | None,
+        named: str,
     ) -> Output | None:
-        named = " ".join(_as_list(target_device) or _as_list(target_backends)) or "session flags"
         # The .vmfb records its flags and compiler version (turbine-aot inspect shows them); the
         # exported IR stays target-neutral: target fixes go to a copy (compile_module).
         with compile_record(self.mlir_module, flags):
@@ -201,14 +245,26 @@ class ExportOutput:
             compiled = turbine_aot.export(model, args=(x,)).load()
             y = compiled.main(x)
         """
+        uris = normalize_devices(device)
         return load_module(
-            self,
-            device=device,
+            self._vmfb_for_devices(uris, compile_flags=compile_flags, cache=cache),
+            device=uris,
             parameters=parameters,
-            compile_flags=compile_flags,
-            cache=cache,
             runtime_flags=runtime_flags,
+            signatures=self._flat_signatures(),
         )
+
+    # ---- what the runtime reads of an export (``_runtime.loading.LoadableExport``) ---------
+    def _vmfb_for_devices(
+        self, devices: Sequence[str], *, compile_flags: Sequence[str] | None, cache: Any
+    ) -> bytes:
+        """The module compiled for these device URIs with turbine's defaults and
+        ``compile_flags``, through the compile cache."""
+        return compile_export_output(self, device=devices, compile_flags=compile_flags, cache=cache)
+
+    def _flat_signatures(self) -> dict[str, FlatSignature]:
+        """Each public function's flat ABI, read from the IR (the runtime's call checks)."""
+        return signatures_from_mlir(self.mlir_module)
 
     def _session_flags(self) -> list[str]:
         # Replayed as set (list options such as --iree-hal-target-device keep one flag per value).

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from turbine_aot._errors import TurbineRuntimeError
-from turbine_aot._signatures.abi import FunctionSignature, TensorSpec, affinity_device_index
+from turbine_aot._signatures.abi import FlatSignature, TensorSpec, affinity_device_index
 from turbine_aot._signatures.call import rebuild_results
 from turbine_aot._signatures.checks import check_tensor
 from turbine_aot._signatures.element_types import element_type_name
@@ -44,7 +44,7 @@ class LoadedFunction:
         self,
         module: LoadedModule,
         fn: Any,
-        signature: FunctionSignature,
+        signature: FlatSignature,
         copy: bool,
         zero_copy_inputs: bool = False,
     ):
@@ -234,10 +234,10 @@ class LoadedModule:
         devices: the ``iree.runtime.HalDevice`` objects, in ``__device_N`` order.
         device_uris: the URIs they were created from.
         functions: exported functions by name.
-        verified_calls: after ``load_module(..., verify=True)``, what the checking child did
-            with each public function: ``"called"``, ``"call failed: <IREE's error>"`` or
-            ``"not called: <why>"``; None when the module was not verified (or with
-            ``verify="load"``).
+        checked_calls: after ``load_module(..., check_in_child=True)``, what the checking child
+            did with each public function: ``"called"``, ``"call failed: <IREE's error>"`` or
+            ``"not called: <why>"``; None when the module was not checked (or with
+            ``check_in_child="load"``). ``verified_calls`` is its former name.
     """
 
     def __init__(
@@ -250,10 +250,10 @@ class LoadedModule:
         context: Any,
         keep_alive: list[Any],
         copy_results: bool,
-        signatures: Mapping[str, FunctionSignature] | None = None,
+        signatures: Mapping[str, FlatSignature] | None = None,
         zero_copy_inputs: bool = False,
         where: str = "the module",
-        verified_calls: Mapping[str, str] | None = None,
+        checked_calls: Mapping[str, str] | None = None,
         functions: Sequence[tuple[str, Any, Mapping[str, str]]] | None = None,
     ) -> None:
         self._vm_module = vm_module
@@ -264,7 +264,7 @@ class LoadedModule:
         self.device_uris = device_uris
         self.devices = devices
         self.drivers = [driver_of(u) for u in device_uris]
-        self.verified_calls = dict(verified_calls) if verified_calls is not None else None
+        self.checked_calls = dict(checked_calls) if checked_calls is not None else None
         self._device_names: dict[str, int] = {}
         self.functions: dict[str, LoadedFunction] = {}
         # __init and main$async (takes fences: not a plain call) are left out.
@@ -300,7 +300,13 @@ class LoadedModule:
     def function_names(self) -> list[str]:
         return list(self.functions)
 
-    def signatures(self) -> dict[str, FunctionSignature]:
+    @property
+    def verified_calls(self) -> dict[str, str] | None:
+        """The former name of :attr:`checked_calls` (``load_module(verify=...)`` became
+        ``check_in_child=...``)."""
+        return self.checked_calls
+
+    def signatures(self) -> dict[str, FlatSignature]:
         """Signatures of the exported functions, by name."""
         return {k: f.signature for k, f in self.functions.items()}
 

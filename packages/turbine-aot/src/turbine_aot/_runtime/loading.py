@@ -1,21 +1,25 @@
 """``load_module``: a compiled module (``.vmfb`` bytes, a file, a compiler ``Output``) loaded on
-one or more IREE devices with its parameter archives, as a :class:`LoadedModule`."""
+one or more IREE devices with its parameter archives, as a :class:`LoadedModule`.
+
+The runtime loads; it never compiles. An ``ExportOutput`` passed here compiles itself (through
+the compile cache, on the export side) by the two methods of :class:`LoadableExport`: the runtime
+knows the protocol, not the export side (``tools/check_layers.py`` keeps it so)."""
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from turbine_aot._compiler.amx import (
     AmxUnavailableError,
     module_requires_amx,
     request_amx_permission,
 )
-from turbine_aot._compiler.cache import compile_export_output
 from turbine_aot._errors import TurbineRuntimeError
-from turbine_aot._signatures.abi import FunctionSignature, signatures_from_mlir
+from turbine_aot._signatures.abi import FlatSignature
 from turbine_aot._signatures.reflection import module_functions, module_name
 
 from .devices import create_devices, device_lost, forget_lost_devices, normalize_devices
@@ -23,11 +27,30 @@ from .loaded_module import LoadedModule
 from .module_check import check_module_in_child
 from .parameters import parameter_modules
 
-__all__ = ["load_module", "module_bytes_or_path"]
+__all__ = ["LoadableExport", "load_module", "module_bytes_or_path"]
 
 
-def module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | None, Path | None]:
-    """Normalizes what ``load_module`` accepts to (bytes, None) or (None, path)."""
+@runtime_checkable
+class LoadableExport(Protocol):
+    """What the runtime reads of an exported program (``turbine_aot.ExportOutput``): the module
+    compiled for device URIs, and its functions' flat signatures."""
+
+    def _vmfb_for_devices(
+        self, devices: Sequence[str], *, compile_flags: Sequence[str] | None, cache: Any
+    ) -> bytes: ...
+
+    def _flat_signatures(self) -> Mapping[str, FlatSignature]: ...
+
+
+def module_bytes_or_path(
+    module: Any,
+    *,
+    device: Sequence[str] = ("local-task",),
+    compile_flags: Sequence[str] | None = None,
+    cache: Any = True,
+) -> tuple[bytes | None, Path | None]:
+    """Normalizes what ``load_module`` accepts to (bytes, None) or (None, path); an export is
+    compiled (by itself) for ``device`` with ``compile_flags`` through ``cache``."""
     if isinstance(module, (bytes, bytearray, memoryview)):
         return bytes(module), None
     if isinstance(module, (str, os.PathLike)):
@@ -40,8 +63,8 @@ def module_bytes_or_path(module: Any, **compile_kwargs: Any) -> tuple[bytes | No
         return None, path
     if hasattr(module, "map_memory"):  # iree.compiler Output
         return bytes(module.map_memory()), None
-    if hasattr(module, "mlir_module") and hasattr(module, "compile"):  # ExportOutput
-        return compile_export_output(module, **compile_kwargs), None
+    if isinstance(module, LoadableExport):
+        return module._vmfb_for_devices(device, compile_flags=compile_flags, cache=cache), None
     raise TurbineRuntimeError(
         f"cannot load a module from {type(module).__name__}; pass .vmfb bytes, a .vmfb path, "
         "an iree.compiler Output or an ExportOutput"
@@ -57,9 +80,10 @@ def load_module(
     copy_results: bool = False,
     compile_flags: Sequence[str] | None = None,
     cache: Any = True,
-    signatures: Mapping[str, FunctionSignature] | None = None,
+    signatures: Mapping[str, FlatSignature] | None = None,
     zero_copy_inputs: bool = False,
-    verify: bool | str = False,
+    check_in_child: bool | str = False,
+    verify: bool | str | None = None,
 ) -> LoadedModule:
     """Loads a compiled module on one or more IREE devices.
 
@@ -86,13 +110,16 @@ def load_module(
             importing their memory instead of copying it. Only for programs that do not keep an
             argument (store it into a global) and callers that do not modify an argument while
             the module may still read it.
-        verify: load the module in a short-lived child process first, call each public
-            function there once on zeros of its signature, and raise if that child dies: IREE
-            does not check a module's contents, and a corrupted ``.vmfb`` can kill the process
-            when loaded or when called (see :mod:`turbine_aot._runtime.module_check`,
-            docs/security.md). ``"load"``: the child only loads the module. Costs one child
-            process (about a second); ``LoadedModule.verified_calls``
-            says what the child called.
+        check_in_child: load the module in a short-lived child process first, call each
+            public function there once on zeros of its signature, and raise if that child
+            dies: IREE does not check a module's contents, and a corrupted ``.vmfb`` can kill
+            the process when loaded or when called (see
+            :mod:`turbine_aot._runtime.module_check`, docs/security.md). ``"load"``: the child
+            only loads the module. Costs one child process (about a second);
+            ``LoadedModule.checked_calls`` says what the child called.
+        verify: the former name of ``check_in_child`` (a ``DeprecationWarning``): "verify"
+            means checking an artifact without running it everywhere else in turbine
+            (``ExportOutput.verify()``, ``load_bundle(verify=True)``, docs/design.md).
 
     Returns:
         The loaded module.
@@ -100,26 +127,36 @@ def load_module(
     Raises:
         TurbineRuntimeError: missing file, unknown device, unreadable archive, a module the
             runtime rejects (built for another target or IREE version) or whose records are
-            damaged, or (``verify``) a module that crashed or hung the checking child.
+            damaged, or (``check_in_child``) a module that crashed or hung the checking child.
     """
     import iree.runtime as rt
 
-    if verify not in (False, True, "load"):
-        raise TurbineRuntimeError(f"verify must be True, False or 'load'; got {verify!r}")
+    if verify is not None:
+        warnings.warn(
+            "load_module(verify=...) is now load_module(check_in_child=...): it loads and "
+            "calls the module in a child process first",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        check_in_child = check_in_child or verify
+    if check_in_child not in (False, True, "load"):
+        raise TurbineRuntimeError(
+            f"check_in_child must be True, False or 'load'; got {check_in_child!r}"
+        )
     uris = normalize_devices(device)
-    if signatures is None and hasattr(module, "mlir_module"):
-        signatures = signatures_from_mlir(module)
+    if signatures is None and isinstance(module, LoadableExport):
+        signatures = dict(module._flat_signatures())
     if runtime_flags:
         rt.flags.parse_flags(*runtime_flags)
     data, path = module_bytes_or_path(module, device=uris, compile_flags=compile_flags, cache=cache)
     where = repr(str(path)) if path is not None else "the given module bytes"
-    verified_calls = None
-    if verify:
-        calls = verify != "load"
+    checked_calls = None
+    if check_in_child:
+        calls = check_in_child != "load"
         checked = check_module_in_child(
             data, path, uris, parameters, calls=calls, signatures=signatures
         )
-        verified_calls = checked if calls else None
+        checked_calls = checked if calls else None
     devices = create_devices(uris)
     instance = rt.VmInstance()
     try:
@@ -179,7 +216,7 @@ def load_module(
         signatures=signatures,
         zero_copy_inputs=zero_copy_inputs,
         where=where,
-        verified_calls=verified_calls,
+        checked_calls=checked_calls,
         functions=functions,
     )
 

@@ -3,7 +3,7 @@
 IREE does not verify a module's contents: a corrupted or hostile ``.vmfb`` can make
 ``VmModule.mmap``, the module's initializer or its compiled code read out of bounds and kill the
 process (SIGSEGV, SIGBUS, SIGILL), with no Python exception to catch. ``load_module(...,
-verify=True)`` (CLI: ``turbine-aot run --verify``) therefore first runs the same steps in a child
+check_in_child=True)`` (CLI: ``turbine-aot run --check-in-child``) therefore first runs the same steps in a child
 process (this file, run as a script: it imports only ``iree.runtime``, not torch) and loads
 in-process only when the child survived:
 
@@ -14,9 +14,9 @@ in-process only when the child survived:
    reflection of step 1, with the same reader as the in-process load): every static
    dimension as recorded, each dynamic one at the smallest size of at least 1 that its
    recorded range allows. The damage of a byte-flipped module is often in the compiled code,
-   which only runs when called. ``verify="load"`` stops after step 3.
+   which only runs when called. ``check_in_child="load"`` stops after step 3.
 
-A function is not called (and the check says why in ``LoadedModule.verified_calls``) when its
+A function is not called (and the check says why in ``LoadedModule.checked_calls``) when its
 inputs cannot be built: a dynamic dimension without a recorded range (a ``.vmfb`` not exported
 by turbine), an argument that is not a tensor or a number, an element type IREE's runtime has no
 buffer type for, or more than :data:`MAX_CALL_INPUT_BYTES` of inputs. The child's calls change
@@ -27,7 +27,7 @@ signal and the step (loading, or calling which function); if it does not finish 
 ``timeout`` seconds, it is killed and the error says so. A child that fails with an ordinary
 error passes the check: while loading (not a module, a missing parameter), the in-process load
 then reports that error with its usual message; while calling (IREE refused the zeros, e.g. an
-index the program checks), the function's entry in ``verified_calls`` says ``call failed`` and
+index the program checks), the function's entry in ``checked_calls`` says ``call failed`` and
 a warning is logged: the error would be an exception in-process too, not a crash. Parameters
 passed in memory (a dict of tensors, a ``ParameterIndex``) cannot be handed to the child, which
 then neither initializes nor calls the module with them: the check is weaker there.
@@ -56,7 +56,7 @@ import numpy as np
 
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._runtime.tensors import hal_element_type
-from turbine_aot._signatures.abi import FunctionSignature, affinity_device_index
+from turbine_aot._signatures.abi import FlatSignature, affinity_device_index
 from turbine_aot._signatures.checks import eval_expression
 from turbine_aot._signatures.reflection import function_signature
 
@@ -81,7 +81,7 @@ def check_module_in_child(
     *,
     timeout: float | None = None,
     calls: bool = True,
-    signatures: Mapping[str, FunctionSignature] | None = None,
+    signatures: Mapping[str, FlatSignature] | None = None,
 ) -> dict[str, str]:
     """Loads the module (``data``, or the file ``path``) in a child process, calls each public
     function once on zeros of its signature (with ``calls``), and raises if the child dies.
@@ -137,7 +137,7 @@ class _Child:
         config: dict[str, Any],
         where: str,
         timeout: float,
-        signatures: Mapping[str, FunctionSignature],
+        signatures: Mapping[str, FlatSignature],
         num_devices: int,
     ):
         self.config = config
@@ -256,7 +256,7 @@ class _Child:
                     f"{self.step} on zeros of its signature: a checking child process was "
                     f"killed by {name}{detail}. The module's compiled code is corrupted (or "
                     "crashes on such inputs); it was not loaded here. Recompile it, or get an "
-                    "intact copy (or load it with verify='load', which does not call it)"
+                    "intact copy (or load it with check_in_child='load', which does not call it)"
                 )
             else:
                 what = (
@@ -274,7 +274,7 @@ class _Child:
             self.outcomes.clear()  # an error while loading: the in-process load reports it
 
 
-def zero_arguments(sig: FunctionSignature, named: dict[str, int], num_devices: int) -> Any:
+def zero_arguments(sig: FlatSignature, named: dict[str, int], num_devices: int) -> Any:
     """The child's arguments for one call of ``sig`` on zeros, or the reason there is none.
 
     Each argument is ``{"tensor": [shape], "element_type": int, "device": i}``, ``{"int": 0}``

@@ -30,7 +30,7 @@ Modules, lowest first:
 - :mod:`.trees`: torch pytree specs: reading them back, flattening a call along one, labels.
 - :mod:`.call`: :class:`~.call.CallSignature`, the eager call's record: its checks on load,
   binding a call, rebuilding the results.
-- :mod:`.abi`: the flat IREE ABI (:class:`~.abi.TensorSpec`, :class:`~.abi.FunctionSignature`)
+- :mod:`.abi`: the flat IREE ABI (:class:`~.abi.TensorSpec`, :class:`~.abi.FlatSignature`)
   from ``iree.abi.declaration`` text or a module's function types.
 - :mod:`.reflection`: a loaded VM module's functions and their records, read once.
 - :mod:`.recording`: the export side: the records computed and written into the module.

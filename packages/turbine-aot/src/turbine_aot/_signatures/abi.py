@@ -1,5 +1,5 @@
 r"""The flat IREE ABI of a compiled function: its arguments and results as :class:`TensorSpec`\ s
-(:class:`FunctionSignature`), read from IREE's ``iree.abi.declaration`` text or from the
+(:class:`FlatSignature`), read from IREE's ``iree.abi.declaration`` text or from the
 function types of an MLIR module, and the device index of an argument's affinity."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .call import CallSignature
 from .element_types import TORCH_DTYPE_TO_ABI, element_type_name
 
 __all__ = [
+    "FlatSignature",
     "FunctionSignature",
     "TensorSpec",
     "affinity_device_index",
@@ -74,8 +75,10 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class FunctionSignature:
-    """Arguments and results of one exported function.
+class FlatSignature:
+    """One compiled function's flat IREE ABI: its arguments and results as tensor specs, in the
+    order IREE passes them (the eager call's tree, where recorded, is :attr:`call`: a
+    :class:`CallSignature`).
 
     Attributes:
         name: the function name.
@@ -102,7 +105,7 @@ class FunctionSignature:
         return out
 
     @classmethod
-    def from_json(cls, name: str, d: Mapping[str, Any]) -> FunctionSignature:
+    def from_json(cls, name: str, d: Mapping[str, Any]) -> FlatSignature:
         call = None
         if isinstance(d.get("call"), Mapping):
             call = CallSignature.from_json(d["call"])
@@ -176,7 +179,12 @@ def _split_top_level_x(text: str) -> list[str]:
     return parts
 
 
-def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
+#: The name this class had before it was named for what it holds (the flat ABI, beside
+#: :class:`CallSignature`, the eager call); kept so that code using it keeps working.
+FunctionSignature = FlatSignature
+
+
+def parse_abi_declaration(name: str, declaration: str) -> FlatSignature:
     """Parses IREE's ``iree.abi.declaration`` reflection string into a signature.
 
     Args:
@@ -188,7 +196,7 @@ def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
     """
     m = re.search(r"@[\w.$-]+\(", declaration)
     if not m:
-        return FunctionSignature(name, (), ())
+        return FlatSignature(name, (), ())
     start, depth = m.end(), 1
     i = start
     while i < len(declaration) and depth:
@@ -201,15 +209,15 @@ def parse_abi_declaration(name: str, declaration: str) -> FunctionSignature:
     if res.startswith("(") and res.endswith(")"):
         res = res[1:-1]
     outs = tuple(parse_value(p) for p in split_top_level_commas(res, strip=True)) if res else ()
-    return FunctionSignature(name, ins, outs)
+    return FlatSignature(name, ins, outs)
 
 
-def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
+def signatures_from_mlir(module_op: Any) -> dict[str, FlatSignature]:
     """Signatures of the public functions of an MLIR module (an ``Operation`` or an object with
     ``mlir_module``, e.g. ``ExportOutput``), for modules whose ``.vmfb`` carries no ABI
     reflection (torch-dialect input). Argument affinities come from ``iree.abi.affinity``.
     """
-    out: dict[str, FunctionSignature] = {}
+    out: dict[str, FlatSignature] = {}
     for f in public_functions(module_op, kinds=("func.func",)):
         attrs = f.attributes
         name = str(attrs["sym_name"]).strip('"')
@@ -226,7 +234,7 @@ def signatures_from_mlir(module_op: Any) -> dict[str, FunctionSignature]:
         res = m.group(2).strip()
         if res.startswith("(") and res.endswith(")"):
             res = res[1:-1]
-        out[name] = FunctionSignature(
+        out[name] = FlatSignature(
             name,
             tuple(parse_value(a) for a in decl_args),
             tuple(parse_value(r) for r in split_top_level_commas(res, strip=True)) if res else (),

@@ -3,15 +3,23 @@ with their reflection (read once), and each function's signature (flat ABI and c
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .abi import FunctionSignature, TensorSpec, parse_abi_declaration
+from .abi import FlatSignature, TensorSpec, parse_abi_declaration
 from .call import CallSignature
 from .errors import damaged_module_error
+from .keys import COMPILE_KEY
 
-__all__ = ["function_signature", "module_functions", "module_name"]
+__all__ = [
+    "compile_record_of",
+    "compiled_with_flags",
+    "function_signature",
+    "module_functions",
+    "module_name",
+]
 
 logger = logging.getLogger("turbine.aot.runtime")
 
@@ -19,10 +27,10 @@ logger = logging.getLogger("turbine.aot.runtime")
 def function_signature(
     name: str,
     reflection: Mapping[str, str] | None,
-    given: FunctionSignature | None = None,
+    given: FlatSignature | None = None,
     *,
     where: str = "the module",
-) -> FunctionSignature:
+) -> FlatSignature:
     """A compiled function's signature from its reflection: the flat ABI from
     ``iree.abi.declaration`` (else ``given``, else the recorded call signature) and the call
     signature turbine records at export (else ``given``'s).
@@ -38,15 +46,15 @@ def function_signature(
     if decl:
         sig = parse_abi_declaration(name, decl)
     elif given is not None and (given.inputs or given.outputs):
-        sig = FunctionSignature(name, given.inputs, given.outputs)
+        sig = FlatSignature(name, given.inputs, given.outputs)
     elif call is not None:
-        sig = FunctionSignature(
+        sig = FlatSignature(
             name,
             tuple(_leaf_spec(x) for x in call.flat_inputs()),
             tuple(_leaf_spec(x) for x in call.flat_results()),
         )
     else:
-        sig = FunctionSignature(name, (), ())
+        sig = FlatSignature(name, (), ())
     if call is None and given is not None:
         call = given.call
     if call is not None and (
@@ -55,7 +63,7 @@ def function_signature(
     ):
         logger.warning("%s: recorded call signature does not fit its ABI; flat calls", name)
         call = None
-    return FunctionSignature(sig.name, sig.inputs, sig.outputs, call)
+    return FlatSignature(sig.name, sig.inputs, sig.outputs, call)
 
 
 def module_name(vm_module: Any, where: str) -> str:
@@ -98,3 +106,26 @@ def _leaf_spec(leaf: Any) -> TensorSpec:
         return TensorSpec((), leaf.dtype or "?", is_tensor=False, device=leaf.device)
     shape = tuple(d if isinstance(d, int) else None for d in leaf.shape)
     return TensorSpec(shape, leaf.dtype, device=leaf.device)
+
+
+def compile_record_of(reflection: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """What a function's reflection records of the module's compile (``{"flags": [...],
+    "compiler": version}``, written by ``_signatures.recording.compile_record``), or ``None``
+    when it records none or the record is not a JSON object."""
+    text = (reflection or {}).get(COMPILE_KEY)
+    if not isinstance(text, str):
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def compiled_with_flags(reflection: Mapping[str, str] | None) -> list[str] | None:
+    """The compile flags a function's reflection records the module was built with (the flags
+    IREE got: without the speed-only defaults when a compile with them failed), or ``None``."""
+    flags = (compile_record_of(reflection) or {}).get("flags")
+    if isinstance(flags, list) and all(isinstance(f, str) for f in flags):
+        return flags
+    return None
