@@ -27,6 +27,7 @@ from .traits import NO_TRAITS, ProgramTraits
 __all__ = [
     "COMPILE_FLAGS_ENV",
     "CUDA_FP32_SPLIT_K_FLAG",
+    "KEEP_FLOAT64_FLAG",
     "SPEED_ONLY_GROUPS",
     "SpeedOnlyGroup",
     "as_list",
@@ -113,6 +114,8 @@ _CPU_DYNAMIC_SHAPE_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-vector-pproc-strate
 # nor for dynamic programs (IREE 3.13 fails: "'tensor.empty' op incorrect number of dynamic
 # sizes"); like every speed-only default (SPEED_ONLY_GROUPS), it is dropped if the compile fails.
 CUDA_FP32_SPLIT_K_FLAG = "--iree-dispatch-creation-split-matmul-reduction=32"
+#: IREE demotes float64 to float32 unless told not to; llvm-cpu computes float64 natively.
+KEEP_FLOAT64_FLAG = "--iree-input-demote-f64-to-f32=false"
 _OPT_LEVELS = ("O0", "O1", "O2", "O3")
 # --iree-opt-level=O3 fuses more (layer norms into their neighbours): 18 % faster on the static
 # GPT shape before turbine's SDPA/linear decompositions, no gain after them (0.864x vs 0.857x
@@ -152,6 +155,7 @@ def default_compile_flags(
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
     narrow_matmuls: bool = False,
+    float64: bool = False,
     overrides: Sequence[str] = (),
     use_env: bool = True,
 ) -> list[str]:
@@ -188,6 +192,13 @@ def default_compile_flags(
             batch were 4-5x faster). ``ExportOutput.compile`` sets it from the module.
         narrow_matmuls: every matmul has at most :data:`NARROW_MATMUL_ROWS` rows and there is
             no convolution (:func:`narrow_matmuls`); on CPUs data tiling is left off.
+        float64: the program has float64 tensors (:func:`uses_float64`); on llvm-cpu they
+            stay float64 (:data:`KEEP_FLOAT64_FLAG`): IREE demotes them to float32 by default,
+            which computes a float64 program in float32 and makes a float64 result fail at the
+            call ("buffer view byte length 256 exceeds backing buffer byte length 128"). Other
+            targets keep IREE's demotion (vmvx cannot compile float64 -> float32 casts:
+            "failed to legalize operation 'arith.truncf'"); a float64 input, result or weight
+            is refused there (:mod:`.refusals`).
         overrides: flags that replace defaults of the same name or are appended
             (:func:`merge_flags`).
         use_env: also apply flags from ``$TURBINE_COMPILE_FLAGS`` (after the defaults, before
@@ -227,7 +238,9 @@ def default_compile_flags(
                 flags += _CPU_CONV_DATA_TILING_FLAGS
         if dynamic_shapes:
             flags += _CPU_DYNAMIC_SHAPE_FLAGS
-    elif t.name == "cuda":
+    if float64 and cpu:
+        flags.append(KEEP_FLOAT64_FLAG)
+    if t.name == "cuda":
         flags.append(f"--iree-cuda-target={_cuda_arch() if host else 'sm_80'}")
         if channels_last_conv:
             flags.append(_CHANNELS_LAST_FLAG)
@@ -312,6 +325,7 @@ def _target_defaults(target: str, traits: ProgramTraits, *, host: bool) -> list[
         dynamic_shapes=traits.dynamic_shapes,
         fp32_only=traits.fp32_only,
         narrow_matmuls=traits.narrow_matmuls,
+        float64=traits.float64,
         use_env=False,
     )
 
@@ -388,6 +402,7 @@ def device_compile_flags(
     dynamic_shapes: bool = False,
     fp32_only: bool = False,
     narrow_matmuls: bool = False,
+    float64: bool = False,
 ) -> list[str]:
     """turbine's default compile flags for one device URI or several (``__device_N`` order).
 
@@ -401,10 +416,11 @@ def device_compile_flags(
         devices: device URIs (``"local-task"``, ``"cuda://0"``...).
         extra: the user's flags, which replace defaults of the same name.
         traits: the program's traits (:func:`.traits.program_traits`); when ``None``, the
-            ``dynamic_shapes``, ``fp32_only`` and ``narrow_matmuls`` keywords make them.
+            ``dynamic_shapes``, ``fp32_only``, ``narrow_matmuls`` and ``float64`` keywords make
+            them.
     """
     if traits is None:
-        traits = ProgramTraits(dynamic_shapes, fp32_only, narrow_matmuls)
+        traits = ProgramTraits(dynamic_shapes, fp32_only, narrow_matmuls, float64)
     return compile_flags_for(
         target_device=[driver_of(d) for d in devices], extra_args=list(extra or ()), traits=traits
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .flags import KEEP_FLOAT64_FLAG
 from .targets import TargetError, flag_targets
-from .traits import narrow_int_types, uses_float16
+from .traits import float_types, narrow_int_types, uses_float16
 
 __all__ = ["check_program_for_target"]
 
@@ -21,7 +22,10 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
     compile (``vector.bitcast``), and so do int8/int4 ones (``x * w.float()`` with an int8
     ``w`` off by 6e2, int4 weight-only linear layers off by 85); with a named target (``rdna3``,
     ``valhall4``, ``ampere``) the same programs are right on lavapipe too. vmvx fails to compile
-    ``i4`` tensors ("failed to emulate bit width").
+    ``i4`` tensors ("failed to emulate bit width"). A program that takes, returns or holds
+    float64 tensors, compiled with IREE's float64 demotion (every target but llvm-cpu, where
+    turbine keeps float64): its calls fail ("buffer view byte length 256 exceeds backing buffer
+    byte length 128").
 
     Raises:
         TargetError: naming the problem and the flag to add.
@@ -51,6 +55,15 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
             "weights in a parameter archive), which IREE 3.13's vmvx backend cannot compile "
             "('failed to emulate bit width'). Compile for llvm-cpu, or keep the int4 weights "
             "inline (do not externalize them: they are then one value per byte)."
+        )
+    if KEEP_FLOAT64_FLAG not in flags and "f64" in float_types(module):
+        targets = ", ".join(sorted(flag_targets(flags))) or "this target"
+        raise TargetError(
+            f"this program takes, returns or holds float64 tensors, and IREE demotes float64 to "
+            f"float32 when compiling for {targets}: its calls would fail (the results' buffers "
+            "are float32). Convert them to float32 at the boundary (export the model in "
+            "float32), compile for llvm-cpu (turbine keeps float64 there), or, for a "
+            f"target that computes float64, pass {KEEP_FLOAT64_FLAG}."
         )
     if vulkan and not chosen and uses_float16(module):
         raise TargetError(

@@ -24,6 +24,7 @@ __all__ = [
     "narrow_matmuls",
     "program_traits",
     "uses_float16",
+    "uses_float64",
 ]
 
 #: A matmul with at most this many rows is narrow: data tiling is slower there than IREE's plain
@@ -42,11 +43,14 @@ class ProgramTraits:
             there is one (:func:`float_types`).
         narrow_matmuls: every matmul has at most :data:`NARROW_MATMUL_ROWS` static rows, there
             is one, and no convolution (:func:`narrow_matmuls`).
+        float64: the program has float64 tensors: inputs, outputs, weights or values it
+            computes (:func:`uses_float64`).
     """
 
     dynamic_shapes: bool = False
     fp32_only: bool = False
     narrow_matmuls: bool = False
+    float64: bool = False
 
 
 #: The traits of a program that has none of them (static shapes, not only fp32, wide matmuls).
@@ -93,6 +97,25 @@ def float_types(module: object) -> set[str]:
     for t in _signature_and_global_types(module):
         found.update(m.group(1) for m in _FLOAT_TYPE.finditer(t))
     return found
+
+
+def uses_float64(module: object) -> bool:
+    """Whether a module has float64 tensors anywhere: in its signatures or globals, or as the
+    result of an operation in a body (``x.double()`` inside a float32 program). Operation
+    results are read by type only; constants are never printed."""
+    if "f64" in float_types(module):
+        return True
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    try:
+        for o in walk(op):
+            for r in o.results:
+                text = str(r.type)
+                if "f64" in text and any(m.group(1) == "f64" for m in _FLOAT_TYPE.finditer(text)):
+                    return True
+    except Exception:  # not a module
+        return False
+    return False
 
 
 _CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
@@ -162,6 +185,7 @@ def program_traits(module: object) -> ProgramTraits:
         dynamic_shapes=has_dynamic_shapes(module),
         fp32_only=float_types(module) == {"f32"},
         narrow_matmuls=narrow_matmuls(module),
+        float64=uses_float64(module),
     )
 
 
