@@ -182,13 +182,13 @@ def test_drivers_of_one_target_share_one_compile(tmp_path, monkeypatch):
     eo = turbine_aot.export(model, args=(x,))
     cache = R.CompileCache(tmp_path / "eo")
     compiles: list = []
-    real_compile = type(eo).compile
+    real_compile = type(eo)._compile_planned  # what compile() and the cached compile call
 
-    def counting_compile(self, *args, **kwargs):
-        compiles.append(kwargs.get("target_device"))
-        return real_compile(self, *args, **kwargs)
+    def counting_compile(self, plan, *args, **kwargs):
+        compiles.append(plan.target)
+        return real_compile(self, plan, *args, **kwargs)
 
-    monkeypatch.setattr(type(eo), "compile", counting_compile)
+    monkeypatch.setattr(type(eo), "_compile_planned", counting_compile)
     with torch.no_grad():
         expected = model(x)
     for device in ("local-task", "local-sync"):
