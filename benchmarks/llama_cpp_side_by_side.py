@@ -15,9 +15,12 @@ own child process:
 Both decode greedily after the same ``--prompt``-token prompt. Per round every variant generates
 ``--new-tokens`` tokens (interleaved, so load from other processes hits all alike); a round's
 decode tokens/s is 1000 / the mean wall ms of its decode steps (turbine: ``decode`` calls,
-``CausalLM.timings``; llama.cpp: ``eval`` of one token, which includes copying its logits out);
+``CausalLM.timings``, logits copied to the host; llama.cpp: ``eval`` of one token and the argmax
+of its logits, read in place);
 the figure is the median over rounds. Correctness: llama.cpp F32's greedy ids and turbine fp32's
-against HF eager's for the same prompt ids.
+against HF eager's for the same prompt ids, and each GGUF's logits (token by token over the prompt
+and 8 greedy tokens) against HF eager fp32's, relative RMS (llama.cpp keeps its KV cache in f16:
+about 2e-4 for F32).
 
 ``llama-cpp-python`` and ``gguf`` are benchmark-only requirements
 (``tools/requirements-bench-llm.txt``, ``nox -s bench-llm``); without them this prints a skip
@@ -203,21 +206,43 @@ class LlamaCpp:
             verbose=False,
         )
         self.decode_ms: list[float] = []
+        self.n_vocab = self.llm.n_vocab()
+
+    def _argmax(self) -> int:
+        """The last evaluated token's greedy successor (``Llama.eval`` keeps no logits unless
+        ``logits_all``: read llama.cpp's last row in place)."""
+        import numpy as np
+
+        row = self.llm._ctx.get_logits_ith(-1)
+        return int(np.argmax(np.ctypeslib.as_array(row, shape=(self.n_vocab,))))
+
+    def logits_error(self, seq: list[int], ref: Any) -> float:
+        """Relative RMS error of the logits, one token at a time along ``seq``, against
+        ``ref`` (``[len(seq), vocab]``, HF eager fp32). A wrong rotary layout shows here
+        (about 100x larger on the 2.5M model) even where greedy ids agree."""
+        import numpy as np
+
+        self.llm.reset()
+        rows = []
+        for t in seq:
+            self.llm.eval([t])
+            row = self.llm._ctx.get_logits_ith(-1)
+            rows.append(np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy())
+        got = np.stack(rows).astype(np.float64)
+        return float(np.sqrt(((got - ref) ** 2).mean() / (ref.astype(np.float64) ** 2).mean()))
 
     def generate(self, prompt: list[int], n: int) -> list[int]:
         """Greedy: the prompt, then ``n`` tokens (the first from the prompt's logits)."""
-        import numpy as np
-
         llm = self.llm
         llm.reset()
         llm.eval(prompt)
-        out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+        out = [self._argmax()]
         self.decode_ms = []
         for _ in range(n - 1):
             t0 = time.perf_counter()
             llm.eval([out[-1]])
+            out.append(self._argmax())
             self.decode_ms.append((time.perf_counter() - t0) * 1e3)
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         return out
 
 
@@ -278,6 +303,9 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         runners[f"turbine/{weights}"] = lm
         del eo
     ids = prompt[0].tolist()
+    seq = ids + eager[:8]
+    with torch.no_grad():
+        ref = fp32(torch.tensor([seq])).logits[0].numpy()
     for weights in args.weights:
         gt = WEIGHTS[weights]
         path = tmp / f"{gt}.gguf"
@@ -288,6 +316,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
             "file_mib": size / 2**20,
             "greedy": tokens,
             "greedy_equal_eager": tokens == eager if gt == "F32" else None,
+            "logits_rel_rms_vs_hf_fp32": lc.logits_error(seq, ref),
         }
         runners[f"llama.cpp/{gt}"] = lc
     tps: dict[str, list[float]] = {k: [] for k in runners}
@@ -305,7 +334,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         if r >= 3 and time.perf_counter() - t_start > args.budget_s:
             break
     for k, v in tps.items():
-        res["variants"][k]["decode_tokens_per_s"] = statistics.median(v)
+        res["variants"][k]["decode_tokens_per_s"] = statistics.median(v) if v else float("nan")
         res["variants"][k]["rounds"] = v
     res["load_avg"] = os.getloadavg()
     return res

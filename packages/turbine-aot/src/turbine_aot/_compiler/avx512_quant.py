@@ -44,6 +44,10 @@ class Avx512QuantGemm:
         zero_point: the grouped weight has zero points.
         mr, nr: the register block (rows of ``M``, output channels).
         rows_per_workgroup, cols_per_workgroup: a workgroup's block of ``C``.
+        zero_points_per_block: int4 with zero points: convert the block's ``nr`` rows of zero
+            points to f32 once, 16 groups per instruction, into a stack buffer that each group's
+            table reads as a broadcast operand (instead of a scalar load, convert and broadcast
+            per group and channel).
     """
 
     k: int
@@ -55,6 +59,7 @@ class Avx512QuantGemm:
     nr: int = 4
     rows_per_workgroup: int = 16
     cols_per_workgroup: int = 32
+    zero_points_per_block: bool = False
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -67,10 +72,32 @@ class Avx512QuantGemm:
         return group > 0 and k % group == 0 and group % step == 0 and group // step <= 8
 
     @staticmethod
-    def for_shape(k: int, n: int, bits: int, group: int | None, zero_point: bool):
+    def for_shape(
+        k: int, n: int, bits: int, group: int | None, zero_point: bool, variant: str = ""
+    ) -> Avx512QuantGemm:
+        """The kernel turbine uses for the shape.
+
+        ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, for A/B measurements): ``"v1"`` the first
+        version (the int4 tables' zero points loaded, converted and broadcast per group and
+        channel), ``"nozb"`` the same, ``"nr8"`` int4 blocks of 8 channels instead of 4.
+        """
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         mr = 4 if group is None else 2
-        return Avx512QuantGemm(k, n, bits, group, zero_point, mr=mr, cols_per_workgroup=cols)
+        v1 = variant == "v1"
+        # 8 channels per block (the activations' even / odd split shared by 8) measured 0.80x
+        # of 4 on the int4 stack (1 thread, AMD EPYC Zen 4): kept as a variant ("nr8").
+        nr = 8 if bits == 4 and n % 8 == 0 and variant == "nr8" else 4
+        return Avx512QuantGemm(
+            k,
+            n,
+            bits,
+            group,
+            zero_point,
+            mr=mr,
+            nr=nr,
+            cols_per_workgroup=max(cols, nr),
+            zero_points_per_block=not v1 and variant != "nozb",
+        )
 
     def __post_init__(self) -> None:
         if not self.supports(self.k, self.n, self.bits, self.group):
@@ -90,10 +117,15 @@ class Avx512QuantGemm:
     @property
     def name(self) -> str:
         g = f"_g{self.group}{'z' if self.zero_point else ''}" if self.group else ""
+        zb = "_zb" if self._zero_point_buffer else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
-            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}"
         )
+
+    @property
+    def _zero_point_buffer(self) -> bool:
+        return self.zero_points_per_block and self.bits == 4 and self.zero_point
 
     def operand_types(self) -> list[str]:
         """The builtin tensor types of the weight operands (after ``A``)."""
@@ -143,7 +175,8 @@ class Avx512QuantGemm:
         e("  builtin.module {")
         args = ", ".join(f"{b}: !stream.binding" for b in bindings)
         e(f"    func.func @{name}({args}, %m: index) {{")
-        consts = {0, 1, mr, nr, nb, k, self.groups} | set(range(max(mr, nr)))
+        zw = next(w for w in (16, 8, 4, 2, 1) if self.groups % w == 0) if self.groups else 1
+        consts = {0, 1, mr, nr, nb, k, self.groups, zw} | set(range(max(mr, nr)))
         for v in sorted(consts):
             e(f"      %c{v} = arith.constant {v} : index")
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%m}}")
@@ -154,6 +187,9 @@ class Avx512QuantGemm:
                 e(f"      %mz = stream.binding.subspan %z[%c0] : !stream.binding -> {z_t}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        zbuf_t = f"memref<{nr}x{self.groups}xf32>"
+        if self._zero_point_buffer:
+            e(f"      %zbuf = memref.alloca() : {zbuf_t}")
         e("      %wgx = stream.dispatch.workgroup.id[0] : index")
         e("      %wgy = stream.dispatch.workgroup.id[1] : index")
         e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
@@ -161,6 +197,15 @@ class Avx512QuantGemm:
         e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
         e(f"      scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
         e("        %ncol = arith.addi %nbase, %nq : index")
+        if self._zero_point_buffer:  # the block's zero points as f32, zw groups at a time
+            zv, zf = f"vector<{zw}xi8>", f"vector<{zw}xf32>"
+            e(f"        scf.for %gz = %c0 to %c{self.groups} step %c{zw} {{")
+            for j in range(nr):
+                e(f"          %zn{j} = arith.addi %ncol, %c{j} : index")
+                e(f"          %zl{j} = vector.load %mz[%zn{j}, %gz] : {z_t}, {zv}")
+                e(f"          %zc{j} = arith.sitofp %zl{j} : {zv} to {zf}")
+                e(f"          vector.store %zc{j}, %zbuf[%c{j}, %gz] : {zbuf_t}, {zf}")
+            e("        }")
         e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
         e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
         micro = self._micro_grouped if self.group else self._micro_plain
@@ -257,7 +302,11 @@ class Avx512QuantGemm:
         for j in range(nr):
             e(f"{q}%sv{j} = memref.load %ms[%n{j}, %g] : {s_t}")
             e(f"{q}%sb{j} = vector.broadcast %sv{j} : f32 to {vt}")
-            if self.zero_point:
+            if self.zero_point and self._zero_point_buffer:
+                zbuf_t = f"memref<{nr}x{self.groups}xf32>"
+                e(f"{q}%zf{j} = memref.load %zbuf[%c{j}, %g] : {zbuf_t}")
+                e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
+            elif self.zero_point:
                 e(f"{q}%zv{j} = memref.load %mz[%n{j}, %g] : {z_t}")
                 e(f"{q}%zf{j} = arith.sitofp %zv{j} : i8 to f32")
                 e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
