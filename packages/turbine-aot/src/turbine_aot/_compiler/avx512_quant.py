@@ -64,6 +64,7 @@ class Avx512QuantGemm:
     cols_per_workgroup: int = 32
     zero_points_per_block: bool = False
     arith: bool = False
+    lut: bool = False
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -88,6 +89,8 @@ class Avx512QuantGemm:
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         mr = 4 if group is None else 2
         v1 = variant == "v1"
+        lut = bits == 4 and group is not None and group % 128 == 0
+        lut = lut and Avx512QuantGemm.arith_supports(k, bits, group)
         # 8 channels per block (the activations' even / odd split shared by 8) measured 0.80x
         # of 4 on the int4 stack (1 thread, AMD EPYC Zen 4): kept as a variant ("nr8").
         nr = 8 if bits == 4 and n % 8 == 0 and variant == "nr8" else 4
@@ -101,7 +104,9 @@ class Avx512QuantGemm:
             nr=nr,
             cols_per_workgroup=max(cols, nr),
             zero_points_per_block=not v1 and variant != "nozb",
-            arith=variant == "arith" and Avx512QuantGemm.arith_supports(k, bits, group),
+            arith=(variant == "arith" and Avx512QuantGemm.arith_supports(k, bits, group))
+            or (variant == "lut" and lut),
+            lut=variant == "lut" and lut,
         )
 
     def __post_init__(self) -> None:
@@ -134,7 +139,9 @@ class Avx512QuantGemm:
     @property
     def name(self) -> str:
         g = f"_g{self.group}{'z' if self.zero_point else ''}" if self.group else ""
-        zb = "_ar" if self.arith else "_zb" if self._zero_point_buffer else ""
+        zb = (
+            "_lu" if self.lut else "_ar" if self.arith else "_zb" if self._zero_point_buffer else ""
+        )
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}"
@@ -444,7 +451,8 @@ class Avx512QuantGemm:
         e("          %ncol = arith.addi %nbase, %nq : index")
         zv, zf = f"vector<{zw}xi8>", f"vector<{zw}xf32>"
         if self.group:
-            e(f"          %zoff = arith.constant dense<8388616.0> : {zf}")  # 2^23 + 8
+            zoff = 0.0 if self.lut else 8388616.0  # lut: the zero point; arith: + 2^23 + 8
+            e(f"          %zoff = arith.constant dense<{zoff}> : {zf}")
             e(f"          scf.for %gz = %c0 to %c{self.groups} step %c{zw} {{")
         for j in range(nr if self.group else 0):
             if self.zero_point:
@@ -516,6 +524,12 @@ class Avx512QuantGemm:
                 e(f"{q}%sb{j} = vector.shuffle %sv{j}, %sv{j} [{lanes}] : {gv}, {gv}")
                 e(f"{q}%cv{j} = vector.load %zbuf[%c{j}, %g0] : {zb_t}, {gv}")
                 e(f"{q}%cb{j} = vector.shuffle %cv{j}, %cv{j} [{lanes}] : {gv}, {gv}")
+        if self.lut:  # the group's 16 dequantized values per channel, indexed by the nibble
+            values = ", ".join(f"{v:.1f}" for v in [*range(8), *range(-8, 0)])
+            e(f"{q}%qvals = arith.constant dense<[{values}]> : {vt}")
+            for j in range(nr):
+                e(f"{q}%qz{j} = arith.subf %qvals, %cb{j} : {vt}")
+                e(f"{q}%tab{j} = arith.mulf %qz{j}, %sb{j} : {vt}")
         cur = {(r, j): f"%tot{r}_{j}" for r in range(rows) for j in range(nr)}
         for c in range(blk // 128):
             e(f"{q}%ko{c} = affine.apply affine_map<()[s0] -> (s0 * {blk} + {c * 128})>()[%g]")
@@ -528,6 +542,22 @@ class Avx512QuantGemm:
                 t = f"{c}_{j}"
                 e(f"{q}%qb{t} = vector.load %mq[%n{j}, %bo{c}] : {q_t}, vector<64xi8>")
                 e(f"{q}%qd{t} = vector.bitcast %qb{t} : vector<64xi8> to {vi}")
+                if self.lut:  # vpermps reads the low 4 bits of each lane: no mask
+                    for pj in range(8):
+                        u = f"{t}_{pj}"
+                        src = f"%qd{t}"
+                        if pj:
+                            e(f"{q}%qs{u} = arith.shrui %qd{t}, %sh{pj} : {vi}")
+                            src = f"%qs{u}"
+                        e(
+                            f'{q}%qw{u} = llvm.call_intrinsic "llvm.x86.avx512.permvar.sf.512"'
+                            f"(%tab{j}, {src}) : ({vt}, {vi}) -> {vt}"
+                        )
+                        for r in range(rows):
+                            fma = f"vector.fma %x{c}_{pj}_{r}, %qw{u}, {cur[r, j]} : {vt}"
+                            e(f"{q}%a{u}_{r} = {fma}")
+                            cur[r, j] = f"%a{u}_{r}"
+                    continue
                 e(f"{q}%qx{t} = arith.xori %qd{t}, %xor : {vi}")
                 for pj in range(8):
                     u = f"{t}_{pj}"
