@@ -61,8 +61,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: convolutions on the AVX-512 direct-convolution kernel (and the im2col matmuls of ``convs`` on
 #: the matmul kernel) where the matmul kernel is the choice; 9: the quantized kernel's int4
 #: blocks of 8 channels with zero points converted per block (``TURBINE_CPU_QUANT_KERNEL=v1``:
-#: the first version).
-REVISION = 9
+#: the first version); 10: the quantized kernel's software prefetch of the next block's rows.
+REVISION = 10
 
 _log = logging.getLogger("turbine.aot")
 
