@@ -218,7 +218,7 @@ def test_the_issue_stack_reads_int4_weights_without_an_f32_copy(tmp_path, monkey
         ("arith", "int4-g128", "g128z_2x4_16x32_ar"),
         ("arith", "int8", "256x256_4x4_16x32_ar"),
         ("lut", "int4-g128", "g128z_2x4_16x32_lu"),
-        ("lut", "int4-g32", "g32z_2x4_16x32_zb_pf"),  # tables need one group per 128 values
+        ("lut", "int4-g32", "g32z_2x4_16x32_zb"),  # tables need one group per 128 values
     ],
 )
 def test_the_kernel_variants_for_ab_measurements_match_torchao_eager(
