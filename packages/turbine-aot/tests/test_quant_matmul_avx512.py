@@ -214,6 +214,7 @@ def test_the_issue_stack_reads_int4_weights_without_an_f32_copy(tmp_path, monkey
         ("v1", "int4-g32", "g32z_2x4_16x32"),  # the first version: no zero-point buffer
         ("nr8", "int4-g128", "g128z_2x8_16x32_zb_pf"),
         ("nopf", "int8", "256x256_4x4_16x32"),
+        ("pf2", "int4-g32", "g32z_2x4_16x32_zb_pf2"),
         ("arith", "int4-g32", "g32z_2x4_16x32_ar"),
         ("arith", "int4-g128", "g128z_2x4_16x32_ar"),
         ("arith", "int8", "256x256_4x4_16x32_ar"),

@@ -70,6 +70,7 @@ class Avx512QuantGemm:
     arith: bool = False
     lut: bool = False
     prefetch: bool = False
+    prefetch_blocks: int = 1
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -90,7 +91,7 @@ class Avx512QuantGemm:
         ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, for A/B measurements): ``"v1"`` the first
         version (the int4 tables' zero points loaded, converted and broadcast per group and
         channel; no software prefetch), ``"nozb"`` the same, ``"nopf"`` today's without the
-        software prefetch, ``"nr8"`` int4 blocks of 8 channels instead of 4, ``"arith"`` /
+        software prefetch, ``"pf2"`` prefetching two blocks ahead instead of one, ``"nr8"`` int4 blocks of 8 channels instead of 4, ``"arith"`` /
         ``"lut"`` the shuffle-free unpacking / its layout with table lookups (no prefetch).
         """
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
@@ -115,6 +116,7 @@ class Avx512QuantGemm:
             or (variant == "lut" and lut),
             lut=variant == "lut" and lut,
             prefetch=variant not in ("v1", "nozb", "nopf", "arith", "lut"),
+            prefetch_blocks=2 if variant == "pf2" else 1,
         )
 
     def __post_init__(self) -> None:
@@ -151,6 +153,7 @@ class Avx512QuantGemm:
             "_lu" if self.lut else "_ar" if self.arith else "_zb" if self._zero_point_buffer else ""
         )
         pf = "_pf" if self.prefetch else ""
+        pf += f"{self.prefetch_blocks}" if self.prefetch and self.prefetch_blocks > 1 else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}"
@@ -276,7 +279,8 @@ class Avx512QuantGemm:
         """``%pn{j}``: the row ``nr`` channels on (the next block's), clamped to ``N``."""
         for j in range(self.nr):
             e(
-                f"{p}%pn{j} = affine.min affine_map<()[s0] -> (s0 + {self.nr}, {self.n - 1})>()"
+                f"{p}%pn{j} = affine.min affine_map<()[s0] -> "
+                f"(s0 + {self.nr * self.prefetch_blocks}, {self.n - 1})>()"
                 f"[%n{j}]"
             )
 
