@@ -157,3 +157,17 @@ def bench_peers(session: nox.Session) -> None:
     """turbine vs ONNX Runtime, OpenVINO, AOTInductor and eager on CPU (fp32; 1 and 2 threads)."""
     py = _dev_python(session)
     session.run(py, "benchmarks/peer_runtimes.py", *session.posargs, external=True)
+
+
+@nox.session(name="bench-llm", python=False)
+def bench_llm(session: nox.Session) -> None:
+    """Llama decode tokens/s: turbine fp32 / int8 / int4 next to llama.cpp F32 / Q8_0 / Q4_0.
+
+    Installs tools/requirements-bench-llm.txt into the dev environment first (llama.cpp built
+    for this CPU: several minutes the first time); not part of ``-t ci``.
+    """
+    py = _dev_python(session)
+    env = {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
+    req = str(ROOT / "tools" / "requirements-bench-llm.txt")
+    session.run(py, "-m", "pip", "install", "-r", req, env=env, external=True)
+    session.run(py, "benchmarks/llama_cpp_side_by_side.py", *session.posargs, external=True)

@@ -29,6 +29,7 @@ Usage::
     python benchmarks/llm_bench.py --models llama-2.5m --threads 2 --new-tokens 64
     python benchmarks/llm_bench.py --models llama-110m --weights int4 --group-size 32
     python benchmarks/llm_bench.py --json out.json
+    python benchmarks/llm_bench.py --llama-cpp            # next to llama.cpp (llama_cpp_side_by_side.py)
 """
 
 from __future__ import annotations
@@ -270,11 +271,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=60.0, help="timing budget per run")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per-run child timeout")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument(
+        "--llama-cpp",
+        action="store_true",
+        help="instead: turbine next to llama.cpp F32 / Q8_0 / Q4_0 on the Llama models "
+        "(llama_cpp_side_by_side.py, 8-token prompt; needs tools/requirements-bench-llm.txt)",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--child-weights", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.llama_cpp:
+        import llama_cpp_side_by_side as side
+
+        models = [m for m in args.models if m in side.MODELS] or list(side.MODELS)
+        forwarded = ["--models", *models, "--threads", *map(str, args.threads)]
+        forwarded += ["--weights", *args.weights, "--group-size", str(args.group_size)]
+        forwarded += ["--new-tokens", str(args.new_tokens), "--rounds", str(args.rounds)]
+        forwarded += ["--budget-s", str(args.budget_s)]
+        return side.main(forwarded + (["--json", args.json] if args.json else []))
     if args.child:
         res = run_child(args.child, args.child_threads, args)
         Path(args.child_json).write_text(json.dumps(res, indent=1))

@@ -25,6 +25,7 @@ Usage::
 
     python benchmarks/quant_bench.py                # 2 threads (local-task)
     python benchmarks/quant_bench.py --threads 1 --json out.json
+    python benchmarks/quant_bench.py --ab --no-iree --no-eager   # this kernel vs its first version
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ import _harness  # noqa: E402
 import numpy as np  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128")
+#: turbine_aot._compiler.quant_matmuls.QUANT_KERNEL_ENV (not imported: the benchmark reads no
+#: private module).
+QUANT_KERNEL_ENV = "TURBINE_CPU_QUANT_KERNEL"
+KINDS = ("kernel", "kernel-v1", "iree", "eager")
 
 
 def _model(variant: str, layers: int, width: int):
@@ -119,11 +124,25 @@ def _build(variant: str, args, tmp: Path) -> dict:
     save_module_parameters(irpa, m)
     eo = turbine_aot.export(m, args=(x,))
     out = {"irpa": str(irpa), "archive_mib": irpa.stat().st_size / 2**20, "vmfb": {}}
-    for kind, extra in (("kernel", []), ("iree", ["--turbine-cpu-matmul=iree"])):
-        if variant == "fp32" and kind == "iree":
+    kinds: list[tuple[str, list[str], dict[str, str]]] = [("kernel", [], {})]
+    if args.iree:
+        kinds.append(("iree", ["--turbine-cpu-matmul=iree"], {}))
+    if args.ab:
+        kinds.append(("kernel-v1", [], {QUANT_KERNEL_ENV: args.ab}))
+    for kind, extra, env in kinds:
+        if variant == "fp32" and kind != "kernel":
             continue
         vmfb = tmp / f"{variant}.{kind}.vmfb"
-        vmfb.write_bytes(bytes(eo.compile(save_to=None, extra_args=extra).map_memory()))
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            vmfb.write_bytes(bytes(eo.compile(save_to=None, extra_args=extra).map_memory()))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         out["vmfb"][kind] = str(vmfb)
     torch.save({"x": x, "ref": ref}, tmp / f"{variant}.io.pt")
     return out
@@ -182,7 +201,7 @@ def measure(args) -> dict:
             errors[name] = float(np.abs(got - ref.numpy()).max())
             xd = rt.asdevicearray(config.device, x.numpy())
             fns[name] = lambda fn=fn, xd=xd: fn(xd)
-        if v != "fp32":
+        if v != "fp32" and args.eager:
             m = _model(v, args.layers, args.width)
             fns[f"{v}/eager"] = lambda m=m, x=x: m(x)
     with torch.no_grad():
@@ -197,7 +216,7 @@ def measure(args) -> dict:
             timeout=300,
         )
         memory[v] = child.result
-        if "iree" in b["vmfb"]:
+        if "iree" in b["vmfb"] and args.memory_iree:
             out = tmp / f"{v}.iree.mem.json"
             child = _harness.run_json_child(
                 [
@@ -220,19 +239,11 @@ def measure(args) -> dict:
             "archive_mib": b["archive_mib"],
             "weight_bytes_per_call": wb,
             "limit_ms": wb / (bw[args.threads] * 1e9) * 1e3,
-            "cpu_ms": {
-                kind: t[f"{v}/{kind}"]["cpu"] * 1e3
-                for kind in ("kernel", "iree", "eager")
-                if f"{v}/{kind}" in t
-            },
-            "ms": {
-                kind: t[f"{v}/{kind}"]["wall"] * 1e3
-                for kind in ("kernel", "iree", "eager")
-                if f"{v}/{kind}" in t
-            },
+            "cpu_ms": {kind: t[f"{v}/{kind}"]["cpu"] * 1e3 for kind in KINDS if f"{v}/{kind}" in t},
+            "ms": {kind: t[f"{v}/{kind}"]["wall"] * 1e3 for kind in KINDS if f"{v}/{kind}" in t},
             "max_abs_err_vs_eager": {
                 kind: errors[f"{v}/{kind}"]
-                for kind in ("kernel", "iree")
+                for kind in ("kernel", "kernel-v1", "iree")
                 if f"{v}/{kind}" in errors
             },
             "resident_mib": memory.get(v),
@@ -260,6 +271,7 @@ def table(r: dict) -> str:
         "calls/s",
         "× fp32 calls/s",
         "CPU ms (× fp32)",
+        "first kernel (v1) ms (× fp32; new / v1 calls/s)",
         "IREE dequant + matmul ms",
         "× fp32 (IREE)",
         "eager ms",
@@ -280,6 +292,12 @@ def table(r: dict) -> str:
             f"{1e3 / ms['kernel']:.0f}",
             f"**{fp32 / ms['kernel']:.2f}×**",
             f"{x['cpu_ms']['kernel']:.2f} ({fp32_cpu / x['cpu_ms']['kernel']:.2f}×)",
+            (
+                f"{ms['kernel-v1']:.2f} ({fp32 / ms['kernel-v1']:.2f}×; "
+                f"{ms['kernel-v1'] / ms['kernel']:.2f}×)"
+                if "kernel-v1" in ms
+                else "–"
+            ),
             f"{ms['iree']:.2f}" if "iree" in ms else "–",
             f"{fp32 / ms['iree']:.2f}×" if "iree" in ms else "–",
             f"{ms['eager']:.2f}" if "eager" in ms else "–",
@@ -313,8 +331,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--no-memory", dest="memory", action="store_false", help="skip the resident-memory children"
     )
+    p.add_argument(
+        "--no-iree", dest="iree", action="store_false", help="skip IREE's dequantize + matmul"
+    )
+    p.add_argument(
+        "--no-eager", dest="eager", action="store_false", help="skip torchao eager's timing"
+    )
+    p.add_argument(
+        "--ab",
+        nargs="?",
+        const="v1",
+        default=None,
+        help=f"also the kernel built with {QUANT_KERNEL_ENV}=AB (default v1: its first "
+        "version), timed interleaved",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    args.memory_iree = args.iree
     import torch
 
     torch.set_num_threads(args.threads)

@@ -205,3 +205,33 @@ def test_the_issue_stack_reads_int4_weights_without_an_f32_copy(tmp_path, monkey
     got = load_module(vmfb, parameters=tmp_path / "int4.irpa").main(x)
     with torch.no_grad():
         torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_avx512
+@pytest.mark.parametrize(
+    "variant, config, suffix",
+    [
+        ("v1", "int4-g32", "g32z_2x4_16x32"),  # the first version: no zero-point buffer
+        ("nr8", "int4-g128", "g128z_2x8_16x32_zb_pf"),
+        ("nopf", "int8", "256x256_4x4_16x32"),
+        ("pf2", "int4-g32", "g32z_2x4_16x32_zb_pf2"),
+        ("arith", "int4-g32", "g32z_2x4_16x32_ar"),
+        ("arith", "int4-g128", "g128z_2x4_16x32_ar"),
+        ("arith", "int8", "256x256_4x4_16x32_ar"),
+        ("lut", "int4-g128", "g128z_2x4_16x32_lu"),
+        ("lut", "int4-g32", "g32z_2x4_16x32_zb"),  # tables need one group per 128 values
+    ],
+)
+def test_the_kernel_variants_for_ab_measurements_match_torchao_eager(
+    tmp_path, monkeypatch, variant, config, suffix
+):
+    """``TURBINE_CPU_QUANT_KERNEL`` (quant_bench.py --ab): each variant is the kernel it
+    names and gives eager's results, over row tails too."""
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", variant)
+    m, eo, parameters = _export(config, True, tmp_path, rows=4, dynamic=True)
+    asm = _copy_asm(eo, _flags())
+    assert re.search(r"@__turbine_avx512_i[48]_gemm_\w*" + re.escape(suffix) + r"\b", asm)
+    compiled = load_module(eo.compile(save_to=None), parameters=parameters)
+    for rows in (1, 2, 5, 17):
+        _check(compiled, m, rows)

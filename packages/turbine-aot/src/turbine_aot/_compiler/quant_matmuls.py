@@ -21,6 +21,7 @@ Anything else (other dtypes, shapes the kernel does not take) stays IREE's.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,11 @@ from .avx512_quant import Avx512QuantGemm
 from .matmuls import mark_cpu_requires
 from .torch_ir import TensorType, TopLevel, constant, walk
 
-__all__ = ["rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
+__all__ = ["QUANT_KERNEL_ENV", "rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
+
+#: ``TURBINE_CPU_QUANT_KERNEL=v1`` builds the kernel's first version (for A/B measurements:
+#: ``benchmarks/quant_bench.py --ab``); unset, the current one.
+QUANT_KERNEL_ENV = "TURBINE_CPU_QUANT_KERNEL"
 
 _CASTS = ("torch.aten._to_copy", "torch.aten.to.dtype")
 _VIEWS = ("torch.aten.view", "torch.aten.reshape")
@@ -54,8 +59,9 @@ class _QuantMatmul:
         return 4 if self.q_i4 else 8
 
     def kernel(self) -> Avx512QuantGemm:
+        variant = os.environ.get(QUANT_KERNEL_ENV, "").strip().lower()
         return Avx512QuantGemm.for_shape(
-            self.k, self.n, self.bits, self.group, self.zero_point is not None
+            self.k, self.n, self.bits, self.group, self.zero_point is not None, variant
         )
 
 

@@ -59,18 +59,25 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: llvm-cpu; 5: bf16 matmuls on AMX; 6: fp32 matmuls on the AVX-512 kernel by default;
 #: 7: torchao weight-only int8 / int4 matmuls on the AVX-512 quantized kernel; 8: fp32
 #: convolutions on the AVX-512 direct-convolution kernel (and the im2col matmuls of ``convs`` on
-#: the matmul kernel) where the matmul kernel is the choice.
-REVISION = 8
+#: the matmul kernel) where the matmul kernel is the choice; 9: the quantized kernel's int4
+#: blocks of 8 channels with zero points converted per block (``TURBINE_CPU_QUANT_KERNEL=v1``:
+#: the first version); 10: the quantized kernel's software prefetch of the next block's rows.
+REVISION = 10
 
 _log = logging.getLogger("turbine.aot")
 
 #: The environment variables that change what the rewrites hand IREE.
-_ENVIRONMENT = ("TURBINE_CPU_ATTENTION", "TURBINE_CPU_CONV_MATMUL", CPU_MATMUL_ENV)
+_ENVIRONMENT = (
+    "TURBINE_CPU_ATTENTION",
+    "TURBINE_CPU_CONV_MATMUL",
+    CPU_MATMUL_ENV,
+    "TURBINE_CPU_QUANT_KERNEL",
+)
 
 
 def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
-    ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``), for the compile cache's keys: a module
+    ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
