@@ -39,6 +39,7 @@ from .avx512 import AVX512_FEATURES, Avx512Gemm
 from .avx512_conv import direct_convs, rewrite_convs_avx512
 from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
+from .conv_forms import convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .globals import separate_shared_globals, shared_mutable_globals
 from .matmuls import (
@@ -61,8 +62,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: convolutions on the AVX-512 direct-convolution kernel (and the im2col matmuls of ``convs`` on
 #: the matmul kernel) where the matmul kernel is the choice; 9: the quantized kernel's int4
 #: blocks of 8 channels with zero points converted per block (``TURBINE_CPU_QUANT_KERNEL=v1``:
-#: the first version); 10: the quantized kernel's software prefetch of the next block's rows.
-REVISION = 10
+#: the first version); 10: the quantized kernel's software prefetch of the next block's rows;
+#: 11: 1-D and few-group convolutions made 2-D and dense for the direct-convolution kernel.
+REVISION = 11
 
 _log = logging.getLogger("turbine.aot")
 
@@ -113,7 +115,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
     # with precision="bf16" too (they stay fp32 there: see docs/performance.md, section 10)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
-    direct = conv_kernel and bool(direct_convs(op))
+    # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
+    reform = conv_kernel and bool(convs_to_reform(op))
+    direct = conv_kernel and (reform or bool(direct_convs(op)))
     if not (attention or casts or shared_globals or convs or matmul or quant or direct):
         return module_op, False
     copy = op.clone()
@@ -126,6 +130,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if shared_globals:
         count = separate_shared_globals(copy)
         _log.info("%d mutable global(s) sharing an initial value given their own storage", count)
+    if reform:
+        count = reform_convs(copy)
+        _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
     if direct:
         count = rewrite_convs_avx512(copy)
         _log.info("llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel", count)

@@ -1,0 +1,184 @@
+"""CPU-only rewrite of 1-D and grouped convolutions into the 2-D, groups-1 form that turbine's
+AVX-512 direct-convolution kernel takes (:mod:`.avx512_conv`), in the module handed to IREE.
+
+IREE 3.13 computes grouped convolutions slowly on CPUs: wav2vec2's positional convolution (a
+``Conv1d(64, 64, 16, groups=4)`` over 199 frames) ran at ~2 GFLOP/s, 3.5 of the model's 6.4 ms
+per call (one thread, AMD EPYC Zen 4), where the kernel runs dense 2-D convolutions at 70-150
+GFLOP/s. Two rewrites of the torch-dialect op, before the kernel's rewrite matches it:
+
+- **1-D convolutions** (``[N, C, L]``) become 2-D ones over ``[N, C, 1, L]`` with a ``1 x K``
+  kernel (stride, padding and dilation ``(1, s)``, ``(0, p)``, ``(1, d)``) and the result's unit
+  height squeezed away: the same sums in the same order.
+- **Grouped convolutions** with at most :data:`MAX_GROUPS` groups become one dense convolution
+  whose weight is block diagonal: group ``g``'s filters see its own ``C / G`` input channels and
+  zeros elsewhere (``constant_pad_nd`` of each group's slice, concatenated). The kernel then does
+  ``G`` times the multiply-adds, on zeros for all but one group's, and is still several times
+  faster at small ``G``; the zero products add exact zeros, so the values are eager's up to the
+  order of the additions. The dense weight is a function of the weight alone: IREE's constant
+  hoisting builds it once, at load. Depthwise and many-group convolutions (``G`` above
+  :data:`MAX_GROUPS`) keep IREE's code: the blow-up would outgrow the gain.
+
+Only fp32, not transposed, static shapes, where the direct-convolution kernel is the choice
+(``rewrites.module_for_compile``); the exported IR is not changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
+
+__all__ = ["MAX_GROUPS", "convs_to_reform", "reform_convs"]
+
+#: Grouped convolutions with at most this many groups are made dense (measured in
+#: docs/performance.md, section 10: wav2vec2's 4-group convolution 3.5 -> 0.3 ms).
+MAX_GROUPS = 8
+_CONVOLUTION = "torch.aten.convolution"
+_CONV_OPS = ("torch.aten.convolution", "torch.aten.conv1d", "torch.aten.conv2d")
+
+
+def _ints(value: Any) -> list[int] | None:
+    owner = value.owner
+    if getattr(owner, "name", None) != "torch.prim.ListConstruct":
+        return None
+    items = [constant(v) for v in owner.operands]
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
+        return None
+    return items
+
+
+def _operands(op: Any) -> tuple[Any, ...] | None:
+    """(x, w, b, stride, padding, dilation, groups) of a convolution op turbine can reform."""
+    ops = list(op.operands)
+    if op.name == _CONVOLUTION and len(ops) == 9:
+        x, w, b, stride, padding, dilation, transposed, _, groups = ops
+        if constant(transposed) is not False:
+            return None
+        return x, w, b, stride, padding, dilation, groups
+    if op.name in ("torch.aten.conv1d", "torch.aten.conv2d") and len(ops) == 7:
+        x, w, b, stride, padding, dilation, groups = ops
+        if str(padding.type) == "!torch.str":
+            return None  # padding="same" / "valid"
+        return x, w, b, stride, padding, dilation, groups
+    return None
+
+
+def _form(op: Any) -> tuple[int, int] | None:
+    """``(spatial rank, groups)`` of a convolution to reform (1-D, or grouped with at most
+    :data:`MAX_GROUPS` groups and more than one channel per group), else ``None``."""
+    parts = _operands(op)
+    if parts is None:
+        return None
+    x, w, b, stride, padding, dilation, groups = parts
+    g = constant(groups)
+    xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
+    if not isinstance(g, int) or g < 1 or xt is None or wt is None or rt is None:
+        return None
+    if not (xt.dtype == wt.dtype == rt.dtype == "f32"):
+        return None
+    rank = len(xt.sizes) - 2
+    if rank not in (1, 2) or len(wt.sizes) != rank + 2 or len(rt.sizes) != rank + 2:
+        return None
+    if any(s is None for s in (*xt.sizes, *wt.sizes, *rt.sizes)):
+        return None
+    if any(_ints(v) is None for v in (stride, padding, dilation)):
+        return None
+    bias = constant(b)
+    if bias is not None and bias is not NOT_CONSTANT:
+        return None
+    c, f = int(xt.sizes[1]), int(wt.sizes[0])  # type: ignore[arg-type]
+    if g > 1 and (g > MAX_GROUPS or c % g or f % g or c == g):
+        return None  # many groups, or depthwise: IREE's code
+    if g == 1 and rank == 2:
+        return None  # already the kernel's form
+    return rank, g
+
+
+def convs_to_reform(module_op: Any) -> list[Any]:
+    """The convolutions of ``module_op`` that :func:`reform_convs` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name in _CONV_OPS and _form(o) is not None]
+
+
+def _block_diagonal(b: Builder, w: Any, wt: TensorType, groups: int, channels: int) -> Any:
+    """The ``[F, C, *K]`` weight whose group ``g`` filters read only group ``g``'s channels."""
+    f, cg = int(wt.sizes[0]), int(wt.sizes[1])  # type: ignore[arg-type]
+    fg = f // groups
+    kernel = [int(k) for k in wt.sizes[2:]]  # type: ignore[arg-type]
+    blocks = []
+    for g in range(groups):
+        part = wt.with_sizes([fg, cg, *kernel])
+        piece = b.op(
+            "torch.aten.slice.Tensor",
+            part.asm(),
+            [w, b.int(0), b.int(g * fg), b.int((g + 1) * fg), b.int(1)],
+        )
+        # constant_pad_nd pads the last dimension first: the kernel's, then the channels'.
+        pads = [0, 0] * len(kernel) + [g * cg, (groups - 1 - g) * cg]
+        padded = b.op(
+            "torch.aten.constant_pad_nd",
+            wt.with_sizes([fg, channels, *kernel]).asm(),
+            [piece, b.int_list(pads), b.float(0.0)],
+        )
+        blocks.append(padded)
+    listed = b.op("torch.prim.ListConstruct", "!torch.list<vtensor>", blocks)
+    return b.op("torch.aten.cat", wt.with_sizes([f, channels, *kernel]).asm(), [listed, b.int(0)])
+
+
+def _reform_one(op: Any) -> None:
+    parts = _operands(op)
+    form = _form(op)
+    assert parts is not None and form is not None
+    x, w, bias, stride, padding, dilation, _ = parts
+    rank, groups = form
+    xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
+    assert xt is not None and wt is not None and rt is not None
+    channels = int(xt.sizes[1])  # type: ignore[arg-type]
+    s, p, d = (_ints(v) for v in (stride, padding, dilation))
+    assert s is not None and p is not None and d is not None
+    bld = Builder(op)
+    if groups > 1:
+        w = _block_diagonal(bld, w, wt, groups, channels)
+        wt = wt.with_sizes([wt.sizes[0], channels, *wt.sizes[2:]])
+    if rank == 1:  # [N, C, L] -> [N, C, 1, L]: a 1 x K kernel over a unit height
+        x = bld.op(
+            "torch.aten.unsqueeze",
+            xt.with_sizes([*xt.sizes[:2], 1, xt.sizes[2]]).asm(),
+            [x, bld.int(2)],
+        )
+        w = bld.op(
+            "torch.aten.unsqueeze",
+            wt.with_sizes([*wt.sizes[:2], 1, wt.sizes[2]]).asm(),
+            [w, bld.int(2)],
+        )
+        s, p, d = [1, s[-1]], [0, p[-1]], [1, d[-1]]
+    out_t = rt.with_sizes([*rt.sizes[:2], 1, rt.sizes[2]]) if rank == 1 else rt
+    conv = bld.op(
+        _CONVOLUTION,
+        out_t.asm(),
+        [
+            x,
+            w,
+            bias,
+            bld.int_list(s),
+            bld.int_list(p),
+            bld.int_list(d),
+            bld.false(),
+            bld.int_list([0] * len(s)),
+            bld.int(1),
+        ],
+    )
+    if rank == 1:
+        conv = bld.op("torch.aten.squeeze.dim", rt.asm(), [conv, bld.int(2)])
+    op.results[0].replace_all_uses_with(conv)
+    op.erase()
+
+
+def reform_convs(module_op: Any) -> int:
+    """Rewrites, in place, each 1-D and few-group convolution (see the module doc) as a 2-D dense
+    convolution. Returns how many were rewritten."""
+    op = getattr(module_op, "operation", module_op)
+    convs = convs_to_reform(op)
+    for conv in convs:
+        _reform_one(conv)
+    return len(convs)
