@@ -39,7 +39,8 @@ size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .avx512 import AVX512_FEATURES, emit_accumulator_init
@@ -47,7 +48,26 @@ from .convs import Conv, conv_geometry
 from .matmuls import mark_cpu_requires
 from .torch_ir import TopLevel, walk
 
-__all__ = ["Avx512Conv", "direct_convs", "rewrite_convs_avx512"]
+__all__ = [
+    "CONV_BLOCKING_ENV",
+    "Avx512Conv",
+    "conv_kernel_for",
+    "direct_convs",
+    "rewrite_convs_avx512",
+]
+
+#: Environment variable replacing the kernel's blocking for every convolution, for measurements:
+#: ``fixed`` (the matmul kernel's 4 x 64 x 128 registers / reduction, 128 x 64 workgroups, for
+#: every shape) or ``key=value`` pairs over it (``mr``, ``nr``, ``kc``, ``rows``, ``cols``,
+#: e.g. ``rows=32,kc=64``); unset or empty: the per-shape choice of :func:`conv_kernel_for`.
+CONV_BLOCKING_ENV = "TURBINE_CPU_CONV_BLOCKING"
+_BLOCKING_KEYS = {
+    "mr": "mr",
+    "nr": "nr",
+    "kc": "kc",
+    "rows": "rows_per_workgroup",
+    "cols": "cols_per_workgroup",
+}
 
 _CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
 _FUNC_PREFIX = "__turbine_avx512_conv"
@@ -308,6 +328,32 @@ class Avx512Conv:
                 e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
 
 
+def _env_blocking(spec: str) -> dict[str, int]:
+    """The fields ``spec`` (``fixed`` or ``key=value,...``) sets."""
+    if spec == "fixed":
+        return {}
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.partition("=")
+        if key.strip() not in _BLOCKING_KEYS or not value.strip().isdigit():
+            raise ValueError(
+                f"{CONV_BLOCKING_ENV}={spec!r}: expected 'fixed' or key=value pairs over "
+                f"{', '.join(_BLOCKING_KEYS)}"
+            )
+        out[_BLOCKING_KEYS[key.strip()]] = int(value)
+    return out
+
+
+def conv_kernel_for(g: Conv) -> Avx512Conv:
+    """The kernel (and its blocking) for the convolution ``g``: ``$TURBINE_CPU_CONV_BLOCKING``
+    when set, else the measured per-shape choice (docs/performance.md, section 10)."""
+    spec = os.environ.get(CONV_BLOCKING_ENV, "").strip().lower()
+    if spec:
+        fields: dict[str, Any] = _env_blocking(spec)
+        return replace(Avx512Conv(g), **fields)
+    return Avx512Conv(g)
+
+
 def _spec(op: Any) -> Conv | None:
     g = conv_geometry(op)
     if g is None or g.n is None:
@@ -421,7 +467,7 @@ def rewrite_convs_avx512(module_op: Any) -> int:
     found = [(o, _spec(o)) for o in direct_convs(op)]
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
-        kernel = Avx512Conv(g)
+        kernel = conv_kernel_for(g)
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
