@@ -13,7 +13,7 @@ from ir_check import check_ir
 from turbine_aot import export
 from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.avx512 import host_avx512_missing
-from turbine_aot._compiler.avx512_conv import Avx512Conv, direct_convs
+from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, direct_convs
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key, module_for_compile
@@ -27,7 +27,7 @@ needs_avx512 = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _default_choices(monkeypatch):
-    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL"):
+    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL", "TURBINE_CPU_CONV_BLOCKING"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -118,6 +118,45 @@ def test_the_reduction_blocks():
     assert g is not None
     k = Avx512Conv(g)
     assert (k.segments, k.segment_length, k.segments_per_block, k.block_length) == (9, 8, 9, 8)
+
+
+def test_the_blocking_knob(monkeypatch):
+    """``TURBINE_CPU_CONV_BLOCKING`` (for measurements): ``fixed`` or fields over it."""
+    eo = export(_conv().eval(), args=(torch.randn(2, 16, 9, 11),))
+    (conv,) = direct_convs(eo.mlir_module.operation)
+    g = conv_geometry(conv)
+    assert g is not None
+    assert conv_kernel_for(g) == Avx512Conv(g)
+    key = environment_key()
+    monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "fixed")
+    assert conv_kernel_for(g) == Avx512Conv(g)
+    monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "mr=3, nr=32, kc=40, rows=20, cols=32")
+    k = conv_kernel_for(g)
+    assert (k.mr, k.nr, k.kc, k.rows_per_workgroup, k.cols_per_workgroup) == (3, 32, 40, 20, 32)
+    assert environment_key() != key  # the compile cache keys on it
+    assert "f96_k3x3_s1x1_p1x1_d1x1_3x32x40_20x32_pf0" in _copy_asm(eo, _flags())
+    for bad in ("rows=lots", "tiles=4", "mr=9"):  # mr=9: 36 accumulators, too many
+        monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", bad)
+        with pytest.raises(
+            ValueError, match="AVX-512 convolution kernel|TURBINE_CPU_CONV_BLOCKING"
+        ):
+            conv_kernel_for(g)
+
+
+@needs_avx512
+def test_another_blocking_gives_the_same_values_bit_for_bit(monkeypatch):
+    """Each output element's sum runs over the reduction in the same order whatever the
+    blocking, so a blocking changes no value."""
+    model = _conv(16, 70, 3, 1, 1, 1, True).eval()
+    x = torch.randn(2, 16, 9, 11)
+    eo = export(model, args=(x,))
+    flags = ["--turbine-cpu-matmul=avx512"]
+    default = load_module(eo.compile(None, extra_args=flags)).main(x)
+    monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "mr=3,nr=32,kc=40,rows=20,cols=32")
+    other = load_module(eo.compile(None, extra_args=flags)).main(x)
+    assert torch.equal(default, other)
+    with torch.no_grad():
+        torch.testing.assert_close(other, model(x), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------- numerics
