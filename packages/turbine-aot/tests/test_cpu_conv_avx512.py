@@ -126,10 +126,10 @@ def test_the_blocking_knob(monkeypatch):
     (conv,) = direct_convs(eo.mlir_module.operation)
     g = conv_geometry(conv)
     assert g is not None
-    assert conv_kernel_for(g) == Avx512Conv(g)
+    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)  # the default: reduction blocks of 256
     key = environment_key()
     monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "fixed")
-    assert conv_kernel_for(g) == Avx512Conv(g)
+    assert conv_kernel_for(g) == Avx512Conv(g)  # the matmul kernel's 128
     monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "mr=3, nr=32, kc=40, rows=20, cols=32")
     k = conv_kernel_for(g)
     assert (k.mr, k.nr, k.kc, k.rows_per_workgroup, k.cols_per_workgroup) == (3, 32, 40, 20, 32)
@@ -138,7 +138,7 @@ def test_the_blocking_knob(monkeypatch):
     for bad in ("rows=lots", "tiles=4", "mr=9"):  # mr=9: 36 accumulators, too many
         monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", bad)
         with pytest.raises(
-            ValueError, match="AVX-512 convolution kernel|TURBINE_CPU_CONV_BLOCKING"
+            ValueError, match=r"AVX-512 convolution kernel|TURBINE_CPU_CONV_BLOCKING"
         ):
             conv_kernel_for(g)
 
@@ -152,9 +152,10 @@ def test_another_blocking_gives_the_same_values_bit_for_bit(monkeypatch):
     eo = export(model, args=(x,))
     flags = ["--turbine-cpu-matmul=avx512"]
     default = load_module(eo.compile(None, extra_args=flags)).main(x)
-    monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "mr=3,nr=32,kc=40,rows=20,cols=32")
-    other = load_module(eo.compile(None, extra_args=flags)).main(x)
-    assert torch.equal(default, other)
+    for blocking in ("fixed", "mr=3,nr=32,kc=40,rows=20,cols=32"):
+        monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", blocking)
+        other = load_module(eo.compile(None, extra_args=flags)).main(x)
+        assert torch.equal(default, other), blocking
     with torch.no_grad():
         torch.testing.assert_close(other, model(x), rtol=1e-5, atol=1e-5)
 
