@@ -13,9 +13,10 @@ input per row and ``nr / 16`` loads of the weight panel), with the reduction wal
 
 - the weight ``w[f, c, ky, kx]`` is packed once (a weight: by IREE's constant hoisting) as
   ``[K, F]`` with ``k = (ky, kx, c)``, in :mod:`.avx512`'s ``nr``-column panels;
-- a reduction block is as many whole segments as fit in ``kc`` (128) elements, or ``kc``
-  elements of one segment: the panel block (at most 32 KiB) stays in L1 while the workgroup's
-  128 rows pass over it;
+- a reduction block is as many whole segments as fit in ``kc`` elements, or ``kc`` elements of
+  one segment (``kc`` 256 by default, :func:`conv_kernel_for`; 128 in the matmul kernel): the
+  panel block (64 KiB, in L2) is read by each of the workgroup's 128 rows, and each register
+  block's accumulators pass through C once per reduction block;
 - C is ``[N * OH * OW, Np]`` (channels-last); rows left over at the end use the 1-3 row kernels.
 
 The rewrite (:func:`rewrite_convs_avx512`, applied by ``rewrites.module_for_compile`` where the
@@ -58,8 +59,9 @@ __all__ = [
 
 #: Environment variable replacing the kernel's blocking for every convolution, for measurements:
 #: ``fixed`` (the matmul kernel's 4 x 64 registers, reduction blocks of 128, 128 x 64
-#: workgroups: the blocking before reduction blocks of :data:`CONV_KC`) or ``key=value`` pairs over it (``mr``, ``nr``, ``kc``, ``rows``, ``cols``,
-#: e.g. ``rows=32,kc=64``); unset or empty: the per-shape choice of :func:`conv_kernel_for`.
+#: workgroups: the blocking before reduction blocks of :data:`CONV_KC`) or ``key=value`` pairs
+#: over it (``mr``, ``nr``, ``kc``, ``rows``, ``cols``, e.g. ``rows=32,kc=64``); unset or
+#: empty: the choice of :func:`conv_kernel_for`.
 CONV_BLOCKING_ENV = "TURBINE_CPU_CONV_BLOCKING"
 #: The reduction block of :func:`conv_kernel_for`'s default (elements of the input's segments).
 CONV_KC = 256
