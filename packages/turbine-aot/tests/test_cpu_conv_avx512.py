@@ -126,8 +126,7 @@ def test_the_blocking_knob(monkeypatch):
     (conv,) = direct_convs(eo.mlir_module.operation)
     g = conv_geometry(conv)
     assert g is not None
-    # the default: reduction blocks of 256, 5-row register blocks at 198 rows (<= 256)
-    assert conv_kernel_for(g) == Avx512Conv(g, kc=256, mr=5)
+    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)  # the default: reduction blocks of 256
     key = environment_key()
     monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "fixed")
     assert conv_kernel_for(g) == Avx512Conv(g)  # the matmul kernel's 128
@@ -164,8 +163,7 @@ def test_another_blocking_gives_the_same_values_bit_for_bit(monkeypatch):
 # ---------------------------------------------------------------------------------- numerics
 _GEOMETRIES = {
     # name: (C, F, kernel, stride, padding, dilation, bias, batch, H, W)
-    # F 70 -> 128; rows 198 (5-row blocks): 128 = 25 * 5 + 3 and 70 = 14 * 5 per workgroup
-    "3x3-tails": (16, 70, 3, 1, 1, 1, True, 2, 9, 11),
+    "3x3-tails": (16, 70, 3, 1, 1, 1, True, 2, 9, 11),  # F 70 -> 128, rows 198 = 49 * 4 + 2
     "3x3-stride2": (64, 64, 3, 2, 1, 1, False, 1, 14, 14),
     "1x1-stride2-long-channels": (200, 64, 1, 2, 0, 1, True, 1, 8, 8),  # one block of 200
     "1x1": (64, 256, 1, 1, 0, 1, False, 1, 7, 7),
@@ -174,7 +172,7 @@ _GEOMETRIES = {
     "stem": (3, 64, 7, 2, 3, 1, True, 1, 32, 32),  # segments of 21, all seven in one block
     "long-rows": (130, 20, 3, 1, 1, 1, False, 1, 5, 5),  # a segment of 390: 256 + 134
     "no-padding": (24, 40, 3, 1, 0, 1, True, 3, 6, 7),
-    "many-rows": (8, 24, 3, 1, 1, 1, True, 1, 20, 20),  # 400 rows: 4-row blocks, a 16-row tail
+    "many-rows": (8, 24, 3, 1, 1, 1, True, 1, 23, 23),  # 529 rows: 4 workgroups of 128 + 17
 }
 
 

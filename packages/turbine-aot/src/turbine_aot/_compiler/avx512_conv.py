@@ -65,8 +65,6 @@ __all__ = [
 CONV_BLOCKING_ENV = "TURBINE_CPU_CONV_BLOCKING"
 #: The reduction block of :func:`conv_kernel_for`'s default (elements of the input's segments).
 CONV_KC = 256
-#: Convolutions with at most this many output pixels (rows of C) get 5-row register blocks.
-SMALL_M = 256
 _BLOCKING_KEYS = {
     "mr": "mr",
     "nr": "nr",
@@ -361,10 +359,7 @@ def conv_kernel_for(g: Conv) -> Avx512Conv:
     # block over its accumulators in C, 4-19 % faster per ResNet layer on the AMD EPYC (Zen 4)
     # of docs/performance.md, section 10 (192-512 alike there; the values are the same: each
     # element's sum runs in the same order whatever the blocking)
-    # few output pixels (ResNet's 14x14 and 7x7 layers at batch 1): 5-row register blocks (20
-    # accumulators), 4-15 % faster there on the same CPU; 49 rows are 9 x 5 + 4, not 12 x 4 + 1
-    small = Avx512Conv(g).m <= SMALL_M
-    return Avx512Conv(g, kc=CONV_KC, mr=5 if small else 4)
+    return Avx512Conv(g, kc=CONV_KC)
 
 
 def _spec(op: Any) -> Conv | None:

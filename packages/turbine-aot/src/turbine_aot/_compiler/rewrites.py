@@ -61,8 +61,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 7: torchao weight-only int8 / int4 matmuls on the AVX-512 quantized kernel; 8: fp32
 #: convolutions on the AVX-512 direct-convolution kernel (and the im2col matmuls of ``convs`` on
 #: the matmul kernel) where the matmul kernel is the choice; 9: max poolings channels-last beside
-#: those convolutions; 10: that convolution kernel with reduction blocks of 256; 11: and 5-row
-#: register blocks for few output pixels.
+#: those convolutions; 10: that convolution kernel with reduction blocks of 256; 11: 5-row
+#: register blocks for few output pixels (measured, reverted: rewrites as in 10).
 REVISION = 11
 
 _log = logging.getLogger("turbine.aot")
