@@ -13,7 +13,7 @@ from ir_check import check_ir
 from turbine_aot import export
 from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.avx512 import host_avx512_missing
-from turbine_aot._compiler.avx512_conv import Avx512Conv, direct_convs
+from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, direct_convs
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key, module_for_compile
@@ -27,7 +27,7 @@ needs_avx512 = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _default_choices(monkeypatch):
-    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL"):
+    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL", "TURBINE_CPU_CONV_BLOCKING"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -120,18 +120,59 @@ def test_the_reduction_blocks():
     assert (k.segments, k.segment_length, k.segments_per_block, k.block_length) == (9, 8, 9, 8)
 
 
+def test_the_blocking_knob(monkeypatch):
+    """``TURBINE_CPU_CONV_BLOCKING`` (for measurements): ``fixed`` or fields over it."""
+    eo = export(_conv().eval(), args=(torch.randn(2, 16, 9, 11),))
+    (conv,) = direct_convs(eo.mlir_module.operation)
+    g = conv_geometry(conv)
+    assert g is not None
+    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)  # the default: reduction blocks of 256
+    key = environment_key()
+    monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "fixed")
+    assert conv_kernel_for(g) == Avx512Conv(g)  # the matmul kernel's 128
+    monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "mr=3, nr=32, kc=40, rows=20, cols=32")
+    k = conv_kernel_for(g)
+    assert (k.mr, k.nr, k.kc, k.rows_per_workgroup, k.cols_per_workgroup) == (3, 32, 40, 20, 32)
+    assert environment_key() != key  # the compile cache keys on it
+    assert "f96_k3x3_s1x1_p1x1_d1x1_3x32x40_20x32_pf0" in _copy_asm(eo, _flags())
+    for bad in ("rows=lots", "tiles=4", "mr=9"):  # mr=9: 36 accumulators, too many
+        monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", bad)
+        with pytest.raises(
+            ValueError, match=r"AVX-512 convolution kernel|TURBINE_CPU_CONV_BLOCKING"
+        ):
+            conv_kernel_for(g)
+
+
+@needs_avx512
+def test_another_blocking_gives_the_same_values_bit_for_bit(monkeypatch):
+    """Each output element's sum runs over the reduction in the same order whatever the
+    blocking, so a blocking changes no value."""
+    model = _conv(16, 70, 3, 1, 1, 1, True).eval()
+    x = torch.randn(2, 16, 9, 11)
+    eo = export(model, args=(x,))
+    flags = ["--turbine-cpu-matmul=avx512"]
+    default = load_module(eo.compile(None, extra_args=flags)).main(x)
+    for blocking in ("fixed", "mr=3,nr=32,kc=40,rows=20,cols=32"):
+        monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", blocking)
+        other = load_module(eo.compile(None, extra_args=flags)).main(x)
+        assert torch.equal(default, other), blocking
+    with torch.no_grad():
+        torch.testing.assert_close(other, model(x), rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------- numerics
 _GEOMETRIES = {
     # name: (C, F, kernel, stride, padding, dilation, bias, batch, H, W)
     "3x3-tails": (16, 70, 3, 1, 1, 1, True, 2, 9, 11),  # F 70 -> 128, rows 198 = 49 * 4 + 2
     "3x3-stride2": (64, 64, 3, 2, 1, 1, False, 1, 14, 14),
-    "1x1-stride2-long-channels": (200, 64, 1, 2, 0, 1, True, 1, 8, 8),  # blocks of 128 + 72
+    "1x1-stride2-long-channels": (200, 64, 1, 2, 0, 1, True, 1, 8, 8),  # one block of 200
     "1x1": (64, 256, 1, 1, 0, 1, False, 1, 7, 7),
     "dilated": (8, 16, 3, 1, 2, 2, True, 1, 7, 9),  # per-tap segments
     "rectangular": (32, 48, (3, 5), (2, 1), (1, 2), (2, 1), True, 1, 11, 10),
-    "stem": (3, 64, 7, 2, 3, 1, True, 1, 32, 32),  # segments of 21, six per block
-    "long-rows": (130, 20, 3, 1, 1, 1, False, 1, 5, 5),  # a segment of 390: 3 blocks + 6
+    "stem": (3, 64, 7, 2, 3, 1, True, 1, 32, 32),  # segments of 21, all seven in one block
+    "long-rows": (130, 20, 3, 1, 1, 1, False, 1, 5, 5),  # a segment of 390: 256 + 134
     "no-padding": (24, 40, 3, 1, 0, 1, True, 3, 6, 7),
+    "many-rows": (8, 24, 3, 1, 1, 1, True, 1, 23, 23),  # 529 rows: 4 workgroups of 128 + 17
 }
 
 

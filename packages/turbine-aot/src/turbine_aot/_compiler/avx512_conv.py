@@ -13,9 +13,10 @@ input per row and ``nr / 16`` loads of the weight panel), with the reduction wal
 
 - the weight ``w[f, c, ky, kx]`` is packed once (a weight: by IREE's constant hoisting) as
   ``[K, F]`` with ``k = (ky, kx, c)``, in :mod:`.avx512`'s ``nr``-column panels;
-- a reduction block is as many whole segments as fit in ``kc`` (128) elements, or ``kc``
-  elements of one segment: the panel block (at most 32 KiB) stays in L1 while the workgroup's
-  128 rows pass over it;
+- a reduction block is as many whole segments as fit in ``kc`` elements, or ``kc`` elements of
+  one segment (``kc`` 256 by default, :func:`conv_kernel_for`; 128 in the matmul kernel): the
+  panel block (64 KiB, in L2) is read by each of the workgroup's 128 rows, and each register
+  block's accumulators pass through C once per reduction block;
 - C is ``[N * OH * OW, Np]`` (channels-last); rows left over at the end use the 1-3 row kernels.
 
 The rewrite (:func:`rewrite_convs_avx512`, applied by ``rewrites.module_for_compile`` where the
@@ -39,7 +40,8 @@ size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .avx512 import AVX512_FEATURES, emit_accumulator_init
@@ -47,7 +49,29 @@ from .convs import Conv, conv_geometry
 from .matmuls import mark_cpu_requires
 from .torch_ir import TopLevel, walk
 
-__all__ = ["Avx512Conv", "direct_convs", "rewrite_convs_avx512"]
+__all__ = [
+    "CONV_BLOCKING_ENV",
+    "Avx512Conv",
+    "conv_kernel_for",
+    "direct_convs",
+    "rewrite_convs_avx512",
+]
+
+#: Environment variable replacing the kernel's blocking for every convolution, for measurements:
+#: ``fixed`` (the matmul kernel's 4 x 64 registers, reduction blocks of 128, 128 x 64
+#: workgroups: the blocking before reduction blocks of :data:`CONV_KC`) or ``key=value`` pairs
+#: over it (``mr``, ``nr``, ``kc``, ``rows``, ``cols``, e.g. ``rows=32,kc=64``); unset or
+#: empty: the choice of :func:`conv_kernel_for`.
+CONV_BLOCKING_ENV = "TURBINE_CPU_CONV_BLOCKING"
+#: The reduction block of :func:`conv_kernel_for`'s default (elements of the input's segments).
+CONV_KC = 256
+_BLOCKING_KEYS = {
+    "mr": "mr",
+    "nr": "nr",
+    "kc": "kc",
+    "rows": "rows_per_workgroup",
+    "cols": "cols_per_workgroup",
+}
 
 _CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
 _FUNC_PREFIX = "__turbine_avx512_conv"
@@ -308,6 +332,36 @@ class Avx512Conv:
                 e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
 
 
+def _env_blocking(spec: str) -> dict[str, int]:
+    """The fields ``spec`` (``fixed`` or ``key=value,...``) sets."""
+    if spec == "fixed":
+        return {}
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, _, value = part.partition("=")
+        if key.strip() not in _BLOCKING_KEYS or not value.strip().isdigit():
+            raise ValueError(
+                f"{CONV_BLOCKING_ENV}={spec!r}: expected 'fixed' or key=value pairs over "
+                f"{', '.join(_BLOCKING_KEYS)}"
+            )
+        out[_BLOCKING_KEYS[key.strip()]] = int(value)
+    return out
+
+
+def conv_kernel_for(g: Conv) -> Avx512Conv:
+    """The kernel (and its blocking) for the convolution ``g``: ``$TURBINE_CPU_CONV_BLOCKING``
+    when set, else the measured per-shape choice (docs/performance.md, section 10)."""
+    spec = os.environ.get(CONV_BLOCKING_ENV, "").strip().lower()
+    if spec:
+        fields: dict[str, Any] = _env_blocking(spec)
+        return replace(Avx512Conv(g), **fields)
+    # reduction blocks of 256, not the matmul kernel's 128: half the passes of each register
+    # block over its accumulators in C, 4-19 % faster per ResNet layer on the AMD EPYC (Zen 4)
+    # of docs/performance.md, section 10 (192-512 alike there; the values are the same: each
+    # element's sum runs in the same order whatever the blocking)
+    return Avx512Conv(g, kc=CONV_KC)
+
+
 def _spec(op: Any) -> Conv | None:
     g = conv_geometry(op)
     if g is None or g.n is None:
@@ -421,7 +475,7 @@ def rewrite_convs_avx512(module_op: Any) -> int:
     found = [(o, _spec(o)) for o in direct_convs(op)]
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
-        kernel = Avx512Conv(g)
+        kernel = conv_kernel_for(g)
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")

@@ -36,7 +36,7 @@ from typing import Any
 
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import AVX512_FEATURES, Avx512Gemm
-from .avx512_conv import direct_convs, rewrite_convs_avx512
+from .avx512_conv import CONV_BLOCKING_ENV, direct_convs, rewrite_convs_avx512
 from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
@@ -48,6 +48,7 @@ from .matmuls import (
     rewritable_matmuls,
     rewrite_matmuls_avx512,
 )
+from .pools import CPU_POOLS_ENV, max_pools, rewrite_max_pools_nhwc
 from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
 from .targets import flag_targets
 
@@ -63,8 +64,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: the matmul kernel) where the matmul kernel is the choice; 9: the quantized kernel's int4
 #: blocks of 8 channels with zero points converted per block (``TURBINE_CPU_QUANT_KERNEL=v1``:
 #: the first version); 10: the quantized kernel's software prefetch of the next block's rows;
-#: 11: 1-D and few-group convolutions made 2-D and dense for the direct-convolution kernel.
-REVISION = 11
+#: 11: 1-D and few-group convolutions made 2-D and dense for the direct-convolution kernel;
+#: 12: max poolings channels-last beside those convolutions, and that convolution kernel with
+#: reduction blocks of 256 (on their branch, 9 to 11).
+REVISION = 12
 
 _log = logging.getLogger("turbine.aot")
 
@@ -74,12 +77,15 @@ _ENVIRONMENT = (
     "TURBINE_CPU_CONV_MATMUL",
     CPU_MATMUL_ENV,
     "TURBINE_CPU_QUANT_KERNEL",
+    CONV_BLOCKING_ENV,
+    CPU_POOLS_ENV,
 )
 
 
 def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
-    ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``), for the compile cache's keys: a module
+    ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
+    ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -118,6 +124,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
     reform = conv_kernel and bool(convs_to_reform(op))
     direct = conv_kernel and (reform or bool(direct_convs(op)))
+    # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
+    keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
+    pools = direct and not keep_pools and bool(max_pools(op))
     if not (attention or casts or shared_globals or convs or matmul or quant or direct):
         return module_op, False
     copy = op.clone()
@@ -136,6 +145,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if direct:
         count = rewrite_convs_avx512(copy)
         _log.info("llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel", count)
+    if pools:
+        count = rewrite_max_pools_nhwc(copy)
+        _log.info("llvm-cpu target: %d max pooling(s) channels-last", count)
     if convs and convs_as_matmuls(copy):  # the stems (and dynamic-batch 1x1s) left
         kernel_for = _avx512_gemm if conv_kernel else None
         count = rewrite_convs_as_matmuls(copy, kernel_for, AVX512_FEATURES)

@@ -1,0 +1,195 @@
+"""llvm-cpu: 2-D max pooling computed channels-last in the compile copy, beside the AVX-512
+direct-convolution kernel (:mod:`.avx512_conv`), which reads and writes NHWC.
+
+torch-mlir lowers ``torch.aten.max_pool2d`` to an NCHW ``linalg.pooling_nchw_max``. Between two
+rewritten convolutions (ResNet's stem and its first block) that pooling is the one NCHW op:
+IREE then writes the stem's output NCHW (a transposed store of the batch norm + ReLU), data-tiles
+the pooling like a convolution (an encode dispatch copying its padded input before it), and the
+first block, whose residual reads the pooled NCHW tensor, reads it through a transpose, writes
+its own output in both layouts and copies the NHWC one into the next padded input. Each accepted
+max pooling becomes a call of a private function over builtin tensors (IREE inlines it)::
+
+    xp  = util.optimization_barrier(pad(transpose(x, NCHW -> NHWC), -inf))
+    o   = max(slice(xp, tap 0, stride), ..., slice(xp, tap KH*KW-1, stride))   (element-wise)
+    out = transpose(o, NHWC -> NCHW)
+
+so the transposes cancel against the convolutions' and every activation of the region stays
+NHWC. The taps are strided slices of the padded input, which IREE folds into strided loads of
+one element-wise dispatch vectorized over the channels; a ``linalg.pooling_nhwc_max`` would
+still be data-tiled behind a copy of its input, and a ``linalg.generic`` reading the window
+through ``h * s + ky`` maps is not vectorized (ResNet-18, one thread, per dispatch:
+docs/performance.md, section 10: the region 2.8 ms before, 1.3 with the named NHWC pooling, 0.6
+so). The barrier keeps IREE 3.13's element-wise fusion from the pattern it miscompiles (a
+producer with another use read through a window, see :mod:`.convs`). The values are the same
+bit for bit (a maximum is exact; the padding is -inf as in torch-mlir's lowering).
+Accepted: fp32, 4-D static shapes, any kernel, stride and padding, dilation 1, ``ceil_mode``
+false (or true where the output size is the same); ``max_pool2d_with_indices`` stays as it is.
+``TURBINE_CPU_POOLS=keep`` leaves them all to torch-mlir.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .convs import _int_list, _pair
+from .torch_ir import TensorType, TopLevel, constant, walk
+
+__all__ = ["CPU_POOLS_ENV", "MaxPool", "max_pools", "rewrite_max_pools_nhwc"]
+
+#: Environment variable: ``keep`` leaves the max poolings to torch-mlir (NCHW).
+CPU_POOLS_ENV = "TURBINE_CPU_POOLS"
+_MAX_POOL = "torch.aten.max_pool2d"
+_FUNC_PREFIX = "__turbine_max_pool_nhwc"
+
+
+@dataclass(frozen=True)
+class MaxPool:
+    """A static fp32 2-D max pooling (dilation 1) and its geometry."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    oh: int
+    ow: int
+
+
+def max_pool_geometry(op: Any) -> MaxPool | None:
+    """The geometry of ``op`` when it is a max pooling :func:`rewrite_max_pools_nhwc` handles."""
+    if op.name != _MAX_POOL or len(list(op.operands)) != 6:
+        return None
+    x, kernel, stride, padding, dilation, ceil_mode = op.operands
+    xt, rt = TensorType.of(x), TensorType.of(op.results[0])
+    if xt is None or rt is None or xt.dtype != "f32" or rt.dtype != "f32":
+        return None
+    if len(xt.sizes) != 4 or len(rt.sizes) != 4 or any(s is None for s in xt.sizes):
+        return None
+    k = _pair(_int_list(kernel))
+    s_list = _int_list(stride)
+    s = k if s_list == [] else _pair(s_list)  # an empty stride is the kernel's
+    p, d = _pair(_int_list(padding)), _pair(_int_list(dilation))
+    if (
+        k is None
+        or s is None
+        or p is None
+        or d != (1, 1)
+        or constant(ceil_mode) not in (True, False)
+    ):
+        return None
+    if min(*k, *s) < 1 or min(p) < 0 or 2 * p[0] > k[0] or 2 * p[1] > k[1]:
+        return None
+    n, c, h, w = (int(v) for v in xt.sizes)  # type: ignore[arg-type]
+    oh = (h + 2 * p[0] - k[0]) // s[0] + 1
+    ow = (w + 2 * p[1] - k[1]) // s[1] + 1
+    if oh < 1 or ow < 1 or rt.sizes != [n, c, oh, ow]:
+        return None  # ceil_mode with a larger output: left as it is
+    return MaxPool(n, c, h, w, k, s, p, oh, ow)
+
+
+def max_pools(module_op: Any) -> list[Any]:
+    """The max poolings of ``module_op`` that :func:`rewrite_max_pools_nhwc` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name == _MAX_POOL and max_pool_geometry(o) is not None]
+
+
+def _tensor(*dims: int) -> str:
+    return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
+
+
+def _function(name: str, g: MaxPool) -> str:
+    """The private function computing the max pooling ``g`` channels-last (builtin tensors)."""
+    (kh, kw), (sh, sw), (ph, pw) = g.kernel, g.stride, g.padding
+    x_t, out_t = _tensor(g.n, g.c, g.h, g.w), _tensor(g.n, g.c, g.oh, g.ow)
+    nhwc_t, xp_t = _tensor(g.n, g.h, g.w, g.c), _tensor(g.n, g.h + 2 * ph, g.w + 2 * pw, g.c)
+    o_t = _tensor(g.n, g.oh, g.ow, g.c)
+    lines = [f"func.func private @{name}(%x: {x_t}) -> {out_t} {{"]
+    e = lines.append
+    e("  %ninf = arith.constant 0xFF800000 : f32")
+    e(f"  %xt_init = tensor.empty() : {nhwc_t}")
+    e(
+        f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) "
+        "permutation = [0, 2, 3, 1]"
+    )
+    src, src_t = "%xt", nhwc_t
+    if ph or pw:
+        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{")
+        e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+        e("    tensor.yield %ninf : f32")
+        e(f"  }} : {nhwc_t} to {xp_t}")
+        src, src_t = "%xp", xp_t
+    # each tap of the window a strided slice of the padded input, their maximum one
+    # element-wise op over channels-last vectors (a pooling op would be data-tiled like a
+    # convolution, behind a copy of its input; a windowed read map is not vectorized); read
+    # through a barrier (IREE 3.13's fusion miscompiles a windowed read of a producer with
+    # another use, see .convs)
+    e(f"  %xb = util.optimization_barrier {src} : {src_t}")
+    taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+    for i, (ky, kx) in enumerate(taps):
+        e(
+            f"  %s{i} = tensor.extract_slice %xb[0, {ky}, {kx}, 0] [{g.n}, {g.oh}, {g.ow}, {g.c}] "
+            f"[1, {sh}, {sw}, 1] : {src_t} to {o_t}"
+        )
+    ident = "affine_map<(n, h, w, c) -> (n, h, w, c)>"
+    e(f"  %o_init = tensor.empty() : {o_t}")
+    e(
+        f"  %o = linalg.generic {{indexing_maps = [{', '.join([ident] * (len(taps) + 1))}], "
+        'iterator_types = ["parallel", "parallel", "parallel", "parallel"]} '
+        f"ins({', '.join(f'%s{i}' for i in range(len(taps)))} : "
+        f"{', '.join([o_t] * len(taps))}) outs(%o_init : {o_t}) {{"
+    )
+    args = ", ".join(f"%t{i}: f32" for i in range(len(taps)))
+    e(f"  ^bb0({args}, %u: f32):")
+    acc = "%t0"
+    for i in range(1, len(taps)):
+        e(f"    %m{i} = arith.maximumf {acc}, %t{i} : f32")
+        acc = f"%m{i}"
+    e(f"    linalg.yield {acc} : f32")
+    e(f"  }} -> {o_t}")
+    e(f"  %out_init = tensor.empty() : {out_t}")
+    e(
+        f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) "
+        "permutation = [0, 3, 1, 2]"
+    )
+    e(f"  return %out : {out_t}")
+    e("}")
+    return "\n".join(lines)
+
+
+def rewrite_max_pools_nhwc(module_op: Any) -> int:
+    """Rewrites, in place, each max pooling :func:`max_pools` finds as a call of a channels-last
+    pooling function (see the module doc).
+
+    Returns:
+        How many max poolings were rewritten.
+    """
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
+
+    op = getattr(module_op, "operation", module_op)
+    top = TopLevel(op)
+    found = [(o, max_pool_geometry(o)) for o in max_pools(op)]
+    for index, (pool, g) in enumerate(found):
+        assert g is not None
+        name = top.unique(f"{_FUNC_PREFIX}_{index}")
+        top.append(_function(name, g))
+        with pool.location, InsertionPoint(pool):
+            builtin = Operation.create(
+                "torch_c.to_builtin_tensor",
+                results=[Type.parse(_tensor(g.n, g.c, g.h, g.w), pool.context)],
+                operands=[pool.operands[0]],
+            ).result
+            call = Operation.create(
+                "func.call",
+                results=[Type.parse(_tensor(g.n, g.c, g.oh, g.ow), pool.context)],
+                operands=[builtin],
+                attributes={"callee": FlatSymbolRefAttr.get(name)},
+            ).result
+            back = Operation.create(
+                "torch_c.from_builtin_tensor", results=[pool.results[0].type], operands=[call]
+            ).result
+        pool.results[0].replace_all_uses_with(back)
+        pool.erase()
+    return len(found)
