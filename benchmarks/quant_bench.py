@@ -342,8 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         nargs="?",
         const="v1",
         default=None,
-        help=f"also the kernel built with {QUANT_KERNEL_ENV}=AB (default v1: its first "
-        "version), timed interleaved",
+        help=f"also the kernel built with {QUANT_KERNEL_ENV}=AB, timed interleaved (v1, the "
+        "default: its first version, the only other one built; the variants that lost were "
+        "removed, docs/quantization.md)",
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from turbine_aot import export
-from turbine_aot._compiler import matmuls
+from turbine_aot._compiler import matmuls, quant_matmuls
 from turbine_aot._compiler.avx512 import host_avx512_missing
+from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 from turbine_aot._compiler.fallback import retry_flags
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.quant_matmuls import rewritable_quant_matmuls
@@ -212,21 +213,14 @@ def test_the_issue_stack_reads_int4_weights_without_an_f32_copy(tmp_path, monkey
     "variant, config, suffix",
     [
         ("v1", "int4-g32", "g32z_2x4_16x32"),  # the first version: no zero-point buffer
-        ("nr8", "int4-g128", "g128z_2x8_16x32_zb_pf"),
-        ("nopf", "int8", "256x256_4x4_16x32"),
-        ("pf2", "int4-g32", "g32z_2x4_16x32_zb_pf2"),
-        ("arith", "int4-g32", "g32z_2x4_16x32_ar"),
-        ("arith", "int4-g128", "g128z_2x4_16x32_ar"),
-        ("arith", "int8", "256x256_4x4_16x32_ar"),
-        ("lut", "int4-g128", "g128z_2x4_16x32_lu"),
-        ("lut", "int4-g32", "g32z_2x4_16x32_zb"),  # tables need one group per 128 values
+        ("v1", "int8", "256x256_4x4_16x32"),  # nor the software prefetch
     ],
 )
-def test_the_kernel_variants_for_ab_measurements_match_torchao_eager(
+def test_the_first_kernel_for_ab_measurements_matches_torchao_eager(
     tmp_path, monkeypatch, variant, config, suffix
 ):
-    """``TURBINE_CPU_QUANT_KERNEL`` (quant_bench.py --ab): each variant is the kernel it
-    names and gives eager's results, over row tails too."""
+    """``TURBINE_CPU_QUANT_KERNEL=v1`` (quant_bench.py --ab): the first version of the kernel,
+    and it gives eager's results, over row tails too."""
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", variant)
     m, eo, parameters = _export(config, True, tmp_path, rows=4, dynamic=True)
@@ -235,3 +229,25 @@ def test_the_kernel_variants_for_ab_measurements_match_torchao_eager(
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
     for rows in (1, 2, 5, 17):
         _check(compiled, m, rows)
+
+
+@pytest.mark.parametrize("value", ["arith", "nr8", "no-such-kernel"])
+def test_an_unknown_kernel_variant_warns_and_builds_the_current_kernel(
+    monkeypatch, tmp_path, caplog, value
+):
+    """The variants that lost were removed: naming one (or any unknown value) warns, naming the
+    known ones, and builds the current kernel rather than silently something else."""
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    monkeypatch.setattr(quant_matmuls, "_warned", set())
+    _, eo, _ = _export("int4-g32", True, tmp_path)
+    monkeypatch.delenv("TURBINE_CPU_QUANT_KERNEL", raising=False)
+    current = _copy_asm(eo, _flags())
+    assert "_g32z_2x4_16x32_zb_pf" in current
+    monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", value)
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        assert _copy_asm(eo, _flags()) == current
+    assert f"TURBINE_CPU_QUANT_KERNEL={value!r} is not a quantized kernel variant" in caplog.text
+    assert "'v1'" in caplog.text
+    with pytest.raises(ValueError, match="unknown variant"):
+        Avx512QuantGemm.for_shape(256, 256, 4, 32, True, value)

@@ -18,19 +18,31 @@ IREE to hoist: the bytes read per call are the integer bytes plus the scales).
 Blocking: each workgroup computes ``rows_per_workgroup`` rows of ``M`` by ``cols_per_workgroup``
 output channels. For ``nr`` (4) output channels by ``mr`` rows the kernel keeps ``nr * mr``
 ``vector<16xf32>`` accumulators of partial dot products along ``K``: per step it loads 16
-weight bytes per channel (16 int8 or 32 int4 values), widens them to f32 (``vpmovsxbd`` /
-``vpmovzxbd`` + ``vcvtdq2ps``; int4: nibbles split with ``xor 0x88``, ``and``, ``shr``, giving
-``q + 8`` unsigned), subtracts the group's zero point, and FMAs them with ``A``'s 16 (int4:
-32, de-interleaved into even / odd ``k``) values; at the end of a group the group's sum is
-scaled into the total; at the end of ``K`` each accumulator is summed across its lanes. Rows
-left over at the end of ``M`` use a kernel of fewer rows.
+weight bytes per channel (16 int8 or 32 int4 values) and FMAs them, as f32, with ``A``'s 16
+(int4: 32, de-interleaved into even / odd ``k``) values. int8: the bytes are widened to f32
+(``vpmovsxbd`` + ``vcvtdq2ps``), the group's zero point subtracted, and at the end of a group
+the group's sum is scaled into the total. int4: each byte is zero-extended (``vpmovzxbd``);
+the byte and the byte shifted right by 4 index (``vpermps`` reads the low 4 bits) a table of
+the group's 16 dequantized values ``(q - z) * s`` per channel, built once per group. At the
+end of ``K`` each accumulator is summed across its lanes. Rows left over at the end of ``M``
+use a kernel of fewer rows. The current version software-prefetches the next block's weight
+rows while it reads this block's.
+
+Two versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one and
+``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``). The variants that
+were measured and lost (``arith``, ``lut``, ``nr8``, ``pf2``, ``nozb``, ``nopf``) were removed:
+their figures are in docs/quantization.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Avx512QuantGemm"]
+__all__ = ["VARIANTS", "Avx512QuantGemm"]
+
+#: The kernel versions :meth:`Avx512QuantGemm.for_shape` builds: ``""`` the current one,
+#: ``"v1"`` the first (A/B baseline).
+VARIANTS = ("", "v1")
 
 
 @dataclass(frozen=True)
@@ -52,9 +64,6 @@ class Avx512QuantGemm:
             points to f32 once, 16 groups per instruction, into a stack buffer that each group's
             table reads as a broadcast operand (instead of a scalar load, convert and broadcast
             per group and channel).
-        arith: int4 with groups of a multiple of 128: unpack the nibbles with shifts and masks
-            into f32 (no lookup: no shuffle per weight), the activations reordered to match
-            once per block of rows (see :meth:`_executable_arith`).
     """
 
     k: int
@@ -67,10 +76,7 @@ class Avx512QuantGemm:
     rows_per_workgroup: int = 16
     cols_per_workgroup: int = 32
     zero_points_per_block: bool = False
-    arith: bool = False
-    lut: bool = False
     prefetch: bool = False
-    prefetch_blocks: int = 1
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -88,20 +94,20 @@ class Avx512QuantGemm:
     ) -> Avx512QuantGemm:
         """The kernel turbine uses for the shape.
 
-        ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, for A/B measurements): ``"v1"`` the first
-        version (the int4 tables' zero points loaded, converted and broadcast per group and
-        channel; no software prefetch), ``"nozb"`` the same, ``"nopf"`` today's without the
-        software prefetch, ``"pf2"`` prefetching two blocks ahead instead of one, ``"nr8"`` int4 blocks of 8 channels instead of 4, ``"arith"`` /
-        ``"lut"`` the shuffle-free unpacking / its layout with table lookups (no prefetch).
+        ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, one of :data:`VARIANTS`): ``""`` the current
+        kernel, ``"v1"`` the first version (for A/B measurements: the int4 tables' zero points
+        loaded, converted and broadcast per group and channel; no software prefetch).
         """
+        if variant not in VARIANTS:
+            raise ValueError(
+                f"quantized AVX-512 kernel: unknown variant {variant!r} (known: "
+                + ", ".join(repr(v) for v in VARIANTS)
+                + ")"
+            )
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         mr = 4 if group is None else 2
-        v1 = variant == "v1"
-        lut = bits == 4 and group is not None and group % 128 == 0
-        lut = lut and Avx512QuantGemm.arith_supports(k, bits, group)
-        # 8 channels per block (the activations' even / odd split shared by 8) measured 0.80x
-        # of 4 on the int4 stack (1 thread, AMD EPYC Zen 4): kept as a variant ("nr8").
-        nr = 8 if bits == 4 and n % 8 == 0 and variant == "nr8" else 4
+        current = variant == ""
+        # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md).
         return Avx512QuantGemm(
             k,
             n,
@@ -109,14 +115,10 @@ class Avx512QuantGemm:
             group,
             zero_point,
             mr=mr,
-            nr=nr,
-            cols_per_workgroup=max(cols, nr),
-            zero_points_per_block=not v1 and variant != "nozb",
-            arith=(variant == "arith" and Avx512QuantGemm.arith_supports(k, bits, group))
-            or (variant == "lut" and lut),
-            lut=variant == "lut" and lut,
-            prefetch=variant not in ("v1", "nozb", "nopf", "arith", "lut"),
-            prefetch_blocks=2 if variant == "pf2" else 1,
+            nr=4,
+            cols_per_workgroup=cols,
+            zero_points_per_block=current,
+            prefetch=current,
         )
 
     def __post_init__(self) -> None:
@@ -124,18 +126,6 @@ class Avx512QuantGemm:
             raise ValueError(f"quantized AVX-512 kernel: unsupported shape {self}")
         if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
             raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
-        if self.arith and not self.arith_supports(self.k, self.bits, self.group):
-            raise ValueError(f"quantized AVX-512 kernel: no arithmetic int4 for {self}")
-
-    @staticmethod
-    def arith_supports(k: int, bits: int, group: int | None) -> bool:
-        """Whether the shuffle-free int4 form applies: groups of whole 128-value chunks, and
-        the reordered activations (``mr`` rows of ``k`` f32) small enough for the stack."""
-        if bits == 8:  # per channel only (no groups)
-            return group is None and k % 64 == 0 and k <= 2048  # 4 rows: 32 KiB of stack
-        if bits != 4 or group is None or k % 128 or k > 4096:
-            return False
-        return group % 128 == 0 or group in (32, 64)
 
     @property
     def k_bytes(self) -> int:
@@ -149,11 +139,8 @@ class Avx512QuantGemm:
     @property
     def name(self) -> str:
         g = f"_g{self.group}{'z' if self.zero_point else ''}" if self.group else ""
-        zb = (
-            "_lu" if self.lut else "_ar" if self.arith else "_zb" if self._zero_point_buffer else ""
-        )
+        zb = "_zb" if self._zero_point_buffer else ""
         pf = "_pf" if self.prefetch else ""
-        pf += f"{self.prefetch_blocks}" if self.prefetch and self.prefetch_blocks > 1 else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}"
@@ -231,9 +218,6 @@ class Avx512QuantGemm:
         e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
         e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
         e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
-        if self.arith:
-            self._executable_arith(e, (a_t, q_t, s_t, z_t, c_t))
-            return "\n".join(out)
         e(f"      scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
         e("        %ncol = arith.addi %nbase, %nq : index")
         if self._zero_point_buffer:  # the block's zero points as f32, zw groups at a time
@@ -279,8 +263,7 @@ class Avx512QuantGemm:
         """``%pn{j}``: the row ``nr`` channels on (the next block's), clamped to ``N``."""
         for j in range(self.nr):
             e(
-                f"{p}%pn{j} = affine.min affine_map<()[s0] -> "
-                f"(s0 + {self.nr * self.prefetch_blocks}, {self.n - 1})>()"
+                f"{p}%pn{j} = affine.min affine_map<()[s0] -> (s0 + {self.nr}, {self.n - 1})>()"
                 f"[%n{j}]"
             )
 
@@ -448,227 +431,5 @@ class Avx512QuantGemm:
                 e(f"{q}%nt{r}_{j} = vector.fma %sb{j}, {cur[r, j]}, %tot{r}_{j} : {vt}")
                 outs.append(f"%nt{r}_{j}")
         e(f"{q}scf.yield " + ", ".join(outs) + f" : {tys}")
-        e(f"{p}}}")
-        self._store(e, rows, "%res", c_t, p)
-
-    def _executable_arith(self, e, types: tuple[str, ...]) -> None:
-        """The loops of the shuffle-free int4 form (after the function's prologue).
-
-        64 weight bytes of a channel are 16 dwords; nibble ``j`` of dword ``i`` is the value
-        at ``k0 + 8 i + j``. After ``xor 0x88888888`` (nibble ``q + 8``), ``(d >> 4 j) & 15 |
-        0x4B000000`` read as f32 is ``2^23 + q + 8``; minus ``2^23 + 8 + z`` (the block's
-        zero points, converted once) it is exactly ``q - z``, times the group's scale the
-        same rounding as eager's dequantized weight. Eight such vectors FMA with activations
-        reordered once per block of rows (``xp[r, k0 + 16 j + i] = A[r, k0 + 8 i + j]``).
-        """
-        a_t, _, _, z_t, _ = types
-        k, nr, mr, nb = self.k, self.nr, self.mr, self.cols_per_workgroup
-        xp_t, zb_t = f"memref<{mr}x{k}xf32>", f"memref<{nr}x{max(self.groups, 1)}xf32>"
-        zw = next(w for w in (16, 8, 4, 2, 1) if self.groups % w == 0) if self.groups else 1
-        per = 32 // self.bits  # values per dword: 8 (int4) or 4 (int8)
-        chunk = 16 * per
-        e(f"      %xp = memref.alloca() : {xp_t}")
-        if self.group and not self._zero_point_buffer:  # (else the prologue made it)
-            e(f"      %zbuf = memref.alloca() : {zb_t}")
-        e(f"      %cchunk = arith.constant {chunk} : index")
-        e(f"      scf.for %mi = %m0 to %mend step %c{mr} {{")
-        e(f"        %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
-        e("        scf.for %r = %c0 to %left step %c1 {")
-        e("          %xrow = arith.addi %mi, %r : index")
-        cv, c2, c3 = f"vector<{chunk}xf32>", f"vector<16x{per}xf32>", f"vector<{per}x16xf32>"
-        e(f"          scf.for %kc = %c0 to %c{k} step %cchunk {{")
-        e(f"            %xl = vector.load %ma[%xrow, %kc] : {a_t}, {cv}")
-        e(f"            %x2 = vector.shape_cast %xl : {cv} to {c2}")
-        e(f"            %xt = vector.transpose %x2, [1, 0] : {c2} to {c3}")
-        e(f"            %x1 = vector.shape_cast %xt : {c3} to {cv}")
-        e(f"            vector.store %x1, %xp[%r, %kc] : {xp_t}, {cv}")
-        e("          }")
-        e("        }")
-        e(f"        scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
-        e("          %ncol = arith.addi %nbase, %nq : index")
-        zv, zf = f"vector<{zw}xi8>", f"vector<{zw}xf32>"
-        if self.group:
-            zoff = 0.0 if self.lut else 8388616.0  # lut: the zero point; arith: + 2^23 + 8
-            e(f"          %zoff = arith.constant dense<{zoff}> : {zf}")
-            e(f"          scf.for %gz = %c0 to %c{self.groups} step %c{zw} {{")
-        for j in range(nr if self.group else 0):
-            if self.zero_point:
-                e(f"            %zn{j} = arith.addi %ncol, %c{j} : index")
-                e(f"            %zl{j} = vector.load %mz[%zn{j}, %gz] : {z_t}, {zv}")
-                e(f"            %zc{j} = arith.sitofp %zl{j} : {zv} to {zf}")
-                e(f"            %zd{j} = arith.addf %zc{j}, %zoff : {zf}")
-            zval = f"%zd{j}" if self.zero_point else "%zoff"
-            if self.group:
-                e(f"            vector.store {zval}, %zbuf[%c{j}, %gz] : {zb_t}, {zf}")
-        if self.group:
-            e("          }")
-        micro = self._micro_arith if self.group else self._micro_arith8
-        if mr > 1:
-            e("          scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"          case {r} {{")
-                micro(e, r, types, "            ")
-                e("            scf.yield")
-                e("          }")
-            e("          default {")
-            micro(e, mr, types, "            ")
-            e("          }")
-        else:
-            micro(e, 1, types, "          ")
-        e("        }")
-        e("      }")
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
-
-    def _micro_arith(self, e, rows: int, types: tuple[str, ...], p: str) -> None:
-        """``rows`` x ``nr`` of ``C = A W^T``, int4 unpacked arithmetically (``arith``)."""
-        _, q_t, s_t, _, c_t = types
-        nr, vt, group, mr = self.nr, "vector<16xf32>", self.group, self.mr
-        assert group is not None
-        xp_t, zb_t = f"memref<{mr}x{self.k}xf32>", f"memref<{nr}x{self.groups}xf32>"
-        vi = "vector<16xi32>"
-        self._indices(e, rows, p)
-        e(f"{p}%xor = arith.constant dense<-2004318072> : {vi}")  # 0x88888888
-        e(f"{p}%m15 = arith.constant dense<15> : {vi}")
-        e(f"{p}%magic = arith.constant dense<1258291200> : {vi}")  # 0x4B000000: 2^23
-        for j in range(1, 8):
-            e(f"{p}%sh{j} = arith.constant dense<{4 * j}> : {vi}")
-        tots = [f"%tot{r}_{j}" for r in range(rows) for j in range(nr)]
-        tys = ", ".join([vt] * len(tots))
-        iters = ", ".join(f"{a} = %zero" for a in tots)
-        blk = max(group, 128)  # one group of whole chunks, or one chunk of 128 / G groups
-        e(f"{p}%nblk = arith.constant {self.k // blk} : index")
-        e(
-            f"{p}%res:{len(tots)} = scf.for %g = %c0 to %nblk step %c1 "
-            f"iter_args({iters}) -> ({tys}) {{"
-        )
-        q = p + "  "
-        if group >= 128:
-            for j in range(nr):
-                e(f"{q}%sv{j} = memref.load %ms[%n{j}, %g] : {s_t}")
-                e(f"{q}%sb{j} = vector.broadcast %sv{j} : f32 to {vt}")
-                e(f"{q}%cv{j} = memref.load %zbuf[%c{j}, %g] : {zb_t}")
-                e(f"{q}%cb{j} = vector.broadcast %cv{j} : f32 to {vt}")
-        else:  # lane i holds k0 + 8 i .. k0 + 8 i + 7: group 8 i / G of the chunk's
-            gpc = 128 // group
-            gv = f"vector<{gpc}xf32>"
-            lanes = ", ".join(str(8 * i // group) for i in range(16))
-            e(f"{q}%g0 = affine.apply affine_map<()[s0] -> (s0 * {gpc})>()[%g]")
-            for j in range(nr):
-                e(f"{q}%sv{j} = vector.load %ms[%n{j}, %g0] : {s_t}, {gv}")
-                e(f"{q}%sb{j} = vector.shuffle %sv{j}, %sv{j} [{lanes}] : {gv}, {gv}")
-                e(f"{q}%cv{j} = vector.load %zbuf[%c{j}, %g0] : {zb_t}, {gv}")
-                e(f"{q}%cb{j} = vector.shuffle %cv{j}, %cv{j} [{lanes}] : {gv}, {gv}")
-        if self.lut:  # the group's 16 dequantized values per channel, indexed by the nibble
-            values = ", ".join(f"{v:.1f}" for v in [*range(8), *range(-8, 0)])
-            e(f"{q}%qvals = arith.constant dense<[{values}]> : {vt}")
-            for j in range(nr):
-                e(f"{q}%qz{j} = arith.subf %qvals, %cb{j} : {vt}")
-                e(f"{q}%tab{j} = arith.mulf %qz{j}, %sb{j} : {vt}")
-        cur = {(r, j): f"%tot{r}_{j}" for r in range(rows) for j in range(nr)}
-        for c in range(blk // 128):
-            e(f"{q}%ko{c} = affine.apply affine_map<()[s0] -> (s0 * {blk} + {c * 128})>()[%g]")
-            e(f"{q}%bo{c} = affine.apply affine_map<()[s0] -> (s0 * {blk // 2} + {c * 64})>()[%g]")
-            for pj in range(8):
-                e(f"{q}%kx{c}_{pj} = affine.apply affine_map<()[s0] -> (s0 + {16 * pj})>()[%ko{c}]")
-                for r in range(rows):
-                    e(f"{q}%x{c}_{pj}_{r} = vector.load %xp[%c{r}, %kx{c}_{pj}] : {xp_t}, {vt}")
-            for j in range(nr):
-                t = f"{c}_{j}"
-                e(f"{q}%qb{t} = vector.load %mq[%n{j}, %bo{c}] : {q_t}, vector<64xi8>")
-                e(f"{q}%qd{t} = vector.bitcast %qb{t} : vector<64xi8> to {vi}")
-                if self.lut:  # vpermps reads the low 4 bits of each lane: no mask
-                    for pj in range(8):
-                        u = f"{t}_{pj}"
-                        src = f"%qd{t}"
-                        if pj:
-                            e(f"{q}%qs{u} = arith.shrui %qd{t}, %sh{pj} : {vi}")
-                            src = f"%qs{u}"
-                        e(
-                            f'{q}%qw{u} = llvm.call_intrinsic "llvm.x86.avx512.permvar.sf.512"'
-                            f"(%tab{j}, {src}) : ({vt}, {vi}) -> {vt}"
-                        )
-                        for r in range(rows):
-                            fma = f"vector.fma %x{c}_{pj}_{r}, %qw{u}, {cur[r, j]} : {vt}"
-                            e(f"{q}%a{u}_{r} = {fma}")
-                            cur[r, j] = f"%a{u}_{r}"
-                    continue
-                e(f"{q}%qx{t} = arith.xori %qd{t}, %xor : {vi}")
-                for pj in range(8):
-                    u = f"{t}_{pj}"
-                    src = f"%qx{t}"
-                    if pj:
-                        e(f"{q}%qs{u} = arith.shrui %qx{t}, %sh{pj} : {vi}")
-                        src = f"%qs{u}"
-                    e(f"{q}%qm{u} = arith.andi {src}, %m15 : {vi}")
-                    e(f"{q}%qo{u} = arith.ori %qm{u}, %magic : {vi}")
-                    e(f"{q}%qf{u} = arith.bitcast %qo{u} : {vi} to {vt}")
-                    e(f"{q}%qz{u} = arith.subf %qf{u}, %cb{j} : {vt}")
-                    e(f"{q}%qw{u} = arith.mulf %qz{u}, %sb{j} : {vt}")
-                    for r in range(rows):
-                        e(f"{q}%a{u}_{r} = vector.fma %x{c}_{pj}_{r}, %qw{u}, {cur[r, j]} : {vt}")
-                        cur[r, j] = f"%a{u}_{r}"
-        e(
-            f"{q}scf.yield "
-            + ", ".join(cur[r, j] for r in range(rows) for j in range(nr))
-            + f" : {tys}"
-        )
-        e(f"{p}}}")
-        self._store(e, rows, "%res", c_t, p)
-
-    def _micro_arith8(self, e, rows: int, types: tuple[str, ...], p: str) -> None:
-        """``rows`` x ``nr`` of ``C = A Q^T``, int8 per channel unpacked arithmetically: byte
-        ``j`` of dword ``i`` is the value at ``k0 + 4 i + j``; after ``xor 0x80808080``,
-        ``(d >> 8 j) & 255 | 0x4B000000`` read as f32 minus ``2^23 + 128`` is exactly ``q``."""
-        _, q_t, _, _, c_t = types
-        nr, vt, mr = self.nr, "vector<16xf32>", self.mr
-        xp_t, vi = f"memref<{mr}x{self.k}xf32>", "vector<16xi32>"
-        self._indices(e, rows, p)
-        e(f"{p}%xor = arith.constant dense<-2139062144> : {vi}")  # 0x80808080
-        e(f"{p}%m255 = arith.constant dense<255> : {vi}")
-        e(f"{p}%magic = arith.constant dense<1258291200> : {vi}")  # 0x4B000000: 2^23
-        e(f"{p}%off = arith.constant dense<8388736.0> : {vt}")  # 2^23 + 128
-        for j in range(1, 4):
-            e(f"{p}%sh{j} = arith.constant dense<{8 * j}> : {vi}")
-        accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nr)]
-        tys = ", ".join([vt] * len(accs))
-        iters = ", ".join(f"{a} = %zero" for a in accs)
-        e(f"{p}%c64s = arith.constant 64 : index")
-        e(
-            f"{p}%res:{len(accs)} = scf.for %k = %c0 to %c{self.k} step %c64s "
-            f"iter_args({iters}) -> ({tys}) {{"
-        )
-        q = p + "  "
-        cur = {(r, j): f"%acc{r}_{j}" for r in range(rows) for j in range(nr)}
-        for pj in range(4):
-            e(f"{q}%kx{pj} = affine.apply affine_map<()[s0] -> (s0 + {16 * pj})>()[%k]")
-            for r in range(rows):
-                e(f"{q}%x{pj}_{r} = vector.load %xp[%c{r}, %kx{pj}] : {xp_t}, {vt}")
-        for j in range(nr):
-            e(f"{q}%qb{j} = vector.load %mq[%n{j}, %k] : {q_t}, vector<64xi8>")
-            e(f"{q}%qd{j} = vector.bitcast %qb{j} : vector<64xi8> to {vi}")
-            e(f"{q}%qx{j} = arith.xori %qd{j}, %xor : {vi}")
-            for pj in range(4):
-                u = f"{j}_{pj}"
-                src = f"%qx{j}"
-                if pj:
-                    e(f"{q}%qs{u} = arith.shrui %qx{j}, %sh{pj} : {vi}")
-                    src = f"%qs{u}"
-                if pj < 3:
-                    e(f"{q}%qm{u} = arith.andi {src}, %m255 : {vi}")
-                    src = f"%qm{u}"
-                e(f"{q}%qo{u} = arith.ori {src}, %magic : {vi}")
-                e(f"{q}%qf{u} = arith.bitcast %qo{u} : {vi} to {vt}")
-                e(f"{q}%qw{u} = arith.subf %qf{u}, %off : {vt}")
-                for r in range(rows):
-                    e(f"{q}%a{u}_{r} = vector.fma %x{pj}_{r}, %qw{u}, {cur[r, j]} : {vt}")
-                    cur[r, j] = f"%a{u}_{r}"
-        e(
-            f"{q}scf.yield "
-            + ", ".join(cur[r, j] for r in range(rows) for j in range(nr))
-            + f" : {tys}"
-        )
         e(f"{p}}}")
         self._store(e, rows, "%res", c_t, p)

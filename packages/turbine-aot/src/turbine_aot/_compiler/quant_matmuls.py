@@ -21,20 +21,27 @@ Anything else (other dtypes, shapes the kernel does not take) stays IREE's.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from .avx512 import AVX512_FEATURES
-from .avx512_quant import Avx512QuantGemm
+from .avx512_quant import VARIANTS, Avx512QuantGemm
 from .matmuls import mark_cpu_requires
 from .torch_ir import TensorType, TopLevel, constant, walk
 
 __all__ = ["QUANT_KERNEL_ENV", "rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
 
 #: ``TURBINE_CPU_QUANT_KERNEL=v1`` builds the kernel's first version (for A/B measurements:
-#: ``benchmarks/quant_bench.py --ab``); unset, the current one.
+#: ``benchmarks/quant_bench.py --ab``); unset or empty, the current one. Any other value logs a
+#: warning naming the known ones and builds the current kernel (the variants that lost, ``arith``,
+#: ``lut``, ``nr8``, ``pf2``, ``nozb``, ``nopf``, were removed: docs/quantization.md).
 QUANT_KERNEL_ENV = "TURBINE_CPU_QUANT_KERNEL"
+
+_log = logging.getLogger("turbine.aot")
+#: The unknown ``TURBINE_CPU_QUANT_KERNEL`` values already warned about (once per process).
+_warned: set[str] = set()
 
 _CASTS = ("torch.aten._to_copy", "torch.aten.to.dtype")
 _VIEWS = ("torch.aten.view", "torch.aten.reshape")
@@ -59,10 +66,27 @@ class _QuantMatmul:
         return 4 if self.q_i4 else 8
 
     def kernel(self) -> Avx512QuantGemm:
-        variant = os.environ.get(QUANT_KERNEL_ENV, "").strip().lower()
         return Avx512QuantGemm.for_shape(
-            self.k, self.n, self.bits, self.group, self.zero_point is not None, variant
+            self.k, self.n, self.bits, self.group, self.zero_point is not None, _variant()
         )
+
+
+def _variant() -> str:
+    """The kernel version ``TURBINE_CPU_QUANT_KERNEL`` asks for; an unknown value is warned
+    about (once) and gets the current kernel."""
+    variant = os.environ.get(QUANT_KERNEL_ENV, "").strip().lower()
+    if variant in VARIANTS:
+        return variant
+    if variant not in _warned:
+        _warned.add(variant)
+        _log.warning(
+            "%s=%r is not a quantized kernel variant (known: unset for the current kernel, "
+            "'v1' for the first version; the others were removed, see docs/quantization.md): "
+            "building the current kernel",
+            QUANT_KERNEL_ENV,
+            variant,
+        )
+    return ""
 
 
 def _owner(value: Any) -> Any:
