@@ -182,13 +182,27 @@ class IreeCallable:
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], object]], *, calls: int = 20, warmup: int = 2, budget_s: float = 30
+    fns: dict[str, Callable[[], object]],
+    *,
+    calls: int = 20,
+    warmup: int = 2,
+    budget_s: float = 30,
+    block: int = 1,
 ) -> dict[str, dict]:
     """Median wall and CPU seconds per call of each function, measured round-robin.
 
-    One call of each function per round, so that load from other processes hits every candidate
-    alike. Stops early (after at least 5 rounds) when ``budget_s`` is spent. CPU time is this
-    process's (all threads): on a busy machine it shows the work done, free of waiting.
+    One call of each function per round (``block=1``), so that load from other processes hits
+    every candidate alike. Stops early (after at least 5 rounds) when ``budget_s`` is spent. CPU
+    time is this process's (all threads): on a busy machine it shows the work done, free of
+    waiting.
+
+    ``block > 1``: each round calls each function ``block`` times in a row and times all but the
+    first of them, and the order of the functions rotates from round to round. For runtimes with
+    thread pools of their own (ONNX Runtime, OpenVINO, IREE's task workers), the first call after
+    another runtime's pays for that runtime's threads still spinning and for the caches it
+    evicted: measured back to back, OpenVINO's ResNet-18 call took 33 ms at two threads against
+    17.5 ms of its own layers (docs/performance.md, section 10). A block measures each runtime as
+    a user calls it, repeatedly, while the rounds still interleave them.
 
     Returns:
         name -> {"wall": median s, "cpu": median s, "all": [wall s, ...]}.
@@ -198,14 +212,19 @@ def time_interleaved(
             f()
     wall: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
     t_start = time.perf_counter()
     for i in range(calls):
-        for k, f in fns.items():
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            f()
-            wall[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
+        order = names[i % len(names) :] + names[: i % len(names)] if block > 1 else names
+        for k in order:
+            f = fns[k]
+            for j in range(block):
+                c0 = time.process_time()
+                t0 = time.perf_counter()
+                f()
+                if block == 1 or j > 0:
+                    wall[k].append(time.perf_counter() - t0)
+                    cpu[k].append(time.process_time() - c0)
         if i >= 4 and time.perf_counter() - t_start > budget_s:
             break
     return {

@@ -5,7 +5,10 @@ every runtime once per model (build time reported; turbine's module and the ONNX
 by the first child and reused by the next, AOTInductor is rebuilt per thread count because its
 OpenMP threads are fixed at compile time), checks each one's outputs against eager (max abs
 error; a runtime that fails to build or run is reported with its error, not left out), then times
-all of them interleaved round-robin in that process (median wall time per call). Threads are the
+all of them interleaved in that process (median wall time per call): each round calls each
+runtime ``--block`` times in a row (default 3) and times all but the first, the order rotating
+from round to round (``_harness.time_interleaved``: a runtime called right after another pays
+for the other's spinning threads; ``--block 1`` is strict round-robin). Threads are the
 same everywhere: ``torch.set_num_threads`` (eager, AOTInductor), ORT ``intra_op_num_threads``,
 OpenVINO ``INFERENCE_NUM_THREADS``, IREE task workers (``local-sync`` for one thread).
 
@@ -215,12 +218,16 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
         attempt("aoti", lambda: _peers.build_aoti(module, margs, mkwargs, aoti_dir))
 
     timings = _harness.time_interleaved(
-        {rt: b.call for rt, b in built.items()}, calls=args.calls, budget_s=args.budget_s
+        {rt: b.call for rt, b in built.items()},
+        calls=args.calls,
+        budget_s=args.budget_s,
+        block=args.block,
     )
     for rt, t in timings.items():
         res["runtimes"][rt]["ms"] = t["wall"] * 1e3
         res["runtimes"][rt]["cpu_ms"] = t["cpu"] * 1e3
     res["rounds"] = min((len(t["all"]) for t in timings.values()), default=0)
+    res["block"] = args.block
     res["loadavg_1m"] = os.getloadavg()[0]
     return res
 
@@ -330,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--calls", type=int, default=20, help="timed rounds per model")
     p.add_argument("--budget-s", type=float, default=40.0, help="timing budget per model")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=3,
+        help="calls of each runtime in a row per round, the first untimed (1: strict "
+        "round-robin, which lets one runtime's spinning threads slow the next)",
+    )
     p.add_argument("--timeout-s", type=float, default=3000.0, help="per-child timeout")
     p.add_argument("--workdir", default=None, help="where built artifacts are kept (default: tmp)")
     p.add_argument("--json", default=None, help="write all results here")
