@@ -188,6 +188,7 @@ def time_interleaved(
     warmup: int = 2,
     budget_s: float = 30,
     block: int = 1,
+    gap_s: float = 0.0,
 ) -> dict[str, dict]:
     """Median wall and CPU seconds per call of each function, measured round-robin.
 
@@ -202,7 +203,10 @@ def time_interleaved(
     another runtime's pays for that runtime's threads still spinning and for the caches it
     evicted: measured back to back, OpenVINO's ResNet-18 call took 33 ms at two threads against
     17.5 ms of its own layers (docs/performance.md, section 10). A block measures each runtime as
-    a user calls it, repeatedly, while the rounds still interleave them.
+    a user calls it, repeatedly, while the rounds still interleave them. ``gap_s``: a pause
+    before each block, so that the previous block's spinning threads have gone to sleep (they
+    otherwise keep both cores of a 2-core machine busy well past a short call: turbine's MLP at
+    two threads took 1.6 ms per call right after ONNX Runtime's block and 0.56 ms alone).
 
     Returns:
         name -> {"wall": median s, "cpu": median s, "all": [wall s, ...]}.
@@ -218,6 +222,8 @@ def time_interleaved(
         order = names[i % len(names) :] + names[: i % len(names)] if block > 1 else names
         for k in order:
             f = fns[k]
+            if gap_s:
+                time.sleep(gap_s)
             for j in range(block):
                 c0 = time.process_time()
                 t0 = time.perf_counter()

@@ -6,9 +6,10 @@ by the first child and reused by the next, AOTInductor is rebuilt per thread cou
 OpenMP threads are fixed at compile time), checks each one's outputs against eager (max abs
 error; a runtime that fails to build or run is reported with its error, not left out), then times
 all of them interleaved in that process (median wall time per call): each round calls each
-runtime ``--block`` times in a row (default 3) and times all but the first, the order rotating
-from round to round (``_harness.time_interleaved``: a runtime called right after another pays
-for the other's spinning threads; ``--block 1`` is strict round-robin). Threads are the
+runtime ``--block`` times in a row (default 5) and times all but the first, the order rotating
+from round to round, after a pause of ``--gap-ms`` (``_harness.time_interleaved``: a runtime
+called right after another pays for the other's threads still spinning; ``--block 1 --gap-ms 0``
+is strict round-robin). Threads are the
 same everywhere: ``torch.set_num_threads`` (eager, AOTInductor), ORT ``intra_op_num_threads``,
 OpenVINO ``INFERENCE_NUM_THREADS``, IREE task workers (``local-sync`` for one thread).
 
@@ -222,12 +223,13 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
         calls=args.calls,
         budget_s=args.budget_s,
         block=args.block,
+        gap_s=args.gap_ms / 1e3,
     )
     for rt, t in timings.items():
         res["runtimes"][rt]["ms"] = t["wall"] * 1e3
         res["runtimes"][rt]["cpu_ms"] = t["cpu"] * 1e3
     res["rounds"] = min((len(t["all"]) for t in timings.values()), default=0)
-    res["block"] = args.block
+    res["block"], res["gap_ms"] = args.block, args.gap_ms
     res["loadavg_1m"] = os.getloadavg()[0]
     return res
 
@@ -340,9 +342,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--block",
         type=int,
-        default=3,
+        default=5,
         help="calls of each runtime in a row per round, the first untimed (1: strict "
         "round-robin, which lets one runtime's spinning threads slow the next)",
+    )
+    p.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="pause before each block, for the previous runtime's threads to stop spinning",
     )
     p.add_argument("--timeout-s", type=float, default=3000.0, help="per-child timeout")
     p.add_argument("--workdir", default=None, help="where built artifacts are kept (default: tmp)")
@@ -375,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--threads", str(threads), "--models", ",".join(args.models)]
             cmd += ["--runtimes", ",".join(args.runtimes), "--workdir", workdir]
             cmd += ["--calls", str(args.calls), "--budget-s", str(args.budget_s)]
+            cmd += ["--block", str(args.block), "--gap-ms", str(args.gap_ms)]
             cmd += ["--baseline-env", args.baseline_env] if args.baseline_env else []
             print(f"[peers] {threads} thread(s): {' '.join(args.models)}", flush=True)
             child = _harness.run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
