@@ -103,3 +103,23 @@ def test_depthwise_many_groups_and_other_choices_keep_irees_code(monkeypatch):
     grouped = export(torch.nn.Conv1d(64, 64, 16, groups=4).eval(), args=(torch.randn(1, 64, 99),))
     monkeypatch.setenv("TURBINE_CPU_CONV_MATMUL", "iree")  # IREE's convolutions: not reformed
     assert "constant_pad_nd" not in _copy_asm(grouped)
+
+
+class _Conv2dShortLists(torch.nn.Module):
+    """``aten.conv2d`` written with one-element lists (``[2]`` for ``(2, 2)``), as torch allows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 8, 3, 3))
+
+    def forward(self, x):
+        return torch.ops.aten.conv2d(x, self.w, None, [2], [1], [1], 4)
+
+
+def test_conv2d_with_one_element_lists_is_reformed_right():
+    torch.manual_seed(0)
+    m, x = _Conv2dShortLists(), torch.randn(1, 32, 16, 16)
+    eo = export(m, args=(x,))
+    assert len(convs_to_reform(eo.mlir_module)) == 1
+    got = load_module(eo.compile(save_to=None), device="local-task").main(x)
+    torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)

@@ -136,6 +136,7 @@ def _reform_one(op: Any) -> None:
     channels = int(xt.sizes[1])  # type: ignore[arg-type]
     s, p, d = (_ints(v) for v in (stride, padding, dilation))
     assert s is not None and p is not None and d is not None
+    s, p, d = ([v[0]] * rank if len(v) == 1 else v for v in (s, p, d))  # conv2d's [1] = [1, 1]
     bld = Builder(op)
     if groups > 1:
         w = _block_diagonal(bld, w, wt, groups, channels)
