@@ -74,6 +74,12 @@ def _load_args(iree_device, config: str, external: bool) -> list[str]:
                 "test_lavapipe_named_target_row_reductions_are_wrong) and the default target "
                 "is refused for int8 (TargetError)"
             )
+        if not external:
+            pytest.skip(
+                "inline quantized weights on Mesa lavapipe: the call ran for over 10 minutes on "
+                "the 2-core AMD EPYC CI machine (the same config from an .irpa: 11 s); the irpa "
+                "variant runs the quantized program on Vulkan"
+            )
         flags.append(VULKAN_TARGET)
     return flags
 
