@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, constant_int_list, walk
 
 __all__ = ["MAX_GROUPS", "convs_to_reform", "reform_convs"]
 
@@ -35,16 +35,6 @@ __all__ = ["MAX_GROUPS", "convs_to_reform", "reform_convs"]
 MAX_GROUPS = 8
 _CONVOLUTION = "torch.aten.convolution"
 _CONV_OPS = ("torch.aten.convolution", "torch.aten.conv1d", "torch.aten.conv2d")
-
-
-def _ints(value: Any) -> list[int] | None:
-    owner = value.owner
-    if getattr(owner, "name", None) != "torch.prim.ListConstruct":
-        return None
-    items = [constant(v) for v in owner.operands]
-    if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
-        return None
-    return items
 
 
 def _operands(op: Any) -> tuple[Any, ...] | None:
@@ -81,7 +71,7 @@ def _form(op: Any) -> tuple[int, int] | None:
         return None
     if any(s is None for s in (*xt.sizes, *wt.sizes, *rt.sizes)):
         return None
-    if any(_ints(v) is None for v in (stride, padding, dilation)):
+    if any(constant_int_list(v) is None for v in (stride, padding, dilation)):
         return None
     bias = constant(b)
     if bias is not None and bias is not NOT_CONSTANT:
@@ -134,7 +124,7 @@ def _reform_one(op: Any) -> None:
     xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
     assert xt is not None and wt is not None and rt is not None
     channels = int(xt.sizes[1])  # type: ignore[arg-type]
-    s, p, d = (_ints(v) for v in (stride, padding, dilation))
+    s, p, d = (constant_int_list(v) for v in (stride, padding, dilation))
     assert s is not None and p is not None and d is not None
     s, p, d = ([v[0]] * rank if len(v) == 1 else v for v in (s, p, d))  # conv2d's [1] = [1, 1]
     bld = Builder(op)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .matmuls import KernelFactory, kernel_matmul_function, mark_cpu_requires
-from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, walk
+from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, constant_int_list, walk
 
 __all__ = [
     "SMALL_CHANNELS",
@@ -90,16 +90,6 @@ class Conv:
     bias: bool
 
 
-def _int_list(value: Any) -> list[int] | None:
-    owner = value.owner
-    if getattr(owner, "name", None) != "torch.prim.ListConstruct":
-        return None
-    items = [constant(v) for v in owner.operands]
-    if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
-        return None
-    return items
-
-
 def _pair(values: list[int] | None) -> tuple[int, int] | None:
     if values is None or len(values) not in (1, 2):
         return None
@@ -134,7 +124,11 @@ def conv_geometry(op: Any) -> Conv | None:
             return None
     elif bias is not None:
         return None
-    s, p, d = _pair(_int_list(stride)), _pair(_int_list(padding)), _pair(_int_list(dilation))
+    s, p, d = (
+        _pair(constant_int_list(stride)),
+        _pair(constant_int_list(padding)),
+        _pair(constant_int_list(dilation)),
+    )
     if s is None or p is None or d is None or min(*s, *d) < 1 or min(p) < 0:
         return None
     n = xt.sizes[0]

@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .convs import _int_list, _pair
-from .torch_ir import TensorType, TopLevel, constant, walk
+from .convs import _pair
+from .torch_ir import TensorType, TopLevel, constant, constant_int_list, walk
 
 __all__ = ["CPU_POOLS_ENV", "MaxPool", "max_pools", "rewrite_max_pools_nhwc"]
 
@@ -68,10 +68,10 @@ def max_pool_geometry(op: Any) -> MaxPool | None:
         return None
     if len(xt.sizes) != 4 or len(rt.sizes) != 4 or any(s is None for s in xt.sizes):
         return None
-    k = _pair(_int_list(kernel))
-    s_list = _int_list(stride)
+    k = _pair(constant_int_list(kernel))
+    s_list = constant_int_list(stride)
     s = k if s_list == [] else _pair(s_list)  # an empty stride is the kernel's
-    p, d = _pair(_int_list(padding)), _pair(_int_list(dilation))
+    p, d = _pair(constant_int_list(padding)), _pair(constant_int_list(dilation))
     if (
         k is None
         or s is None

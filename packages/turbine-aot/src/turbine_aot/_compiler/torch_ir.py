@@ -16,6 +16,7 @@ __all__ = [
     "TensorType",
     "TopLevel",
     "constant",
+    "constant_int_list",
     "public_functions",
     "top_level_ops",
     "walk",
@@ -148,6 +149,18 @@ def constant(value: Any) -> Any:
     if name == "torch.constant.int":
         return IntegerAttr(owner.attributes["value"]).value
     return NOT_CONSTANT
+
+
+def constant_int_list(value: Any) -> list[int] | None:
+    """The Python ints of a ``torch.prim.ListConstruct`` of integer constants (a convolution's
+    stride, padding, ...), else ``None``."""
+    owner = value.owner
+    if getattr(owner, "name", None) != "torch.prim.ListConstruct":
+        return None
+    items = [constant(v) for v in owner.operands]
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in items):
+        return None
+    return items
 
 
 NOT_CONSTANT = object()
