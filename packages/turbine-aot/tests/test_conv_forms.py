@@ -7,18 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from ir_check import check_ir
+from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
-from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.conv_forms import MAX_GROUPS, convs_to_reform
 from turbine_aot._compiler.flags import default_compile_flags
-from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot.runtime import load_module
-
-_MISSING = host_avx512_missing()
-needs_avx512 = pytest.mark.skipif(
-    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
-)
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +23,7 @@ def _default_choices(monkeypatch):
 
 def _copy_asm(eo) -> str:
     flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx512"]
-    copy, owned = module_for_compile(eo.mlir_module, flags)
-    try:
-        return str(copy)
-    finally:
-        if owned:
-            copy.operation.erase()
+    return compile_copy_asm(eo, flags)
 
 
 # (name, module, input shape): wav2vec2's positional and feature convolutions among them

@@ -9,20 +9,15 @@ import re
 import pytest
 import torch
 from ir_check import check_ir
+from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler.amx import host_amx_missing
-from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, direct_convs
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.flags import default_compile_flags
-from turbine_aot._compiler.rewrites import environment_key, module_for_compile
+from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot.runtime import load_module
-
-_MISSING = host_avx512_missing()
-needs_avx512 = pytest.mark.skipif(
-    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
-)
 
 
 @pytest.fixture(autouse=True)
@@ -39,13 +34,7 @@ def _flags(*extra: str) -> list[str]:
     ]
 
 
-def _copy_asm(eo, flags) -> str:
-    copy, owned = module_for_compile(eo.mlir_module, flags)
-    try:
-        return str(copy)
-    finally:
-        if owned:
-            copy.operation.erase()
+_copy_asm = compile_copy_asm
 
 
 def _conv(c=16, f=70, k=3, stride=1, padding=1, dilation=1, bias=True) -> torch.nn.Module:

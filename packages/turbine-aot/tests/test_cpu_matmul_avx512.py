@@ -9,21 +9,18 @@ import numpy as np
 import pytest
 import torch
 from ir_check import check_ir
+from kernel_testing import AVX512_MISSING, compile_copy_asm, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls
-from turbine_aot._compiler.avx512 import Avx512Gemm, host_avx512_missing
+from turbine_aot._compiler.avx512 import Avx512Gemm
 from turbine_aot._compiler.cache import compile_mlir
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.matmuls import cpu_matmul_kernel
-from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot._compiler.targets import TargetError
 from turbine_aot.runtime import load_module
 
-_MISSING = host_avx512_missing()
-needs_avx512 = pytest.mark.skipif(
-    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
-)
+_MISSING = AVX512_MISSING
 
 
 def _flags(*extra: str) -> list[str]:
@@ -41,13 +38,7 @@ class _Linear2(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def _copy_asm(eo, flags) -> str:
-    copy, owned = module_for_compile(eo.mlir_module, flags)
-    try:
-        return str(copy)
-    finally:
-        if owned:
-            copy.operation.erase()
+_copy_asm = compile_copy_asm
 
 
 # ---------------------------------------------------------------------------- when it applies

@@ -6,18 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from ir_check import check_ir
+from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
-from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.pools import max_pool_geometry, max_pools
-from turbine_aot._compiler.rewrites import environment_key, module_for_compile
+from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot.runtime import load_module
-
-_MISSING = host_avx512_missing()
-needs_avx512 = pytest.mark.skipif(
-    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
-)
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +29,7 @@ def _flags(*extra: str) -> list[str]:
     ]
 
 
-def _copy_asm(eo, flags) -> str:
-    copy, owned = module_for_compile(eo.mlir_module, flags)
-    try:
-        return str(copy)
-    finally:
-        if owned:
-            copy.operation.erase()
+_copy_asm = compile_copy_asm
 
 
 class _ConvPool(torch.nn.Module):

@@ -14,15 +14,14 @@ import re
 
 import pytest
 import torch
+from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls, quant_matmuls
-from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 from turbine_aot._compiler.fallback import retry_flags
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.quant_matmuls import rewritable_quant_matmuls
-from turbine_aot._compiler.rewrites import module_for_compile
 from turbine_aot.runtime import load_module
 from turbine_params import externalize_module_parameters, save_module_parameters
 
@@ -30,11 +29,6 @@ tq = pytest.importorskip(
     "torchao.quantization", reason="torchao is a dev requirement (tools/requirements-dev.txt)"
 )
 from torchao.quantization.granularity import PerGroup  # noqa: E402
-
-_MISSING = host_avx512_missing()
-needs_avx512 = pytest.mark.skipif(
-    bool(_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(_MISSING)})"
-)
 
 
 def _int4(group: int):
@@ -74,13 +68,7 @@ def _flags(*extra: str) -> list[str]:
     return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
-def _copy_asm(eo, flags) -> str:
-    copy, owned = module_for_compile(eo.mlir_module, flags)
-    try:
-        return str(copy)
-    finally:
-        if owned:
-            copy.operation.erase()
+_copy_asm = compile_copy_asm
 
 
 def _export(config: str, external: bool, tmp_path, rows: int = 1, dynamic: bool = False):
