@@ -103,19 +103,11 @@ def uses_float64(module: object) -> bool:
     """Whether a module has float64 tensors anywhere: in its signatures or globals, or as the
     result of an operation in a body (``x.double()`` inside a float32 program). Operation
     results are read by type only; constants are never printed."""
-    if "f64" in float_types(module):
-        return True
-    op = getattr(module, "mlir_module", module)
-    op = getattr(op, "operation", op)
-    try:
-        for o in walk(op):
-            for r in o.results:
-                text = str(r.type)
-                if "f64" in text and any(m.group(1) == "f64" for m in _FLOAT_TYPE.finditer(text)):
-                    return True
-    except Exception:  # not a module
-        return False
-    return False
+    return "f64" in float_types(module) or _read_body(module).float64_results
+
+
+def _is_f64(type_text: str) -> bool:
+    return "f64" in type_text and any(m.group(1) == "f64" for m in _FLOAT_TYPE.finditer(type_text))
 
 
 _CONV_OPS = frozenset({"torch.aten.convolution", "torch.aten.conv2d"})
@@ -157,35 +149,53 @@ def _matmul_rows(op: object) -> int | None:
     return sizes[-2]
 
 
+@dataclass(frozen=True)
+class _BodyFacts:
+    """What one walk over a module's operations finds (:func:`_read_body`)."""
+
+    narrow_matmuls: bool = False
+    float64_results: bool = False
+
+
+def _read_body(module: object) -> _BodyFacts:
+    """One walk over every operation of a module: whether its matmuls are narrow (see
+    :func:`narrow_matmuls`) and whether an operation yields a float64 value. Read by type only:
+    constants are never printed. Not a module: no facts."""
+    op = getattr(module, "mlir_module", module)
+    op = getattr(op, "operation", op)
+    narrow: bool | None = None  # None: no matmul seen yet; False: a wide one or a convolution
+    float64 = False
+    try:
+        for o in walk(op):
+            if narrow is not False:
+                if o.name in _CONV_OPS:
+                    narrow = False
+                elif o.name in _MATMUL_LHS:
+                    rows = _matmul_rows(o)
+                    narrow = rows is not None and rows <= NARROW_MATMUL_ROWS
+            if not float64:
+                float64 = any(_is_f64(str(r.type)) for r in o.results)
+    except Exception:  # not a module
+        return _BodyFacts()
+    return _BodyFacts(narrow_matmuls=bool(narrow), float64_results=float64)
+
+
 def narrow_matmuls(module: object) -> bool:
     """Whether every matmul of a module has at most :data:`NARROW_MATMUL_ROWS` static rows, there
     is at least one, and there is no convolution (torch dialect; read from operand types)."""
-    op = getattr(module, "mlir_module", module)
-    op = getattr(op, "operation", op)
-    try:
-        ops = list(walk(op))
-    except Exception:  # not a module
-        return False
-    found = False
-    for o in ops:
-        if o.name in _CONV_OPS:
-            return False
-        if o.name in _MATMUL_LHS:
-            rows = _matmul_rows(o)
-            if rows is None or rows > NARROW_MATMUL_ROWS:
-                return False
-            found = True
-    return found
+    return _read_body(module).narrow_matmuls
 
 
 def program_traits(module: object) -> ProgramTraits:
     """What turbine's defaults depend on in a program (an ``ExportOutput``, an ``ir.Module`` or
-    its operation): its :class:`ProgramTraits`."""
+    its operation): its :class:`ProgramTraits`. The module's operations are walked once."""
+    floats = float_types(module)
+    body = _read_body(module)
     return ProgramTraits(
         dynamic_shapes=has_dynamic_shapes(module),
-        fp32_only=float_types(module) == {"f32"},
-        narrow_matmuls=narrow_matmuls(module),
-        float64=uses_float64(module),
+        fp32_only=floats == {"f32"},
+        narrow_matmuls=body.narrow_matmuls,
+        float64="f64" in floats or body.float64_results,
     )
 
 
