@@ -84,17 +84,25 @@ class Avx512Gemm:
     kc: int = 128
     rows_per_workgroup: int = 128
     cols_per_workgroup: int = 64
-
-    #: The operand element type the kernel reads.
-    operand_dtype = "f32"
+    bf16: bool = False
 
     @staticmethod
-    def for_shape(k: int, n: int, *, batch_b: bool = False) -> Avx512Gemm:
+    def for_shape(k: int, n: int, *, batch_b: bool = False, bf16: bool = False) -> Avx512Gemm:
         """The kernel for ``k`` x ``n`` with the measured blocking (4 x 64 registers, K blocks
-        of 128, 128 x 64 workgroups)."""
+        of 128 steps, 128 x 64 workgroups); ``bf16``: the AVX512-BF16 form."""
         nr = 64
         np_ = -(-n // nr) * nr
-        return Avx512Gemm(k, np_, batch_b)
+        return Avx512Gemm(k, np_, batch_b, bf16=bf16)
+
+    @property
+    def operand_dtype(self) -> str:
+        """The operand element type the kernel reads (``A`` and the packed ``B``)."""
+        return "bf16" if self.bf16 else "f32"
+
+    @property
+    def steps(self) -> int:
+        """Steps of the reduction loop: ``K`` (f32), or ``Kp / 2`` pairs (bf16)."""
+        return self.kp // 2 if self.bf16 else self.k
 
     def __post_init__(self) -> None:
         if self.k <= 0 or self.np_ <= 0 or self.np_ % self.nr or self.nr % 16:
@@ -106,27 +114,37 @@ class Avx512Gemm:
 
     @property
     def kp(self) -> int:
-        """The reduction as the kernel reads it (no padding: any ``K``)."""
-        return self.k
+        """The reduction as the kernel reads it: any ``K`` (f32); bf16 reads pairs, so ``K``
+        rounded up to even (the rewrite pads ``A`` and ``B`` with zeros)."""
+        return self.k + self.k % 2 if self.bf16 else self.k
 
     @property
     def name(self) -> str:
         b = "_bb" if self.batch_b else ""
         return (
-            f"__turbine_avx512_f32_gemm_{self.k}x{self.np_}{b}_{self.mr}x{self.nr}x{self.kc}"
+            f"__turbine_avx512_{self.operand_dtype}_gemm_{self.k}x{self.np_}{b}"
+            f"_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
         )
 
     @property
     def packed_b_size(self) -> int:
-        return self.np_ * self.k
+        """Elements (of :attr:`operand_dtype`) of one packed ``B`` matrix."""
+        return self.np_ * self.kp
 
     def pack_layout(self, kind: str, batch: int) -> tuple[list[int], str, list[int]]:
         """How :mod:`.matmuls` packs ``B`` (already padded to ``Np``): the expanded sizes, the
         reassociation of the expand, and the permutation into the packed order. ``kind``:
         ``"kn"`` (``[K, Np]``), ``"nk"`` (``[Np, K]``, a linear's weight), ``"bkn"``
-        (``[batch, K, Np]``)."""
-        p, k, nr = self.np_ // self.nr, self.k, self.nr
+        (``[batch, K, Np]``). bf16: each ``k`` is a pair ``(2i, 2i + 1)`` adjacent per column."""
+        p, k, nr = self.np_ // self.nr, self.kp, self.nr
+        if self.bf16:
+            k2 = k // 2
+            if kind == "kn":
+                return [k2, 2, p, nr], "[[0, 1], [2, 3]]", [2, 0, 3, 1]
+            if kind == "nk":
+                return [p, nr, k2, 2], "[[0, 1], [2, 3]]", [0, 2, 1, 3]
+            return [batch, k2, 2, p, nr], "[[0], [1, 2], [3, 4]]", [0, 3, 1, 4, 2]
         if kind == "kn":
             return [k, p, nr], "[[0], [1, 2]]", [1, 0, 2]
         if kind == "nk":
@@ -135,21 +153,25 @@ class Avx512Gemm:
 
     def dispatch(self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int) -> str:
         """The ``flow.dispatch`` of this kernel (result ``tensor<?xNpxf32>``)."""
-        a_t = f"tensor<?x{self.k}xf32>{{{rows}}}"
+        dt = self.operand_dtype
+        a_t = f"tensor<?x{self.kp}x{dt}>{{{rows}}}"
         return (
             f"flow.dispatch @{self.name}::@{self.name}[{m}, {batch}]({a}, {b}, {m}, {batch}) : "
-            f"({a_t}, tensor<{b_elems}xf32>, index, index) -> "
+            f"({a_t}, tensor<{b_elems}x{dt}>, index, index) -> "
             f"tensor<?x{self.np_}xf32>{{{rows}}}"
         )
 
     def executable(self) -> str:
         """The ``stream.executable`` (MLIR text) for a module's top level."""
-        k, np_, nr, mr, kc = self.k, self.np_, self.nr, self.mr, self.kc
+        # bf16: A and B are read as i32 words, each a pair of bf16 values along K.
+        k, np_, nr, mr, kc = self.steps, self.np_, self.nr, self.mr, self.kc
         mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
         panels = np_ // nr
-        b_elems = "?" if self.batch_b else str(self.packed_b_size)
-        a_t, c_t = f"memref<?x{k}xf32>", f"memref<?x{np_}xf32>"
-        b_t = f"memref<{b_elems}xf32>"
+        word = "i32" if self.bf16 else "f32"
+        b_words = self.packed_b_size // 2 if self.bf16 else self.packed_b_size
+        b_elems = "?" if self.batch_b else str(b_words)
+        a_t, c_t = f"memref<?x{k}x{word}>", f"memref<?x{np_}xf32>"
+        b_t = f"memref<{b_elems}x{word}>"
         out: list[str] = []
         e = out.append
         name = self.name
@@ -173,7 +195,7 @@ class Avx512Gemm:
         e("      %rows = arith.muli %m, %batch : index")
         b_dims = ""
         if self.batch_b:
-            e(f"      %bmat = arith.constant {self.packed_b_size} : index")
+            e(f"      %bmat = arith.constant {b_words} : index")
             e("      %bsize = arith.muli %batch, %bmat : index")
             b_dims = "{%bsize}"
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%rows}}")
@@ -231,6 +253,8 @@ class Avx512Gemm:
         """``rows`` x ``nr`` of C over one K block: load (or zero), FMAs, store."""
         nv = self.nr // 16
         vt = "vector<16xf32>"
+        word = "i32" if self.bf16 else "f32"
+        bt = f"vector<16x{word}>"
         accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nv)]
         types = ", ".join([vt] * len(accs))
         for r in range(rows):
@@ -247,13 +271,19 @@ class Avx512Gemm:
         )
         for j in range(nv):
             e(f"{p}  %bo{j} = arith.addi %boff, %c{16 * j} : index")
-            e(f"{p}  %bv{j} = vector.load %mb[%bo{j}] : {b_t}, {vt}")
+            e(f"{p}  %bv{j} = vector.load %mb[%bo{j}] : {b_t}, {bt}")
         outs = []
         for r in range(rows):
             e(f"{p}  %as{r} = memref.load %ma[%row{r}, %k] : {a_t}")
-            e(f"{p}  %ab{r} = vector.broadcast %as{r} : f32 to {vt}")
+            e(f"{p}  %ab{r} = vector.broadcast %as{r} : {word} to {bt}")
             for j in range(nv):
-                e(f"{p}  %f{r}_{j} = vector.fma %ab{r}, %bv{j}, %acc{r}_{j} : {vt}")
+                if self.bf16:  # acc[i] += a[2i] * b[2i] + a[2i + 1] * b[2i + 1] (f32)
+                    e(
+                        f'{p}  %f{r}_{j} = llvm.inline_asm "vdpbf16ps $2, $1, $0", "=v,v,v,0" '
+                        f"%ab{r}, %bv{j}, %acc{r}_{j} : ({bt}, {bt}, {vt}) -> {vt}"
+                    )
+                else:
+                    e(f"{p}  %f{r}_{j} = vector.fma %ab{r}, %bv{j}, %acc{r}_{j} : {vt}")
                 outs.append(f"%f{r}_{j}")
         e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
         e(f"{p}}}")

@@ -1,27 +1,33 @@
 """``precision="bf16"`` on llvm-cpu: what it asks for, where it is refused, and the rewrite that
-gives it (the fp32 matmuls of the compile copy on the AMX bf16 kernel, :mod:`.amx`, through
-:mod:`.matmuls`: activations cast per call, weights converted and packed once, f32
-accumulation; the exported program stays fp32).
+gives it (the fp32 matmuls of the compile copy on a bf16 kernel through :mod:`.matmuls`:
+activations cast per call, weights converted and packed once, f32 accumulation; the exported
+program stays fp32). The kernel is the AMX one (:mod:`.amx`) on a CPU with AMX-BF16, else the
+AVX512-BF16 form of the AVX-512 kernel (:mod:`.avx512`, ``vdpbf16ps``: AMD Zen 4 and later,
+Intel Cooper Lake); see docs/performance.md, section 8.
 
 The choice travels as a compile flag, ``--turbine-precision=bf16``, so that every compile path
 carries it unchanged (the compile cache's keys, bundle manifests and the module's recorded
 compile flags include it); turbine reads it in ``rewrites.module_for_compile`` and removes it
 before IREE sees the flags (:func:`strip_precision_flags`). Rewritten modules are marked as
-needing ``amx_tile,amx_bf16`` (``turbine.cpu_requires``).
+needing the kernel's CPU features (``turbine.cpu_requires``: ``amx_tile,amx_bf16`` or
+``avx512f,avx512_bf16``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .amx import AMX_FEATURES, AmxGemm, host_amx_missing
+from .amx import AMX_FEATURES, AmxGemm, cpu_flags, host_amx_missing
+from .avx512 import AVX512_FEATURES, Avx512Gemm
 from .matmuls import rewritable_matmuls, rewrite_matmuls
 from .targets import TargetError, flag_targets
 
 __all__ = [
+    "AVX512_BF16_FEATURES",
     "PRECISIONS",
     "PRECISION_FLAG",
     "TURBINE_FLAG_PREFIX",
+    "bf16_kernel_kind",
     "bf16_matmuls",
     "check_precision",
     "precision_flags",
@@ -29,6 +35,9 @@ __all__ = [
     "rewrite_matmuls_bf16",
     "strip_precision_flags",
 ]
+
+#: The ``/proc/cpuinfo`` flags of the AVX512-BF16 kernel (``vdpbf16ps``).
+AVX512_BF16_FEATURES = (*AVX512_FEATURES, "avx512_bf16")
 
 #: The precisions ``ExportOutput.compile(precision=...)`` accepts.
 PRECISIONS = ("fp32", "bf16")
@@ -89,16 +98,27 @@ def _target_cpu(flags: Any) -> str | None:
     return cpu
 
 
+def bf16_kernel_kind() -> str | None:
+    """The bf16 kernel this machine runs: ``"amx"`` (AMX-BF16), ``"avx512"`` (AVX512-BF16), or
+    ``None`` (neither)."""
+    if not host_amx_missing():
+        return "amx"
+    flags = cpu_flags()
+    if all(f in flags for f in AVX512_BF16_FEATURES):
+        return "avx512"
+    return None
+
+
 def check_precision(flags: Any) -> None:
     """Refuses a precision the flags' target cannot give.
 
     ``bf16`` needs the llvm-cpu target built for this machine (``--iree-llvmcpu-target-cpu=host``,
-    turbine's default) on a CPU with AMX-BF16: the kernel is AMX code, and IREE 3.13's own bf16
-    path is slower than fp32 (docs/performance.md).
+    turbine's default) on a CPU with AMX-BF16 or AVX512-BF16: the kernels are hand-written for
+    those instructions, and IREE 3.13's own bf16 path is slower than fp32 (docs/performance.md).
 
     Raises:
         TargetError: an unknown precision, another target, a portable build, or a host CPU
-            without AMX-BF16 (the message names what is missing and what to use instead).
+            with neither (the message names what is missing and what to use instead).
     """
     precision = precision_of(flags)
     if precision not in PRECISIONS:
@@ -115,17 +135,18 @@ def check_precision(flags: Any) -> None:
     cpu = _target_cpu(flags)
     if cpu != "host":
         raise TargetError(
-            f"precision='bf16' runs AMX code and needs a module built for this machine's CPU "
+            f"precision='bf16' runs AMX or AVX512-BF16 code and needs a module built for this machine's CPU "
             f"(--iree-llvmcpu-target-cpu=host, the default), not {cpu!r}; drop host_cpu=False / "
             "the target CPU flag, or use precision='fp32' for a portable module"
         )
-    missing = host_amx_missing()
-    if missing:
+    if bf16_kernel_kind() is None:
+        flags_here = cpu_flags()
+        missing = [f for f in (*AMX_FEATURES, *AVX512_BF16_FEATURES) if f not in flags_here]
         raise TargetError(
-            f"precision='bf16' needs a CPU with AMX-BF16 (Intel Xeon 4th generation, Sapphire "
-            f"Rapids, or newer); this machine lacks {', '.join(missing)}. Use precision='fp32' "
-            "(the default): IREE 3.13's own bf16 code is slower than its fp32 code on CPUs "
-            "without AMX"
+            f"precision='bf16' needs a CPU with AMX-BF16 (Intel Xeon 4th generation or newer) "
+            f"or AVX512-BF16 (AMD Zen 4 or newer, Intel Cooper Lake); this machine lacks "
+            f"{', '.join(missing)}. Use precision='fp32' (the default): IREE 3.13's own bf16 "
+            "code is slower than its fp32 code on such CPUs"
         )
 
 
@@ -134,15 +155,28 @@ def bf16_matmuls(module_op: Any) -> list[Any]:
     return rewritable_matmuls(module_op)
 
 
-def rewrite_matmuls_bf16(module_op: Any) -> int:
-    """Rewrites, in place, each fp32 matmul :mod:`.matmuls` handles as a call of the AMX bf16
-    kernel, and marks the module as needing AMX.
+def rewrite_matmuls_bf16(module_op: Any, kind: str | None = None) -> int:
+    """Rewrites, in place, each fp32 matmul :mod:`.matmuls` handles as a call of a bf16 kernel,
+    and marks the module as needing its CPU features.
+
+    Args:
+        kind: ``"amx"`` or ``"avx512"``; default: this machine's (:func:`bf16_kernel_kind`; AMX
+            where there is no bf16 kernel at all, for rewriting without running).
 
     Returns:
         How many matmuls were rewritten.
     """
+    kind = kind or bf16_kernel_kind() or "amx"
+    if kind == "avx512":
 
-    def kernel(k: int, n: int, batched: bool) -> AmxGemm:
+        def avx512(k: int, n: int, batched: bool) -> Avx512Gemm:
+            return Avx512Gemm.for_shape(k, n, batch_b=batched, bf16=True)
+
+        return rewrite_matmuls(
+            module_op, avx512, prefix=_FUNC_PREFIX, cpu_requires=AVX512_BF16_FEATURES
+        )
+
+    def amx(k: int, n: int, batched: bool) -> AmxGemm:
         return AmxGemm.for_shape(k, n, batch_b=batched)
 
-    return rewrite_matmuls(module_op, kernel, prefix=_FUNC_PREFIX, cpu_requires=AMX_FEATURES)
+    return rewrite_matmuls(module_op, amx, prefix=_FUNC_PREFIX, cpu_requires=AMX_FEATURES)

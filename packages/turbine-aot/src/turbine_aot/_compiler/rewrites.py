@@ -17,8 +17,8 @@ flags:
 - every target: mutable globals of the same type and initial value (per-layer KV caches) get
   their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
 - ``llvm-cpu`` with ``precision="bf16"`` (the ``--turbine-precision=bf16`` flag): fp32 matmuls
-  as calls of the AMX bf16 kernel (:mod:`.bf16`, :mod:`.matmuls`); refused where the host has
-  no AMX-BF16. Otherwise, for host builds with turbine's fast-matmul defaults on an AVX-512
+  as calls of a bf16 kernel (AMX, else AVX512-BF16: :mod:`.bf16`, :mod:`.matmuls`); refused
+  where the host has neither. Otherwise, for host builds with turbine's fast-matmul defaults on an AVX-512
   CPU: fp32 matmuls as calls of turbine's AVX-512 fp32 kernel (:mod:`.matmuls`,
   :mod:`.avx512`; 1.2-2.5x IREE's matmul code). ``TURBINE_CPU_MATMUL=iree`` or
   ``--turbine-cpu-matmul=iree`` keeps IREE's.
@@ -37,7 +37,7 @@ from typing import Any
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import AVX512_FEATURES, Avx512Gemm
 from .avx512_conv import CONV_BLOCKING_ENV, direct_convs, rewrite_convs_avx512
-from .bf16 import check_precision, precision_of, rewrite_matmuls_bf16
+from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
@@ -158,7 +158,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
         if bf16:
             count = rewrite_matmuls_bf16(copy)
-            _log.info("precision bf16: %d matmul(s) on the AMX bf16 kernel", count)
+            kind = "AMX" if bf16_kernel_kind() == "amx" else "AVX512-BF16"
+            _log.info("precision bf16: %d matmul(s) on the %s kernel", count, kind)
         else:
             count = rewrite_matmuls_avx512(copy)
             _log.info("llvm-cpu target: %d fp32 matmul(s) on the AVX-512 kernel", count)

@@ -1,6 +1,8 @@
-"""``compile(precision="bf16")``: fp32 matmuls on the AMX bf16 kernel (``_compiler.amx``,
-``_compiler.bf16``). The rewrite and the refusals are checked everywhere; compiling and running
-needs a CPU with AMX-BF16 (skipped elsewhere, with the reason)."""
+"""``compile(precision="bf16")``: fp32 matmuls on a bf16 kernel, AMX (``_compiler.amx``) or
+AVX512-BF16 (``_compiler.avx512``), chosen by ``_compiler.bf16``. The rewrite and the refusals
+are checked everywhere; compiling and running needs a CPU with either (the end-to-end tests run
+on whichever this machine has; each kernel's own tests are skipped elsewhere, with the
+reason)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from ir_check import check_ir
 from turbine_aot import export
 from turbine_aot._compiler import amx, bf16
 from turbine_aot._compiler.amx import AmxGemm, host_amx_missing, padded
+from turbine_aot._compiler.avx512 import Avx512Gemm
 from turbine_aot._compiler.bf16 import (
+    AVX512_BF16_FEATURES,
     PRECISION_FLAG,
+    bf16_kernel_kind,
     bf16_matmuls,
     check_precision,
     precision_flags,
@@ -34,6 +39,16 @@ from turbine_aot.runtime import TurbineRuntimeError, load_module
 _MISSING = host_amx_missing()
 needs_amx = pytest.mark.skipif(
     bool(_MISSING), reason=f"this CPU cannot run AMX code (lacks {', '.join(_MISSING)})"
+)
+_KIND = bf16_kernel_kind()
+needs_bf16 = pytest.mark.skipif(
+    _KIND is None,
+    reason=f"this CPU has neither AMX-BF16 nor AVX512-BF16 (lacks {', '.join(_MISSING)}, "
+    f"{', '.join(f for f in AVX512_BF16_FEATURES if f not in amx.cpu_flags())})",
+)
+needs_avx512_bf16 = pytest.mark.skipif(
+    not all(f in amx.cpu_flags() for f in AVX512_BF16_FEATURES),
+    reason=f"this CPU cannot run AVX512-BF16 code (needs {', '.join(AVX512_BF16_FEATURES)})",
 )
 _BF16 = [f"{PRECISION_FLAG}=bf16"]
 
@@ -112,10 +127,14 @@ def test_bf16_is_refused_for_other_targets_and_portable_builds():
         check_precision([*default_compile_flags("llvm-cpu", host=False, use_env=False), *_BF16])
 
 
-def test_bf16_on_a_cpu_without_amx_names_what_is_missing(monkeypatch):
+def test_bf16_on_a_cpu_without_amx_or_avx512_bf16_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(bf16, "host_amx_missing", lambda: ["amx_tile", "amx_bf16"])
+    monkeypatch.setattr(bf16, "cpu_flags", lambda: frozenset({"avx512f", "avx2"}))
     eo = export(_Linear2(), args=(torch.randn(4, 100),))
-    with pytest.raises(TargetError, match=r"lacks amx_tile, amx_bf16\. Use precision='fp32'"):
+    with pytest.raises(
+        TargetError,
+        match=r"AVX512-BF16.*lacks amx_tile, amx_bf16, avx512_bf16\. Use precision='fp32'",
+    ):
         eo.compile(save_to=None, precision="bf16")
     with pytest.raises(TargetError, match="unknown precision"):
         eo.compile(save_to=None, precision="int4")
@@ -142,9 +161,9 @@ def test_the_compile_copy_calls_the_amx_kernel_and_the_export_stays_fp32():
     exported = str(eo.mlir_module)
     assert len(bf16_matmuls(eo.mlir_module)) == 2
     copy, owned = module_for_compile(eo.mlir_module, _flags()) if not _MISSING else (None, False)
-    if copy is None:  # no AMX here: the rewrite itself (module_for_compile refuses first)
+    if copy is None:  # no AMX here: the rewrite itself, with the AMX kernel asked for
         copy = eo.mlir_module.operation.clone()
-        rewrite_matmuls_bf16(copy)
+        rewrite_matmuls_bf16(copy, "amx")
         owned = True
     try:
         asm = str(copy)
@@ -167,6 +186,30 @@ def test_the_compile_copy_calls_the_amx_kernel_and_the_export_stays_fp32():
     assert 'turbine.cpu_requires = "amx_tile,amx_bf16"' in asm
     assert exported == str(eo.mlir_module)  # the exported IR is left as it was
     assert "flow.dispatch" not in exported
+
+
+def test_the_avx512_bf16_kernel_reads_pairs_along_k():
+    eo = export(_Linear2(), args=(torch.randn(8, 100),))
+    copy = eo.mlir_module.operation.clone()
+    try:
+        assert rewrite_matmuls_bf16(copy, "avx512") == 2
+        asm = str(copy)
+    finally:
+        copy.erase()
+    check_ir(
+        asm,
+        # K = 100 (even: no padding), N = 70 -> 128 (panels of 64 columns)
+        r"stream.executable private @__turbine_avx512_bf16_gemm_100x128_4x64x128_128x64",
+        r'llvm.inline_asm "vdpbf16ps \$2, \$1, \$0", "=v,v,v,0"',
+        r"func.func private @__turbine_bf16_matmul_0\(%\w+: tensor<8x100xf32>, %\w+: tensor<100x70xf32>\)",
+        r"arith.truncf %\w+ : f32 to bf16",
+        r"tensor.pad %\w+ low\[0, 0\] high\[0, 58\]",  # the weight [K, N]: 70 -> 128 columns
+        r"linalg.transpose .* permutation = \[2, 0, 3, 1\]",  # [K/2, 2, p, nr] -> [p, K/2, nr, 2]
+        r"tensor.extract_slice %\w+\[0, 0\] \[%\w+, 70\]",
+    )
+    assert 'turbine.cpu_requires = "avx512f,avx512_bf16"' in asm
+    # the second linear's K = 70 is even too; an odd K is padded by one zero (the last test)
+    assert "__turbine_avx512_bf16_gemm_70x64_" in asm
 
 
 def test_what_is_not_rewritten():
@@ -243,8 +286,56 @@ def test_the_kernel_gives_the_exact_bf16_products_for_any_rows(k, n, batch_b):
             torch.testing.assert_close(got, a.float() @ b.float(), rtol=1e-5, atol=1e-4)
 
 
+def _avx512_pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
+    """B [K, N] -> the AVX512-BF16 kernel's layout (as documented in _compiler.avx512)."""
+    k, n = b.shape
+    bp = torch.zeros(g.kp, g.np_, dtype=torch.bfloat16)
+    bp[:k, :n] = b
+    return bp.reshape(g.kp // 2, 2, g.np_ // g.nr, g.nr).permute(2, 0, 3, 1).reshape(-1)
+
+
+@needs_avx512_bf16
+@pytest.mark.parametrize(("k", "n", "batch_b"), [(64, 64, False), (300, 192, True)])
+def test_the_avx512_bf16_kernel_gives_the_exact_bf16_products_for_any_rows(k, n, batch_b):
+    g = Avx512Gemm.for_shape(k, n, batch_b=batch_b, bf16=True)
+    be = "?" if batch_b else str(g.packed_b_size)
+    call = g.dispatch("%a2", "%b", "%m", "%batch", "%rows", be).replace(
+        "tensor<?xbf16>", "tensor<?xbf16>" + ("{%bel}" if batch_b else "")
+    )
+    kp, np_ = g.kp, g.np_
+    src = g.executable() + textwrap.dedent(
+        f"""
+        func.func @main(%a: tensor<?x?x{kp}xbf16>, %b: tensor<{be}xbf16>) -> tensor<?x?x{np_}xf32> {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %batch = tensor.dim %a, %c0 : tensor<?x?x{kp}xbf16>
+          %m = tensor.dim %a, %c1 : tensor<?x?x{kp}xbf16>
+          %rows = arith.muli %batch, %m : index
+          %bel = tensor.dim %b, %c0 : tensor<{be}xbf16>
+          %a2 = tensor.collapse_shape %a [[0, 1], [2]] : tensor<?x?x{kp}xbf16> into tensor<?x{kp}xbf16>
+          %r = {call}
+          %o = tensor.expand_shape %r [[0, 1], [2]] output_shape [%batch, %m, {np_}] : tensor<?x{np_}xf32> into tensor<?x?x{np_}xf32>
+          return %o : tensor<?x?x{np_}xf32>
+        }}"""
+    )
+    vmfb = compile_mlir(src, default_compile_flags("llvm-cpu", use_env=False), cache=False)
+    import iree.runtime as rt
+
+    ctx = rt.SystemContext(config=rt.Config("local-task"))
+    ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
+    torch.manual_seed(0)
+    for batch in (1, 3):
+        for m in (1, 3, 4, 5, 130):  # register-block tails (4 rows) and several workgroups
+            a = torch.randn(batch, m, kp).bfloat16()
+            b = torch.randn(batch if batch_b else 1, kp, np_).bfloat16()
+            packed = torch.cat([_avx512_pack(b[i], g) for i in range(b.shape[0])])
+            out = ctx.modules.module.main(_bf16_np(a), _bf16_np(packed))
+            got = torch.from_numpy(np.asarray(out.to_host()))
+            torch.testing.assert_close(got, a.float() @ b.float(), rtol=1e-5, atol=1e-4)
+
+
 # ------------------------------------------------------------------------------ end to end
-@needs_amx
+@needs_bf16
 @pytest.mark.parametrize("rows", [1, 8, 17, 128])
 def test_linears_with_remainders_match_the_bf16_reference(rows):
     model = _Linear2().eval()
@@ -257,7 +348,7 @@ def test_linears_with_remainders_match_the_bf16_reference(rows):
     torch.testing.assert_close(got, model(x), rtol=0.0, atol=2e-2)
 
 
-@needs_amx
+@needs_bf16
 def test_a_dynamic_batch_of_3d_inputs():
     model = _Linear2().eval()
     batch = torch.export.Dim("batch", min=1, max=64)
@@ -268,7 +359,7 @@ def test_a_dynamic_batch_of_3d_inputs():
         torch.testing.assert_close(m.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
 
 
-@needs_amx
+@needs_bf16
 def test_attention_matmuls_of_two_activations():
     model = _Attention().eval()
     x = torch.randn(1, 48, 64)
@@ -351,7 +442,7 @@ def test_without_the_permission_amx_code_dies_of_sigill(tmp_path):
             assert float(proc.stdout.split()[-1]) == 64.0
 
 
-@needs_amx
+@needs_bf16
 def test_external_parameters_are_packed_when_the_module_loads(tmp_path):
     from turbine_aot import externalize_module_parameters, save_module_parameters
 
@@ -370,3 +461,20 @@ def test_external_parameters_are_packed_when_the_module_loads(tmp_path):
     save_module_parameters(tmp_path / "w2.irpa", model)
     m2 = load_module(vmfb, parameters=tmp_path / "w2.irpa")
     torch.testing.assert_close(m2.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+@needs_bf16
+def test_an_odd_reduction_is_padded_with_one_zero():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(1)
+            self.a = torch.nn.Linear(7, 33)
+
+        def forward(self, x):
+            return self.a(x)
+
+    model = Odd().eval()
+    x = torch.randn(3, 7)
+    got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
+    torch.testing.assert_close(got, _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
