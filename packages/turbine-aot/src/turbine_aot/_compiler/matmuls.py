@@ -78,7 +78,8 @@ _MATMUL_OPS = frozenset(
 class Kernel(Protocol):
     """What the rewrite needs of a kernel (:class:`.amx.AmxGemm`, :class:`.avx512.Avx512Gemm`)."""
 
-    operand_dtype: str  # "bf16" or "f32"
+    @property
+    def operand_dtype(self) -> str: ...  # "bf16" or "f32"
 
     @property
     def name(self) -> str: ...
