@@ -478,3 +478,73 @@ def test_an_odd_reduction_is_padded_with_one_zero():
     x = torch.randn(3, 7)
     got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
     torch.testing.assert_close(got, _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------- convolutions in bf16
+class _Convs(torch.nn.Module):
+    """A 3-channel stem (odd input channels: stays f32), then convolutions with even input
+    channels (bf16): padding, stride, dilation, no bias, a 1x1."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.stem = torch.nn.Conv2d(3, 16, 7, stride=2, padding=3)
+        self.a = torch.nn.Conv2d(16, 32, 3, padding=1, bias=False)
+        self.b = torch.nn.Conv2d(32, 40, 3, stride=2, padding=2, dilation=2)
+        self.c = torch.nn.Conv2d(40, 64, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def _conv_bf16_reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What the bf16 module computes: each convolution with even input channels on bf16-rounded
+    input and weight, f32 accumulation; the odd-channel stem in f32."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in ref.modules():
+            if isinstance(layer, torch.nn.Conv2d) and layer.in_channels % 2 == 0:
+                layer.weight.copy_(layer.weight.bfloat16().float())
+                layer.register_forward_pre_hook(
+                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
+                )
+        return ref(x)
+
+
+def test_convolutions_with_even_input_channels_get_the_bf16_kernel(monkeypatch):
+    from turbine_aot._compiler import rewrites
+
+    # the host check of the rewrite, answered as on a CPU with AVX512-BF16 (no compile here)
+    monkeypatch.setattr(rewrites, "cpu_flags", lambda: frozenset(AVX512_BF16_FEATURES))
+    monkeypatch.setattr(bf16, "bf16_kernel_kind", lambda: "avx512")
+    eo = export(_Convs(), args=(torch.randn(1, 3, 32, 32),))
+    copy, owned = module_for_compile(eo.mlir_module, _flags())
+    try:
+        asm = str(copy)
+    finally:
+        if owned:
+            copy.operation.erase()
+    assert asm.count("stream.executable private @__turbine_avx512_bf16_conv_") == 3
+    # the 3-channel stem: pairs of channels would straddle taps, so it stays f32
+    assert "stream.executable private @__turbine_avx512_f32_conv_n1_c3_" in asm
+    check_ir(
+        asm,
+        r"func.func private @__turbine_avx512_conv_\d+\(%\w+: tensor<1x16x16x16xf32>",
+        r"arith.truncf %\w+ : f32 to bf16",  # the padded input, as the kernel reads it
+        r"permutation = \[2, 0, 3, 1\]",  # the weight in panels of pairs
+        r"arith.truncf %\w+ : f32 to bf16",
+        r"flow.dispatch @__turbine_avx512_bf16_conv_.*tensor<\d+xbf16>, tensor<\d+xbf16>",
+    )
+    assert 'turbine.cpu_requires = "avx512f,avx512_bf16"' in asm
+
+
+@needs_avx512_bf16
+def test_bf16_convolutions_match_the_bf16_reference():
+    model = _Convs().eval()
+    x = torch.randn(2, 3, 40, 36)
+    got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
+    torch.testing.assert_close(got, _conv_bf16_reference(model, x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, model(x), rtol=0.0, atol=5e-3)

@@ -12,7 +12,6 @@ from ir_check import check_ir
 from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
-from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, direct_convs
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.flags import default_compile_flags
@@ -318,11 +317,14 @@ def test_two_rewrites_calling_the_same_kernel_share_its_one_executable():
             torch.testing.assert_close(compiled.main(xn, vn), model(xn, vn), rtol=1e-5, atol=1e-5)
 
 
-def test_with_precision_bf16_the_convolutions_stay_fp32_on_the_kernel():
-    """``precision="bf16"`` puts the matmuls on the AMX kernel; the convolutions go to the fp32
-    direct-convolution kernel there too (before: IREE's fp32 convolutions)."""
-    if host_amx_missing():
-        pytest.skip(f"this CPU has no AMX-BF16 (lacks {', '.join(host_amx_missing())})")
+def test_with_precision_bf16_the_convolutions_run_in_bf16_on_the_kernel():
+    """``precision="bf16"`` puts the matmuls on a bf16 kernel (AMX, else AVX512-BF16) and the
+    convolutions with even input channels on the direct-convolution kernel's bf16 form."""
+    from turbine_aot._compiler.bf16 import bf16_kernel_kind
+
+    kind = bf16_kernel_kind()
+    if kind is None:
+        pytest.skip("this CPU has neither AMX-BF16 nor AVX512-BF16")
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(8, 16, 3, padding=1),
@@ -333,7 +335,8 @@ def test_with_precision_bf16_the_convolutions_stay_fp32_on_the_kernel():
     x = torch.randn(1, 8, 6, 6)
     eo = export(model, args=(x,))
     asm = _copy_asm(eo, _flags("--turbine-precision=bf16"))
-    assert "avx512_f32_conv" in asm and "amx" in asm
+    assert "avx512_bf16_conv" in asm and "avx512_f32_conv" not in asm
+    assert ("amx_bf16_gemm" if kind == "amx" else "avx512_bf16_gemm") in asm
     got = load_module(eo.compile(None, precision="bf16")).main(x)
     with torch.no_grad():
         torch.testing.assert_close(got, model(x), rtol=0.0, atol=5e-2)

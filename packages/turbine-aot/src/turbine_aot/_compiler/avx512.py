@@ -30,10 +30,19 @@ from typing import Any
 
 from .amx import cpu_flags
 
-__all__ = ["AVX512_FEATURES", "Avx512Gemm", "emit_accumulator_init", "host_avx512_missing"]
+__all__ = [
+    "AVX512_BF16_FEATURES",
+    "AVX512_FEATURES",
+    "Avx512Gemm",
+    "emit_accumulator_init",
+    "fma",
+    "host_avx512_missing",
+]
 
 #: The ``/proc/cpuinfo`` flag the kernel needs.
 AVX512_FEATURES = ("avx512f",)
+#: The flags its bf16 form needs (``vdpbf16ps``).
+AVX512_BF16_FEATURES = (*AVX512_FEATURES, "avx512_bf16")
 
 
 def host_avx512_missing() -> list[str]:
@@ -59,6 +68,21 @@ def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str) -> None:
             loads.append(f"%ld{r}_{j}")
     e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
     e(f"{p}}}")
+
+
+def fma(a: str, b: str, acc: str, bf16: bool) -> str:
+    """The right-hand side of one multiply-accumulate step into ``acc`` (``vector<16xf32>``):
+    f32, ``acc + a * b`` (``vector<16xf32>`` operands); bf16, ``vdpbf16ps`` (AVX512-BF16) over
+    ``vector<16xi32>`` operands whose words are bf16 pairs: ``acc[i] += a[2i] * b[2i] +
+    a[2i + 1] * b[2i + 1]`` in f32. Shared by the matmul and the direct-convolution kernels."""
+    vt = "vector<16xf32>"
+    if not bf16:
+        return f"vector.fma {a}, {b}, {acc} : {vt}"
+    wt = "vector<16xi32>"
+    return (
+        f'llvm.inline_asm "vdpbf16ps $2, $1, $0", "=v,v,v,0" {a}, {b}, {acc} : '
+        f"({wt}, {wt}, {vt}) -> {vt}"
+    )
 
 
 @dataclass(frozen=True)
@@ -277,13 +301,7 @@ class Avx512Gemm:
             e(f"{p}  %as{r} = memref.load %ma[%row{r}, %k] : {a_t}")
             e(f"{p}  %ab{r} = vector.broadcast %as{r} : {word} to {bt}")
             for j in range(nv):
-                if self.bf16:  # acc[i] += a[2i] * b[2i] + a[2i + 1] * b[2i + 1] (f32)
-                    e(
-                        f'{p}  %f{r}_{j} = llvm.inline_asm "vdpbf16ps $2, $1, $0", "=v,v,v,0" '
-                        f"%ab{r}, %bv{j}, %acc{r}_{j} : ({bt}, {bt}, {vt}) -> {vt}"
-                    )
-                else:
-                    e(f"{p}  %f{r}_{j} = vector.fma %ab{r}, %bv{j}, %acc{r}_{j} : {vt}")
+                e(f"{p}  %f{r}_{j} = " + fma(f"%ab{r}", f"%bv{j}", f"%acc{r}_{j}", self.bf16))
                 outs.append(f"%f{r}_{j}")
         e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
         e(f"{p}}}")

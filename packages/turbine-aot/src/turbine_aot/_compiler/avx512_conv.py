@@ -36,6 +36,12 @@ it sees read their inputs through permutations (the IREE 3.13 miscompile in :mod
 a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the shared-producer
 case. Accepted: 2-D, fp32, groups 1, not transposed, static shapes (the batch too), any kernel
 size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' path.
+
+``precision="bf16"`` (:mod:`.bf16`) gives the kernel's bf16 form for convolutions with an even
+number of input channels: the padded input is converted to bf16 in the dispatch that writes it,
+the weight once, and each step reads a *pair* of reduction elements (``c``, ``c + 1`` of one
+tap: adjacent in the channels-last input) as one 32-bit word, multiplied into the f32
+accumulators by ``vdpbf16ps`` (AVX512-BF16), as :mod:`.avx512`'s bf16 matmul form does.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .avx512 import AVX512_FEATURES, emit_accumulator_init
+from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, emit_accumulator_init, fma
 from .convs import Conv, conv_geometry
 from .matmuls import mark_cpu_requires
 from .torch_ir import TopLevel, walk
@@ -96,11 +102,21 @@ class Avx512Conv:
     rows_per_workgroup: int = 128
     cols_per_workgroup: int = 64
     prefetch: int = 0
+    bf16: bool = False
 
-    #: The operand element type the kernel reads.
-    operand_dtype = "f32"
+    @property
+    def operand_dtype(self) -> str:
+        """The operand element type the kernel reads (the input and the packed weight)."""
+        return "bf16" if self.bf16 else "f32"
+
+    @property
+    def unit(self) -> int:
+        """Elements per step of the reduction: 2 (a pair of bf16 values) or 1 (f32)."""
+        return 2 if self.bf16 else 1
 
     def __post_init__(self) -> None:
+        if self.bf16 and (self.g.c % 2 or self.kc % 2):
+            raise ValueError(f"AVX-512 bf16 convolution kernel: odd channels or block: {self}")
         if self.g.n is None:
             raise ValueError("AVX-512 convolution kernel: the batch must be static")
         if self.nr % 16 or self.cols_per_workgroup % self.nr or self.np_ % self.cols_per_workgroup:
@@ -162,7 +178,7 @@ class Avx512Conv:
     def name(self) -> str:
         g = self.g
         return (
-            f"__turbine_avx512_f32_conv_n{g.n}_c{g.c}_h{g.h}_w{g.w}_f{self.np_}_k{g.kh}x{g.kw}"
+            f"__turbine_avx512_{self.operand_dtype}_conv_n{g.n}_c{g.c}_h{g.h}_w{g.w}_f{self.np_}_k{g.kh}x{g.kw}"
             f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
             f"_d{g.dilation[0]}x{g.dilation[1]}_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}_pf{self.prefetch}"
@@ -170,21 +186,25 @@ class Avx512Conv:
 
     def dispatch(self, a: str, b: str) -> str:
         """The ``flow.dispatch`` of this kernel: ``a`` the padded NHWC input (1-D), ``b`` the
-        packed weight (1-D); the result is ``tensor<M x Np x f32>``."""
+        packed weight (1-D), both of :attr:`operand_dtype`; the result is
+        ``tensor<M x Np x f32>``."""
+        dt = self.operand_dtype
         return (
             f"flow.dispatch @{self.name}::@{self.name}({a}, {b}) : "
-            f"(tensor<{self.input_size}xf32>, tensor<{self.k * self.np_}xf32>) -> "
+            f"(tensor<{self.input_size}x{dt}>, tensor<{self.k * self.np_}x{dt}>) -> "
             f"tensor<{self.m}x{self.np_}xf32>"
         )
 
     def executable(self) -> str:
-        """The ``stream.executable`` (MLIR text) for a module's top level."""
-        mr, nr = self.mr, self.nr
+        """The ``stream.executable`` (MLIR text) for a module's top level. Offsets along the
+        reduction count steps (:attr:`unit` elements: bf16 reads i32 words, each a pair)."""
+        mr, nr, u = self.mr, self.nr, self.unit
         mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
-        taps, c = self.segments, self.segment_length
-        tb, cb = self.segments_per_block, self.block_length
-        a_t = f"memref<{self.input_size}xf32>"
-        b_t = f"memref<{self.k * self.np_}xf32>"
+        taps, c = self.segments, self.segment_length // u
+        tb, cb = self.segments_per_block, self.block_length // u
+        word = "i32" if self.bf16 else "f32"
+        a_t = f"memref<{self.input_size // u}x{word}>"
+        b_t = f"memref<{self.k * self.np_ // u}x{word}>"
         c_t = f"memref<{self.m}x{self.np_}xf32>"
         out: list[str] = []
         e = out.append
@@ -228,7 +248,7 @@ class Avx512Conv:
         # B element offset of (panel, k = 0)
         e(
             f"            %pbase = affine.apply affine_map<()[s0] -> ((s0 floordiv {nr}) * "
-            f"{self.k * nr})>()[%ncol]"
+            f"{self.k * nr // u})>()[%ncol]"
         )
         e(f"            scf.for %mi = %m0 to %mend step %c{mr} {{")
         e(
@@ -260,10 +280,12 @@ class Avx512Conv:
 
     def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, p: str) -> None:
         """``rows`` x ``nr`` of C over one reduction block: load (or zero), FMAs, store."""
-        g, nr = self.g, self.nr
+        g, nr, u = self.g, self.nr, self.unit
         nv = nr // 16
         vt = "vector<16xf32>"
-        ohw, ow, c = g.oh * g.ow, g.ow, g.c
+        word = "i32" if self.bf16 else "f32"
+        bt = f"vector<16x{word}>"
+        ohw, ow, c = g.oh * g.ow, g.ow, g.c // u
         (sh, sw), (dh, dw) = g.stride, g.dilation
         hp, wp = self.hp, self.wp
         accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nv)]
@@ -291,7 +313,7 @@ class Avx512Conv:
         else:  # segment t: tap (t / KW, t % KW), C contiguous elements
             toff = f"(s0 floordiv {g.kw}) * {dh * wp * c} + (s0 mod {g.kw}) * {dw * c}"
         e(f"{q}%toff = affine.apply affine_map<()[s0] -> ({toff})>()[%t]")
-        seg = self.segment_length
+        seg = self.segment_length // u
         e(f"{q}%tb = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {seg * nr})>()[%pbase, %t]")
         for r in range(rows):
             e(f"{q}%torg{r} = arith.addi %org{r}, %toff : index")
@@ -304,8 +326,8 @@ class Avx512Conv:
         w = q + "  "
         e(f"{w}%boff = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {nr})>()[%tb, %k]")
         if self.prefetch:  # the same position of the next reduction block (the panel is contiguous)
-            last = self.k * self.np_ - 1
-            dist = self.segments_per_block * self.block_length * nr
+            last = self.k * self.np_ // u - 1
+            dist = self.segments_per_block * self.block_length * nr // u
             for j in range(self.prefetch):
                 e(
                     f"{w}%pf{j} = affine.min affine_map<()[s0] -> (s0 + {dist + 16 * j}, {last})>()"
@@ -314,14 +336,14 @@ class Avx512Conv:
                 e(f"{w}memref.prefetch %mb[%pf{j}], read, locality<3>, data : {b_t}")
         for j in range(nv):
             e(f"{w}%bo{j} = arith.addi %boff, %c{16 * j} : index")
-            e(f"{w}%bv{j} = vector.load %mb[%bo{j}] : {b_t}, {vt}")
+            e(f"{w}%bv{j} = vector.load %mb[%bo{j}] : {b_t}, {bt}")
         outs = []
         for r in range(rows):
             e(f"{w}%ai{r} = arith.addi %torg{r}, %k : index")
             e(f"{w}%as{r} = memref.load %ma[%ai{r}] : {a_t}")
-            e(f"{w}%ab{r} = vector.broadcast %as{r} : f32 to {vt}")
+            e(f"{w}%ab{r} = vector.broadcast %as{r} : {word} to {bt}")
             for j in range(nv):
-                e(f"{w}%f{r}_{j} = vector.fma %ab{r}, %bv{j}, %tacc{r}_{j} : {vt}")
+                e(f"{w}%f{r}_{j} = " + fma(f"%ab{r}", f"%bv{j}", f"%tacc{r}_{j}", self.bf16))
                 outs.append(f"%f{r}_{j}")
         e(f"{w}scf.yield " + ", ".join(outs) + f" : {types}")
         e(f"{q}}}")
@@ -348,18 +370,20 @@ def _env_blocking(spec: str) -> dict[str, int]:
     return out
 
 
-def conv_kernel_for(g: Conv) -> Avx512Conv:
+def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
     """The kernel (and its blocking) for the convolution ``g``: ``$TURBINE_CPU_CONV_BLOCKING``
-    when set, else the measured per-shape choice (docs/performance.md, section 10)."""
+    when set, else the measured per-shape choice (docs/performance.md, section 10). ``bf16``:
+    the bf16 form where the input channels are even (else the f32 kernel)."""
+    bf16 = bf16 and g.c % 2 == 0
     spec = os.environ.get(CONV_BLOCKING_ENV, "").strip().lower()
     if spec:
         fields: dict[str, Any] = _env_blocking(spec)
-        return replace(Avx512Conv(g), **fields)
+        return replace(Avx512Conv(g, bf16=bf16), **fields)
     # reduction blocks of 256, not the matmul kernel's 128: half the passes of each register
     # block over its accumulators in C, 4-19 % faster per ResNet layer on the AMD EPYC (Zen 4)
     # of docs/performance.md, section 10 (192-512 alike there; the values are the same: each
     # element's sum runs in the same order whatever the blocking)
-    return Avx512Conv(g, kc=CONV_KC)
+    return Avx512Conv(g, kc=CONV_KC, bf16=bf16)
 
 
 def _spec(op: Any) -> Conv | None:
@@ -377,6 +401,21 @@ def direct_convs(module_op: Any) -> list[Any]:
 
 def _tensor(*dims: int) -> str:
     return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
+
+
+def _truncf_1d(result: str, src: str, size: int) -> str:
+    """``result = bf16(src)`` over a 1-D f32 tensor of ``size`` elements."""
+    bf_t = f"tensor<{size}xbf16>"
+    return (
+        f"  {result}_init = tensor.empty() : {bf_t}\n"
+        f"  {result} = linalg.generic {{indexing_maps = [affine_map<(i) -> (i)>, "
+        f'affine_map<(i) -> (i)>], iterator_types = ["parallel"]}} ins({src} : {_tensor(size)}) '
+        f"outs({result}_init : {bf_t}) {{\n"
+        "  ^bb0(%tv: f32, %to: bf16):\n"
+        "    %tt = arith.truncf %tv : f32 to bf16\n"
+        "    linalg.yield %tt : bf16\n"
+        f"  }} -> {bf_t}"
+    )
 
 
 def _function(name: str, kernel: Avx512Conv) -> str:
@@ -405,7 +444,12 @@ def _function(name: str, kernel: Avx512Conv) -> str:
         e(f"  }} : {nhwc_t} to {xp_t}")
         src, src_t = "%xp", xp_t
     dims = "[[" + ", ".join("0123") + "]]"
-    e(f"  %a = tensor.collapse_shape {src} {dims} : {src_t} into {_tensor(kernel.input_size)}")
+    a_name = "%a32" if kernel.bf16 else "%a"
+    e(
+        f"  {a_name} = tensor.collapse_shape {src} {dims} : {src_t} into {_tensor(kernel.input_size)}"
+    )
+    if kernel.bf16:  # converted in the dispatch that writes the padded input
+        e(_truncf_1d("%a", "%a32", kernel.input_size))
     # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> panels [P, K, nr]
     e(f"  %wt_init = tensor.empty() : {wt_t}")
     e(
@@ -420,15 +464,25 @@ def _function(name: str, kernel: Avx512Conv) -> str:
         e(f"  }} : {kf_t} to {_tensor(k, np_)}")
         wk, wk_t = "%wpad", _tensor(k, np_)
     p = np_ // nr
-    ex_t, pan_t = _tensor(k, p, nr), _tensor(p, k, nr)
+    if kernel.bf16:  # panels of pairs: [K/2, 2, P, nr] -> [P, K/2, nr, 2]
+        ex_sizes, reassoc, perm = [k // 2, 2, p, nr], "[[0, 1], [2, 3]]", [2, 0, 3, 1]
+    else:  # panels: [K, P, nr] -> [P, K, nr]
+        ex_sizes, reassoc, perm = [k, p, nr], "[[0], [1, 2]]", [1, 0, 2]
+    ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
     e(
-        f"  %wex = tensor.expand_shape {wk} [[0], [1, 2]] output_shape [{k}, {p}, {nr}] : {wk_t} into {ex_t}"
+        f"  %wex = tensor.expand_shape {wk} {reassoc} output_shape "
+        f"[{', '.join(map(str, ex_sizes))}] : {wk_t} into {ex_t}"
     )
     e(f"  %wpan_init = tensor.empty() : {pan_t}")
     e(
-        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) permutation = [1, 0, 2]"
+        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) "
+        f"permutation = [{', '.join(map(str, perm))}]"
     )
-    e(f"  %bp = tensor.collapse_shape %wpan [[0, 1, 2]] : {pan_t} into {_tensor(k * np_)}")
+    all_dims = ", ".join(str(i) for i in range(len(perm)))
+    bp_name = "%bp32" if kernel.bf16 else "%bp"
+    e(f"  {bp_name} = tensor.collapse_shape %wpan [[{all_dims}]] : {pan_t} into {_tensor(k * np_)}")
+    if kernel.bf16:  # a weight: converted once, with the packing (constant hoisting)
+        e(_truncf_1d("%bp", "%bp32", k * np_))
     e("  %cm = " + kernel.dispatch("%a", "%bp"))
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
@@ -461,9 +515,10 @@ def _function(name: str, kernel: Avx512Conv) -> str:
     return "\n".join(lines)
 
 
-def rewrite_convs_avx512(module_op: Any) -> int:
+def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
     """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
-    direct-convolution kernel (see the module doc).
+    direct-convolution kernel (see the module doc); ``bf16``: its bf16 form where the input
+    channels are even (``precision="bf16"``), the module then marked as needing AVX512-BF16.
 
     Returns:
         How many convolutions were rewritten.
@@ -473,9 +528,11 @@ def rewrite_convs_avx512(module_op: Any) -> int:
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
+    any_bf16 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
-        kernel = conv_kernel_for(g)
+        kernel = conv_kernel_for(g, bf16)
+        any_bf16 = any_bf16 or kernel.bf16
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
@@ -503,5 +560,5 @@ def rewrite_convs_avx512(module_op: Any) -> int:
         conv.results[0].replace_all_uses_with(back)
         conv.erase()
     if found:
-        mark_cpu_requires(op, AVX512_FEATURES)
+        mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
     return len(found)

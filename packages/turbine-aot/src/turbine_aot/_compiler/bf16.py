@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .amx import AMX_FEATURES, AmxGemm, cpu_flags, host_amx_missing
-from .avx512 import AVX512_FEATURES, Avx512Gemm
+from .avx512 import AVX512_BF16_FEATURES, Avx512Gemm
 from .matmuls import rewritable_matmuls, rewrite_matmuls
 from .targets import TargetError, flag_targets
 
@@ -35,9 +35,6 @@ __all__ = [
     "rewrite_matmuls_bf16",
     "strip_precision_flags",
 ]
-
-#: The ``/proc/cpuinfo`` flags of the AVX512-BF16 kernel (``vdpbf16ps``).
-AVX512_BF16_FEATURES = (*AVX512_FEATURES, "avx512_bf16")
 
 #: The precisions ``ExportOutput.compile(precision=...)`` accepts.
 PRECISIONS = ("fp32", "bf16")

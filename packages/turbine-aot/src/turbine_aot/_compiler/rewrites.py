@@ -34,8 +34,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from .amx import cpu_flags
 from .attention import decompose_attention, has_attention, targets_only_cpu
-from .avx512 import AVX512_FEATURES, Avx512Gemm
+from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm
 from .avx512_conv import CONV_BLOCKING_ENV, direct_convs, rewrite_convs_avx512
 from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
@@ -94,6 +95,10 @@ def _avx512_gemm(k: int, n: int, batched: bool) -> Avx512Gemm:
     return Avx512Gemm.for_shape(k, n, batch_b=batched)
 
 
+def _avx512_bf16_gemm(k: int, n: int, batched: bool) -> Avx512Gemm:
+    return Avx512Gemm.for_shape(k, n, batch_b=batched, bf16=True)
+
+
 def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]:
     """The module to hand to IREE for ``flags``: a rewritten copy when a fix applies.
 
@@ -119,8 +124,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     matmul = bf16 or avx512
     quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
-    # with precision="bf16" too (they stay fp32 there: see docs/performance.md, section 10)
+    # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
+    bf16_convs = bf16 and all(f in cpu_flags() for f in AVX512_BF16_FEATURES)
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
     reform = conv_kernel and bool(convs_to_reform(op))
     direct = conv_kernel and (reform or bool(direct_convs(op)))
@@ -143,14 +149,19 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         count = reform_convs(copy)
         _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
     if direct:
-        count = rewrite_convs_avx512(copy)
-        _log.info("llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel", count)
+        count = rewrite_convs_avx512(copy, bf16=bf16_convs)
+        _log.info(
+            "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
+            count,
+            " (bf16 where the input channels are even)" if bf16_convs else "",
+        )
     if pools:
         count = rewrite_max_pools_nhwc(copy)
         _log.info("llvm-cpu target: %d max pooling(s) channels-last", count)
     if convs and convs_as_matmuls(copy):  # the stems (and dynamic-batch 1x1s) left
-        kernel_for = _avx512_gemm if conv_kernel else None
-        count = rewrite_convs_as_matmuls(copy, kernel_for, AVX512_FEATURES)
+        kernel_for = (_avx512_bf16_gemm if bf16_convs else _avx512_gemm) if conv_kernel else None
+        features = AVX512_BF16_FEATURES if bf16_convs else AVX512_FEATURES
+        count = rewrite_convs_as_matmuls(copy, kernel_for, features)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
     if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
         count = rewrite_quant_matmuls_avx512(copy)
