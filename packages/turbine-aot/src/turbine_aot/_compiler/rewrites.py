@@ -67,8 +67,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: the first version); 10: the quantized kernel's software prefetch of the next block's rows;
 #: 11: 1-D and few-group convolutions made 2-D and dense for the direct-convolution kernel;
 #: 12: max poolings channels-last beside those convolutions, and that convolution kernel with
-#: reduction blocks of 256 (on their branch, 9 to 11).
-REVISION = 12
+#: reduction blocks of 256 (on their branch, 9 to 11); 13: ``precision="bf16"`` convolutions
+#: on that kernel's bf16 form, and bf16 matmuls on the AVX512-BF16 kernel where there is no AMX.
+REVISION = 13
 
 _log = logging.getLogger("turbine.aot")
 
