@@ -482,8 +482,8 @@ def test_an_odd_reduction_is_padded_with_one_zero():
 
 # ------------------------------------------------------------------------- convolutions in bf16
 class _Convs(torch.nn.Module):
-    """A 3-channel stem (odd input channels: stays f32), then convolutions with even input
-    channels (bf16): padding, stride, dilation, no bias, a 1x1."""
+    """A 3-channel stem (odd input channels: one zero channel added for the bf16 kernel's
+    pairs), then convolutions with padding, stride, dilation, no bias, a 1x1."""
 
     def __init__(self):
         super().__init__()
@@ -499,14 +499,14 @@ class _Convs(torch.nn.Module):
 
 
 def _conv_bf16_reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """What the bf16 module computes: each convolution with even input channels on bf16-rounded
-    input and weight, f32 accumulation; the odd-channel stem in f32."""
+    """What the bf16 module computes: each convolution on bf16-rounded input and weight, f32
+    accumulation."""
     import copy
 
     ref = copy.deepcopy(model)
     with torch.no_grad():
         for layer in ref.modules():
-            if isinstance(layer, torch.nn.Conv2d) and layer.in_channels % 2 == 0:
+            if isinstance(layer, torch.nn.Conv2d):
                 layer.weight.copy_(layer.weight.bfloat16().float())
                 layer.register_forward_pre_hook(
                     lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
@@ -514,7 +514,7 @@ def _conv_bf16_reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tenso
         return ref(x)
 
 
-def test_convolutions_with_even_input_channels_get_the_bf16_kernel(monkeypatch):
+def test_convolutions_get_the_bf16_kernel_odd_channels_padded(monkeypatch):
     from turbine_aot._compiler import rewrites
 
     # the host check of the rewrite, answered as on a CPU with AVX512-BF16 (no compile here)
@@ -527,11 +527,15 @@ def test_convolutions_with_even_input_channels_get_the_bf16_kernel(monkeypatch):
     finally:
         if owned:
             copy.operation.erase()
-    assert asm.count("stream.executable private @__turbine_avx512_bf16_conv_") == 3
-    # the 3-channel stem: pairs of channels would straddle taps, so it stays f32
-    assert "stream.executable private @__turbine_avx512_f32_conv_n1_c3_" in asm
+    assert asm.count("stream.executable private @__turbine_avx512_bf16_conv_") == 4
+    assert "avx512_f32_conv" not in asm
     check_ir(
         asm,
+        # the 3-channel stem: a zero channel on the weight and the padded input (pairs)
+        r"stream.executable private @__turbine_avx512_bf16_conv_n1_c4_h32_w32_f64_k7x7",
+        r"func.func private @__turbine_avx512_conv_0\(%\w+: tensor<1x3x32x32xf32>, %\w+: tensor<16x3x7x7xf32>",
+        r"tensor.pad %\w+ low\[0, 0, 0, 0\] high\[0, 1, 0, 0\]",
+        r"tensor.pad %\w+ low\[0, 3, 3, 0\] high\[0, 3, 3, 1\]",
         r"func.func private @__turbine_avx512_conv_\d+\(%\w+: tensor<1x16x16x16xf32>",
         r"arith.truncf %\w+ : f32 to bf16",  # the padded input, as the kernel reads it
         r"permutation = \[2, 0, 3, 1\]",  # the weight in panels of pairs

@@ -37,11 +37,12 @@ a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the sha
 case. Accepted: 2-D, fp32, groups 1, not transposed, static shapes (the batch too), any kernel
 size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' path.
 
-``precision="bf16"`` (:mod:`.bf16`) gives the kernel's bf16 form for convolutions with an even
-number of input channels: the padded input is converted to bf16 in the dispatch that writes it,
-the weight once, and each step reads a *pair* of reduction elements (``c``, ``c + 1`` of one
-tap: adjacent in the channels-last input) as one 32-bit word, multiplied into the f32
-accumulators by ``vdpbf16ps`` (AVX512-BF16), as :mod:`.avx512`'s bf16 matmul form does.
+``precision="bf16"`` (:mod:`.bf16`) gives the kernel's bf16 form: the padded input is converted
+to bf16 in the dispatch that writes it, the weight once, and each step reads a *pair* of
+reduction elements (``c``, ``c + 1`` of one tap: adjacent in the channels-last input) as one
+32-bit word, multiplied into the f32 accumulators by ``vdpbf16ps`` (AVX512-BF16), as
+:mod:`.avx512`'s bf16 matmul form does. An odd channel count (an RGB stem) gets one zero channel
+on the input (in the same padding) and on the weight, so pairs never straddle two taps.
 """
 
 from __future__ import annotations
@@ -373,7 +374,7 @@ def _env_blocking(spec: str) -> dict[str, int]:
 def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
     """The kernel (and its blocking) for the convolution ``g``: ``$TURBINE_CPU_CONV_BLOCKING``
     when set, else the measured per-shape choice (docs/performance.md, section 10). ``bf16``:
-    the bf16 form where the input channels are even (else the f32 kernel)."""
+    the bf16 form where the input channels are even (the rewrite pads odd ones; else f32)."""
     bf16 = bf16 and g.c % 2 == 0
     spec = os.environ.get(CONV_BLOCKING_ENV, "").strip().lower()
     if spec:
@@ -418,27 +419,37 @@ def _truncf_1d(result: str, src: str, size: int) -> str:
     )
 
 
-def _function(name: str, kernel: Avx512Conv) -> str:
-    """The private function computing the convolution through ``kernel`` (builtin tensors)."""
+def _function(name: str, kernel: Avx512Conv, channels: int | None = None) -> str:
+    """The private function computing the convolution through ``kernel`` (builtin tensors).
+    ``channels``: the convolution's input channels where the kernel's are more (zero channels
+    padded onto the input and the weight: an odd count made even for the bf16 form)."""
     g = kernel.g
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
+    c0 = c if channels is None else channels
     (ph, pw) = g.padding
     np_, k, nr = kernel.np_, kernel.k, kernel.nr
-    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
-    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, c)
+    x_t, w0_t, out_t = _tensor(n, c0, h, w), _tensor(f, c0, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
+    w_t = _tensor(f, c, g.kh, g.kw)
+    nhwc_t, xp_t = _tensor(n, h, w, c0), _tensor(n, kernel.hp, kernel.wp, c)
     wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
-    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
+    w_arg = "%w0" if c != c0 else "%w"
+    args = f"%x: {x_t}, {w_arg}: {w0_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
     lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
+    if c != c0:  # the weight's zero channels
+        e(f"  %w = tensor.pad %w0 low[0, 0, 0, 0] high[0, {c - c0}, 0, 0] {{")
+        e("  ^bb0(%q0: index, %q1: index, %q2: index, %q3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {w0_t} to {w_t}")
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
         f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
     )
     src, src_t = "%xt", nhwc_t
-    if ph or pw:
-        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{")
+    if ph or pw or c != c0:
+        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, {c - c0}] {{")
         e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
         e("    tensor.yield %zero : f32")
         e(f"  }} : {nhwc_t} to {xp_t}")
@@ -517,8 +528,8 @@ def _function(name: str, kernel: Avx512Conv) -> str:
 
 def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
     """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
-    direct-convolution kernel (see the module doc); ``bf16``: its bf16 form where the input
-    channels are even (``precision="bf16"``), the module then marked as needing AVX512-BF16.
+    direct-convolution kernel (see the module doc); ``bf16``: its bf16 form
+    (``precision="bf16"``), the module then marked as needing AVX512-BF16.
 
     Returns:
         How many convolutions were rewritten.
@@ -531,12 +542,14 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
     any_bf16 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
-        kernel = conv_kernel_for(g, bf16)
+        # bf16 reads channel pairs: an odd channel count gets one zero channel (the stems)
+        pad_c = bf16 and g.c % 2 == 1
+        kernel = conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
         any_bf16 = any_bf16 or kernel.bf16
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
-        top.append(_function(name, kernel))
+        top.append(_function(name, kernel, g.c if pad_c else None))
         types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
         operands = list(conv.operands)[: 3 if g.bias else 2]
         with conv.location, InsertionPoint(conv):

@@ -154,7 +154,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         _log.info(
             "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
             count,
-            " (bf16 where the input channels are even)" if bf16_convs else "",
+            " (bf16)" if bf16_convs else "",
         )
     if pools:
         count = rewrite_max_pools_nhwc(copy)
