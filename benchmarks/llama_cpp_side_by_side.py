@@ -1,11 +1,12 @@
-"""Llama decode side by side: turbine (fp32 / torchao int8 / int4) against llama.cpp (F32 / Q8_0 /
-Q4_0) on the same random-init model, converted here to GGUF.
+"""Llama decode side by side: turbine (fp32 / torchao int8 / int4 / w8a8) against llama.cpp (F32 /
+Q8_0 / Q4_0) on the same random-init model, converted here to GGUF.
 
 For each model (``llama-110m``, ``llama-2.5m`` of ``llm_bench.MODELS``) and thread count, in its
 own child process:
 
 * turbine: ``llm.export_causal_lm`` of the model and of its ``llm.quantized_copy`` (int8 per
-  channel, int4 groups of ``--group-size``), ``llm.load`` (``local-sync`` for 1 thread,
+  channel, int4 groups of ``--group-size``, w8a8: int8 weights per channel and int8 activations
+  per row, integer products like llama.cpp's Q8_0 path, compared with Q8_0), ``llm.load`` (``local-sync`` for 1 thread,
   ``local-task`` limited to N workers otherwise);
 * llama.cpp (``llama-cpp-python``): the same weights written to GGUF by :func:`write_gguf` (this
   file's own converter, built on the ``gguf`` package's ``GGUFWriter`` and its numpy
@@ -51,7 +52,9 @@ if str(HERE) not in sys.path:
 import _harness  # noqa: E402
 
 MODELS = ("llama-110m", "llama-2.5m")
-WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # turbine -> llama.cpp
+#: turbine -> llama.cpp. w8a8 (int8 activations, integer dot products) beside Q8_0, whose CPU
+#: path quantizes the activations to int8 blocks too.
+WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0", "w8a8": "Q8_0"}
 
 
 def missing_requirements() -> str | None:
@@ -306,8 +309,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     seq = ids + eager[:8]
     with torch.no_grad():
         ref = fp32(torch.tensor([seq])).logits[0].numpy()
-    for weights in args.weights:
-        gt = WEIGHTS[weights]
+    for gt in dict.fromkeys(WEIGHTS[w] for w in args.weights):  # each GGUF once
         path = tmp / f"{gt}.gguf"
         size = write_gguf(fp32, path, gt)
         lc = LlamaCpp(str(path), threads, n_ctx=args.prompt + n + 8)
@@ -366,18 +368,8 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
-    p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     p.add_argument("--weights", nargs="*", default=list(WEIGHTS), choices=list(WEIGHTS))
-    p.add_argument("--group-size", type=int, default=128, help="inputs per turbine int4 scale")
-    p.add_argument("--prompt", type=int, default=8)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--budget-s", type=float, default=60.0, help="timing budget per child")
-    p.add_argument("--timeout-s", type=float, default=900.0, help="per-child timeout")
-    p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
+    _harness.add_llm_run_arguments(p, prompt=8, timeout_s=900.0)
     args = p.parse_args(argv)
     why = missing_requirements()
     if why:
@@ -389,37 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models:
         for threads in args.threads:
-            with tempfile.TemporaryDirectory() as td:
-                out = Path(td) / "r.json"
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    name,
-                    "--child-threads",
-                    str(threads),
-                    "--child-json",
-                    str(out),
-                    "--prompt",
-                    str(args.prompt),
-                    "--new-tokens",
-                    str(args.new_tokens),
-                    "--rounds",
-                    str(args.rounds),
-                    "--budget-s",
-                    str(args.budget_s),
-                    "--group-size",
-                    str(args.group_size),
-                    "--weights",
-                    *args.weights,
-                ]
-                print(f"[llama.cpp side-by-side] {name}, {threads} thread(s) ...", flush=True)
-                child = _harness.run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
-                if child.result is None:
-                    print(f"[llama.cpp side-by-side] {name}/{threads}: {child.error}", flush=True)
-                    continue
-                rows.append(child.result)
-                print(json.dumps(child.result), flush=True)
+            print(f"[llama.cpp side-by-side] {name}, {threads} thread(s) ...", flush=True)
+            child = _harness.run_llm_child(
+                __file__, name, threads, args, ["--weights", *args.weights]
+            )
+            if child.result is None:
+                print(f"[llama.cpp side-by-side] {name}/{threads}: {child.error}", flush=True)
+                continue
+            rows.append(child.result)
+            print(json.dumps(child.result), flush=True)
     if rows:
         print()
         for r in rows:
