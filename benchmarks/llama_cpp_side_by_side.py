@@ -6,8 +6,9 @@ own child process:
 
 * turbine: ``llm.export_causal_lm`` of the model and of its ``llm.quantized_copy`` (int8 per
   channel, int4 groups of ``--group-size``, w8a8: int8 weights per channel and int8 activations
-  per row, integer products like llama.cpp's Q8_0 path, compared with Q8_0), ``llm.load`` (``local-sync`` for 1 thread,
-  ``local-task`` limited to N workers otherwise);
+  per row, integer products like llama.cpp's Q8_0 path, compared with Q8_0; ``w8a8-iree`` the
+  same on IREE's integer matmul), ``llm.load`` (``local-sync`` for 1 thread, ``local-task``
+  limited to N workers otherwise);
 * llama.cpp (``llama-cpp-python``): the same weights written to GGUF by :func:`write_gguf` (this
   file's own converter, built on the ``gguf`` package's ``GGUFWriter`` and its numpy
   quantizers): F32, Q8_0 and Q4_0 (every 2-D weight in the type, blocks of 32; norms F32),
@@ -53,8 +54,11 @@ import _harness  # noqa: E402
 
 MODELS = ("llama-110m", "llama-2.5m")
 #: turbine -> llama.cpp. w8a8 (int8 activations, integer dot products) beside Q8_0, whose CPU
-#: path quantizes the activations to int8 blocks too.
-WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0", "w8a8": "Q8_0"}
+#: path quantizes the activations to int8 blocks too; ``w8a8-iree``: the same module compiled
+#: with ``TURBINE_CPU_INT8_MATMUL=iree`` (IREE's integer matmul: what the VNNI kernel replaced).
+WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0", "w8a8": "Q8_0", "w8a8-iree": "Q8_0"}
+#: turbine_aot._compiler.quant_int8_matmuls.CPU_INT8_MATMUL_ENV (not imported: private)
+INT8_MATMUL_ENV = "TURBINE_CPU_INT8_MATMUL"
 
 
 def missing_requirements() -> str | None:
@@ -290,12 +294,17 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         model = fp32
         if weights != "fp32":
             gs = args.group_size if weights == "int4" else None
-            model = llm.quantized_copy(fp32, weights, group_size=gs)
+            model = llm.quantized_copy(fp32, weights.removesuffix("-iree"), group_size=gs)
         t0 = time.perf_counter()
         eo = llm.export_causal_lm(model, max_seq_len=args.prompt + n + 8)
         archive = tmp / f"{weights}.irpa"
         eo.save_parameters(archive)
-        lm = llm.load(eo, device=device)
+        if weights.endswith("-iree"):
+            os.environ[INT8_MATMUL_ENV] = "iree"
+        try:
+            lm = llm.load(eo, device=device)
+        finally:
+            os.environ.pop(INT8_MATMUL_ENV, None)
         tokens = lm.generate(prompt, n)[0, args.prompt :].tolist()
         res["variants"][f"turbine/{weights}"] = {
             "file_mib": archive.stat().st_size / 2**20,
