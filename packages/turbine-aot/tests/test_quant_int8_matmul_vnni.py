@@ -171,7 +171,6 @@ def test_static_one_row_and_odd_widths(tmp_path, monkeypatch, form):
     _check(compiled, m, (1,))
 
 
-@needs_avx512
 def test_a_shape_the_kernel_does_not_take_stays_irees_and_matches(tmp_path, monkeypatch):
     """K = 96 (not a multiple of 64) and N = 6: IREE's integer matmul, still eager's results."""
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
