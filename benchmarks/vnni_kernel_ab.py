@@ -31,7 +31,7 @@ if str(HERE) not in sys.path:
 import _harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-DEFAULT_VARIANTS = ("{}", '{"prefetch": false}', '{"unroll": 4}', '{"nr": 8}', '{"nr": 1}')
+DEFAULT_VARIANTS = ("{}", '{"nr": 4}', '{"nr": 2}', '{"prefetch": false}', '{"unroll": 4}')
 
 
 def _module(kernel, layers: int, width: int) -> str:

@@ -165,8 +165,8 @@ def test_static_one_row_and_odd_widths(tmp_path, monkeypatch, form):
     m = _model(320, 192, 36)
     eo, parameters = _export(m, tmp_path, rows=1, dynamic=False)
     asm = compile_copy_asm(eo, _flags())
-    assert "@__turbine_avx512_vnni_i8i8_gemm_320x192_4x4_u1_16x32" in asm
-    assert "@__turbine_avx512_vnni_i8i8_gemm_192x36_4x4_u1_16x4" in asm
+    assert "@__turbine_avx512_vnni_i8i8_gemm_320x192_4x1_u1_16x32" in asm
+    assert "@__turbine_avx512_vnni_i8i8_gemm_192x36_4x1_u1_16x4" in asm
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
     _check(compiled, m, (1,))
 
@@ -200,7 +200,7 @@ def test_the_kernel_is_vpdpbusd_and_its_correction_is_computed_at_load(tmp_path,
         ],
     )
     text = "".join(p.read_text() for p in dump.glob("*.s"))
-    assert text.count("vpdpbusd") >= 8  # 4 channels x unroll 2, per kernel of rows
+    assert text.count("vpdpbusd") >= 2  # unroll 2, per kernel of rows
     sources = {p.name: p.read_text() for p in (dump / "sources").glob("*.mlir")}
     correction = [name for name, text in sources.items() if "reduction_256x256_i8xi32" in text]
     assert correction and all("initializer" in name for name in correction), sorted(sources)

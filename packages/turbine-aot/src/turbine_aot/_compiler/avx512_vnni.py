@@ -19,15 +19,18 @@ to 65536 (``255 * 128 * K``).
 Every operand is read where it is: ``X`` (``[M, K]`` bytes, row-major: 1/4 of the f32
 activations), ``Q`` (``[N, K]``, the archive's bytes), ``corr``; nothing is packed or copied.
 
-Blocking (as the weight-only kernel, :mod:`.avx512_quant`): a workgroup computes
-``rows_per_workgroup`` rows of ``M`` by ``cols_per_workgroup`` output channels; for ``nr`` (4)
-channels by ``mr`` (up to 4) rows the kernel keeps ``mr * nr`` ``vector<16xi32>`` accumulators;
-per step of 64 ``k`` it loads 64 weight bytes per channel and 64 activation bytes per row (xor
-``0x80``) and issues one ``vpdpbusd`` per row and channel. At the end of ``K`` each accumulator
-is summed across its lanes, ``corr`` subtracted, and stored. The next block's weight rows are
-software-prefetched a line (64 bytes) per step, as in the weight-only kernel (each row is a 1-2
-KiB run, too short for the hardware prefetchers: docs/quantization.md). Rows left over at the
-end of ``M`` use a kernel of fewer rows; any ``M`` works (dynamic too).
+Blocking: a workgroup computes ``rows_per_workgroup`` rows of ``M`` by ``cols_per_workgroup``
+output channels; for ``nr`` channels by ``mr`` (up to 4) rows the kernel keeps ``mr * nr``
+``vector<16xi32>`` accumulators; per step of 64 ``k`` it loads 64 weight bytes per channel and
+64 activation bytes per row (xor ``0x80``) and issues one ``vpdpbusd`` per row and channel. At
+the end of ``K`` each accumulator is summed across its lanes, ``corr`` subtracted, and stored.
+**One channel at a time** (``nr = 1``): a workgroup then reads its weight rows as one
+sequential run (32 rows of ``K`` bytes, contiguous), which the hardware prefetchers follow;
+blocks of 4 channels (``nr = 4``, the weight-only kernel's blocking) read 4 rows ``K`` bytes
+apart side by side and ran 1.69x slower at one row (12.5 against 21.2 GB/s of weights,
+``benchmarks/vnni_kernel_ab.py``, docs/quantization.md). The next channel's row is
+software-prefetched a line (64 bytes) per step. Rows left over at the end of ``M`` use a
+kernel of fewer rows; any ``M`` works (dynamic too).
 
 ``vpdpbusd`` is reached with ``llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"`` over a
 ``vector<16xi32>`` accumulator and two ``vector<64xi8>`` operands (IREE 3.13's LLVM declares the
@@ -70,7 +73,7 @@ class Avx512VnniGemm:
     k: int
     n: int
     mr: int = 4
-    nr: int = 4
+    nr: int = 1
     unroll: int = 2
     rows_per_workgroup: int = 16
     cols_per_workgroup: int = 32
