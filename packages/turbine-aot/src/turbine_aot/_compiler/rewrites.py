@@ -76,8 +76,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 11: 1-D and few-group convolutions made 2-D and dense for the direct-convolution kernel;
 #: 12: max poolings channels-last beside those convolutions, and that convolution kernel with
 #: reduction blocks of 256 (on their branch, 9 to 11); 13: torchao's int8 x int8 products
-#: (dynamic-activation configs) on the AVX-512 VNNI kernel; 14: that kernel one channel at a time.
-REVISION = 14
+#: (dynamic-activation configs) on the AVX-512 VNNI kernel; 14: that kernel one channel at a time;
+#: 15: the weight-only int8 (per channel) kernel one channel at a time too.
+REVISION = 15
 
 _log = logging.getLogger("turbine.aot")
 
