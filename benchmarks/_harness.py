@@ -80,6 +80,39 @@ def run_json_child(
     return ChildResult(proc.returncode, result, error, wall)
 
 
+def add_llm_run_arguments(
+    p: argparse.ArgumentParser, *, prompt: int, timeout_s: float, group_size: int = 128
+) -> None:
+    """The options of the LLM decode benchmarks (``llm_bench.py``, ``llama_cpp_side_by_side.py``)
+    that :func:`run_llm_child` forwards to their children, and the hidden child options."""
+    p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
+    p.add_argument("--group-size", type=int, default=group_size, help="inputs per int4 scale")
+    p.add_argument("--prompt", type=int, default=prompt, help="prompt tokens")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--budget-s", type=float, default=60.0, help="timing budget per child")
+    p.add_argument("--timeout-s", type=float, default=timeout_s, help="per-child timeout")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
+
+
+def run_llm_child(
+    script: str, name: str, threads: int, args: argparse.Namespace, extra: Sequence[str] = ()
+) -> ChildResult:
+    """Runs ``script`` as a child measuring model ``name`` on ``threads`` threads, with the
+    options of :func:`add_llm_run_arguments` from ``args`` (and ``extra``); its progress
+    lines go through, its JSON comes back."""
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "r.json"
+        cmd = [sys.executable, script, "--child", name, "--child-threads", str(threads)]
+        cmd += ["--child-json", str(out), "--prompt", str(args.prompt)]
+        cmd += ["--new-tokens", str(args.new_tokens), "--rounds", str(args.rounds)]
+        cmd += ["--budget-s", str(args.budget_s), "--group-size", str(args.group_size), *extra]
+        return run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -1,12 +1,14 @@
-"""Llama decode side by side: turbine (fp32 / torchao int8 / int4) against llama.cpp (F32 / Q8_0 /
-Q4_0) on the same random-init model, converted here to GGUF.
+"""Llama decode side by side: turbine (fp32 / torchao int8 / int4 / w8a8) against llama.cpp (F32 /
+Q8_0 / Q4_0) on the same random-init model, converted here to GGUF.
 
 For each model (``llama-110m``, ``llama-2.5m`` of ``llm_bench.MODELS``) and thread count, in its
 own child process:
 
 * turbine: ``llm.export_causal_lm`` of the model and of its ``llm.quantized_copy`` (int8 per
-  channel, int4 groups of ``--group-size``), ``llm.load`` (``local-sync`` for 1 thread,
-  ``local-task`` limited to N workers otherwise);
+  channel, int4 groups of ``--group-size``, w8a8: int8 weights per channel and int8 activations
+  per row, integer products like llama.cpp's Q8_0 path, compared with Q8_0; ``w8a8-iree`` the
+  same on IREE's integer matmul), ``llm.load`` (``local-sync`` for 1 thread, ``local-task``
+  limited to N workers otherwise);
 * llama.cpp (``llama-cpp-python``): the same weights written to GGUF by :func:`write_gguf` (this
   file's own converter, built on the ``gguf`` package's ``GGUFWriter`` and its numpy
   quantizers): F32, Q8_0 and Q4_0 (every 2-D weight in the type, blocks of 32; norms F32),
@@ -51,7 +53,12 @@ if str(HERE) not in sys.path:
 import _harness  # noqa: E402
 
 MODELS = ("llama-110m", "llama-2.5m")
-WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # turbine -> llama.cpp
+#: turbine -> llama.cpp. w8a8 (int8 activations, integer dot products) beside Q8_0, whose CPU
+#: path quantizes the activations to int8 blocks too; ``w8a8-iree``: the same module compiled
+#: with ``TURBINE_CPU_INT8_MATMUL=iree`` (IREE's integer matmul: what the VNNI kernel replaced).
+WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0", "w8a8": "Q8_0", "w8a8-iree": "Q8_0"}
+#: turbine_aot._compiler.quant_int8_matmuls.CPU_INT8_MATMUL_ENV (not imported: private)
+INT8_MATMUL_ENV = "TURBINE_CPU_INT8_MATMUL"
 
 
 def missing_requirements() -> str | None:
@@ -287,12 +294,17 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         model = fp32
         if weights != "fp32":
             gs = args.group_size if weights == "int4" else None
-            model = llm.quantized_copy(fp32, weights, group_size=gs)
+            model = llm.quantized_copy(fp32, weights.removesuffix("-iree"), group_size=gs)
         t0 = time.perf_counter()
         eo = llm.export_causal_lm(model, max_seq_len=args.prompt + n + 8)
         archive = tmp / f"{weights}.irpa"
         eo.save_parameters(archive)
-        lm = llm.load(eo, device=device)
+        if weights.endswith("-iree"):
+            os.environ[INT8_MATMUL_ENV] = "iree"
+        try:
+            lm = llm.load(eo, device=device)
+        finally:
+            os.environ.pop(INT8_MATMUL_ENV, None)
         tokens = lm.generate(prompt, n)[0, args.prompt :].tolist()
         res["variants"][f"turbine/{weights}"] = {
             "file_mib": archive.stat().st_size / 2**20,
@@ -306,8 +318,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     seq = ids + eager[:8]
     with torch.no_grad():
         ref = fp32(torch.tensor([seq])).logits[0].numpy()
-    for weights in args.weights:
-        gt = WEIGHTS[weights]
+    for gt in dict.fromkeys(WEIGHTS[w] for w in args.weights):  # each GGUF once
         path = tmp / f"{gt}.gguf"
         size = write_gguf(fp32, path, gt)
         lc = LlamaCpp(str(path), threads, n_ctx=args.prompt + n + 8)
@@ -366,18 +377,8 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
-    p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     p.add_argument("--weights", nargs="*", default=list(WEIGHTS), choices=list(WEIGHTS))
-    p.add_argument("--group-size", type=int, default=128, help="inputs per turbine int4 scale")
-    p.add_argument("--prompt", type=int, default=8)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--budget-s", type=float, default=60.0, help="timing budget per child")
-    p.add_argument("--timeout-s", type=float, default=900.0, help="per-child timeout")
-    p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
+    _harness.add_llm_run_arguments(p, prompt=8, timeout_s=900.0)
     args = p.parse_args(argv)
     why = missing_requirements()
     if why:
@@ -389,37 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models:
         for threads in args.threads:
-            with tempfile.TemporaryDirectory() as td:
-                out = Path(td) / "r.json"
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    name,
-                    "--child-threads",
-                    str(threads),
-                    "--child-json",
-                    str(out),
-                    "--prompt",
-                    str(args.prompt),
-                    "--new-tokens",
-                    str(args.new_tokens),
-                    "--rounds",
-                    str(args.rounds),
-                    "--budget-s",
-                    str(args.budget_s),
-                    "--group-size",
-                    str(args.group_size),
-                    "--weights",
-                    *args.weights,
-                ]
-                print(f"[llama.cpp side-by-side] {name}, {threads} thread(s) ...", flush=True)
-                child = _harness.run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
-                if child.result is None:
-                    print(f"[llama.cpp side-by-side] {name}/{threads}: {child.error}", flush=True)
-                    continue
-                rows.append(child.result)
-                print(json.dumps(child.result), flush=True)
+            print(f"[llama.cpp side-by-side] {name}, {threads} thread(s) ...", flush=True)
+            child = _harness.run_llm_child(
+                __file__, name, threads, args, ["--weights", *args.weights]
+            )
+            if child.result is None:
+                print(f"[llama.cpp side-by-side] {name}/{threads}: {child.error}", flush=True)
+                continue
+            rows.append(child.result)
+            print(json.dumps(child.result), flush=True)
     if rows:
         print()
         for r in rows:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -262,32 +261,23 @@ def _table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(DEFAULT_MODELS), choices=list(MODELS))
-    p.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     p.add_argument("--weights", nargs="*", default=list(WEIGHTS), choices=WEIGHTS)
-    p.add_argument("--group-size", type=int, default=128, help="inputs per int4 scale")
-    p.add_argument("--prompt", type=int, default=32, help="prompt tokens")
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--budget-s", type=float, default=60.0, help="timing budget per run")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="per-run child timeout")
-    p.add_argument("--json", default=None, help="write the results here")
+    _harness.add_llm_run_arguments(p, prompt=32, timeout_s=600.0)
     p.add_argument(
         "--llama-cpp",
         action="store_true",
         help="instead: turbine next to llama.cpp F32 / Q8_0 / Q4_0 on the Llama models "
         "(llama_cpp_side_by_side.py, 8-token prompt; needs tools/requirements-bench-llm.txt)",
     )
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--child-weights", default="fp32", help=argparse.SUPPRESS)
-    p.add_argument("--child-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.llama_cpp:
         import llama_cpp_side_by_side as side
 
         models = [m for m in args.models if m in side.MODELS] or list(side.MODELS)
+        weights = [w for w in args.weights if w in side.WEIGHTS]
         forwarded = ["--models", *models, "--threads", *map(str, args.threads)]
-        forwarded += ["--weights", *args.weights, "--group-size", str(args.group_size)]
+        forwarded += ["--weights", *weights, "--group-size", str(args.group_size)]
         forwarded += ["--new-tokens", str(args.new_tokens), "--rounds", str(args.rounds)]
         forwarded += ["--budget-s", str(args.budget_s)]
         return side.main(forwarded + (["--json", args.json] if args.json else []))
@@ -304,44 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         if weights == "fp32" or MODELS[name]["kind"] != "gpt2"  # Conv1D: torchao leaves it
     ]
     for name, threads, weights in runs:
-        with tempfile.TemporaryDirectory() as td:
-            out = str(Path(td) / "r.json")
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                name,
-                "--child-threads",
-                str(threads),
-                "--child-json",
-                out,
-                "--prompt",
-                str(args.prompt),
-                "--new-tokens",
-                str(args.new_tokens),
-                "--rounds",
-                str(args.rounds),
-                "--budget-s",
-                str(args.budget_s),
-                "--child-weights",
-                weights,
-                "--group-size",
-                str(args.group_size),
-            ]
-            print(f"[llm_bench] {name} {weights}, {threads} thread(s) ...", flush=True)
-            try:
-                rc = subprocess.run(cmd, timeout=args.timeout_s).returncode
-            except subprocess.TimeoutExpired:
-                print(
-                    f"[llm_bench] {name}/{weights}/{threads}: timed out after {args.timeout_s:.0f}s"
-                )
-                continue
-            if rc != 0:
-                print(f"[llm_bench] {name}/{weights}/{threads}: child failed (rc {rc})")
-                continue
-            r = json.loads(Path(out).read_text())
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+        print(f"[llm_bench] {name} {weights}, {threads} thread(s) ...", flush=True)
+        child = _harness.run_llm_child(__file__, name, threads, args, ["--child-weights", weights])
+        if child.result is None:
+            print(f"[llm_bench] {name}/{weights}/{threads}: {child.error}", flush=True)
+            continue
+        rows.append(child.result)
+        print(json.dumps(child.result), flush=True)
     if rows:
         print()
         bws = ", ".join(f"{r['copy_bw_gbs']:.1f}" for r in rows)

@@ -9,11 +9,14 @@ deployed):
 * ``int8`` — ``Int8WeightOnlyConfig()`` (per channel);
 * ``int4-g32`` / ``int4-g128`` — ``IntxWeightOnlyConfig(weight_dtype=torch.int4,
   granularity=PerGroup(G))`` (packed ``i4`` in the archive);
+* ``w8a8`` — ``Int8DynamicActivationInt8WeightConfig()`` (int8 weights per channel, the
+  activations quantized to int8 per row in the program; the integer products on turbine's
+  AVX-512 VNNI kernel where the CPU has it);
 
 each compiled twice: turbine's defaults (``kernel``: the quantized matmuls on the AVX-512
-int8 / int4 kernel) and ``--turbine-cpu-matmul=iree`` (``iree``: IREE 3.13's dequantize +
-matmul, what turbine did before). All are timed interleaved in one process (the machine is
-shared: the ratios are the result), median wall time per call, the input already in a device
+int8 / int4 kernel, ``w8a8``'s on the VNNI kernel) and ``--turbine-cpu-matmul=iree`` (``iree``:
+IREE 3.13's dequantize + matmul, for ``w8a8`` its integer matmul: what turbine did before). All
+are timed interleaved in one process (the machine is shared: the ratios are the result), median wall time per call, the input already in a device
 buffer; ``eager`` (torchao's own CPU path) beside. Also reported: the bytes of weights (+ scales,
 zero points) each call must read, the parallel read bandwidth of this machine (numpy sum of a
 buffer far larger than the caches, 1 and ``threads`` threads) and the time limit it sets, the
@@ -45,7 +48,7 @@ if str(HERE) not in sys.path:
 import _harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128")
+VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128", "w8a8")
 #: turbine_aot._compiler.quant_matmuls.QUANT_KERNEL_ENV (not imported: the benchmark reads no
 #: private module).
 QUANT_KERNEL_ENV = "TURBINE_CPU_QUANT_KERNEL"
@@ -60,11 +63,18 @@ def _model(variant: str, layers: int, width: int):
     m = torch.nn.Sequential(*layers_).eval()
     if variant == "fp32":
         return m
-    from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization import (
+        Int8DynamicActivationInt8WeightConfig,
+        Int8WeightOnlyConfig,
+        IntxWeightOnlyConfig,
+        quantize_,
+    )
     from torchao.quantization.granularity import PerGroup
 
     if variant == "int8":
         config = Int8WeightOnlyConfig()
+    elif variant == "w8a8":
+        config = Int8DynamicActivationInt8WeightConfig()
     else:
         group = int(variant.split("-g")[1])
         config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group))
@@ -153,7 +163,7 @@ def _weight_bytes(variant: str, layers: int, width: int) -> int:
     n = k = width
     if variant == "fp32":
         per = n * k * 4
-    elif variant == "int8":
+    elif variant in ("int8", "w8a8"):
         per = n * k + n * 4
     else:
         group = int(variant.split("-g")[1])

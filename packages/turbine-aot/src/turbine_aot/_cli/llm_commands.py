@@ -48,9 +48,10 @@ def register(sub: Any, common: Any, commands: dict[str, Any]) -> None:
     )
     e.add_argument(
         "--quantize",
-        choices=("int8", "int4"),
+        choices=("int8", "int4", "w8a8"),  # llm.QUANTIZATIONS (not imported: llm is heavy)
         default=None,
-        help="quantize the linear layers' weights with torchao first (needs torchao)",
+        help="quantize the linear layers with torchao first (needs torchao): int8 / int4 "
+        "weights, or w8a8 (int8 weights and activations, integer products)",
     )
     e.add_argument(
         "--group-size",

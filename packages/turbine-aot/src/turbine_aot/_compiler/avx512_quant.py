@@ -16,7 +16,8 @@ Every operand is read where it is: ``A`` (``[M, K]`` f32, row-major), ``Q`` (``[
 IREE to hoist: the bytes read per call are the integer bytes plus the scales).
 
 Blocking: each workgroup computes ``rows_per_workgroup`` rows of ``M`` by ``cols_per_workgroup``
-output channels. For ``nr`` (4) output channels by ``mr`` rows the kernel keeps ``nr * mr``
+output channels. For ``nr`` output channels (4; int8 per channel: 1, so that a workgroup reads
+its weight rows as one sequential run) by ``mr`` rows the kernel keeps ``nr * mr``
 ``vector<16xf32>`` accumulators of partial dot products along ``K``: per step it loads 16
 weight bytes per channel (16 int8 or 32 int4 values) and FMAs them, as f32, with ``A``'s 16
 (int4: 32, de-interleaved into even / odd ``k``) values. int8: the bytes are widened to f32
@@ -29,7 +30,8 @@ use a kernel of fewer rows. The current version software-prefetches the next blo
 rows while it reads this block's.
 
 Two versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one and
-``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``). The variants that
+``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``; for int8 per channel
+it also has blocks of 4 channels, the current one a channel at a time). The variants that
 were measured and lost (``arith``, ``lut``, ``nr8``, ``pf2``, ``nozb``, ``nopf``) were removed:
 their figures are in docs/quantization.md.
 """
@@ -107,7 +109,10 @@ class Avx512QuantGemm:
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         mr = 4 if group is None else 2
         current = variant == ""
-        # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md).
+        # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md). int8 per
+        # channel: one channel at a time (a workgroup's weight rows read as one sequential run),
+        # 2.58x the 4-channel blocks at one row (docs/quantization.md, the VNNI kernel's figures).
+        nr = 1 if group is None and current else 4
         return Avx512QuantGemm(
             k,
             n,
@@ -115,7 +120,7 @@ class Avx512QuantGemm:
             group,
             zero_point,
             mr=mr,
-            nr=4,
+            nr=nr,
             cols_per_workgroup=cols,
             zero_points_per_block=current,
             prefetch=current,

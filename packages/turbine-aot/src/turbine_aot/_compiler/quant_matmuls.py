@@ -29,7 +29,7 @@ from typing import Any
 from .avx512 import AVX512_FEATURES
 from .avx512_quant import VARIANTS, Avx512QuantGemm
 from .matmuls import mark_cpu_requires
-from .torch_ir import TensorType, TopLevel, constant, walk
+from .torch_ir import TensorType, TopLevel, constant, erase_unused, producer, walk
 
 __all__ = ["QUANT_KERNEL_ENV", "rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
 
@@ -89,9 +89,7 @@ def _variant() -> str:
     return ""
 
 
-def _owner(value: Any) -> Any:
-    owner = value.owner
-    return getattr(owner, "operation", owner) if hasattr(owner, "name") else None
+_owner = producer
 
 
 def _name(value: Any) -> str | None:
@@ -295,16 +293,7 @@ def _erase_dead(value: Any) -> None:
     """Erases the ops computing ``value`` that nothing uses any more (the dequantization of a
     rewritten weight: left in place, an ``i4`` global's now dead sign extension makes IREE 3.13
     reject the module's bytecode: "parsed use-list orders were invalid")."""
-    stack = [_owner(value)]
-    while stack:
-        op = stack.pop()
-        if op is None or op.name not in _PURE:
-            continue
-        if any(len(list(r.uses)) for r in op.results):
-            continue
-        operands = list(op.operands)
-        op.erase()
-        stack.extend(_owner(v) for v in operands)
+    erase_unused(value, _PURE)
 
 
 def rewrite_quant_matmuls_avx512(module_op: Any) -> int:

@@ -24,7 +24,10 @@ flags:
   ``--turbine-cpu-matmul=iree`` keeps IREE's.
 - ``llvm-cpu`` with turbine's AVX-512 kernel chosen (as above): torchao weight-only int8 /
   int4 matmuls as calls of the AVX-512 quantized kernel, which reads the integer weights as
-  stored (:mod:`.quant_matmuls`, :mod:`.avx512_quant`).
+  stored (:mod:`.quant_matmuls`, :mod:`.avx512_quant`); and, where the CPU also has AVX-512
+  VNNI, the int8 x int8 products of torchao's dynamic-activation configs as calls of the VNNI
+  kernel (:mod:`.quant_int8_matmuls`, :mod:`.avx512_vnni`). ``TURBINE_CPU_INT8_MATMUL=iree``
+  keeps IREE's code for those products only.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .amx import cpu_flags
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm
 from .avx512_conv import CONV_BLOCKING_ENV, direct_convs, rewrite_convs_avx512
+from .avx512_vnni import host_vnni_missing
 from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
@@ -50,6 +54,11 @@ from .matmuls import (
     rewrite_matmuls_avx512,
 )
 from .pools import CPU_POOLS_ENV, max_pools, rewrite_max_pools_nhwc
+from .quant_int8_matmuls import (
+    CPU_INT8_MATMUL_ENV,
+    rewritable_int8_matmuls,
+    rewrite_int8_matmuls_vnni,
+)
 from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
 from .targets import flag_targets
 
@@ -68,8 +77,11 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 11: 1-D and few-group convolutions made 2-D and dense for the direct-convolution kernel;
 #: 12: max poolings channels-last beside those convolutions, and that convolution kernel with
 #: reduction blocks of 256 (on their branch, 9 to 11); 13: ``precision="bf16"`` convolutions
-#: on that kernel's bf16 form, and bf16 matmuls on the AVX512-BF16 kernel where there is no AMX.
-REVISION = 13
+#: on that kernel's bf16 form, and bf16 matmuls on the AVX512-BF16 kernel where there is no AMX;
+#: 14: torchao's int8 x int8 products (dynamic-activation configs) on the AVX-512 VNNI kernel;
+#: 15: that kernel one channel at a time; 16: the weight-only int8 (per channel) kernel one
+#: channel at a time too.
+REVISION = 16
 
 _log = logging.getLogger("turbine.aot")
 
@@ -79,6 +91,7 @@ _ENVIRONMENT = (
     "TURBINE_CPU_CONV_MATMUL",
     CPU_MATMUL_ENV,
     "TURBINE_CPU_QUANT_KERNEL",
+    CPU_INT8_MATMUL_ENV,
     CONV_BLOCKING_ENV,
     CPU_POOLS_ENV,
 )
@@ -87,7 +100,7 @@ _ENVIRONMENT = (
 def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
-    ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``), for the compile cache's keys: a module
+    ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -124,6 +137,15 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
     quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
+    # int8 x int8 products on the VNNI kernel: the host builds of the fp32 kernel, on a CPU
+    # with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
+    keep_int8 = os.environ.get(CPU_INT8_MATMUL_ENV, "").strip().lower() == "iree"
+    int8 = (
+        fp32_kernel
+        and not keep_int8
+        and not host_vnni_missing()
+        and bool(rewritable_int8_matmuls(op))
+    )
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
     # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
@@ -134,7 +156,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
     keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
     pools = direct and not keep_pools and bool(max_pools(op))
-    if not (attention or casts or shared_globals or convs or matmul or quant or direct):
+    if not (attention or casts or shared_globals or convs or matmul or quant or int8 or direct):
         return module_op, False
     copy = op.clone()
     if attention:
@@ -167,6 +189,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
         count = rewrite_quant_matmuls_avx512(copy)
         _log.info("llvm-cpu target: %d quantized matmul(s) on the AVX-512 int8/int4 kernel", count)
+    if int8:
+        count = rewrite_int8_matmuls_vnni(copy)
+        _log.info("llvm-cpu target: %d int8 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
     if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
         if bf16:
             count = rewrite_matmuls_bf16(copy)

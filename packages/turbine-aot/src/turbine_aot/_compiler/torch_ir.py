@@ -17,6 +17,8 @@ __all__ = [
     "TopLevel",
     "constant",
     "constant_int_list",
+    "erase_unused",
+    "producer",
     "public_functions",
     "top_level_ops",
     "walk",
@@ -164,6 +166,40 @@ def constant_int_list(value: Any) -> list[int] | None:
 
 
 NOT_CONSTANT = object()
+
+
+def producer(value: Any) -> Any:
+    """The operation defining ``value`` (``None`` for a block argument)."""
+    owner = value.owner
+    return getattr(owner, "operation", owner) if hasattr(owner, "name") else None
+
+
+def erase_unused(value: Any, removable: frozenset[str]) -> None:
+    """Erases the ops computing ``value`` that nothing uses any more, walking up through ops
+    named in ``removable`` (ops without side effects): what a rewrite replaced (a quantized
+    weight's dequantization, an integer matmul's operands). A use by
+    ``torch.aten._assert_tensor_metadata`` (torch.export's checks of its own intermediate
+    values) does not keep a value alive: the check is erased with it."""
+    stack = [producer(value)]
+    erased: list[Any] = []  # an op reached twice (two operands of one user) is erased once
+    while stack:
+        op = stack.pop()
+        if op is None or any(op is x for x in erased) or op.name not in removable:
+            continue
+        users: list[Any] = []
+        for r in op.results:
+            for use in r.uses:
+                user = getattr(use.owner, "operation", use.owner)
+                if not any(user is u for u in users):
+                    users.append(user)
+        if any(u.name != "torch.aten._assert_tensor_metadata" for u in users):
+            continue
+        for u in users:
+            u.erase()
+        operands = list(op.operands)
+        op.erase()
+        erased.append(op)
+        stack.extend(producer(v) for v in operands)
 
 
 class Builder:

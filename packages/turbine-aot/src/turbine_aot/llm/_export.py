@@ -229,8 +229,8 @@ def export_causal_lm(
             argument and result of both functions).
         external_parameters: weights as ``#flow.parameter.named<"model"::NAME>`` (NAME = the
             model's ``state_dict`` name), to be loaded from an ``.irpa``; ``False`` inlines them.
-        quantize: ``"int8"`` or ``"int4"``: quantize a copy of the model's linear layers with
-            torchao first (:func:`~turbine_aot.llm.quantized_copy`; needs ``torchao``). A model
+        quantize: ``"int8"``, ``"int4"`` or ``"w8a8"`` (int8 weights and activations): quantize
+            a copy of the model's linear layers with torchao first (:func:`~turbine_aot.llm.quantized_copy`; needs ``torchao``). A model
             the caller quantized with torchao exports as it is, with ``quantize=None``. Quantized
             weights are stored as ``NAME.qdata`` / ``NAME.scale`` / ``NAME.zero_point``
             (int4 packed two per byte); see docs/quantization.md.

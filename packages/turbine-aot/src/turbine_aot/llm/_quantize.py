@@ -4,7 +4,9 @@
 channel); ``"int4"`` is ``IntxWeightOnlyConfig(weight_dtype=torch.int4,
 granularity=PerGroup(group_size))`` (int4 weights, a scale and zero point per group of
 ``group_size`` inputs), the int4 scheme that runs on CPUs (``Int4WeightOnlyConfig``'s packings
-need GPU kernel libraries). Every ``nn.Linear`` is quantized (the LM head too), embeddings and
+need GPU kernel libraries); ``"w8a8"`` is ``Int8DynamicActivationInt8WeightConfig()`` (int8
+weights per output channel, and the activations quantized to int8 per row at run time: integer
+products, on turbine's AVX-512 VNNI kernel where the CPU has it, docs/quantization.md). Every ``nn.Linear`` is quantized (the LM head too), embeddings and
 norms are not. torchao is an optional dependency (``pip install turbine-aot[quant]``).
 """
 
@@ -20,7 +22,7 @@ from ._errors import LLMExportError
 __all__ = ["QUANTIZATIONS", "quantized_copy"]
 
 #: The ``quantize=`` choices.
-QUANTIZATIONS = ("int8", "int4")
+QUANTIZATIONS = ("int8", "int4", "w8a8")
 DEFAULT_GROUP_SIZE = 128
 
 
@@ -28,7 +30,12 @@ def _torchao_quantize(model: nn.Module, quantize: str, group_size: int) -> None:
     """torchao's ``quantize_`` of ``model`` in place with the scheme's config."""
     try:
         import torch
-        from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+        from torchao.quantization import (
+            Int8DynamicActivationInt8WeightConfig,
+            Int8WeightOnlyConfig,
+            IntxWeightOnlyConfig,
+            quantize_,
+        )
         from torchao.quantization.granularity import PerGroup
     except ImportError as e:
         raise LLMExportError(
@@ -37,6 +44,10 @@ def _torchao_quantize(model: nn.Module, quantize: str, group_size: int) -> None:
         ) from e
     if quantize == "int8":
         config: Any = Int8WeightOnlyConfig()
+    elif quantize == "w8a8":
+        # set_inductor_config=False: torchao would otherwise change torch._inductor's global
+        # settings, which this export never uses
+        config = Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
     else:
         int4 = torch.int4  # type: ignore[attr-defined]  # torch's stubs lack the sub-byte dtypes
         config = IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(group_size))
@@ -51,7 +62,7 @@ def quantized_copy(model: nn.Module, quantize: str, *, group_size: int | None = 
 
     Args:
         model: the causal LM (not modified).
-        quantize: ``"int8"`` or ``"int4"``.
+        quantize: ``"int8"``, ``"int4"`` or ``"w8a8"``.
         group_size: inputs per int4 scale (default 128); must divide every linear layer's
             input size. Only for ``"int4"``.
 
@@ -63,10 +74,10 @@ def quantized_copy(model: nn.Module, quantize: str, *, group_size: int | None = 
             f"quantize must be one of {', '.join(map(repr, QUANTIZATIONS))} or None; got "
             f"{quantize!r}"
         )
-    if quantize == "int8" and group_size is not None:
+    if quantize != "int4" and group_size is not None:
         raise LLMExportError(
             "group_size is for quantize='int4' (int8 weights have one scale per output "
-            "channel); leave it out for 'int8'"
+            f"channel); leave it out for {quantize!r}"
         )
     size = DEFAULT_GROUP_SIZE if group_size is None else group_size
     if quantize == "int4":

@@ -1,0 +1,139 @@
+"""The AVX-512 VNNI int8 kernel alone, A/B of its blocking: ``layers`` x (``width`` x ``width``)
+int8 x int8 products of ``rows`` rows, each variant of ``Avx512VnniGemm`` timed interleaved.
+
+The kernel (``turbine_aot._compiler.avx512_vnni``) is compiled in a module of its own (no
+activation quantization, no rescale: what ``quant_bench.py``'s ``w8a8`` row adds around it),
+its results checked against numpy's exact integer product, and every variant timed round-robin
+in one process; reported: median ms per call, the weights' read rate, and calls/s against the
+first variant (the default). It is a benchmark: nothing asserts on time.
+
+Usage::
+
+    python benchmarks/vnni_kernel_ab.py                                  # default vs a few
+    python benchmarks/vnni_kernel_ab.py --variants '{}' '{"nr": 8}' '{"prefetch": false}'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import _harness  # noqa: E402
+import numpy as np  # noqa: E402
+
+DEFAULT_VARIANTS = ("{}", '{"nr": 4}', '{"nr": 2}', '{"prefetch": false}', '{"unroll": 4}')
+
+
+def _module(kernel, layers: int, width: int) -> str:
+    """``main(x, q0, corr0, ...)``: the kernel on each weight, every result returned."""
+    rt = f"tensor<?x{width}xi32>"
+    params = ", ".join(
+        f"%q{i}: tensor<{width}x{width}xi8>, %k{i}: tensor<{width}xi32>" for i in range(layers)
+    )
+    lines = [kernel.executable()]
+    lines.append(
+        f"func.func @main(%x: tensor<?x{width}xi8>, {params}) -> ({', '.join([rt] * layers)}) {{"
+    )
+    lines.append("  %c0 = arith.constant 0 : index")
+    lines.append(f"  %m = tensor.dim %x, %c0 : tensor<?x{width}xi8>")
+    for i in range(layers):
+        lines.append(f"  %r{i} = " + kernel.dispatch("%x", f"%q{i}", f"%k{i}", "%m"))
+    results = ", ".join(f"%r{i}" for i in range(layers))
+    lines.append(f"  return {results} : {', '.join([rt] * layers)}")
+    lines.append("}")
+    return "module {\n" + "\n".join(lines) + "\n}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _harness.argument_parser(__doc__)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--calls", type=int, default=60)
+    p.add_argument("--budget-s", type=float, default=60.0)
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=list(DEFAULT_VARIANTS),
+        help="JSON objects of Avx512VnniGemm fields to replace ({}: the default kernel)",
+    )
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    import iree.runtime as rt
+    from iree.compiler.tools.binaries import find_tool
+
+    from turbine_aot._compiler.avx512_vnni import Avx512VnniGemm
+
+    cfg = rt.Config("local-sync")
+    rng = np.random.default_rng(0)
+    w = args.width
+    x = rng.integers(-128, 128, size=(args.rows, w), dtype=np.int8)
+    host = [x]
+    for _ in range(args.layers):
+        q = rng.integers(-128, 128, size=(w, w), dtype=np.int8)
+        host += [q, (128 * q.astype(np.int32).sum(1)).astype(np.int32)]
+    want = x.astype(np.int64) @ host[1].astype(np.int64).T
+    dev = [rt.asdevicearray(cfg.device, a) for a in host]
+    fns, names = {}, []
+    tmp = Path(tempfile.mkdtemp(prefix="turbine-vnni-ab-"))
+    for v in args.variants:
+        kernel = dataclasses.replace(Avx512VnniGemm.for_shape(w, w), **json.loads(v))
+        src = tmp / f"{kernel.name}.mlir"
+        src.write_text(_module(kernel, args.layers, w))
+        vmfb = src.with_suffix(".vmfb")
+        cmd = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=local"]
+        cmd += ["--iree-hal-local-target-device-backends=llvm-cpu"]
+        cmd += ["--iree-llvmcpu-target-cpu=host", "-o", str(vmfb)]
+        subprocess.run(cmd, check=True)
+        vm = rt.VmModule.copy_buffer(cfg.vm_instance, vmfb.read_bytes())
+        fn = rt.SystemContext(vm_modules=[vm], config=cfg).modules.module["main"]
+        got = np.asarray(fn(*dev)[0].to_host())
+        if not np.array_equal(got, want):
+            raise SystemExit(f"{kernel.name}: wrong results")
+        fns[kernel.name] = lambda fn=fn: fn(*dev)
+        names.append(kernel.name)
+    t = _harness.time_interleaved(fns, calls=args.calls, budget_s=args.budget_s)
+    weight_bytes = args.layers * w * w
+    base = t[names[0]]["wall"]
+    rows = {
+        n: {
+            "ms": t[n]["wall"] * 1e3,
+            "gb_per_s": weight_bytes / t[n]["wall"] / 1e9,
+            "default_over_this": t[n]["wall"] / base,
+        }
+        for n in names
+    }
+    for n, r in rows.items():
+        print(
+            f"{n}: {r['ms']:.3f} ms, {r['gb_per_s']:.1f} GB/s of weights, "
+            f"calls/s {1 / r['default_over_this']:.2f}x the default"
+        )
+    print(f"load average: {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    if args.json:
+        _harness.write_json(
+            args.json,
+            {
+                "benchmark": "vnni-kernel-ab",
+                "date": time.strftime("%Y-%m-%d"),
+                "rows": args.rows,
+                "layers": args.layers,
+                "width": w,
+                "variants": rows,
+                "loadavg": os.getloadavg(),
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
