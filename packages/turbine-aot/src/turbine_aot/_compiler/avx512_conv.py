@@ -27,10 +27,13 @@ into a call of a private function over builtin tensors (IREE inlines it)::
     c   = flow.dispatch @kernel(xp, pack(w))
     out = transpose(c[:, :F] + b, NHWC -> NCHW)
 
-Between two rewritten convolutions the element-wise ops (batch norm, ReLU, residual adds) sit
-between a transpose to NCHW and one back; IREE's element-wise fusion folds them into the one
-dispatch that writes the next padded input, so the relayouts cost one pass over each
-activation (docs/performance.md, section 10). No ``util.optimization_barrier`` is needed: the
+With the epilogues (:mod:`.epilogues`, unless ``TURBINE_CPU_EPILOGUES=keep``) the bias, an
+eval-mode batch norm after the convolution (as a per-channel scale and shift), a residual add
+and a ReLU are done by the kernel in its last reduction block's store: the call replaces the
+last of those ops. Without them (or for what is not absorbed) the element-wise ops sit between a
+transpose to NCHW and one back; IREE's element-wise fusion folds them into the one dispatch
+that writes the next padded input, so the relayouts cost one pass over each activation
+(docs/performance.md, sections 10 and 11). No ``util.optimization_barrier`` is needed: the
 kernel's operands are read by a ``flow.dispatch`` IREE does not fuse into, and the producers
 it sees read their inputs through permutations (the IREE 3.13 miscompile in :mod:`.convs` needs
 a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the shared-producer
@@ -44,8 +47,9 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .avx512 import AVX512_FEATURES, emit_accumulator_init
+from .avx512 import AVX512_FEATURES, emit_accumulator_init, emit_epilogue
 from .convs import Conv, conv_geometry
+from .epilogues import BatchNorm, eval_batch_norm, fusion_enabled, only_user, same_shape_add
 from .matmuls import mark_cpu_requires
 from .torch_ir import TopLevel, walk
 
@@ -87,6 +91,9 @@ class Avx512Conv:
         rows_per_workgroup, cols_per_workgroup: the workgroup's block of C.
         prefetch: cache lines of the next reduction block prefetched per step (0: none; 1-4
             measured slower, docs/performance.md, section 10).
+        scale, shift, residual, relu: the epilogue of the last reduction block's store
+            (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an ``Np``-float operand),
+            ``+ residual[m, f]`` (an ``M x Np`` operand), then ``max(., 0)``.
     """
 
     g: Conv
@@ -96,6 +103,10 @@ class Avx512Conv:
     rows_per_workgroup: int = 128
     cols_per_workgroup: int = 64
     prefetch: int = 0
+    scale: bool = False
+    shift: bool = False
+    residual: bool = False
+    relu: bool = False
 
     #: The operand element type the kernel reads.
     operand_dtype = "f32"
@@ -166,14 +177,33 @@ class Avx512Conv:
             f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
             f"_d{g.dilation[0]}x{g.dilation[1]}_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}_pf{self.prefetch}"
+            + "".join(f"_{e}" for e in self.epilogue)
         )
 
-    def dispatch(self, a: str, b: str) -> str:
+    @property
+    def epilogue(self) -> tuple[str, ...]:
+        """The epilogue's steps, in order (empty: the kernel stores its sums)."""
+        steps = ("scale", "shift", "residual", "relu")
+        return tuple(s for s in steps if getattr(self, s))
+
+    def dispatch(self, a: str, b: str, *extra: str) -> str:
         """The ``flow.dispatch`` of this kernel: ``a`` the padded NHWC input (1-D), ``b`` the
-        packed weight (1-D); the result is ``tensor<M x Np x f32>``."""
+        packed weight (1-D), ``extra`` the epilogue's operands (scale, shift: ``Np`` floats;
+        residual: ``M x Np``); the result is ``tensor<M x Np x f32>``."""
+        types = {
+            "scale": f"tensor<{self.np_}xf32>",
+            "shift": f"tensor<{self.np_}xf32>",
+            "residual": f"tensor<{self.m}x{self.np_}xf32>",
+        }
+        extra_t = [types[s] for s in self.epilogue if s in types]
+        if len(extra) != len(extra_t):
+            raise ValueError(f"AVX-512 convolution kernel: operands {extra} for {self.name}")
+        operands = ", ".join([a, b, *extra])
+        operand_t = ", ".join(
+            [f"tensor<{self.input_size}xf32>", f"tensor<{self.k * self.np_}xf32>", *extra_t]
+        )
         return (
-            f"flow.dispatch @{self.name}::@{self.name}({a}, {b}) : "
-            f"(tensor<{self.input_size}xf32>, tensor<{self.k * self.np_}xf32>) -> "
+            f"flow.dispatch @{self.name}::@{self.name}({operands}) : ({operand_t}) -> "
             f"tensor<{self.m}x{self.np_}xf32>"
         )
 
@@ -197,8 +227,9 @@ class Avx512Conv:
         e("    stream.return %x, %y, %z : index, index, index")
         e("  }")
         e("  builtin.module {")
+        bindings = "".join(f"%{s}: !stream.binding, " for s in self.epilogue if s != "relu")
         e(
-            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
+            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, {bindings}"
             "%c: !stream.binding) {"
         )
         consts = (
@@ -209,6 +240,14 @@ class Avx512Conv:
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}")
         e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}")
+        v_t = f"memref<{self.np_}xf32>"
+        for binding, memref, t in (("scale", "mscale", v_t), ("shift", "mbias", v_t)):
+            if getattr(self, binding):
+                e(
+                    f"      %{memref} = stream.binding.subspan %{binding}[%c0] : !stream.binding -> {t}"
+                )
+        if self.residual:
+            e(f"      %mres = stream.binding.subspan %residual[%c0] : !stream.binding -> {c_t}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         e("      %wgx = stream.dispatch.workgroup.id[0] : index")
         e("      %wgy = stream.dispatch.workgroup.id[1] : index")
@@ -223,6 +262,10 @@ class Avx512Conv:
         e("          %k0z = arith.cmpi eq, %k0, %c0 : index")
         e("          %first = arith.andi %t0z, %k0z : i1")
         e(f"          %kend = affine.min affine_map<()[s0] -> (s0 + {cb}, {c})>()[%k0]")
+        if self.epilogue:
+            e(f"          %tlast = arith.cmpi eq, %tend, %c{taps} : index")
+            e(f"          %klast = arith.cmpi eq, %kend, %c{c} : index")
+            e("          %last = arith.andi %tlast, %klast : i1")
         e(f"          scf.for %nn = %c0 to %nbc step %c{nr} {{")
         e("            %ncol = arith.addi %n0, %nn : index")
         # B element offset of (panel, k = 0)
@@ -327,9 +370,23 @@ class Avx512Conv:
         e(f"{q}}}")
         e(f"{q}scf.yield " + ", ".join(f"%tres#{i}" for i in range(len(accs))) + f" : {types}")
         e(f"{p}}}")
+        results = [f"%res#{i}" for i in range(len(accs))]
+        if self.epilogue:
+            v_t = f"memref<{self.np_}xf32>"
+            results = emit_epilogue(
+                e,
+                p,
+                rows,
+                nv,
+                results,
+                scale=v_t if self.scale else None,
+                bias=v_t if self.shift else None,
+                residual=c_t if self.residual else None,
+                relu=self.relu,
+            )
         for r in range(rows):
             for j in range(nv):
-                e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+                e(f"{p}vector.store {results[r * nv + j]}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
 
 
 def _env_blocking(spec: str) -> dict[str, int]:
@@ -379,8 +436,13 @@ def _tensor(*dims: int) -> str:
     return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
 
 
-def _function(name: str, kernel: Avx512Conv) -> str:
-    """The private function computing the convolution through ``kernel`` (builtin tensors)."""
+def _function(name: str, kernel: Avx512Conv, bn_eps: float | None = None) -> str:
+    """The private function computing the convolution through ``kernel`` (builtin tensors).
+
+    Its arguments: ``%x``, ``%w``, the bias ``%b`` if the convolution has one, then for the
+    kernel's epilogue (:mod:`.epilogues`) a batch norm's ``%gamma``, ``%beta``, ``%mean``,
+    ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) and the residual
+    ``%res`` (NCHW, the output's shape)."""
     g = kernel.g
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
@@ -389,10 +451,16 @@ def _function(name: str, kernel: Avx512Conv) -> str:
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
     nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, c)
     wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
-    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
+    f_t = _tensor(f)
+    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
+    if bn_eps is not None:
+        args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    if kernel.residual:
+        args += f", %res: {out_t}"
     lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
+    extra = _epilogue_operands(e, kernel, bn_eps)
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
         f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
@@ -429,7 +497,7 @@ def _function(name: str, kernel: Avx512Conv) -> str:
         f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) permutation = [1, 0, 2]"
     )
     e(f"  %bp = tensor.collapse_shape %wpan [[0, 1, 2]] : {pan_t} into {_tensor(k * np_)}")
-    e("  %cm = " + kernel.dispatch("%a", "%bp"))
+    e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
     if np_ != f:
@@ -440,7 +508,7 @@ def _function(name: str, kernel: Avx512Conv) -> str:
         f"  %o = tensor.expand_shape {cm} [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, {g.ow}, {f}] : {cm_t} into {o_t}"
     )
     e(f"  %out_init = tensor.empty() : {out_t}")
-    if g.bias:  # the bias add and the transpose back to NCHW: one element-wise op
+    if g.bias and not kernel.shift:  # the bias add and the transpose back to NCHW: one op
         e(
             "  %out = linalg.generic {indexing_maps = ["
             "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
@@ -461,6 +529,99 @@ def _function(name: str, kernel: Avx512Conv) -> str:
     return "\n".join(lines)
 
 
+def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
+    """``result = linalg.generic`` over ``[f]`` vectors ``ins`` (block arguments ``%i0``...;
+    ``body`` ends by defining ``%r``)."""
+    f_t = _tensor(f)
+    maps = ", ".join(["affine_map<(d0) -> (d0)>"] * (len(ins) + 1))
+    e(f"  {result}_init = tensor.empty() : {f_t}")
+    e(
+        f"  {result} = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
+        f'["parallel"]}} ins({", ".join(ins)} : {", ".join([f_t] * len(ins))}) '
+        f"outs({result}_init : {f_t}) {{"
+    )
+    e("  ^bb0(" + ", ".join(f"%i{i}: f32" for i in range(len(ins))) + ", %o: f32):")
+    for line in body:
+        e(f"    {line}")
+    e("    linalg.yield %r : f32")
+    e(f"  }} -> {f_t}")
+
+
+def _epilogue_operands(e: Any, kernel: Avx512Conv, bn_eps: float | None) -> list[str]:
+    """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
+    ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
+    g = kernel.g
+    assert g.n is not None
+    f, np_ = g.f, kernel.np_
+    vectors: list[str] = []
+    if bn_eps is not None:  # y = (conv + b - mean) / sqrt(var + eps) * gamma + beta
+        e(f"  %eps = arith.constant {bn_eps:.9e} : f32")
+        _vector_op(
+            e,
+            "%scale",
+            ["%gamma", "%var"],
+            [
+                "%ve = arith.addf %i1, %eps : f32",
+                "%sd = math.sqrt %ve : f32",
+                "%r = arith.divf %i0, %sd : f32",
+            ],
+            f,
+        )
+        if g.bias:  # shift = beta + (b - mean) * scale
+            ins = ["%beta", "%mean", "%scale", "%b"]
+            body = ["%bm = arith.subf %i3, %i1 : f32", "%ms = arith.mulf %bm, %i2 : f32"]
+            body.append("%r = arith.addf %i0, %ms : f32")
+        else:  # shift = beta - mean * scale
+            ins = ["%beta", "%mean", "%scale"]
+            body = ["%ms = arith.mulf %i1, %i2 : f32", "%r = arith.subf %i0, %ms : f32"]
+        _vector_op(e, "%shift", ins, body, f)
+        vectors = ["%scale", "%shift"]
+    elif kernel.shift:
+        vectors = ["%b"]
+    out: list[str] = []
+    for v in vectors:
+        if np_ != f:
+            e(f"  {v}_np = tensor.pad {v} low[0] high[{np_ - f}] {{")
+            e("  ^bb0(%pi: index):")
+            e("    tensor.yield %zero : f32")
+            e(f"  }} : {_tensor(f)} to {_tensor(np_)}")
+            v = f"{v}_np"
+        out.append(v)
+    if kernel.residual:
+        assert np_ == f, "a residual needs whole panels"
+        nhwc = _tensor(g.n, g.oh, g.ow, f)
+        e(f"  %rt_init = tensor.empty() : {nhwc}")
+        e(
+            f"  %rt = linalg.transpose ins(%res : {_tensor(g.n, f, g.oh, g.ow)}) "
+            f"outs(%rt_init : {nhwc}) permutation = [0, 2, 3, 1]"
+        )
+        e(
+            f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {_tensor(kernel.m, f)}"
+        )
+        out.append("%rm")
+    return out
+
+
+def _absorbed(conv: Any, g: Conv, np_: int) -> tuple[BatchNorm | None, Any, list[Any]]:
+    """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, residual,
+    ops)``, ``ops`` the absorbed ops in order (the last one's result is the call's)."""
+    ops: list[Any] = []
+    value = conv.results[0]
+    bn = eval_batch_norm(value, g.f)
+    if bn is not None:
+        ops.append(bn.op)
+        value = bn.op.results[0]
+    residual = None
+    add = same_shape_add(value) if np_ == g.f else None
+    if add is not None:
+        ops.append(add[0])
+        residual, value = add[1], add[0].results[0]
+    relu = only_user(value, "torch.aten.relu")
+    if relu is not None:
+        ops.append(relu)
+    return bn, residual, ops
+
+
 def rewrite_convs_avx512(module_op: Any) -> int:
     """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
     direct-convolution kernel (see the module doc).
@@ -473,16 +634,35 @@ def rewrite_convs_avx512(module_op: Any) -> int:
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
+    fuse = fusion_enabled()
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         kernel = conv_kernel_for(g)
+        f_t, out_t = _tensor(g.f), _tensor(g.n, g.f, g.oh, g.ow)
+        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
+        operands = list(conv.operands)[: 3 if g.bias else 2]
+        types = types[: len(operands)]
+        bn, residual, absorbed = _absorbed(conv, g, kernel.np_) if fuse else (None, None, [])
+        if fuse:
+            kernel = replace(
+                kernel,
+                scale=bn is not None,
+                shift=bn is not None or g.bias,
+                residual=residual is not None,
+                relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
+            )
+        if bn is not None:
+            operands += [bn.weight, bn.bias, bn.mean, bn.var]
+            types += [f_t] * 4
+        if residual is not None:
+            operands.append(residual)
+            types.append(out_t)
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
-        top.append(_function(name, kernel))
-        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
-        operands = list(conv.operands)[: 3 if g.bias else 2]
-        with conv.location, InsertionPoint(conv):
+        top.append(_function(name, kernel, bn.eps if bn is not None else None))
+        anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
+        with conv.location, InsertionPoint(anchor):
             builtin = [
                 Operation.create(
                     "torch_c.to_builtin_tensor",
@@ -493,13 +673,17 @@ def rewrite_convs_avx512(module_op: Any) -> int:
             ]
             call = Operation.create(
                 "func.call",
-                results=[Type.parse(_tensor(g.n, g.f, g.oh, g.ow), conv.context)],
+                results=[Type.parse(out_t, conv.context)],
                 operands=builtin,
                 attributes={"callee": FlatSymbolRefAttr.get(name)},
             ).result
             back = Operation.create(
                 "torch_c.from_builtin_tensor", results=[conv.results[0].type], operands=[call]
             ).result
+        if absorbed:
+            absorbed[-1].results[0].replace_all_uses_with(back)
+        for fused in reversed(absorbed):
+            fused.erase()
         conv.results[0].replace_all_uses_with(back)
         conv.erase()
     if found:
