@@ -161,8 +161,10 @@ def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypa
     asm = compile_copy_asm(eo, _flags())
     check_ir(
         asm,
+        # conv1's output is read only by conv2 (padding 1): written zero-padded, 12 x 12
         r"stream.executable private @__turbine_avx512_f32_conv_n1_c64_h10_w10_f64_k3x3_\w+"
-        r"_scale_shift_relu ",
+        r"_scale_shift_relu_opad1x1 ",
+        r"vector.store %cst, %\w+\[%\w+, %\w+\] : memref<144x64xf32>",  # the zero border
         r"arith.mulf %\w+#0, %\w+ : vector<16xf32>",  # * scale
         r"arith.addf %\w+, %\w+ : vector<16xf32>",  # + shift
         r"arith.maximumf %\w+, %cst : vector<16xf32>",  # ReLU
@@ -173,9 +175,21 @@ def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypa
     # the batch norm folded from its parameters (a constant expression: hoisted by IREE)
     check_ir(asm, r"math.sqrt %\w+ : f32", r"arith.divf %\w+, %\w+ : f32")
     main = _main(asm)
+    # conv2 reads conv1's padded C as it is: no padding of its input (only x's, for conv1)
+    check_ir(
+        main,
+        r"%(\w+):2 = call @__turbine_avx512_conv_0\(",
+        r"call @__turbine_avx512_conv_1\(%\w+#1, ",
+    )
+    assert asm.count("tensor.pad %") == 1
     for op in ("batch_norm", "relu", "add.Tensor"):
         assert f"torch.aten.{op}" not in main
     assert main.count("call @__turbine_avx512_conv_") == 2
+    # =nopad: the ops absorbed, conv2 pads conv1's output itself (IREE's copy between them)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "nopad")
+    nopad = compile_copy_asm(eo, _flags())
+    assert "_opad" not in nopad and nopad.count("tensor.pad %") == 2
+    assert "torch.aten.batch_norm" not in _main(nopad)
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
     kept = _main(compile_copy_asm(eo, _flags()))
     assert kept.count("torch.aten.batch_norm") == 2 and kept.count("torch.aten.relu") == 2
@@ -209,9 +223,12 @@ def test_fused_convolutions_match_eager(model, x, monkeypatch):
     eo = export(module, args=(inp,))
     monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     fused = load_module(eo.compile(save_to=None)).main(inp)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "nopad")
+    nopad = load_module(eo.compile(save_to=None)).main(inp)
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
     kept = load_module(eo.compile(save_to=None)).main(inp)
     expected = module(inp)
+    assert torch.equal(fused, nopad)  # a padded output holds the same values
     # the batch norm folded into a scale and a shift rounds differently from torch-mlir's
     # (x - mean) / sqrt(var + eps) * weight + bias: equal within fp32 tolerance, not bit for bit
     torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)

@@ -48,10 +48,11 @@ def host_avx512_missing() -> list[str]:
     return [f for f in AVX512_FEATURES if f not in flags]
 
 
-def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str) -> None:
+def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str, row: str = "%row") -> None:
     """Emits ``%init``: the ``rows`` x ``nv`` vector<16xf32> accumulators' starting values,
-    zeros on the first reduction block (``%first``), else C's values there (``%mc[%row<r>,
-    %col<r>_<j>]``); shared by the matmul and the direct-convolution kernels."""
+    zeros on the first reduction block (``%first``), else C's values there (``%mc[<row><r>,
+    %col<r>_<j>]``, ``row`` the prefix of C's row indices); shared by the matmul and the
+    direct-convolution kernels."""
     vt = "vector<16xf32>"
     n = rows * nv
     types = ", ".join([vt] * n)
@@ -61,7 +62,7 @@ def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str) -> None:
     loads = []
     for r in range(rows):
         for j in range(nv):
-            e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+            e(f"{p}  %ld{r}_{j} = vector.load %mc[{row}{r}, %col{r}_{j}] : {c_t}, {vt}")
             loads.append(f"%ld{r}_{j}")
     e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
     e(f"{p}}}")

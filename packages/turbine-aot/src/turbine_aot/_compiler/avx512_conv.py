@@ -49,7 +49,14 @@ from typing import Any
 
 from .avx512 import AVX512_FEATURES, emit_accumulator_init, emit_epilogue
 from .convs import Conv, conv_geometry
-from .epilogues import BatchNorm, eval_batch_norm, fusion_enabled, only_user, same_shape_add
+from .epilogues import (
+    BatchNorm,
+    eval_batch_norm,
+    fusion_enabled,
+    only_user,
+    padded_outputs_enabled,
+    same_shape_add,
+)
 from .matmuls import mark_cpu_requires
 from .torch_ir import TopLevel, walk
 
@@ -94,6 +101,9 @@ class Avx512Conv:
         scale, shift, residual, relu: the epilogue of the last reduction block's store
             (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an ``Np``-float operand),
             ``+ residual[m, f]`` (an ``M x Np`` operand), then ``max(., 0)``.
+        out_pad: C written zero-padded by ``(rows, columns)`` on each side, as the next
+            convolution reads it (``[N, OH + 2 * ph, OW + 2 * pw, Np]``: the border zeros, the
+            interior the output); ``(0, 0)``: C is ``[M, Np]``.
     """
 
     g: Conv
@@ -107,6 +117,7 @@ class Avx512Conv:
     shift: bool = False
     residual: bool = False
     relu: bool = False
+    out_pad: tuple[int, int] = (0, 0)
 
     #: The operand element type the kernel reads.
     operand_dtype = "f32"
@@ -133,6 +144,13 @@ class Avx512Conv:
     @property
     def k(self) -> int:
         return self.g.kh * self.g.kw * self.g.c
+
+    @property
+    def c_rows(self) -> int:
+        """Rows of C: the output pixels, with the border of :attr:`out_pad`."""
+        assert self.g.n is not None
+        qh, qw = self.out_pad
+        return self.g.n * (self.g.oh + 2 * qh) * (self.g.ow + 2 * qw)
 
     @property
     def hp(self) -> int:
@@ -178,6 +196,7 @@ class Avx512Conv:
             f"_d{g.dilation[0]}x{g.dilation[1]}_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}_pf{self.prefetch}"
             + "".join(f"_{e}" for e in self.epilogue)
+            + (f"_opad{self.out_pad[0]}x{self.out_pad[1]}" if any(self.out_pad) else "")
         )
 
     @property
@@ -204,7 +223,7 @@ class Avx512Conv:
         )
         return (
             f"flow.dispatch @{self.name}::@{self.name}({operands}) : ({operand_t}) -> "
-            f"tensor<{self.m}x{self.np_}xf32>"
+            f"tensor<{self.c_rows}x{self.np_}xf32>"
         )
 
     def executable(self) -> str:
@@ -215,7 +234,8 @@ class Avx512Conv:
         tb, cb = self.segments_per_block, self.block_length
         a_t = f"memref<{self.input_size}xf32>"
         b_t = f"memref<{self.k * self.np_}xf32>"
-        c_t = f"memref<{self.m}x{self.np_}xf32>"
+        c_t = f"memref<{self.c_rows}x{self.np_}xf32>"
+        r_t = f"memref<{self.m}x{self.np_}xf32>"  # the residual
         out: list[str] = []
         e = out.append
         name = self.name
@@ -247,7 +267,7 @@ class Avx512Conv:
                     f"      %{memref} = stream.binding.subspan %{binding}[%c0] : !stream.binding -> {t}"
                 )
         if self.residual:
-            e(f"      %mres = stream.binding.subspan %residual[%c0] : !stream.binding -> {c_t}")
+            e(f"      %mres = stream.binding.subspan %residual[%c0] : !stream.binding -> {r_t}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         e("      %wgx = stream.dispatch.workgroup.id[0] : index")
         e("      %wgy = stream.dispatch.workgroup.id[1] : index")
@@ -255,6 +275,8 @@ class Avx512Conv:
         e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
         e(f"      %mend = affine.min affine_map<()[s0] -> (s0 + {mb}, {self.m})>()[%m0]")
         e(f"      %nbc = arith.constant {nb} : index")
+        if any(self.out_pad):
+            self._zero_border(e)
         e(f"      scf.for %t0 = %c0 to %c{taps} step %c{tb} {{")
         e(f"        %tend = affine.min affine_map<()[s0] -> (s0 + {tb}, {taps})>()[%t0]")
         e(f"        scf.for %k0 = %c0 to %c{c} step %c{cb} {{")
@@ -283,14 +305,14 @@ class Avx512Conv:
             e(f"{p}scf.index_switch %left")
             for r in range(1, mr):
                 e(f"{p}case {r} {{")
-                self._micro(e, r, a_t, b_t, c_t, p + "  ")
+                self._micro(e, r, a_t, b_t, c_t, r_t, p + "  ")
                 e(f"{p}  scf.yield")
                 e(f"{p}}}")
             e(f"{p}default {{")
-            self._micro(e, mr, a_t, b_t, c_t, p + "  ")
+            self._micro(e, mr, a_t, b_t, c_t, r_t, p + "  ")
             e(f"{p}}}")
         else:
-            self._micro(e, 1, a_t, b_t, c_t, p)
+            self._micro(e, 1, a_t, b_t, c_t, r_t, p)
         e("            }")
         e("          }")
         e("        }")
@@ -301,7 +323,42 @@ class Avx512Conv:
         e("}")
         return "\n".join(out)
 
-    def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, p: str) -> None:
+    def _zero_border(self, e: Any) -> None:
+        """The workgroups of the first row block zero their columns of C's border pixels."""
+        g = self.g
+        assert g.n is not None
+        qh, qw = self.out_pad
+        ohp, owp = g.oh + 2 * qh, g.ow + 2 * qw
+        vt = "vector<16xf32>"
+        c_t = f"memref<{self.c_rows}x{self.np_}xf32>"
+        e("      %zb_first = arith.cmpi eq, %wgy, %c0 : index")
+        e("      scf.if %zb_first {")
+        e(f"        %zb_n = arith.constant {self.c_rows} : index")
+        e("        scf.for %zp = %c0 to %zb_n step %c1 {")
+        e(
+            f"          %zh = affine.apply affine_map<()[s0] -> ((s0 mod {ohp * owp}) floordiv {owp})>()[%zp]"
+        )
+        e(f"          %zw = affine.apply affine_map<()[s0] -> (s0 mod {owp})>()[%zp]")
+        e(f"          %zh_lo = arith.constant {qh} : index")
+        e(f"          %zh_hi = arith.constant {qh + g.oh} : index")
+        e(f"          %zw_lo = arith.constant {qw} : index")
+        e(f"          %zw_hi = arith.constant {qw + g.ow} : index")
+        e("          %zb1 = arith.cmpi ult, %zh, %zh_lo : index")
+        e("          %zb2 = arith.cmpi uge, %zh, %zh_hi : index")
+        e("          %zb3 = arith.cmpi ult, %zw, %zw_lo : index")
+        e("          %zb4 = arith.cmpi uge, %zw, %zw_hi : index")
+        e("          %zb12 = arith.ori %zb1, %zb2 : i1")
+        e("          %zb34 = arith.ori %zb3, %zb4 : i1")
+        e("          %zb = arith.ori %zb12, %zb34 : i1")
+        e("          scf.if %zb {")
+        for j in range(self.cols_per_workgroup // 16):
+            e(f"            %zc{j} = affine.apply affine_map<()[s0] -> (s0 + {16 * j})>()[%n0]")
+            e(f"            vector.store %zero, %mc[%zp, %zc{j}] : {c_t}, {vt}")
+        e("          }")
+        e("        }")
+        e("      }")
+
+    def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, r_t: str, p: str) -> None:
         """``rows`` x ``nr`` of C over one reduction block: load (or zero), FMAs, store."""
         g, nr = self.g, self.nr
         nv = nr // 16
@@ -316,12 +373,22 @@ class Avx512Conv:
             f"affine_map<()[s0] -> ((((s0 floordiv {ohw}) * {hp} + ((s0 mod {ohw}) floordiv {ow})"
             f" * {sh}) * {wp} + (s0 mod {ow}) * {sw}) * {c})>"
         )
+        qh, qw = self.out_pad
+        # C's row of output pixel m (its place inside the zero border of out_pad)
+        c_row = (
+            f"affine_map<()[s0] -> ((s0 floordiv {ohw}) * {(g.oh + 2 * qh) * (ow + 2 * qw)} + "
+            f"((s0 mod {ohw}) floordiv {ow} + {qh}) * {ow + 2 * qw} + (s0 mod {ow}) + {qw})>"
+        )
         for r in range(rows):
             e(f"{p}%row{r} = arith.addi %mi, %c{r} : index")
             e(f"{p}%org{r} = affine.apply {origin}()[%row{r}]")
+            if any(self.out_pad):
+                e(f"{p}%crow{r} = affine.apply {c_row}()[%row{r}]")
+            else:
+                e(f"{p}%crow{r} = arith.addi %row{r}, %c0 : index")
             for j in range(nv):
                 e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
-        emit_accumulator_init(e, p, rows, nv, c_t)
+        emit_accumulator_init(e, p, rows, nv, c_t, row="%crow")
         iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
         e(
             f"{p}%res:{len(accs)} = scf.for %t = %t0 to %tend step %c1 iter_args({iters}) "
@@ -381,12 +448,14 @@ class Avx512Conv:
                 results,
                 scale=v_t if self.scale else None,
                 bias=v_t if self.shift else None,
-                residual=c_t if self.residual else None,
+                residual=r_t if self.residual else None,
                 relu=self.relu,
             )
         for r in range(rows):
             for j in range(nv):
-                e(f"{p}vector.store {results[r * nv + j]}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+                e(
+                    f"{p}vector.store {results[r * nv + j]}, %mc[%crow{r}, %col{r}_{j}] : {c_t}, {vt}"
+                )
 
 
 def _env_blocking(spec: str) -> dict[str, int]:
@@ -436,31 +505,50 @@ def _tensor(*dims: int) -> str:
     return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
 
 
-def _function(name: str, kernel: Avx512Conv, bn_eps: float | None = None) -> str:
+def _function(
+    name: str, kernel: Avx512Conv, bn_eps: float | None = None, padded_input: bool = False
+) -> str:
     """The private function computing the convolution through ``kernel`` (builtin tensors).
 
-    Its arguments: ``%x``, ``%w``, the bias ``%b`` if the convolution has one, then for the
-    kernel's epilogue (:mod:`.epilogues`) a batch norm's ``%gamma``, ``%beta``, ``%mean``,
-    ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) and the residual
-    ``%res`` (NCHW, the output's shape)."""
+    Its arguments: ``%x`` (NCHW; ``padded_input``: the previous kernel's zero-padded NHWC
+    output as this kernel reads it, flat), ``%w``, the bias ``%b`` if the convolution has one,
+    then for the kernel's epilogue (:mod:`.epilogues`) a batch norm's ``%gamma``, ``%beta``,
+    ``%mean``, ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) and the
+    residual ``%res`` (NCHW, the output's shape). It returns the NCHW output and, for a
+    kernel with :attr:`Avx512Conv.out_pad`, C as the next convolution reads it (flat)."""
     g = kernel.g
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
-    (ph, pw) = g.padding
-    np_, k, nr = kernel.np_, kernel.k, kernel.nr
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
-    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, c)
-    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
     f_t = _tensor(f)
+    if padded_input:
+        x_t = _tensor(kernel.input_size)
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
     if bn_eps is not None:
         args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
     if kernel.residual:
         args += f", %res: {out_t}"
-    lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
+    padded_out = any(kernel.out_pad)
+    results_t = f"({out_t}, {_tensor(kernel.c_rows * f)})" if padded_out else out_t
+    lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
     extra = _epilogue_operands(e, kernel, bn_eps)
+    if padded_input:
+        e(f"  %a = tensor.cast %x : {x_t} to {x_t}")
+    else:
+        _input(e, kernel, x_t)
+    _rest(e, kernel, out_t, extra)
+    return "\n".join(lines)
+
+
+def _input(e: Any, kernel: Avx512Conv, x_t: str) -> None:
+    """Emits ``%a``: the NCHW ``%x`` as the kernel reads it (NHWC, zero-padded, flat)."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w = g.n, g.c, g.h, g.w
+    (ph, pw) = g.padding
+    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, c)
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
         f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
@@ -474,6 +562,16 @@ def _function(name: str, kernel: Avx512Conv, bn_eps: float | None = None) -> str
         src, src_t = "%xp", xp_t
     dims = "[[" + ", ".join("0123") + "]]"
     e(f"  %a = tensor.collapse_shape {src} {dims} : {src_t} into {_tensor(kernel.input_size)}")
+
+
+def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
+    """Emits the weight's packing, the dispatch and the function's results."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, f = g.n, g.c, g.f
+    np_, k, nr = kernel.np_, kernel.k, kernel.nr
+    w_t = _tensor(f, c, g.kh, g.kw)
+    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
     # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> panels [P, K, nr]
     e(f"  %wt_init = tensor.empty() : {wt_t}")
     e(
@@ -500,6 +598,24 @@ def _function(name: str, kernel: Avx512Conv, bn_eps: float | None = None) -> str
     e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
+    padded_out = any(kernel.out_pad)
+    if padded_out:  # np_ == f: C flat for the next kernel, and its interior as the output
+        qh, qw = kernel.out_pad
+        ohp, owp = g.oh + 2 * qh, g.ow + 2 * qw
+        e(
+            f"  %cflat = tensor.collapse_shape %cm [[0, 1]] : {_tensor(kernel.c_rows, f)} into {_tensor(kernel.c_rows * f)}"
+        )
+        p4_t = _tensor(n, ohp, owp, f)
+        e(
+            f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {ohp}, {owp}, {f}] : {_tensor(kernel.c_rows, f)} into {p4_t}"
+        )
+        e(
+            f"  %ci = tensor.extract_slice %c4[0, {qh}, {qw}, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : {p4_t} to {_tensor(n, g.oh, g.ow, f)}"
+        )
+        e(
+            f"  %cm2 = tensor.collapse_shape %ci [[0, 1, 2], [3]] : {_tensor(n, g.oh, g.ow, f)} into {cm_t}"
+        )
+        cm = "%cm2"
     if np_ != f:
         e(f"  %cs = tensor.extract_slice %cm[0, 0] [{m}, {f}] [1, 1] : {cm_t} to {_tensor(m, f)}")
         cm, cm_t = "%cs", _tensor(m, f)
@@ -524,9 +640,11 @@ def _function(name: str, kernel: Avx512Conv, bn_eps: float | None = None) -> str
         e(
             f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
         )
-    e(f"  return %out : {out_t}")
+    if padded_out:
+        e(f"  return %out, %cflat : {out_t}, {_tensor(kernel.c_rows * f)}")
+    else:
+        e(f"  return %out : {out_t}")
     e("}")
-    return "\n".join(lines)
 
 
 def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
@@ -622,6 +740,24 @@ def _absorbed(conv: Any, g: Conv, np_: int) -> tuple[BatchNorm | None, Any, list
     return bn, residual, ops
 
 
+def _padded_consumer(
+    value: Any, found: list[tuple[Any, Conv | None]], start: int
+) -> tuple[int, Conv] | None:
+    """``(index, geometry)`` of the convolution of ``found[start:]`` reading ``value`` as its input,
+    ``value``'s one use, with padding: the kernel producing ``value`` then writes it zero-padded
+    as that convolution reads it (:attr:`Avx512Conv.out_pad`), and IREE copies nothing in
+    between."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].operand_number != 0:
+        return None
+    user = uses[0].owner
+    for i in range(start, len(found)):
+        o, g = found[i]
+        if o.operation == user.operation and g is not None and any(g.padding):
+            return i, g
+    return None
+
+
 def rewrite_convs_avx512(module_op: Any) -> int:
     """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
     direct-convolution kernel (see the module doc).
@@ -635,6 +771,8 @@ def rewrite_convs_avx512(module_op: Any) -> int:
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
     fuse = fusion_enabled()
+    # convolutions (their index in found) whose input is an earlier kernel's padded output
+    padded_inputs: dict[int, Any] = {}
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         kernel = conv_kernel_for(g)
@@ -643,13 +781,18 @@ def rewrite_convs_avx512(module_op: Any) -> int:
         operands = list(conv.operands)[: 3 if g.bias else 2]
         types = types[: len(operands)]
         bn, residual, absorbed = _absorbed(conv, g, kernel.np_) if fuse else (None, None, [])
+        consumer = None
         if fuse:
+            final = absorbed[-1].results[0] if absorbed else conv.results[0]
+            if padded_outputs_enabled() and kernel.np_ == g.f:
+                consumer = _padded_consumer(final, found, index + 1)
             kernel = replace(
                 kernel,
                 scale=bn is not None,
                 shift=bn is not None or g.bias,
                 residual=residual is not None,
                 relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
+                out_pad=consumer[1].padding if consumer is not None else (0, 0),
             )
         if bn is not None:
             operands += [bn.weight, bn.bias, bn.mean, bn.var]
@@ -657,10 +800,12 @@ def rewrite_convs_avx512(module_op: Any) -> int:
         if residual is not None:
             operands.append(residual)
             types.append(out_t)
+        padded = padded_inputs.pop(index, None)
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
-        top.append(_function(name, kernel, bn.eps if bn is not None else None))
+        eps = bn.eps if bn is not None else None
+        top.append(_function(name, kernel, eps, padded_input=padded is not None))
         anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
         with conv.location, InsertionPoint(anchor):
             builtin = [
@@ -671,15 +816,24 @@ def rewrite_convs_avx512(module_op: Any) -> int:
                 ).result
                 for v, t in zip(operands, types)
             ]
+            if padded is not None:  # the previous kernel's C, as this kernel reads it
+                builtin[0] = padded
+            results = [Type.parse(out_t, conv.context)]
+            if consumer is not None:
+                results.append(Type.parse(_tensor(kernel.c_rows * g.f), conv.context))
             call = Operation.create(
                 "func.call",
-                results=[Type.parse(out_t, conv.context)],
+                results=results,
                 operands=builtin,
                 attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
+            )
             back = Operation.create(
-                "torch_c.from_builtin_tensor", results=[conv.results[0].type], operands=[call]
+                "torch_c.from_builtin_tensor",
+                results=[conv.results[0].type],
+                operands=[call.results[0]],
             ).result
+        if consumer is not None:
+            padded_inputs[consumer[0]] = call.results[1]
         if absorbed:
             absorbed[-1].results[0].replace_all_uses_with(back)
         for fused in reversed(absorbed):

@@ -16,7 +16,12 @@ else the ops stay as they are.
   ``torch.aten.add.Tensor`` of a same-shape tensor, then ``torch.aten.relu``, each only after
   the ones before it.
 
-``TURBINE_CPU_EPILOGUES=keep`` keeps the ops as separate dispatches (for A/B measurements).
+A direct convolution whose (absorbed) output is read only by another direct convolution with
+padding writes it zero-padded as that one reads it, so IREE copies nothing between the two
+kernels.
+
+``TURBINE_CPU_EPILOGUES=keep`` keeps the ops as separate dispatches, ``=nopad`` absorbs them but
+writes no padded outputs (for A/B measurements).
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ __all__ = [
     "eval_batch_norm",
     "fusion_enabled",
     "only_user",
+    "padded_outputs_enabled",
     "same_shape_add",
 ]
 
-#: Environment variable: ``keep`` leaves the element-wise ops after the kernels to IREE.
+#: Environment variable: ``keep`` leaves the element-wise ops after the kernels to IREE,
+#: ``nopad`` writes no convolution output padded for the next one.
 EPILOGUE_ENV = "TURBINE_CPU_EPILOGUES"
 
 
@@ -44,6 +51,12 @@ def fusion_enabled() -> bool:
     """Whether the rewrites absorb element-wise ops into the kernels (unless
     ``TURBINE_CPU_EPILOGUES=keep``)."""
     return os.environ.get(EPILOGUE_ENV, "").strip().lower() != "keep"
+
+
+def padded_outputs_enabled() -> bool:
+    """Whether a convolution kernel may write its output padded for the next one (with the
+    epilogues, unless ``TURBINE_CPU_EPILOGUES=nopad``)."""
+    return fusion_enabled() and os.environ.get(EPILOGUE_ENV, "").strip().lower() != "nopad"
 
 
 def only_user(value: Any, name: str) -> Any:

@@ -71,8 +71,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 12: max poolings channels-last beside those convolutions, and that convolution kernel with
 #: reduction blocks of 256 (on their branch, 9 to 11); 13: bias and ReLU after an fp32 matmul,
 #: bias, batch norm, residual add and ReLU after a direct convolution, in the AVX-512 kernels'
-#: store (:mod:`.epilogues`).
-REVISION = 13
+#: store (:mod:`.epilogues`); 14: a direct convolution whose output is read only by another one
+#: with padding writes it zero-padded as that one reads it (no padding copy between them).
+REVISION = 14
 
 _log = logging.getLogger("turbine.aot")
 
