@@ -154,6 +154,36 @@ class _ConvUsedTwice(torch.nn.Module):
         return torch.relu(self.b(y)) + y
 
 
+class _Affine(torch.nn.Module):
+    """Per-channel ``[F, 1, 1]`` steps after convolutions, as ``torch.export`` writes a batch
+    norm it decomposes (torchvision's ResNet-50 here): ``(y - mean) * invstd * weight + bias``,
+    then a scale and a shift alone."""
+
+    def __init__(self, bias: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = torch.nn.Conv2d(32, 64, 3, padding=1, bias=bias)
+        self.c2 = torch.nn.Conv2d(64, 64, 3, padding=1, bias=bias)
+        for name in ("mean", "invstd", "weight", "shift"):
+            self.register_buffer(name, torch.rand(64, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = torch.relu((self.c1(x) - self.mean) * self.invstd * self.weight + self.shift)
+        return self.c2(y) * self.invstd + self.shift
+
+
+def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_Affine().eval(), args=(torch.randn(1, 32, 9, 9),))
+    asm = compile_copy_asm(eo, _flags())
+    main = _main(asm)
+    for op in ("sub.Tensor", "mul.Tensor", "add.Tensor", "relu"):
+        assert f"torch.aten.{op}" not in main
+    check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_scale_shift_relu_opad1x1 ")
+    check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_pf0_scale_shift ")
+
+
 def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
@@ -213,8 +243,10 @@ def test_a_conv_output_used_twice_is_not_absorbed(monkeypatch):
         (lambda: _Block(32, 64, stride=2), (1, 32, 12, 12)),  # a downsample: conv + bn alone
         (lambda: _Block(64, 70), (1, 64, 6, 6)),  # 70 channels: the residual add stays apart
         (_ConvUsedTwice, (1, 16, 8, 8)),  # nothing absorbed
+        (_Affine, (1, 32, 9, 9)),  # a decomposed batch norm, a scale and shift alone
+        (lambda: _Affine(bias=True), (2, 32, 5, 7)),
     ],
-    ids=["block", "bias", "downsample", "padded-channels", "used-twice"],
+    ids=["block", "bias", "downsample", "padded-channels", "used-twice", "affine", "affine-bias"],
 )
 def test_fused_convolutions_match_eager(model, x, monkeypatch):
     module = model().eval()

@@ -30,7 +30,9 @@ into a call of a private function over builtin tensors (IREE inlines it)::
 With the epilogues (:mod:`.epilogues`, unless ``TURBINE_CPU_EPILOGUES=keep``) the bias, an
 eval-mode batch norm after the convolution (as a per-channel scale and shift), a residual add
 and a ReLU are done by the kernel in its last reduction block's store: the call replaces the
-last of those ops. Without them (or for what is not absorbed) the element-wise ops sit between a
+last of those ops; when that result is read only by another direct convolution with padding,
+the kernel writes it zero-padded as that one reads it (``out_pad``) and IREE copies nothing in
+between. Without them (or for what is not absorbed) the element-wise ops sit between a
 transpose to NCHW and one back; IREE's element-wise fusion folds them into the one dispatch
 that writes the next padded input, so the relayouts cost one pass over each activation
 (docs/performance.md, sections 10 and 11). No ``util.optimization_barrier`` is needed: the
@@ -51,6 +53,7 @@ from .avx512 import AVX512_FEATURES, emit_accumulator_init, emit_epilogue
 from .convs import Conv, conv_geometry
 from .epilogues import (
     BatchNorm,
+    channel_affine,
     eval_batch_norm,
     fusion_enabled,
     only_user,
@@ -58,7 +61,7 @@ from .epilogues import (
     same_shape_add,
 )
 from .matmuls import mark_cpu_requires
-from .torch_ir import TopLevel, walk
+from .torch_ir import TensorType, TopLevel, walk
 
 __all__ = [
     "CONV_BLOCKING_ENV",
@@ -506,15 +509,20 @@ def _tensor(*dims: int) -> str:
 
 
 def _function(
-    name: str, kernel: Avx512Conv, bn_eps: float | None = None, padded_input: bool = False
+    name: str,
+    kernel: Avx512Conv,
+    bn_eps: float | None = None,
+    padded_input: bool = False,
+    affine: list[tuple[str, list[Any]]] | None = None,
 ) -> str:
     """The private function computing the convolution through ``kernel`` (builtin tensors).
 
     Its arguments: ``%x`` (NCHW; ``padded_input``: the previous kernel's zero-padded NHWC
     output as this kernel reads it, flat), ``%w``, the bias ``%b`` if the convolution has one,
     then for the kernel's epilogue (:mod:`.epilogues`) a batch norm's ``%gamma``, ``%beta``,
-    ``%mean``, ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) and the
-    residual ``%res`` (NCHW, the output's shape). It returns the NCHW output and, for a
+    ``%mean``, ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) or the
+    per-channel parameters ``%p<i>`` of ``affine`` (``(kind, sizes)`` steps: ``sub``, ``mul``,
+    ``add``, folded the same way), and the residual ``%res`` (NCHW, the output's shape). It returns the NCHW output and, for a
     kernel with :attr:`Avx512Conv.out_pad`, C as the next convolution reads it (flat)."""
     g = kernel.g
     assert g.n is not None
@@ -526,6 +534,8 @@ def _function(
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
     if bn_eps is not None:
         args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    affine = affine or []
+    args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
     if kernel.residual:
         args += f", %res: {out_t}"
     padded_out = any(kernel.out_pad)
@@ -533,7 +543,7 @@ def _function(
     lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
-    extra = _epilogue_operands(e, kernel, bn_eps)
+    extra = _epilogue_operands(e, kernel, bn_eps, affine)
     if padded_input:
         e(f"  %a = tensor.cast %x : {x_t} to {x_t}")
     else:
@@ -665,7 +675,9 @@ def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> 
     e(f"  }} -> {f_t}")
 
 
-def _epilogue_operands(e: Any, kernel: Avx512Conv, bn_eps: float | None) -> list[str]:
+def _epilogue_operands(
+    e: Any, kernel: Avx512Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]]
+) -> list[str]:
     """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
     ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
     g = kernel.g
@@ -694,6 +706,8 @@ def _epilogue_operands(e: Any, kernel: Avx512Conv, bn_eps: float | None) -> list
             body = ["%ms = arith.mulf %i1, %i2 : f32", "%r = arith.subf %i0, %ms : f32"]
         _vector_op(e, "%shift", ins, body, f)
         vectors = ["%scale", "%shift"]
+    elif affine:
+        vectors = _affine_vectors(e, affine, f, "%b" if g.bias else None)
     elif kernel.shift:
         vectors = ["%b"]
     out: list[str] = []
@@ -720,15 +734,53 @@ def _epilogue_operands(e: Any, kernel: Avx512Conv, bn_eps: float | None) -> list
     return out
 
 
-def _absorbed(conv: Any, g: Conv, np_: int) -> tuple[BatchNorm | None, Any, list[Any]]:
-    """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, residual,
-    ops)``, ``ops`` the absorbed ops in order (the last one's result is the call's)."""
+def _affine_vectors(
+    e: Any, affine: list[tuple[str, list[Any]]], f: int, bias: str | None
+) -> list[str]:
+    """Emits the kernel's ``[f]`` scale and shift (those it has, in that order) folding the
+    steps ``affine`` applied to ``conv + bias``: ``- p`` and ``+ p`` move the shift, ``* p``
+    scales both."""
+    scale, shift = None, bias
+    ops = {"sub": "arith.subf", "add": "arith.addf", "mul": "arith.mulf"}
+    for i, (kind, sizes) in enumerate(affine):
+        dims = ", ".join(str(d) for d in range(len(sizes)))
+        e(
+            f"  %pv{i} = tensor.collapse_shape %p{i} [[{dims}]] : {_tensor(*sizes)} into {_tensor(f)}"
+        )
+        p = f"%pv{i}"
+        if kind == "mul":
+            if scale is not None:
+                _vector_op(e, f"%sc{i}", [scale, p], ["%r = arith.mulf %i0, %i1 : f32"], f)
+            scale = f"%sc{i}" if scale is not None else p
+        if shift is not None:
+            _vector_op(e, f"%sh{i}", [shift, p], [f"%r = {ops[kind]} %i0, %i1 : f32"], f)
+            shift = f"%sh{i}"
+        elif kind == "add":
+            shift = p
+        elif kind == "sub":
+            _vector_op(e, f"%sh{i}", [p], ["%r = arith.negf %i0 : f32"], f)
+            shift = f"%sh{i}"
+    return [v for v in (scale, shift) if v is not None]
+
+
+def _absorbed(
+    conv: Any, g: Conv, np_: int
+) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], Any, list[Any]]:
+    """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
+    steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
+    call's)."""
     ops: list[Any] = []
     value = conv.results[0]
     bn = eval_batch_norm(value, g.f)
+    affine: list[tuple[Any, str, Any]] = []
     if bn is not None:
         ops.append(bn.op)
         value = bn.op.results[0]
+    else:  # a batch norm as torch.export decomposes it, or any per-channel scale and shift
+        affine = channel_affine(value, g.f)
+        ops += [step[0] for step in affine]
+        if affine:
+            value = affine[-1][0].results[0]
     residual = None
     add = same_shape_add(value) if np_ == g.f else None
     if add is not None:
@@ -737,7 +789,7 @@ def _absorbed(conv: Any, g: Conv, np_: int) -> tuple[BatchNorm | None, Any, list
     relu = only_user(value, "torch.aten.relu")
     if relu is not None:
         ops.append(relu)
-    return bn, residual, ops
+    return bn, affine, residual, ops
 
 
 def _padded_consumer(
@@ -780,7 +832,10 @@ def rewrite_convs_avx512(module_op: Any) -> int:
         types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
         operands = list(conv.operands)[: 3 if g.bias else 2]
         types = types[: len(operands)]
-        bn, residual, absorbed = _absorbed(conv, g, kernel.np_) if fuse else (None, None, [])
+        bn, affine, residual, absorbed = (
+            _absorbed(conv, g, kernel.np_) if fuse else (None, [], None, [])
+        )
+        kinds = [kind for _, kind, _ in affine]
         consumer = None
         if fuse:
             final = absorbed[-1].results[0] if absorbed else conv.results[0]
@@ -788,8 +843,8 @@ def rewrite_convs_avx512(module_op: Any) -> int:
                 consumer = _padded_consumer(final, found, index + 1)
             kernel = replace(
                 kernel,
-                scale=bn is not None,
-                shift=bn is not None or g.bias,
+                scale=bn is not None or "mul" in kinds,
+                shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
                 residual=residual is not None,
                 relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
                 out_pad=consumer[1].padding if consumer is not None else (0, 0),
@@ -797,6 +852,10 @@ def rewrite_convs_avx512(module_op: Any) -> int:
         if bn is not None:
             operands += [bn.weight, bn.bias, bn.mean, bn.var]
             types += [f_t] * 4
+        for _, _, param in affine:
+            operands.append(param)
+            sizes = TensorType.of(param).sizes  # type: ignore[union-attr]
+            types.append(_tensor(*sizes))  # type: ignore[arg-type]
         if residual is not None:
             operands.append(residual)
             types.append(out_t)
@@ -805,7 +864,8 @@ def rewrite_convs_avx512(module_op: Any) -> int:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
         eps = bn.eps if bn is not None else None
-        top.append(_function(name, kernel, eps, padded_input=padded is not None))
+        steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
+        top.append(_function(name, kernel, eps, padded_input=padded is not None, affine=steps))
         anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
         with conv.location, InsertionPoint(anchor):
             builtin = [

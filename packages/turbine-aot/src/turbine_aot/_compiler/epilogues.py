@@ -12,7 +12,9 @@ else the ops stay as they are.
 - direct convolutions (:mod:`.avx512_conv`): the convolution's bias, an eval-mode
   ``torch.aten.batch_norm`` (folded into a per-channel scale and shift, computed from its
   parameters in the program, so that IREE hoists them with the weights:
-  ``scale = weight / sqrt(var + eps)``, ``shift = bias - mean * scale``), a residual
+  ``scale = weight / sqrt(var + eps)``, ``shift = bias - mean * scale``) or a chain of
+  per-channel ``sub`` / ``mul`` / ``add`` (a batch norm as ``torch.export`` decomposes it:
+  torchvision's ResNet-50; folded the same way), a residual
   ``torch.aten.add.Tensor`` of a same-shape tensor, then ``torch.aten.relu``, each only after
   the ones before it.
 
@@ -35,6 +37,7 @@ from .torch_ir import TensorType, constant
 __all__ = [
     "EPILOGUE_ENV",
     "BatchNorm",
+    "channel_affine",
     "eval_batch_norm",
     "fusion_enabled",
     "only_user",
@@ -111,3 +114,43 @@ def same_shape_add(value: Any) -> tuple[Any, Any] | None:
     if str(add.results[0].type) != str(value.type):
         return None
     return add, other
+
+
+#: The per-channel ops :func:`channel_affine` absorbs.
+_AFFINE_OPS = {
+    "torch.aten.sub.Tensor": "sub",
+    "torch.aten.mul.Tensor": "mul",
+    "torch.aten.add.Tensor": "add",
+}
+
+
+def channel_affine(value: Any, channels: int) -> list[tuple[Any, str, Any]]:
+    """The chain of ``(op, kind, param)`` after ``value`` (``[N, channels, H, W]``), each op the
+    one use of the value before it: ``value - param``, ``value * param``, ``value + param``
+    (alpha 1) with ``param`` one f32 value per channel (``[channels, 1, 1]`` or
+    ``[1, channels, 1, 1]``): a batch norm as ``torch.export`` decomposes it (``(x - mean) *
+    invstd * weight + bias``), or any per-channel scale and shift."""
+    steps: list[tuple[Any, str, Any]] = []
+    while True:
+        uses = list(value.uses)
+        if len(uses) != 1 or uses[0].operand_number != 0:
+            return steps
+        op = uses[0].owner
+        kind = _AFFINE_OPS.get(getattr(op, "name", ""))
+        if kind is None:
+            return steps
+        operands = list(op.operands)
+        param = operands[1]
+        if kind != "mul" and (len(operands) != 3 or constant(operands[2]) not in (1, 1.0)):
+            return steps
+        pt = TensorType.of(param)
+        if (
+            pt is None
+            or pt.dtype != "f32"
+            or pt.sizes not in ([channels, 1, 1], [1, channels, 1, 1])
+        ):
+            return steps
+        if str(op.results[0].type) != str(value.type):
+            return steps
+        steps.append((op, kind, param))
+        value = op.results[0]

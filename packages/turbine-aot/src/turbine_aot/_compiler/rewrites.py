@@ -72,8 +72,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: reduction blocks of 256 (on their branch, 9 to 11); 13: bias and ReLU after an fp32 matmul,
 #: bias, batch norm, residual add and ReLU after a direct convolution, in the AVX-512 kernels'
 #: store (:mod:`.epilogues`); 14: a direct convolution whose output is read only by another one
-#: with padding writes it zero-padded as that one reads it (no padding copy between them).
-REVISION = 14
+#: with padding writes it zero-padded as that one reads it (no padding copy between them);
+#: 15: per-channel sub / mul / add chains after a direct convolution (a batch norm as
+#: torch.export decomposes it) in its store too.
+REVISION = 15
 
 _log = logging.getLogger("turbine.aot")
 
