@@ -21,7 +21,12 @@ from turbine_aot.runtime import load_module
 
 @pytest.fixture(autouse=True)
 def _default_choices(monkeypatch):
-    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL", "TURBINE_CPU_CONV_BLOCKING"):
+    for name in (
+        "TURBINE_CPU_CONV_MATMUL",
+        "TURBINE_CPU_MATMUL",
+        "TURBINE_CPU_CONV_BLOCKING",
+        "TURBINE_CPU_EPILOGUES",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -56,8 +61,10 @@ def test_the_compile_copy_calls_the_conv_kernel_and_the_export_is_unchanged():
         r"linalg.transpose ins\(%\w+ : tensor<2x16x9x11xf32>\) .* permutation = \[0, 2, 3, 1\]",
         r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 1, 1, 0\]",
         r"tensor.collapse_shape .* into tensor<4576xf32>",
-        r"flow.dispatch @__turbine_avx512_f32_conv_\w+::@__turbine_avx512_f32_conv_\w+\(%\w+, "
-        r"%\w+\) : \(tensor<4576xf32>, tensor<18432xf32>\) -> tensor<198x128xf32>",
+        # the bias, zero-padded to 128, is added by the kernel (its epilogue)
+        r"flow.dispatch @__turbine_avx512_f32_conv_\w+_shift::@__turbine_avx512_f32_conv_\w+\(%\w+, "
+        r"%\w+, %\w+\) : \(tensor<4576xf32>, tensor<18432xf32>, tensor<128xf32>\) -> "
+        r"tensor<198x128xf32>",
     )
     assert "torch.aten.conv2d" not in asm and "avx512f" in asm  # turbine.cpu_requires
     assert str(eo.mlir_module) == exported  # the exported module is the reference's

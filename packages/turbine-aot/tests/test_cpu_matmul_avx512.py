@@ -77,10 +77,10 @@ def test_the_compile_copy_calls_the_kernel_and_the_export_is_unchanged(monkeypat
         r"stream.executable private @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64",
         r"vector.fma %\w+, %\w+, %\w+ : vector<16xf32>",
         r"func.func private @__turbine_avx512_matmul_0\(%\w+: tensor<8x100xf32>, %\w+: "
-        r"tensor<100x70xf32>\)",
+        r"tensor<100x70xf32>, %\w+: tensor<70xf32>\)",  # the bias: added in the kernel
         r"tensor.pad %\w+ low\[0, 0\] high\[0, 58\]",  # the weight: N 70 -> 128, K as it is
         r"linalg.transpose .* permutation = \[1, 0, 2\]",
-        r"flow.dispatch @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64::",
+        r"flow.dispatch @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64_bias_relu::",
         r"tensor.extract_slice %\w+\[0, 0\] \[%\w+, 70\]",
     )
     assert "arith.truncf" not in asm  # fp32 stays fp32

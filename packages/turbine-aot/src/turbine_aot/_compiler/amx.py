@@ -229,14 +229,19 @@ class AmxGemm:
         """Elements of one packed ``B`` matrix (``np_ * kp``)."""
         return self.np_ * self.kp
 
-    def dispatch(self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int) -> str:
+    def dispatch(
+        self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int, bias: str | None = None
+    ) -> str:
         """The ``flow.dispatch`` of this kernel (one line of MLIR, result ``tensor<?xNpxf32>``).
 
         Args:
             a: the ``tensor<?x{kp}xbf16>`` operand (``rows`` rows = batch * M).
             b: the packed ``tensor<{b_elems}xbf16>`` operand.
             m, batch, rows: ``index`` values: M, the batch count, and their product.
+            bias: must be None (this kernel has no epilogue).
         """
+        if bias is not None:
+            raise ValueError(f"AMX kernel: no bias epilogue ({self.name})")
         a_t = f"tensor<?x{self.kp}xbf16>{{{rows}}}"
         return (
             f"flow.dispatch @{self.name}::@{self.name}[{m}, {batch}]({a}, {b}, {m}, {batch}) : "

@@ -35,6 +35,7 @@ __all__ = [
     "AVX512_FEATURES",
     "Avx512Gemm",
     "emit_accumulator_init",
+    "emit_epilogue",
     "fma",
     "host_avx512_missing",
 ]
@@ -51,10 +52,11 @@ def host_avx512_missing() -> list[str]:
     return [f for f in AVX512_FEATURES if f not in flags]
 
 
-def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str) -> None:
+def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str, row: str = "%row") -> None:
     """Emits ``%init``: the ``rows`` x ``nv`` vector<16xf32> accumulators' starting values,
-    zeros on the first reduction block (``%first``), else C's values there (``%mc[%row<r>,
-    %col<r>_<j>]``); shared by the matmul and the direct-convolution kernels."""
+    zeros on the first reduction block (``%first``), else C's values there (``%mc[<row><r>,
+    %col<r>_<j>]``, ``row`` the prefix of C's row indices); shared by the matmul and the
+    direct-convolution kernels."""
     vt = "vector<16xf32>"
     n = rows * nv
     types = ", ".join([vt] * n)
@@ -64,10 +66,62 @@ def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str) -> None:
     loads = []
     for r in range(rows):
         for j in range(nv):
-            e(f"{p}  %ld{r}_{j} = vector.load %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+            e(f"{p}  %ld{r}_{j} = vector.load %mc[{row}{r}, %col{r}_{j}] : {c_t}, {vt}")
             loads.append(f"%ld{r}_{j}")
     e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
     e(f"{p}}}")
+
+
+def emit_epilogue(
+    e: Any,
+    p: str,
+    rows: int,
+    nv: int,
+    values: list[str],
+    *,
+    scale: str | None = None,
+    bias: str | None = None,
+    residual: str | None = None,
+    relu: bool = False,
+) -> list[str]:
+    """Emits ``%out``: the ``rows`` x ``nv`` accumulators ``values`` to store: on the last
+    reduction block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type),
+    plus ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]``
+    (``residual``), then at least zero (``relu``: ``arith.maximumf``, as torch's ReLU: NaN
+    stays NaN, -0.0 becomes 0.0); on the others as they are. Returns the names of the stored
+    values. Shared by the matmul and the direct-convolution kernels (:mod:`.epilogues`)."""
+    vt = "vector<16xf32>"
+    n = rows * nv
+    types = ", ".join([vt] * n)
+    e(f"{p}%out:{n} = scf.if %last -> ({types}) {{")
+    outs = []
+    for j in range(nv):
+        if scale:
+            e(f"{p}  %sv_e{j} = vector.load %mscale[%col0_{j}] : {scale}, {vt}")
+        if bias:
+            e(f"{p}  %bv_e{j} = vector.load %mbias[%col0_{j}] : {bias}, {vt}")
+    for r in range(rows):
+        for j in range(nv):
+            v = values[r * nv + j]
+            if scale:
+                e(f"{p}  %es{r}_{j} = arith.mulf {v}, %sv_e{j} : {vt}")
+                v = f"%es{r}_{j}"
+            if bias:
+                e(f"{p}  %eb{r}_{j} = arith.addf {v}, %bv_e{j} : {vt}")
+                v = f"%eb{r}_{j}"
+            if residual:
+                e(f"{p}  %rv{r}_{j} = vector.load %mres[%row{r}, %col{r}_{j}] : {residual}, {vt}")
+                e(f"{p}  %ea{r}_{j} = arith.addf {v}, %rv{r}_{j} : {vt}")
+                v = f"%ea{r}_{j}"
+            if relu:
+                e(f"{p}  %er{r}_{j} = arith.maximumf {v}, %zero : {vt}")
+                v = f"%er{r}_{j}"
+            outs.append(v)
+    e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
+    e(f"{p}}} else {{")
+    e(f"{p}  scf.yield " + ", ".join(values) + f" : {types}")
+    e(f"{p}}}")
+    return [f"%out#{i}" for i in range(n)]
 
 
 def fma(a: str, b: str, acc: str, bf16: bool) -> str:
@@ -98,6 +152,9 @@ class Avx512Gemm:
         kc: the reduction block.
         rows_per_workgroup, cols_per_workgroup: the workgroup's block of ``C``
             (``cols_per_workgroup`` a multiple of ``nr`` dividing ``np_``).
+        bias, relu: the epilogue of the last reduction block's store
+            (:mod:`.epilogues`): ``+ bias[n]`` (a third operand, ``Np`` floats), then
+            ``max(., 0)``.
     """
 
     k: int
@@ -108,6 +165,8 @@ class Avx512Gemm:
     kc: int = 128
     rows_per_workgroup: int = 128
     cols_per_workgroup: int = 64
+    bias: bool = False
+    relu: bool = False
     bf16: bool = False
 
     @staticmethod
@@ -145,10 +204,11 @@ class Avx512Gemm:
     @property
     def name(self) -> str:
         b = "_bb" if self.batch_b else ""
+        epilogue = ("_bias" if self.bias else "") + ("_relu" if self.relu else "")
         return (
             f"__turbine_avx512_{self.operand_dtype}_gemm_{self.k}x{self.np_}{b}"
             f"_{self.mr}x{self.nr}x{self.kc}"
-            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{epilogue}"
         )
 
     @property
@@ -175,13 +235,19 @@ class Avx512Gemm:
             return [p, nr, k], "[[0, 1], [2]]", [0, 2, 1]
         return [batch, k, p, nr], "[[0], [1], [2, 3]]", [0, 2, 1, 3]
 
-    def dispatch(self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int) -> str:
-        """The ``flow.dispatch`` of this kernel (result ``tensor<?xNpxf32>``)."""
+    def dispatch(
+        self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int, bias: str | None = None
+    ) -> str:
+        """The ``flow.dispatch`` of this kernel (result ``tensor<?xNpxf32>``); ``bias``: the
+        ``tensor<Npxf32>`` operand of a kernel with :attr:`bias`."""
+        if (bias is None) == self.bias:
+            raise ValueError(f"AVX-512 kernel: bias operand {bias!r} for {self.name}")
         dt = self.operand_dtype
         a_t = f"tensor<?x{self.kp}x{dt}>{{{rows}}}"
+        extra, extra_t = (f", {bias}", f", tensor<{self.np_}xf32>") if bias else ("", "")
         return (
-            f"flow.dispatch @{self.name}::@{self.name}[{m}, {batch}]({a}, {b}, {m}, {batch}) : "
-            f"({a_t}, tensor<{b_elems}x{dt}>, index, index) -> "
+            f"flow.dispatch @{self.name}::@{self.name}[{m}, {batch}]({a}, {b}{extra}, {m}, "
+            f"{batch}) : ({a_t}, tensor<{b_elems}x{dt}>{extra_t}, index, index) -> "
             f"tensor<?x{self.np_}xf32>{{{rows}}}"
         )
 
@@ -209,8 +275,9 @@ class Avx512Gemm:
         e("    stream.return %x, %y, %batch : index, index, index")
         e("  }")
         e("  builtin.module {")
+        bias_binding = "%bias: !stream.binding, " if self.bias else ""
         e(
-            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
+            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, {bias_binding}"
             "%c: !stream.binding, %m: index, %batch: index) {"
         )
         consts = {0, 1, 16, mr, nr, kc, k} | set(range(mr)) | {16 * j for j in range(nr // 16)}
@@ -225,6 +292,11 @@ class Avx512Gemm:
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%rows}}")
         e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}{b_dims}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%rows}}")
+        if self.bias:
+            e(
+                "      %mbias = stream.binding.subspan %bias[%c0] : !stream.binding -> "
+                f"memref<{np_}xf32>"
+            )
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         e("      %wgx = stream.dispatch.workgroup.id[0] : index")
         e("      %wgy = stream.dispatch.workgroup.id[1] : index")
@@ -241,6 +313,8 @@ class Avx512Gemm:
         e(f"      scf.for %k0 = %c0 to %c{k} step %c{kc} {{")
         e("        %first = arith.cmpi eq, %k0, %c0 : index")
         e(f"        %kend = affine.min affine_map<()[s0] -> (s0 + {kc}, {k})>()[%k0]")
+        if self.bias or self.relu:
+            e(f"        %last = arith.cmpi eq, %kend, %c{k} : index")
         e(f"        scf.for %nn = %c0 to %nbc step %c{nr} {{")
         e("          %ncol = arith.addi %n0, %nn : index")
         e(f"          %panel = arith.divui %ncol, %c{nr} : index")
@@ -305,6 +379,10 @@ class Avx512Gemm:
                 outs.append(f"%f{r}_{j}")
         e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
         e(f"{p}}}")
+        results = [f"%res#{i}" for i in range(len(accs))]
+        if self.bias or self.relu:
+            bias_t = f"memref<{self.np_}xf32>" if self.bias else None
+            results = emit_epilogue(e, p, rows, nv, results, bias=bias_t, relu=self.relu)
         for r in range(rows):
             for j in range(nv):
-                e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+                e(f"{p}vector.store {results[r * nv + j]}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")

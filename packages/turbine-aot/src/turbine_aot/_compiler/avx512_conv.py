@@ -27,10 +27,15 @@ into a call of a private function over builtin tensors (IREE inlines it)::
     c   = flow.dispatch @kernel(xp, pack(w))
     out = transpose(c[:, :F] + b, NHWC -> NCHW)
 
-Between two rewritten convolutions the element-wise ops (batch norm, ReLU, residual adds) sit
-between a transpose to NCHW and one back; IREE's element-wise fusion folds them into the one
-dispatch that writes the next padded input, so the relayouts cost one pass over each
-activation (docs/performance.md, section 10). No ``util.optimization_barrier`` is needed: the
+With the epilogues (:mod:`.epilogues`, unless ``TURBINE_CPU_EPILOGUES=keep``) the bias, an
+eval-mode batch norm after the convolution (as a per-channel scale and shift), a residual add
+and a ReLU are done by the kernel in its last reduction block's store: the call replaces the
+last of those ops; when that result is read only by another direct convolution with padding,
+the kernel writes it zero-padded as that one reads it (``out_pad``) and IREE copies nothing in
+between. Without them (or for what is not absorbed) the element-wise ops sit between a
+transpose to NCHW and one back; IREE's element-wise fusion folds them into the one dispatch
+that writes the next padded input, so the relayouts cost one pass over each activation
+(docs/performance.md, sections 10 and 11). No ``util.optimization_barrier`` is needed: the
 kernel's operands are read by a ``flow.dispatch`` IREE does not fuse into, and the producers
 it sees read their inputs through permutations (the IREE 3.13 miscompile in :mod:`.convs` needs
 a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the shared-producer
@@ -51,10 +56,25 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, emit_accumulator_init, fma
+from .avx512 import (
+    AVX512_BF16_FEATURES,
+    AVX512_FEATURES,
+    emit_accumulator_init,
+    emit_epilogue,
+    fma,
+)
 from .convs import Conv, conv_geometry
+from .epilogues import (
+    BatchNorm,
+    channel_affine,
+    eval_batch_norm,
+    fusion_enabled,
+    only_user,
+    padded_outputs_enabled,
+    same_shape_add,
+)
 from .matmuls import mark_cpu_requires
-from .torch_ir import TopLevel, walk
+from .torch_ir import TensorType, TopLevel, walk
 
 __all__ = [
     "CONV_BLOCKING_ENV",
@@ -94,6 +114,12 @@ class Avx512Conv:
         rows_per_workgroup, cols_per_workgroup: the workgroup's block of C.
         prefetch: cache lines of the next reduction block prefetched per step (0: none; 1-4
             measured slower, docs/performance.md, section 10).
+        scale, shift, residual, relu: the epilogue of the last reduction block's store
+            (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an ``Np``-float operand),
+            ``+ residual[m, f]`` (an ``M x Np`` operand), then ``max(., 0)``.
+        out_pad: C written zero-padded by ``(rows, columns)`` on each side, as the next
+            convolution reads it (``[N, OH + 2 * ph, OW + 2 * pw, Np]``: the border zeros, the
+            interior the output); ``(0, 0)``: C is ``[M, Np]``.
     """
 
     g: Conv
@@ -103,6 +129,11 @@ class Avx512Conv:
     rows_per_workgroup: int = 128
     cols_per_workgroup: int = 64
     prefetch: int = 0
+    scale: bool = False
+    shift: bool = False
+    residual: bool = False
+    relu: bool = False
+    out_pad: tuple[int, int] = (0, 0)
     bf16: bool = False
 
     @property
@@ -139,6 +170,13 @@ class Avx512Conv:
     @property
     def k(self) -> int:
         return self.g.kh * self.g.kw * self.g.c
+
+    @property
+    def c_rows(self) -> int:
+        """Rows of C: the output pixels, with the border of :attr:`out_pad`."""
+        assert self.g.n is not None
+        qh, qw = self.out_pad
+        return self.g.n * (self.g.oh + 2 * qh) * (self.g.ow + 2 * qw)
 
     @property
     def hp(self) -> int:
@@ -183,17 +221,37 @@ class Avx512Conv:
             f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
             f"_d{g.dilation[0]}x{g.dilation[1]}_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}_pf{self.prefetch}"
+            + "".join(f"_{e}" for e in self.epilogue)
+            + (f"_opad{self.out_pad[0]}x{self.out_pad[1]}" if any(self.out_pad) else "")
         )
 
-    def dispatch(self, a: str, b: str) -> str:
+    @property
+    def epilogue(self) -> tuple[str, ...]:
+        """The epilogue's steps, in order (empty: the kernel stores its sums)."""
+        steps = ("scale", "shift", "residual", "relu")
+        return tuple(s for s in steps if getattr(self, s))
+
+    def dispatch(self, a: str, b: str, *extra: str) -> str:
         """The ``flow.dispatch`` of this kernel: ``a`` the padded NHWC input (1-D), ``b`` the
-        packed weight (1-D), both of :attr:`operand_dtype`; the result is
+        packed weight (1-D), both of :attr:`operand_dtype`, ``extra`` the epilogue's operands
+        (scale, shift: ``Np`` floats; residual: ``M x Np``); the result is
         ``tensor<M x Np x f32>``."""
+        types = {
+            "scale": f"tensor<{self.np_}xf32>",
+            "shift": f"tensor<{self.np_}xf32>",
+            "residual": f"tensor<{self.m}x{self.np_}xf32>",
+        }
+        extra_t = [types[s] for s in self.epilogue if s in types]
+        if len(extra) != len(extra_t):
+            raise ValueError(f"AVX-512 convolution kernel: operands {extra} for {self.name}")
         dt = self.operand_dtype
+        operands = ", ".join([a, b, *extra])
+        operand_t = ", ".join(
+            [f"tensor<{self.input_size}x{dt}>", f"tensor<{self.k * self.np_}x{dt}>", *extra_t]
+        )
         return (
-            f"flow.dispatch @{self.name}::@{self.name}({a}, {b}) : "
-            f"(tensor<{self.input_size}x{dt}>, tensor<{self.k * self.np_}x{dt}>) -> "
-            f"tensor<{self.m}x{self.np_}xf32>"
+            f"flow.dispatch @{self.name}::@{self.name}({operands}) : ({operand_t}) -> "
+            f"tensor<{self.c_rows}x{self.np_}xf32>"
         )
 
     def executable(self) -> str:
@@ -206,7 +264,8 @@ class Avx512Conv:
         word = "i32" if self.bf16 else "f32"
         a_t = f"memref<{self.input_size // u}x{word}>"
         b_t = f"memref<{self.k * self.np_ // u}x{word}>"
-        c_t = f"memref<{self.m}x{self.np_}xf32>"
+        c_t = f"memref<{self.c_rows}x{self.np_}xf32>"
+        r_t = f"memref<{self.m}x{self.np_}xf32>"  # the residual
         out: list[str] = []
         e = out.append
         name = self.name
@@ -218,8 +277,9 @@ class Avx512Conv:
         e("    stream.return %x, %y, %z : index, index, index")
         e("  }")
         e("  builtin.module {")
+        bindings = "".join(f"%{s}: !stream.binding, " for s in self.epilogue if s != "relu")
         e(
-            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
+            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, {bindings}"
             "%c: !stream.binding) {"
         )
         consts = (
@@ -230,6 +290,14 @@ class Avx512Conv:
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}")
         e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}")
+        v_t = f"memref<{self.np_}xf32>"
+        for binding, memref, t in (("scale", "mscale", v_t), ("shift", "mbias", v_t)):
+            if getattr(self, binding):
+                e(
+                    f"      %{memref} = stream.binding.subspan %{binding}[%c0] : !stream.binding -> {t}"
+                )
+        if self.residual:
+            e(f"      %mres = stream.binding.subspan %residual[%c0] : !stream.binding -> {r_t}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         e("      %wgx = stream.dispatch.workgroup.id[0] : index")
         e("      %wgy = stream.dispatch.workgroup.id[1] : index")
@@ -237,6 +305,8 @@ class Avx512Conv:
         e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
         e(f"      %mend = affine.min affine_map<()[s0] -> (s0 + {mb}, {self.m})>()[%m0]")
         e(f"      %nbc = arith.constant {nb} : index")
+        if any(self.out_pad):
+            self._zero_border(e)
         e(f"      scf.for %t0 = %c0 to %c{taps} step %c{tb} {{")
         e(f"        %tend = affine.min affine_map<()[s0] -> (s0 + {tb}, {taps})>()[%t0]")
         e(f"        scf.for %k0 = %c0 to %c{c} step %c{cb} {{")
@@ -244,6 +314,10 @@ class Avx512Conv:
         e("          %k0z = arith.cmpi eq, %k0, %c0 : index")
         e("          %first = arith.andi %t0z, %k0z : i1")
         e(f"          %kend = affine.min affine_map<()[s0] -> (s0 + {cb}, {c})>()[%k0]")
+        if self.epilogue:
+            e(f"          %tlast = arith.cmpi eq, %tend, %c{taps} : index")
+            e(f"          %klast = arith.cmpi eq, %kend, %c{c} : index")
+            e("          %last = arith.andi %tlast, %klast : i1")
         e(f"          scf.for %nn = %c0 to %nbc step %c{nr} {{")
         e("            %ncol = arith.addi %n0, %nn : index")
         # B element offset of (panel, k = 0)
@@ -261,14 +335,14 @@ class Avx512Conv:
             e(f"{p}scf.index_switch %left")
             for r in range(1, mr):
                 e(f"{p}case {r} {{")
-                self._micro(e, r, a_t, b_t, c_t, p + "  ")
+                self._micro(e, r, a_t, b_t, c_t, r_t, p + "  ")
                 e(f"{p}  scf.yield")
                 e(f"{p}}}")
             e(f"{p}default {{")
-            self._micro(e, mr, a_t, b_t, c_t, p + "  ")
+            self._micro(e, mr, a_t, b_t, c_t, r_t, p + "  ")
             e(f"{p}}}")
         else:
-            self._micro(e, 1, a_t, b_t, c_t, p)
+            self._micro(e, 1, a_t, b_t, c_t, r_t, p)
         e("            }")
         e("          }")
         e("        }")
@@ -279,7 +353,42 @@ class Avx512Conv:
         e("}")
         return "\n".join(out)
 
-    def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, p: str) -> None:
+    def _zero_border(self, e: Any) -> None:
+        """The workgroups of the first row block zero their columns of C's border pixels."""
+        g = self.g
+        assert g.n is not None
+        qh, qw = self.out_pad
+        ohp, owp = g.oh + 2 * qh, g.ow + 2 * qw
+        vt = "vector<16xf32>"
+        c_t = f"memref<{self.c_rows}x{self.np_}xf32>"
+        e("      %zb_first = arith.cmpi eq, %wgy, %c0 : index")
+        e("      scf.if %zb_first {")
+        e(f"        %zb_n = arith.constant {self.c_rows} : index")
+        e("        scf.for %zp = %c0 to %zb_n step %c1 {")
+        e(
+            f"          %zh = affine.apply affine_map<()[s0] -> ((s0 mod {ohp * owp}) floordiv {owp})>()[%zp]"
+        )
+        e(f"          %zw = affine.apply affine_map<()[s0] -> (s0 mod {owp})>()[%zp]")
+        e(f"          %zh_lo = arith.constant {qh} : index")
+        e(f"          %zh_hi = arith.constant {qh + g.oh} : index")
+        e(f"          %zw_lo = arith.constant {qw} : index")
+        e(f"          %zw_hi = arith.constant {qw + g.ow} : index")
+        e("          %zb1 = arith.cmpi ult, %zh, %zh_lo : index")
+        e("          %zb2 = arith.cmpi uge, %zh, %zh_hi : index")
+        e("          %zb3 = arith.cmpi ult, %zw, %zw_lo : index")
+        e("          %zb4 = arith.cmpi uge, %zw, %zw_hi : index")
+        e("          %zb12 = arith.ori %zb1, %zb2 : i1")
+        e("          %zb34 = arith.ori %zb3, %zb4 : i1")
+        e("          %zb = arith.ori %zb12, %zb34 : i1")
+        e("          scf.if %zb {")
+        for j in range(self.cols_per_workgroup // 16):
+            e(f"            %zc{j} = affine.apply affine_map<()[s0] -> (s0 + {16 * j})>()[%n0]")
+            e(f"            vector.store %zero, %mc[%zp, %zc{j}] : {c_t}, {vt}")
+        e("          }")
+        e("        }")
+        e("      }")
+
+    def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, r_t: str, p: str) -> None:
         """``rows`` x ``nr`` of C over one reduction block: load (or zero), FMAs, store."""
         g, nr, u = self.g, self.nr, self.unit
         nv = nr // 16
@@ -296,12 +405,22 @@ class Avx512Conv:
             f"affine_map<()[s0] -> ((((s0 floordiv {ohw}) * {hp} + ((s0 mod {ohw}) floordiv {ow})"
             f" * {sh}) * {wp} + (s0 mod {ow}) * {sw}) * {c})>"
         )
+        qh, qw = self.out_pad
+        # C's row of output pixel m (its place inside the zero border of out_pad)
+        c_row = (
+            f"affine_map<()[s0] -> ((s0 floordiv {ohw}) * {(g.oh + 2 * qh) * (ow + 2 * qw)} + "
+            f"((s0 mod {ohw}) floordiv {ow} + {qh}) * {ow + 2 * qw} + (s0 mod {ow}) + {qw})>"
+        )
         for r in range(rows):
             e(f"{p}%row{r} = arith.addi %mi, %c{r} : index")
             e(f"{p}%org{r} = affine.apply {origin}()[%row{r}]")
+            if any(self.out_pad):
+                e(f"{p}%crow{r} = affine.apply {c_row}()[%row{r}]")
+            else:
+                e(f"{p}%crow{r} = arith.addi %row{r}, %c0 : index")
             for j in range(nv):
                 e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
-        emit_accumulator_init(e, p, rows, nv, c_t)
+        emit_accumulator_init(e, p, rows, nv, c_t, row="%crow")
         iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
         e(
             f"{p}%res:{len(accs)} = scf.for %t = %t0 to %tend step %c1 iter_args({iters}) "
@@ -350,9 +469,25 @@ class Avx512Conv:
         e(f"{q}}}")
         e(f"{q}scf.yield " + ", ".join(f"%tres#{i}" for i in range(len(accs))) + f" : {types}")
         e(f"{p}}}")
+        results = [f"%res#{i}" for i in range(len(accs))]
+        if self.epilogue:
+            v_t = f"memref<{self.np_}xf32>"
+            results = emit_epilogue(
+                e,
+                p,
+                rows,
+                nv,
+                results,
+                scale=v_t if self.scale else None,
+                bias=v_t if self.shift else None,
+                residual=r_t if self.residual else None,
+                relu=self.relu,
+            )
         for r in range(rows):
             for j in range(nv):
-                e(f"{p}vector.store %res#{r * nv + j}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+                e(
+                    f"{p}vector.store {results[r * nv + j]}, %mc[%crow{r}, %col{r}_{j}] : {c_t}, {vt}"
+                )
 
 
 def _env_blocking(spec: str) -> dict[str, int]:
@@ -419,30 +554,71 @@ def _truncf_1d(result: str, src: str, size: int) -> str:
     )
 
 
-def _function(name: str, kernel: Avx512Conv, channels: int | None = None) -> str:
+def _function(
+    name: str,
+    kernel: Avx512Conv,
+    bn_eps: float | None = None,
+    padded_input: bool = False,
+    channels: int | None = None,
+    affine: list[tuple[str, list[Any]]] | None = None,
+) -> str:
     """The private function computing the convolution through ``kernel`` (builtin tensors).
-    ``channels``: the convolution's input channels where the kernel's are more (zero channels
+
+    Its arguments: ``%x`` (NCHW; ``padded_input``: the previous kernel's zero-padded NHWC
+    output as this kernel reads it, flat), ``%w``, the bias ``%b`` if the convolution has one,
+    then for the kernel's epilogue (:mod:`.epilogues`) a batch norm's ``%gamma``, ``%beta``,
+    ``%mean``, ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) or the
+    per-channel parameters ``%p<i>`` of ``affine`` (``(kind, sizes)`` steps: ``sub``, ``mul``,
+    ``add``, folded the same way), and the residual ``%res`` (NCHW, the output's shape). It
+    returns the NCHW output and, for a kernel with :attr:`Avx512Conv.out_pad`, C as the next
+    convolution reads it (flat). ``channels``: the convolution's input channels where the kernel's are more (zero channels
     padded onto the input and the weight: an odd count made even for the bf16 form)."""
     g = kernel.g
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
     c0 = c if channels is None else channels
-    (ph, pw) = g.padding
-    np_, k, nr = kernel.np_, kernel.k, kernel.nr
     x_t, w0_t, out_t = _tensor(n, c0, h, w), _tensor(f, c0, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
-    w_t = _tensor(f, c, g.kh, g.kw)
-    nhwc_t, xp_t = _tensor(n, h, w, c0), _tensor(n, kernel.hp, kernel.wp, c)
-    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
+    f_t = _tensor(f)
+    if padded_input:
+        x_t = _tensor(kernel.input_size)
     w_arg = "%w0" if c != c0 else "%w"
-    args = f"%x: {x_t}, {w_arg}: {w0_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
-    lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
+    args = f"%x: {x_t}, {w_arg}: {w0_t}" + (f", %b: {f_t}" if g.bias else "")
+    if bn_eps is not None:
+        args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    affine = affine or []
+    args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
+    if kernel.residual:
+        args += f", %res: {out_t}"
+    padded_out = any(kernel.out_pad)
+    results_t = f"({out_t}, {_tensor(kernel.c_rows * f)})" if padded_out else out_t
+    lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
     if c != c0:  # the weight's zero channels
         e(f"  %w = tensor.pad %w0 low[0, 0, 0, 0] high[0, {c - c0}, 0, 0] {{")
         e("  ^bb0(%q0: index, %q1: index, %q2: index, %q3: index):")
         e("    tensor.yield %zero : f32")
-        e(f"  }} : {w0_t} to {w_t}")
+        e(f"  }} : {w0_t} to {_tensor(f, c, g.kh, g.kw)}")
+    extra = _epilogue_operands(e, kernel, bn_eps, affine)
+    if padded_input:
+        a_name = "%a32" if kernel.bf16 else "%a"
+        e(f"  {a_name} = tensor.cast %x : {x_t} to {x_t}")
+        if kernel.bf16:
+            e(_truncf_1d("%a", "%a32", kernel.input_size))
+    else:
+        _input(e, kernel, x_t, c0)
+    _rest(e, kernel, out_t, extra)
+    return "\n".join(lines)
+
+
+def _input(e: Any, kernel: Avx512Conv, x_t: str, c0: int) -> None:
+    """Emits ``%a``: the NCHW ``%x`` (``c0`` channels) as the kernel reads it (NHWC,
+    zero-padded, flat; in bf16 for the bf16 form)."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w = g.n, g.c, g.h, g.w
+    (ph, pw) = g.padding
+    nhwc_t, xp_t = _tensor(n, h, w, c0), _tensor(n, kernel.hp, kernel.wp, c)
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
         f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
@@ -461,6 +637,16 @@ def _function(name: str, kernel: Avx512Conv, channels: int | None = None) -> str
     )
     if kernel.bf16:  # converted in the dispatch that writes the padded input
         e(_truncf_1d("%a", "%a32", kernel.input_size))
+
+
+def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
+    """Emits the weight's packing, the dispatch and the function's results."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, f = g.n, g.c, g.f
+    np_, k, nr = kernel.np_, kernel.k, kernel.nr
+    w_t = _tensor(f, c, g.kh, g.kw)
+    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
     # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> panels [P, K, nr]
     e(f"  %wt_init = tensor.empty() : {wt_t}")
     e(
@@ -494,9 +680,27 @@ def _function(name: str, kernel: Avx512Conv, channels: int | None = None) -> str
     e(f"  {bp_name} = tensor.collapse_shape %wpan [[{all_dims}]] : {pan_t} into {_tensor(k * np_)}")
     if kernel.bf16:  # a weight: converted once, with the packing (constant hoisting)
         e(_truncf_1d("%bp", "%bp32", k * np_))
-    e("  %cm = " + kernel.dispatch("%a", "%bp"))
+    e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
+    padded_out = any(kernel.out_pad)
+    if padded_out:  # np_ == f: C flat for the next kernel, and its interior as the output
+        qh, qw = kernel.out_pad
+        ohp, owp = g.oh + 2 * qh, g.ow + 2 * qw
+        e(
+            f"  %cflat = tensor.collapse_shape %cm [[0, 1]] : {_tensor(kernel.c_rows, f)} into {_tensor(kernel.c_rows * f)}"
+        )
+        p4_t = _tensor(n, ohp, owp, f)
+        e(
+            f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {ohp}, {owp}, {f}] : {_tensor(kernel.c_rows, f)} into {p4_t}"
+        )
+        e(
+            f"  %ci = tensor.extract_slice %c4[0, {qh}, {qw}, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : {p4_t} to {_tensor(n, g.oh, g.ow, f)}"
+        )
+        e(
+            f"  %cm2 = tensor.collapse_shape %ci [[0, 1, 2], [3]] : {_tensor(n, g.oh, g.ow, f)} into {cm_t}"
+        )
+        cm = "%cm2"
     if np_ != f:
         e(f"  %cs = tensor.extract_slice %cm[0, 0] [{m}, {f}] [1, 1] : {cm_t} to {_tensor(m, f)}")
         cm, cm_t = "%cs", _tensor(m, f)
@@ -505,7 +709,7 @@ def _function(name: str, kernel: Avx512Conv, channels: int | None = None) -> str
         f"  %o = tensor.expand_shape {cm} [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, {g.ow}, {f}] : {cm_t} into {o_t}"
     )
     e(f"  %out_init = tensor.empty() : {out_t}")
-    if g.bias:  # the bias add and the transpose back to NCHW: one element-wise op
+    if g.bias and not kernel.shift:  # the bias add and the transpose back to NCHW: one op
         e(
             "  %out = linalg.generic {indexing_maps = ["
             "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
@@ -521,9 +725,164 @@ def _function(name: str, kernel: Avx512Conv, channels: int | None = None) -> str
         e(
             f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
         )
-    e(f"  return %out : {out_t}")
+    if padded_out:
+        e(f"  return %out, %cflat : {out_t}, {_tensor(kernel.c_rows * f)}")
+    else:
+        e(f"  return %out : {out_t}")
     e("}")
-    return "\n".join(lines)
+
+
+def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
+    """``result = linalg.generic`` over ``[f]`` vectors ``ins`` (block arguments ``%i0``...;
+    ``body`` ends by defining ``%r``)."""
+    f_t = _tensor(f)
+    maps = ", ".join(["affine_map<(d0) -> (d0)>"] * (len(ins) + 1))
+    e(f"  {result}_init = tensor.empty() : {f_t}")
+    e(
+        f"  {result} = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
+        f'["parallel"]}} ins({", ".join(ins)} : {", ".join([f_t] * len(ins))}) '
+        f"outs({result}_init : {f_t}) {{"
+    )
+    e("  ^bb0(" + ", ".join(f"%i{i}: f32" for i in range(len(ins))) + ", %o: f32):")
+    for line in body:
+        e(f"    {line}")
+    e("    linalg.yield %r : f32")
+    e(f"  }} -> {f_t}")
+
+
+def _epilogue_operands(
+    e: Any, kernel: Avx512Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]]
+) -> list[str]:
+    """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
+    ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
+    g = kernel.g
+    assert g.n is not None
+    f, np_ = g.f, kernel.np_
+    vectors: list[str] = []
+    if bn_eps is not None:  # y = (conv + b - mean) / sqrt(var + eps) * gamma + beta
+        e(f"  %eps = arith.constant {bn_eps:.9e} : f32")
+        _vector_op(
+            e,
+            "%scale",
+            ["%gamma", "%var"],
+            [
+                "%ve = arith.addf %i1, %eps : f32",
+                "%sd = math.sqrt %ve : f32",
+                "%r = arith.divf %i0, %sd : f32",
+            ],
+            f,
+        )
+        if g.bias:  # shift = beta + (b - mean) * scale
+            ins = ["%beta", "%mean", "%scale", "%b"]
+            body = ["%bm = arith.subf %i3, %i1 : f32", "%ms = arith.mulf %bm, %i2 : f32"]
+            body.append("%r = arith.addf %i0, %ms : f32")
+        else:  # shift = beta - mean * scale
+            ins = ["%beta", "%mean", "%scale"]
+            body = ["%ms = arith.mulf %i1, %i2 : f32", "%r = arith.subf %i0, %ms : f32"]
+        _vector_op(e, "%shift", ins, body, f)
+        vectors = ["%scale", "%shift"]
+    elif affine:
+        vectors = _affine_vectors(e, affine, f, "%b" if g.bias else None)
+    elif kernel.shift:
+        vectors = ["%b"]
+    out: list[str] = []
+    for v in vectors:
+        if np_ != f:
+            e(f"  {v}_np = tensor.pad {v} low[0] high[{np_ - f}] {{")
+            e("  ^bb0(%pi: index):")
+            e("    tensor.yield %zero : f32")
+            e(f"  }} : {_tensor(f)} to {_tensor(np_)}")
+            v = f"{v}_np"
+        out.append(v)
+    if kernel.residual:
+        assert np_ == f, "a residual needs whole panels"
+        nhwc = _tensor(g.n, g.oh, g.ow, f)
+        e(f"  %rt_init = tensor.empty() : {nhwc}")
+        e(
+            f"  %rt = linalg.transpose ins(%res : {_tensor(g.n, f, g.oh, g.ow)}) "
+            f"outs(%rt_init : {nhwc}) permutation = [0, 2, 3, 1]"
+        )
+        e(
+            f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {_tensor(kernel.m, f)}"
+        )
+        out.append("%rm")
+    return out
+
+
+def _affine_vectors(
+    e: Any, affine: list[tuple[str, list[Any]]], f: int, bias: str | None
+) -> list[str]:
+    """Emits the kernel's ``[f]`` scale and shift (those it has, in that order) folding the
+    steps ``affine`` applied to ``conv + bias``: ``- p`` and ``+ p`` move the shift, ``* p``
+    scales both."""
+    scale, shift = None, bias
+    ops = {"sub": "arith.subf", "add": "arith.addf", "mul": "arith.mulf"}
+    for i, (kind, sizes) in enumerate(affine):
+        dims = ", ".join(str(d) for d in range(len(sizes)))
+        e(
+            f"  %pv{i} = tensor.collapse_shape %p{i} [[{dims}]] : {_tensor(*sizes)} into {_tensor(f)}"
+        )
+        p = f"%pv{i}"
+        if kind == "mul":
+            if scale is not None:
+                _vector_op(e, f"%sc{i}", [scale, p], ["%r = arith.mulf %i0, %i1 : f32"], f)
+            scale = f"%sc{i}" if scale is not None else p
+        if shift is not None:
+            _vector_op(e, f"%sh{i}", [shift, p], [f"%r = {ops[kind]} %i0, %i1 : f32"], f)
+            shift = f"%sh{i}"
+        elif kind == "add":
+            shift = p
+        elif kind == "sub":
+            _vector_op(e, f"%sh{i}", [p], ["%r = arith.negf %i0 : f32"], f)
+            shift = f"%sh{i}"
+    return [v for v in (scale, shift) if v is not None]
+
+
+def _absorbed(
+    conv: Any, g: Conv, np_: int
+) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], Any, list[Any]]:
+    """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
+    steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
+    call's)."""
+    ops: list[Any] = []
+    value = conv.results[0]
+    bn = eval_batch_norm(value, g.f)
+    affine: list[tuple[Any, str, Any]] = []
+    if bn is not None:
+        ops.append(bn.op)
+        value = bn.op.results[0]
+    else:  # a batch norm as torch.export decomposes it, or any per-channel scale and shift
+        affine = channel_affine(value, g.f)
+        ops += [step[0] for step in affine]
+        if affine:
+            value = affine[-1][0].results[0]
+    residual = None
+    add = same_shape_add(value) if np_ == g.f else None
+    if add is not None:
+        ops.append(add[0])
+        residual, value = add[1], add[0].results[0]
+    relu = only_user(value, "torch.aten.relu")
+    if relu is not None:
+        ops.append(relu)
+    return bn, affine, residual, ops
+
+
+def _padded_consumer(
+    value: Any, found: list[tuple[Any, Conv | None]], start: int
+) -> tuple[int, Conv] | None:
+    """``(index, geometry)`` of the convolution of ``found[start:]`` reading ``value`` as its input,
+    ``value``'s one use, with padding: the kernel producing ``value`` then writes it zero-padded
+    as that convolution reads it (:attr:`Avx512Conv.out_pad`), and IREE copies nothing in
+    between."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].operand_number != 0:
+        return None
+    user = uses[0].owner
+    for i in range(start, len(found)):
+        o, g = found[i]
+        if o.operation == user.operation and g is not None and any(g.padding):
+            return i, g
+    return None
 
 
 def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
@@ -539,6 +898,9 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
+    fuse = fusion_enabled()
+    # convolutions (their index in found) whose input is an earlier kernel's padded output
+    padded_inputs: dict[int, Any] = {}
     any_bf16 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
@@ -546,13 +908,56 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
         pad_c = bf16 and g.c % 2 == 1
         kernel = conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
         any_bf16 = any_bf16 or kernel.bf16
+        f_t, out_t = _tensor(g.f), _tensor(g.n, g.f, g.oh, g.ow)
+        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
+        operands = list(conv.operands)[: 3 if g.bias else 2]
+        types = types[: len(operands)]
+        bn, affine, residual, absorbed = (
+            _absorbed(conv, g, kernel.np_) if fuse else (None, [], None, [])
+        )
+        kinds = [kind for _, kind, _ in affine]
+        consumer = None
+        if fuse:
+            final = absorbed[-1].results[0] if absorbed else conv.results[0]
+            # not in bf16: the next kernel reads bf16, so a conversion pass stays anyway
+            if padded_outputs_enabled() and kernel.np_ == g.f and not bf16:
+                consumer = _padded_consumer(final, found, index + 1)
+            kernel = replace(
+                kernel,
+                scale=bn is not None or "mul" in kinds,
+                shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
+                residual=residual is not None,
+                relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
+                out_pad=consumer[1].padding if consumer is not None else (0, 0),
+            )
+        if bn is not None:
+            operands += [bn.weight, bn.bias, bn.mean, bn.var]
+            types += [f_t] * 4
+        for _, _, param in affine:
+            operands.append(param)
+            sizes = TensorType.of(param).sizes  # type: ignore[union-attr]
+            types.append(_tensor(*sizes))  # type: ignore[arg-type]
+        if residual is not None:
+            operands.append(residual)
+            types.append(out_t)
+        padded = padded_inputs.pop(index, None)
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
-        top.append(_function(name, kernel, g.c if pad_c else None))
-        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
-        operands = list(conv.operands)[: 3 if g.bias else 2]
-        with conv.location, InsertionPoint(conv):
+        eps = bn.eps if bn is not None else None
+        steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
+        top.append(
+            _function(
+                name,
+                kernel,
+                eps,
+                padded_input=padded is not None,
+                channels=g.c if pad_c else None,
+                affine=steps,
+            )
+        )
+        anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
+        with conv.location, InsertionPoint(anchor):
             builtin = [
                 Operation.create(
                     "torch_c.to_builtin_tensor",
@@ -561,15 +966,28 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
                 ).result
                 for v, t in zip(operands, types)
             ]
+            if padded is not None:  # the previous kernel's C, as this kernel reads it
+                builtin[0] = padded
+            results = [Type.parse(out_t, conv.context)]
+            if consumer is not None:
+                results.append(Type.parse(_tensor(kernel.c_rows * g.f), conv.context))
             call = Operation.create(
                 "func.call",
-                results=[Type.parse(_tensor(g.n, g.f, g.oh, g.ow), conv.context)],
+                results=results,
                 operands=builtin,
                 attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
+            )
             back = Operation.create(
-                "torch_c.from_builtin_tensor", results=[conv.results[0].type], operands=[call]
+                "torch_c.from_builtin_tensor",
+                results=[conv.results[0].type],
+                operands=[call.results[0]],
             ).result
+        if consumer is not None:
+            padded_inputs[consumer[0]] = call.results[1]
+        if absorbed:
+            absorbed[-1].results[0].replace_all_uses_with(back)
+        for fused in reversed(absorbed):
+            fused.erase()
         conv.results[0].replace_all_uses_with(back)
         conv.erase()
     if found:

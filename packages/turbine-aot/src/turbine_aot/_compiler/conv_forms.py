@@ -84,10 +84,16 @@ def _form(op: Any) -> tuple[int, int] | None:
     return rank, g
 
 
+def _to_reform(module_op: Any) -> list[tuple[Any, tuple[int, int]]]:
+    """The convolutions to reform, each with its :func:`_form` (read once)."""
+    op = getattr(module_op, "operation", module_op)
+    found = ((o, _form(o)) for o in walk(op) if o.name in _CONV_OPS)
+    return [(o, form) for o, form in found if form is not None]
+
+
 def convs_to_reform(module_op: Any) -> list[Any]:
     """The convolutions of ``module_op`` that :func:`reform_convs` rewrites."""
-    op = getattr(module_op, "operation", module_op)
-    return [o for o in walk(op) if o.name in _CONV_OPS and _form(o) is not None]
+    return [o for o, _ in _to_reform(module_op)]
 
 
 def _block_diagonal(b: Builder, w: Any, wt: TensorType, groups: int, channels: int) -> Any:
@@ -115,12 +121,12 @@ def _block_diagonal(b: Builder, w: Any, wt: TensorType, groups: int, channels: i
     return b.op("torch.aten.cat", wt.with_sizes([f, channels, *kernel]).asm(), [listed, b.int(0)])
 
 
-def _reform_one(op: Any) -> None:
-    parts = _operands(op)
-    form = _form(op)
-    assert parts is not None and form is not None
-    x, w, bias, stride, padding, dilation, _ = parts
+def _reform_one(op: Any, form: tuple[int, int]) -> None:
     rank, groups = form
+    # the operands read now: an earlier rewrite may have replaced this op's input
+    parts = _operands(op)
+    assert parts is not None
+    x, w, bias, stride, padding, dilation, _ = parts
     xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
     assert xt is not None and wt is not None and rt is not None
     channels = int(xt.sizes[1])  # type: ignore[arg-type]
@@ -168,8 +174,7 @@ def _reform_one(op: Any) -> None:
 def reform_convs(module_op: Any) -> int:
     """Rewrites, in place, each 1-D and few-group convolution (see the module doc) as a 2-D dense
     convolution. Returns how many were rewritten."""
-    op = getattr(module_op, "operation", module_op)
-    convs = convs_to_reform(op)
-    for conv in convs:
-        _reform_one(conv)
+    convs = _to_reform(module_op)
+    for conv, form in convs:  # each form read once, before any rewrite
+        _reform_one(conv, form)
     return len(convs)

@@ -30,11 +30,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .amx import CPU_REQUIRES_KEY
 from .avx512 import AVX512_FEATURES, Avx512Gemm, host_avx512_missing
+from .epilogues import fusion_enabled, only_user
 from .targets import TargetError
 from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, walk
 
@@ -95,7 +96,9 @@ class Kernel(Protocol):
 
     def pack_layout(self, kind: str, batch: int) -> tuple[list[int], str, list[int]]: ...
 
-    def dispatch(self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int) -> str: ...
+    def dispatch(
+        self, a: str, b: str, m: str, batch: str, rows: str, b_elems: int, bias: str | None = None
+    ) -> str: ...
 
     def executable(self) -> str: ...
 
@@ -218,15 +221,26 @@ def _tensor(sizes: Any, dtype: str) -> str:
     return "tensor<" + "".join(("?" if s is None else str(s)) + "x" for s in sizes) + dtype + ">"
 
 
-def _function(name: str, g: _Matmul, kernel: Kernel) -> str:
-    """The private function computing the matmul through ``kernel`` (builtin tensors)."""
+def _function(name: str, g: _Matmul, kernel: Kernel, bias: bool = False) -> str:
+    """The private function computing the matmul through ``kernel`` (builtin tensors); ``bias``:
+    a third argument, ``[N]``, that the kernel adds (its epilogue, :mod:`.epilogues`)."""
     dt = kernel.operand_dtype
     k, n, kp, np_ = g.k, g.n, kernel.kp, kernel.np_
     xs, ws, outs = list(g.x.sizes), list(g.w.sizes), list(g.out.sizes)
     x_t, w_t, out_t = _tensor(xs, "f32"), _tensor(ws, "f32"), _tensor(outs, "f32")
-    lines = [f"func.func private @{name}(%x: {x_t}, %w: {w_t}) -> {out_t} {{"]
+    bias_arg = f", %bias: {_tensor([n], 'f32')}" if bias else ""
+    lines = [f"func.func private @{name}(%x: {x_t}, %w: {w_t}{bias_arg}) -> {out_t} {{"]
     e = lines.append
     e(f"  %zero = arith.constant 0.0 : {dt}")
+    bias_operand = None
+    if bias:  # zero-padded to Np (a weight's: hoisted, once)
+        bias_operand = "%bias"
+        if np_ != n:
+            e(f"  %biasp = tensor.pad %bias low[0] high[{np_ - n}] {{")
+            e("  ^bb0(%bi: index):")
+            e("    tensor.yield %zero : f32")
+            e(f"  }} : {_tensor([n], 'f32')} to {_tensor([np_], 'f32')}")
+            bias_operand = "%biasp"
     dims: list[str] = []  # the sizes of x's dims but K, as index values or literals
     for i, s in enumerate(xs[:-1]):
         if s is None:
@@ -323,7 +337,7 @@ def _function(name: str, g: _Matmul, kernel: Kernel) -> str:
     b_elems = bcount * kernel.packed_b_size
     all_dims = ", ".join(str(i) for i in range(len(tiled)))
     e(f"  %bp = tensor.collapse_shape %wt [[{all_dims}]] : {tiled_t} into {_tensor([b_elems], dt)}")
-    e("  %c = " + kernel.dispatch(a, "%bp", "%m", "%batch", "%rows", b_elems))
+    e("  %c = " + kernel.dispatch(a, "%bp", "%m", "%batch", "%rows", b_elems, bias_operand))
     c, c_t = "%c", _tensor([None, np_], "f32")
     if np_ != n:
         sliced_t = _tensor([None, n], "f32")
@@ -382,7 +396,12 @@ def _truncf(result: str, src: str, src_t: str, init: str, dst_t: str, rank: int,
 
 
 def rewrite_matmuls(
-    module_op: Any, kernel_for: KernelFactory, *, prefix: str, cpu_requires: Sequence[str]
+    module_op: Any,
+    kernel_for: KernelFactory,
+    *,
+    prefix: str,
+    cpu_requires: Sequence[str],
+    epilogues: bool = False,
 ) -> int:
     """Rewrites, in place, each matmul :func:`rewritable_matmuls` finds as a call of the kernel
     ``kernel_for(k, n, batched)`` gives (see the module doc), and records ``cpu_requires`` in
@@ -390,6 +409,8 @@ def rewrite_matmuls(
 
     Args:
         prefix: the private functions' name prefix.
+        epilogues: the kernel (an :class:`.avx512.Avx512Gemm`) absorbs a ``[N]`` bias and a
+            following ReLU (the result's one use) into its store (:mod:`.epilogues`).
 
     Returns:
         How many matmuls were rewritten.
@@ -402,19 +423,32 @@ def rewrite_matmuls(
     for index, (mm, spec) in enumerate(found):
         assert spec is not None
         kernel = kernel_for(spec.k, spec.n, spec.batched)
+        bias: Any = None  # the bias the kernel adds
+        absorbed: list[Any] = []  # the ops after the matmul whose work it does
+        if epilogues:
+            bias, absorbed = _epilogue(mm, spec)
+            if bias is not None or absorbed:
+                relu = bool(absorbed) and absorbed[-1].name == "torch.aten.relu"
+                kernel = replace(kernel, bias=bias is not None, relu=relu)  # type: ignore[type-var]
         if kernel.name not in top:  # one executable per kernel (the conv rewrites' too)
             top.append(kernel.executable())
         name = top.unique(f"{prefix}_{index}")
-        top.append(_function(name, spec, kernel))
+        fused_bias = bias is not None
+        top.append(_function(name, spec, kernel, fused_bias))
         operands = _operands(mm)
-        with mm.location, InsertionPoint(mm):
+        types = [spec.x, spec.w]
+        if fused_bias:
+            operands.append(bias)
+            types.append(TensorType([spec.n], "f32"))
+        anchor = absorbed[-1] if absorbed else mm  # a fused add's bias may come after mm
+        with mm.location, InsertionPoint(anchor):
             builtin = [
                 Operation.create(
                     "torch_c.to_builtin_tensor",
                     results=[Type.parse(_tensor(t.sizes, "f32"), mm.context)],
                     operands=[v],
                 ).result
-                for v, t in zip(operands, (spec.x, spec.w))
+                for v, t in zip(operands, types)
             ]
             call = Operation.create(
                 "func.call",
@@ -425,7 +459,7 @@ def rewrite_matmuls(
             result = Operation.create(
                 "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
             ).result
-            if spec.bias is not None:
+            if spec.bias is not None and not fused_bias:
                 one = Operation.create(
                     "torch.constant.int",
                     results=[Type.parse("!torch.int", mm.context)],
@@ -436,11 +470,50 @@ def rewrite_matmuls(
                     results=[mm.results[0].type],
                     operands=[result, spec.bias, one],
                 ).result
+        if absorbed:
+            absorbed[-1].results[0].replace_all_uses_with(result)
+        for fused in reversed(absorbed):
+            fused.erase()
         mm.results[0].replace_all_uses_with(result)
         mm.erase()
     if found:
         mark_cpu_requires(op, cpu_requires)
     return len(found)
+
+
+def _epilogue(mm: Any, spec: _Matmul) -> tuple[Any, list[Any]]:
+    """What the kernel absorbs after the matmul ``mm`` (:mod:`.epilogues`): ``(bias, ops)``,
+    ``bias`` the ``[N]`` vector it adds (the op's own, or that of a ``torch.aten.add.Tensor``
+    with alpha 1 that is the result's one use) or None, ``ops`` the ops after ``mm`` whose work
+    it does (that add, then a ``torch.aten.relu`` that is the one use of the value before it),
+    in order. A bias of another shape (addmm's ``[M, N]``) is absorbed with nothing after it."""
+    bias = None
+    absorbed: list[Any] = []
+    value = mm.results[0]
+    if spec.bias is not None:
+        bt = TensorType.of(spec.bias)
+        if spec.batched or bt is None or bt.sizes != [spec.n]:
+            return None, []  # the rewrite adds it after the kernel, as without epilogues
+        bias = spec.bias
+    elif not spec.batched:
+        add = only_user(value, "torch.aten.add.Tensor")
+        if add is not None:
+            other, alpha = list(add.operands)[1:]
+            ot, rt = TensorType.of(other), TensorType.of(add.results[0])
+            if (
+                constant(alpha) in (1, 1.0)
+                and ot is not None
+                and (ot.sizes, ot.dtype) == ([spec.n], "f32")
+                and rt is not None
+                and (rt.sizes, rt.dtype) == (spec.out.sizes, "f32")
+            ):
+                bias = other
+                absorbed.append(add)
+                value = add.results[0]
+    relu = only_user(value, "torch.aten.relu")
+    if relu is not None:
+        absorbed.append(relu)
+    return bias, absorbed
 
 
 def _operands(mm: Any) -> list[Any]:
@@ -493,5 +566,9 @@ def rewrite_matmuls_avx512(module_op: Any) -> int:
         return Avx512Gemm.for_shape(k, n, batch_b=batched)
 
     return rewrite_matmuls(
-        module_op, kernel, prefix="__turbine_avx512_matmul", cpu_requires=AVX512_FEATURES
+        module_op,
+        kernel,
+        prefix="__turbine_avx512_matmul",
+        cpu_requires=AVX512_FEATURES,
+        epilogues=fusion_enabled(),
     )

@@ -7,8 +7,9 @@ flags:
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
 - ``llvm-cpu`` targets where the AVX-512 fp32 matmul kernel is the choice (below; with
   ``precision="bf16"`` too): every static 2-D fp32 convolution on turbine's AVX-512
-  direct-convolution kernel (:mod:`.avx512_conv`). The others (and all of them with ``TURBINE_CPU_CONV_MATMUL=iree``):
-  image stems (few input channels) and 1x1 convolutions as im2col + matmul (:mod:`.convs`;
+  direct-convolution kernel (:mod:`.avx512_conv`), its bias, a following eval-mode batch norm,
+  residual add and ReLU in the kernel's store (:mod:`.epilogues`). The others (and all of
+  them with ``TURBINE_CPU_CONV_MATMUL=iree``): image stems (few input channels) and 1x1 convolutions as im2col + matmul (:mod:`.convs`;
   IREE 3.13's data-tiled convolution is slow on both; the matmul on the AVX-512 kernel where
   it is the choice). ``TURBINE_CPU_CONV_MATMUL=keep`` skips both.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
@@ -20,8 +21,9 @@ flags:
   as calls of a bf16 kernel (AMX, else AVX512-BF16: :mod:`.bf16`, :mod:`.matmuls`); refused
   where the host has neither. Otherwise, for host builds with turbine's fast-matmul defaults on an AVX-512
   CPU: fp32 matmuls as calls of turbine's AVX-512 fp32 kernel (:mod:`.matmuls`,
-  :mod:`.avx512`; 1.2-2.5x IREE's matmul code). ``TURBINE_CPU_MATMUL=iree`` or
-  ``--turbine-cpu-matmul=iree`` keeps IREE's.
+  :mod:`.avx512`; 1.2-2.5x IREE's matmul code), a ``[N]`` bias and a following ReLU in the
+  kernel's store (:mod:`.epilogues`; ``TURBINE_CPU_EPILOGUES=keep``: separate dispatches).
+  ``TURBINE_CPU_MATMUL=iree`` or ``--turbine-cpu-matmul=iree`` keeps IREE's.
 - ``llvm-cpu`` with turbine's AVX-512 kernel chosen (as above): torchao weight-only int8 /
   int4 matmuls as calls of the AVX-512 quantized kernel, which reads the integer weights as
   stored (:mod:`.quant_matmuls`, :mod:`.avx512_quant`); and, where the CPU also has AVX-512
@@ -46,6 +48,7 @@ from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmu
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
+from .epilogues import EPILOGUE_ENV
 from .globals import separate_shared_globals, shared_mutable_globals
 from .matmuls import (
     CPU_MATMUL_ENV,
@@ -80,8 +83,13 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: on that kernel's bf16 form, and bf16 matmuls on the AVX512-BF16 kernel where there is no AMX;
 #: 14: torchao's int8 x int8 products (dynamic-activation configs) on the AVX-512 VNNI kernel;
 #: 15: that kernel one channel at a time; 16: the weight-only int8 (per channel) kernel one
-#: channel at a time too.
-REVISION = 16
+#: channel at a time too; 17: bias and ReLU after an fp32 matmul, bias, batch norm, residual add
+#: and ReLU after a direct convolution, in the AVX-512 kernels' store (:mod:`.epilogues`); 18: a
+#: direct convolution whose output is read only by another one with padding writes it
+#: zero-padded as that one reads it (no padding copy between them); 19: per-channel sub / mul /
+#: add chains after a direct convolution (a batch norm as torch.export decomposes it) in its
+#: store too (on their branches: 13-15 and 13-15).
+REVISION = 19
 
 _log = logging.getLogger("turbine.aot")
 
@@ -94,13 +102,15 @@ _ENVIRONMENT = (
     CPU_INT8_MATMUL_ENV,
     CONV_BLOCKING_ENV,
     CPU_POOLS_ENV,
+    EPILOGUE_ENV,
 )
 
 
 def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
-    ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``), for the compile cache's keys: a module
+    ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
+    ``TURBINE_CPU_EPILOGUES``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 

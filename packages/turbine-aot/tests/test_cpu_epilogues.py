@@ -1,0 +1,267 @@
+"""Element-wise ops absorbed into the store of turbine's AVX-512 kernels (``_compiler.epilogues``):
+which patterns the compile copy fuses, which it leaves, and that the values stay eager's (and
+bit for bit those of the unfused module, ``TURBINE_CPU_EPILOGUES=keep``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ir_check import check_ir
+from kernel_testing import compile_copy_asm, needs_avx512
+
+from turbine_aot import export
+from turbine_aot._compiler import matmuls
+from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot.runtime import load_module
+
+
+def _flags() -> list[str]:
+    return [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx512"]
+
+
+def _main(asm: str) -> str:
+    """The text of the compile copy's public ``main`` (where torch's ops are)."""
+    start = asm.index("func.func @main")
+    return asm[start : asm.index("\n  }", start)]
+
+
+class _Mlp(torch.nn.Module):
+    """linear + bias + ReLU, linear without bias + ReLU, linear + bias (N 70: padded to 128)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(100, 96)
+        self.b = torch.nn.Linear(96, 64, bias=False)
+        self.c = torch.nn.Linear(64, 70)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+class _UsedTwice(torch.nn.Module):
+    """A linear's output read by its ReLU and by an add: nothing may be absorbed after the
+    bias (the add still needs the value before the ReLU)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        y = self.a(x)
+        return torch.relu(y) + y
+
+
+# ------------------------------------------------------------------------------------- matmuls
+def test_bias_and_relu_are_absorbed_into_the_matmul_kernel(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_Mlp(), args=(torch.randn(8, 100),))
+    asm = compile_copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        r"stream.executable private @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64_bias_relu",
+        r"stream.binding.subspan %arg2\[%c0\] : !stream.binding -> memref<128xf32>$",  # bias
+        r"%\w+:16 = scf.if %\w+ -> \(vector<16xf32>",  # the last block's epilogue
+        r"arith.addf %\w+#0, %\w+ : vector<16xf32>",  # + bias
+        r"arith.maximumf %\w+, %cst : vector<16xf32>",  # ReLU
+        r"stream.executable private @__turbine_avx512_f32_gemm_96x64_4x64x128_128x64_relu",
+        r"stream.executable private @__turbine_avx512_f32_gemm_64x128_4x64x128_128x64_bias ",
+    )
+    check_ir(asm, r"tensor.pad %arg2 low\[0\] high\[58\]")  # c's bias: N 70 -> 128, zeros
+    main = _main(asm)
+    assert "torch.aten.relu" not in main and "torch.aten.add.Tensor" not in main
+    assert main.count("call @__turbine_avx512_matmul_") == 3
+    # TURBINE_CPU_EPILOGUES=keep: the kernels store their sums, the ops stay
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
+    kept = compile_copy_asm(eo, _flags())
+    assert "_bias" not in kept and "_relu" not in kept and "scf.if %last" not in kept
+    assert _main(kept).count("torch.aten.relu") == 2
+    assert _main(kept).count("torch.aten.add.Tensor") == 2
+
+
+def test_a_value_used_twice_is_not_absorbed(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_UsedTwice(), args=(torch.randn(8, 64),))
+    main = _main(compile_copy_asm(eo, _flags()))
+    # the bias add is the mm's one use and absorbed; its result has two uses: the ReLU stays
+    assert "torch.aten.relu" in main
+    assert main.count("torch.aten.add.Tensor") == 1  # relu(y) + y
+    assert "call @__turbine_avx512_matmul_0(" in main
+
+
+@needs_avx512
+@pytest.mark.parametrize("model", [_Mlp, _UsedTwice])
+@pytest.mark.parametrize("rows", [1, 7, 130])
+def test_fused_matmuls_match_eager_and_the_unfused_module(model, rows, monkeypatch):
+    module = model().eval()
+    k = 100 if model is _Mlp else 64
+    x = torch.randn(rows, k)
+    eo = export(module, args=(x,))
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    fused = load_module(eo.compile(save_to=None)).main(x)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
+    kept = load_module(eo.compile(save_to=None)).main(x)
+    torch.testing.assert_close(fused, module(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(fused, kept)  # the same additions, in the same order
+
+
+# -------------------------------------------------------------------------------- convolutions
+def _bn(f: int) -> torch.nn.BatchNorm2d:
+    bn = torch.nn.BatchNorm2d(f)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.weight.data.uniform_(0.5, 1.5)
+    bn.bias.data.uniform_(-1, 1)
+    return bn
+
+
+class _Block(torch.nn.Module):
+    """A ResNet basic block: conv + bn + ReLU, conv + bn + residual add + ReLU (``f`` 70: the
+    channels padded to 128, so the residual add stays IREE's), a strided 1x1 downsample (conv +
+    bn alone) when ``stride`` is 2."""
+
+    def __init__(self, c: int = 64, f: int = 64, stride: int = 1, bias: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = torch.nn.Conv2d(c, f, 3, stride=stride, padding=1, bias=bias)
+        self.b1 = _bn(f)
+        self.c2 = torch.nn.Conv2d(f, f, 3, padding=1, bias=bias)
+        self.b2 = _bn(f)
+        self.down = None
+        if stride != 1 or c != f:
+            self.down = torch.nn.Sequential(torch.nn.Conv2d(c, f, 1, stride=stride), _bn(f))
+
+    def forward(self, x):
+        identity = x if self.down is None else self.down(x)
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + identity)
+
+
+class _ConvUsedTwice(torch.nn.Module):
+    """A convolution's output read by its batch norm and by an add: nothing is absorbed."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c = torch.nn.Conv2d(16, 64, 3, padding=1, bias=False)
+        self.b = _bn(64)
+
+    def forward(self, x):
+        y = self.c(x)
+        return torch.relu(self.b(y)) + y
+
+
+class _Affine(torch.nn.Module):
+    """Per-channel ``[F, 1, 1]`` steps after convolutions, as ``torch.export`` writes a batch
+    norm it decomposes (torchvision's ResNet-50 here): ``(y - mean) * invstd * weight + bias``,
+    then a scale and a shift alone."""
+
+    def __init__(self, bias: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = torch.nn.Conv2d(32, 64, 3, padding=1, bias=bias)
+        self.c2 = torch.nn.Conv2d(64, 64, 3, padding=1, bias=bias)
+        for name in ("mean", "invstd", "weight", "shift"):
+            self.register_buffer(name, torch.rand(64, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = torch.relu((self.c1(x) - self.mean) * self.invstd * self.weight + self.shift)
+        return self.c2(y) * self.invstd + self.shift
+
+
+def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_Affine().eval(), args=(torch.randn(1, 32, 9, 9),))
+    asm = compile_copy_asm(eo, _flags())
+    main = _main(asm)
+    for op in ("sub.Tensor", "mul.Tensor", "add.Tensor", "relu"):
+        assert f"torch.aten.{op}" not in main
+    check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_scale_shift_relu_opad1x1 ")
+    check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_pf0_scale_shift ")
+
+
+def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_Block().eval(), args=(torch.randn(1, 64, 10, 10),))
+    asm = compile_copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        # conv1's output is read only by conv2 (padding 1): written zero-padded, 12 x 12
+        r"stream.executable private @__turbine_avx512_f32_conv_n1_c64_h10_w10_f64_k3x3_\w+"
+        r"_scale_shift_relu_opad1x1 ",
+        r"vector.store %cst, %\w+\[%\w+, %\w+\] : memref<144x64xf32>",  # the zero border
+        r"arith.mulf %\w+#0, %\w+ : vector<16xf32>",  # * scale
+        r"arith.addf %\w+, %\w+ : vector<16xf32>",  # + shift
+        r"arith.maximumf %\w+, %cst : vector<16xf32>",  # ReLU
+        r"stream.executable private @__turbine_avx512_f32_conv_n1_c64_h10_w10_f64_k3x3_\w+"
+        r"_scale_shift_residual_relu ",
+        r"vector.load %\w+\[%\w+, %\w+\] : memref<100x64xf32>, vector<16xf32>",  # the residual
+    )
+    # the batch norm folded from its parameters (a constant expression: hoisted by IREE)
+    check_ir(asm, r"math.sqrt %\w+ : f32", r"arith.divf %\w+, %\w+ : f32")
+    main = _main(asm)
+    # conv2 reads conv1's padded C as it is: no padding of its input (only x's, for conv1)
+    check_ir(
+        main,
+        r"%(\w+):2 = call @__turbine_avx512_conv_0\(",
+        r"call @__turbine_avx512_conv_1\(%\w+#1, ",
+    )
+    assert asm.count("tensor.pad %") == 1
+    for op in ("batch_norm", "relu", "add.Tensor"):
+        assert f"torch.aten.{op}" not in main
+    assert main.count("call @__turbine_avx512_conv_") == 2
+    # =nopad: the ops absorbed, conv2 pads conv1's output itself (IREE's copy between them)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "nopad")
+    nopad = compile_copy_asm(eo, _flags())
+    assert "_opad" not in nopad and nopad.count("tensor.pad %") == 2
+    assert "torch.aten.batch_norm" not in _main(nopad)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
+    kept = _main(compile_copy_asm(eo, _flags()))
+    assert kept.count("torch.aten.batch_norm") == 2 and kept.count("torch.aten.relu") == 2
+
+
+def test_a_conv_output_used_twice_is_not_absorbed(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_ConvUsedTwice().eval(), args=(torch.randn(1, 16, 8, 8),))
+    main = _main(compile_copy_asm(eo, _flags()))
+    assert "torch.aten.batch_norm" in main and "torch.aten.relu" in main
+    assert "call @__turbine_avx512_conv_0(" in main
+
+
+@needs_avx512
+@pytest.mark.parametrize(
+    ("model", "x"),
+    [
+        (lambda: _Block(), (1, 64, 10, 10)),  # bn + ReLU; bn + residual + ReLU
+        (lambda: _Block(bias=True), (2, 64, 7, 9)),  # the convolutions' biases folded too
+        (lambda: _Block(32, 64, stride=2), (1, 32, 12, 12)),  # a downsample: conv + bn alone
+        (lambda: _Block(64, 70), (1, 64, 6, 6)),  # 70 channels: the residual add stays apart
+        (_ConvUsedTwice, (1, 16, 8, 8)),  # nothing absorbed
+        (_Affine, (1, 32, 9, 9)),  # a decomposed batch norm, a scale and shift alone
+        (lambda: _Affine(bias=True), (2, 32, 5, 7)),
+    ],
+    ids=["block", "bias", "downsample", "padded-channels", "used-twice", "affine", "affine-bias"],
+)
+def test_fused_convolutions_match_eager(model, x, monkeypatch):
+    module = model().eval()
+    torch.manual_seed(1)
+    inp = torch.randn(*x)
+    eo = export(module, args=(inp,))
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    fused = load_module(eo.compile(save_to=None)).main(inp)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "nopad")
+    nopad = load_module(eo.compile(save_to=None)).main(inp)
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
+    kept = load_module(eo.compile(save_to=None)).main(inp)
+    expected = module(inp)
+    assert torch.equal(fused, nopad)  # a padded output holds the same values
+    # the batch norm folded into a scale and a shift rounds differently from torch-mlir's
+    # (x - mean) / sqrt(var + eps) * weight + bias: equal within fp32 tolerance, not bit for bit
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kept, expected, rtol=1e-5, atol=1e-5)
