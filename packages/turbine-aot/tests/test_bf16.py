@@ -210,6 +210,9 @@ def test_the_avx512_bf16_kernel_reads_pairs_along_k():
     assert 'turbine.cpu_requires = "avx512f,avx512_bf16"' in asm
     # the second linear's K = 70 is even too; an odd K is padded by one zero (the last test)
     assert "__turbine_avx512_bf16_gemm_70x64_" in asm
+    # the first linear's bias and the ReLU after it in the kernel's store (its epilogue)
+    assert "@__turbine_avx512_bf16_gemm_100x128_4x64x128_128x64_bias_relu" in asm
+    assert "torch.aten.relu" not in asm
 
 
 def test_what_is_not_rewritten():

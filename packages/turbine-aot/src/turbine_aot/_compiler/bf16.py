@@ -19,6 +19,7 @@ from typing import Any
 
 from .amx import AMX_FEATURES, AmxGemm, cpu_flags, host_amx_missing
 from .avx512 import AVX512_BF16_FEATURES, Avx512Gemm
+from .epilogues import fusion_enabled
 from .matmuls import rewritable_matmuls, rewrite_matmuls
 from .targets import TargetError, flag_targets
 
@@ -169,8 +170,14 @@ def rewrite_matmuls_bf16(module_op: Any, kind: str | None = None) -> int:
         def avx512(k: int, n: int, batched: bool) -> Avx512Gemm:
             return Avx512Gemm.for_shape(k, n, batch_b=batched, bf16=True)
 
+        # the kernel's epilogues (bias, ReLU: :mod:`.epilogues`) act on its f32 accumulators,
+        # so they hold for the bf16 form as they are
         return rewrite_matmuls(
-            module_op, avx512, prefix=_FUNC_PREFIX, cpu_requires=AVX512_BF16_FEATURES
+            module_op,
+            avx512,
+            prefix=_FUNC_PREFIX,
+            cpu_requires=AVX512_BF16_FEATURES,
+            epilogues=fusion_enabled(),
         )
 
     def amx(k: int, n: int, batched: bool) -> AmxGemm:
