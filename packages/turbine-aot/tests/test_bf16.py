@@ -201,7 +201,8 @@ def test_the_avx512_bf16_kernel_reads_pairs_along_k():
         # K = 100 (even: no padding), N = 70 -> 128 (panels of 64 columns)
         r"stream.executable private @__turbine_avx512_bf16_gemm_100x128_4x64x128_128x64",
         r'llvm.inline_asm "vdpbf16ps \$2, \$1, \$0", "=v,v,v,0"',
-        r"func.func private @__turbine_bf16_matmul_0\(%\w+: tensor<8x100xf32>, %\w+: tensor<100x70xf32>\)",
+        # the bias, a third argument: the kernel adds it (its epilogue, below)
+        r"func.func private @__turbine_bf16_matmul_0\(%\w+: tensor<8x100xf32>, %\w+: tensor<100x70xf32>, %\w+: tensor<70xf32>\)",
         r"arith.truncf %\w+ : f32 to bf16",
         r"tensor.pad %\w+ low\[0, 0\] high\[0, 58\]",  # the weight [K, N]: 70 -> 128 columns
         r"linalg.transpose .* permutation = \[2, 0, 3, 1\]",  # [K/2, 2, p, nr] -> [p, K/2, nr, 2]

@@ -235,10 +235,11 @@ def _function(name: str, g: _Matmul, kernel: Kernel, bias: bool = False) -> str:
     bias_operand = None
     if bias:  # zero-padded to Np (a weight's: hoisted, once)
         bias_operand = "%bias"
-        if np_ != n:
+        if np_ != n:  # f32 whatever the operands' type (the bias adds to f32 sums)
+            e("  %fzero = arith.constant 0.0 : f32")
             e(f"  %biasp = tensor.pad %bias low[0] high[{np_ - n}] {{")
             e("  ^bb0(%bi: index):")
-            e("    tensor.yield %zero : f32")
+            e("    tensor.yield %fzero : f32")
             e(f"  }} : {_tensor([n], 'f32')} to {_tensor([np_], 'f32')}")
             bias_operand = "%biasp"
     dims: list[str] = []  # the sizes of x's dims but K, as index values or literals
