@@ -1,4 +1,5 @@
-"""fp32 convolutions on turbine's AVX-512 direct-convolution kernel (``_compiler.avx512_conv``):
+"""fp32 convolutions on turbine's AVX-512 direct-convolution kernel (``_compiler.avx512_conv``,
+``_compiler.direct_convs``):
 when the compile copy uses it, and that it gives eager's values for every geometry it accepts;
 stems and 1x1 convolutions left to ``_compiler.convs`` call the AVX-512 matmul kernel."""
 
@@ -12,8 +13,9 @@ from ir_check import check_ir
 from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
-from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, direct_convs
+from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for
 from turbine_aot._compiler.convs import conv_geometry
+from turbine_aot._compiler.direct_convs import direct_convs
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot.runtime import load_module

@@ -1,5 +1,5 @@
 """CPU-only rewrite of 1-D and grouped convolutions into the 2-D, groups-1 form that turbine's
-AVX-512 direct-convolution kernel takes (:mod:`.avx512_conv`), in the module handed to IREE.
+AVX-512 direct-convolution kernel takes (:mod:`.avx512_conv`, :mod:`.direct_convs`), in the module handed to IREE.
 
 IREE 3.13 computes grouped convolutions slowly on CPUs: wav2vec2's positional convolution (a
 ``Conv1d(64, 64, 16, groups=4)`` over 199 frames) ran at ~2 GFLOP/s, 3.5 of the model's 6.4 ms

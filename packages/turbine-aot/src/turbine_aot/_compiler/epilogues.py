@@ -9,7 +9,7 @@ else the ops stay as they are.
 
 - matmuls (:mod:`.matmuls`): ``+ bias`` (a ``[N]`` vector: a linear's or addmm's own bias, or
   a ``torch.aten.add.Tensor`` of one), then ``torch.aten.relu``.
-- direct convolutions (:mod:`.avx512_conv`): the convolution's bias, an eval-mode
+- direct convolutions (:mod:`.direct_convs`): the convolution's bias, an eval-mode
   ``torch.aten.batch_norm`` (folded into a per-channel scale and shift, computed from its
   parameters in the program, so that IREE hoists them with the weights:
   ``scale = weight / sqrt(var + eps)``, ``shift = bias - mean * scale``) or a chain of

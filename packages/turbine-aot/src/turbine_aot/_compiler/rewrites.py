@@ -7,7 +7,7 @@ flags:
   ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
 - ``llvm-cpu`` targets where the AVX-512 fp32 matmul kernel is the choice (below; with
   ``precision="bf16"`` too): every static 2-D fp32 convolution on turbine's AVX-512
-  direct-convolution kernel (:mod:`.avx512_conv`), its bias, a following eval-mode batch norm,
+  direct-convolution kernel (:mod:`.avx512_conv`, :mod:`.direct_convs`), its bias, a following eval-mode batch norm,
   residual add and ReLU in the kernel's store (:mod:`.epilogues`). The others (and all of
   them with ``TURBINE_CPU_CONV_MATMUL=iree``): image stems (few input channels) and 1x1 convolutions as im2col + matmul (:mod:`.convs`;
   IREE 3.13's data-tiled convolution is slow on both; the matmul on the AVX-512 kernel where
@@ -42,12 +42,13 @@ from typing import Any
 from .amx import cpu_flags
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm
-from .avx512_conv import CONV_BLOCKING_ENV, direct_convs, rewrite_convs_avx512
+from .avx512_conv import CONV_BLOCKING_ENV
 from .avx512_vnni import host_vnni_missing
 from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
+from .direct_convs import direct_convs, rewrite_convs_avx512
 from .epilogues import EPILOGUE_ENV
 from .globals import separate_shared_globals, shared_mutable_globals
 from .matmuls import (

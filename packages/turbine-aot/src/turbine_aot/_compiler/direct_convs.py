@@ -1,0 +1,529 @@
+"""The rewrite of the compile copy's 2-D convolutions onto the AVX-512 direct-convolution kernel
+(:mod:`.avx512_conv`), applied by ``rewrites.module_for_compile`` where the fp32 matmul kernel is
+the choice.
+
+Each accepted ``torch.aten.convolution`` / ``conv2d`` becomes a call of a private function over
+builtin tensors (IREE inlines it)::
+
+    xp  = pad(transpose(x, NCHW -> NHWC))                   (one copy, the input's size)
+    c   = flow.dispatch @kernel(xp, pack(w))
+    out = transpose(c[:, :F] + b, NHWC -> NCHW)
+
+With the epilogues (:mod:`.epilogues`, unless ``TURBINE_CPU_EPILOGUES=keep``) the bias, an
+eval-mode batch norm after the convolution (as a per-channel scale and shift), a residual add
+and a ReLU are done by the kernel in its last reduction block's store: the call replaces the
+last of those ops; when that result is read only by another direct convolution with padding,
+the kernel writes it zero-padded as that one reads it (``out_pad``) and IREE copies nothing in
+between. Without them (or for what is not absorbed) the element-wise ops sit between a
+transpose to NCHW and one back; IREE's element-wise fusion folds them into the one dispatch
+that writes the next padded input, so the relayouts cost one pass over each activation
+(docs/performance.md, sections 10 and 11). No ``util.optimization_barrier`` is needed: the
+kernel's operands are read by a ``flow.dispatch`` IREE does not fuse into, and the producers
+it sees read their inputs through permutations (the IREE 3.13 miscompile in :mod:`.convs` needs
+a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the shared-producer
+case. Accepted: 2-D, fp32, groups 1, not transposed, static shapes (the batch too), any kernel
+size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' path.
+
+``precision="bf16"`` gives the kernel's bf16 form: the padded input is converted to bf16 in the
+dispatch that writes it, the weight once. An odd channel count (an RGB stem) gets one zero
+channel on the input (in the same padding) and on the weight, so pairs never straddle two taps;
+no output is written pre-padded for a bf16 kernel (it reads bf16: a conversion pass stays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES
+from .avx512_conv import Avx512Conv, conv_kernel_for
+from .convs import Conv, conv_geometry
+from .epilogues import (
+    BatchNorm,
+    channel_affine,
+    eval_batch_norm,
+    fusion_enabled,
+    only_user,
+    padded_outputs_enabled,
+    same_shape_add,
+)
+from .matmuls import mark_cpu_requires
+from .torch_ir import TensorType, TopLevel, walk
+
+__all__ = ["direct_convs", "rewrite_convs_avx512"]
+
+_CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
+_FUNC_PREFIX = "__turbine_avx512_conv"
+
+
+def _spec(op: Any) -> Conv | None:
+    g = conv_geometry(op)
+    if g is None or g.n is None:
+        return None
+    return g
+
+
+def direct_convs(module_op: Any) -> list[Any]:
+    """The convolutions of ``module_op`` that :func:`rewrite_convs_avx512` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name in _CONV_OPS and _spec(o) is not None]
+
+
+def _tensor(*dims: int) -> str:
+    return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
+
+
+def _truncf_1d(result: str, src: str, size: int) -> str:
+    """``result = bf16(src)`` over a 1-D f32 tensor of ``size`` elements."""
+    bf_t = f"tensor<{size}xbf16>"
+    return (
+        f"  {result}_init = tensor.empty() : {bf_t}\n"
+        f"  {result} = linalg.generic {{indexing_maps = [affine_map<(i) -> (i)>, "
+        f'affine_map<(i) -> (i)>], iterator_types = ["parallel"]}} ins({src} : {_tensor(size)}) '
+        f"outs({result}_init : {bf_t}) {{\n"
+        "  ^bb0(%tv: f32, %to: bf16):\n"
+        "    %tt = arith.truncf %tv : f32 to bf16\n"
+        "    linalg.yield %tt : bf16\n"
+        f"  }} -> {bf_t}"
+    )
+
+
+def _function(
+    name: str,
+    kernel: Avx512Conv,
+    bn_eps: float | None = None,
+    padded_input: bool = False,
+    channels: int | None = None,
+    affine: list[tuple[str, list[Any]]] | None = None,
+) -> str:
+    """The private function computing the convolution through ``kernel`` (builtin tensors).
+
+    Its arguments: ``%x`` (NCHW; ``padded_input``: the previous kernel's zero-padded NHWC
+    output as this kernel reads it, flat), ``%w``, the bias ``%b`` if the convolution has one,
+    then for the kernel's epilogue (:mod:`.epilogues`) a batch norm's ``%gamma``, ``%beta``,
+    ``%mean``, ``%var`` (``bn_eps`` given: folded into the kernel's scale and shift) or the
+    per-channel parameters ``%p<i>`` of ``affine`` (``(kind, sizes)`` steps: ``sub``, ``mul``,
+    ``add``, folded the same way), and the residual ``%res`` (NCHW, the output's shape). It
+    returns the NCHW output and, for a kernel with :attr:`Avx512Conv.out_pad`, C as the next
+    convolution reads it (flat). ``channels``: the convolution's input channels where the kernel's are more (zero channels
+    padded onto the input and the weight: an odd count made even for the bf16 form)."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
+    c0 = c if channels is None else channels
+    x_t, w0_t, out_t = _tensor(n, c0, h, w), _tensor(f, c0, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
+    f_t = _tensor(f)
+    if padded_input:
+        x_t = _tensor(kernel.input_size)
+    w_arg = "%w0" if c != c0 else "%w"
+    args = f"%x: {x_t}, {w_arg}: {w0_t}" + (f", %b: {f_t}" if g.bias else "")
+    if bn_eps is not None:
+        args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    affine = affine or []
+    args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
+    if kernel.residual:
+        args += f", %res: {out_t}"
+    padded_out = any(kernel.out_pad)
+    results_t = f"({out_t}, {_tensor(kernel.c_rows * f)})" if padded_out else out_t
+    lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
+    e = lines.append
+    e("  %zero = arith.constant 0.0 : f32")
+    if c != c0:  # the weight's zero channels
+        e(f"  %w = tensor.pad %w0 low[0, 0, 0, 0] high[0, {c - c0}, 0, 0] {{")
+        e("  ^bb0(%q0: index, %q1: index, %q2: index, %q3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {w0_t} to {_tensor(f, c, g.kh, g.kw)}")
+    extra = _epilogue_operands(e, kernel, bn_eps, affine)
+    if padded_input:
+        a_name = "%a32" if kernel.bf16 else "%a"
+        e(f"  {a_name} = tensor.cast %x : {x_t} to {x_t}")
+        if kernel.bf16:
+            e(_truncf_1d("%a", "%a32", kernel.input_size))
+    else:
+        _input(e, kernel, x_t, c0)
+    _rest(e, kernel, out_t, extra)
+    return "\n".join(lines)
+
+
+def _input(e: Any, kernel: Avx512Conv, x_t: str, c0: int) -> None:
+    """Emits ``%a``: the NCHW ``%x`` (``c0`` channels) as the kernel reads it (NHWC,
+    zero-padded, flat; in bf16 for the bf16 form)."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w = g.n, g.c, g.h, g.w
+    (ph, pw) = g.padding
+    nhwc_t, xp_t = _tensor(n, h, w, c0), _tensor(n, kernel.hp, kernel.wp, c)
+    e(f"  %xt_init = tensor.empty() : {nhwc_t}")
+    e(
+        f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
+    )
+    src, src_t = "%xt", nhwc_t
+    if ph or pw or c != c0:
+        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, {c - c0}] {{")
+        e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {nhwc_t} to {xp_t}")
+        src, src_t = "%xp", xp_t
+    dims = "[[" + ", ".join("0123") + "]]"
+    a_name = "%a32" if kernel.bf16 else "%a"
+    e(
+        f"  {a_name} = tensor.collapse_shape {src} {dims} : {src_t} into {_tensor(kernel.input_size)}"
+    )
+    if kernel.bf16:  # converted in the dispatch that writes the padded input
+        e(_truncf_1d("%a", "%a32", kernel.input_size))
+
+
+def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
+    """Emits the weight's packing, the dispatch and the function's results."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, f = g.n, g.c, g.f
+    np_, k, nr = kernel.np_, kernel.k, kernel.nr
+    w_t = _tensor(f, c, g.kh, g.kw)
+    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
+    # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> panels [P, K, nr]
+    e(f"  %wt_init = tensor.empty() : {wt_t}")
+    e(
+        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) permutation = [2, 3, 1, 0]"
+    )
+    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {kf_t}")
+    wk, wk_t = "%wk", kf_t
+    if np_ != f:
+        e(f"  %wpad = tensor.pad %wk low[0, 0] high[0, {np_ - f}] {{")
+        e("  ^bb0(%j0: index, %j1: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {kf_t} to {_tensor(k, np_)}")
+        wk, wk_t = "%wpad", _tensor(k, np_)
+    p = np_ // nr
+    if kernel.bf16:  # panels of pairs: [K/2, 2, P, nr] -> [P, K/2, nr, 2]
+        ex_sizes, reassoc, perm = [k // 2, 2, p, nr], "[[0, 1], [2, 3]]", [2, 0, 3, 1]
+    else:  # panels: [K, P, nr] -> [P, K, nr]
+        ex_sizes, reassoc, perm = [k, p, nr], "[[0], [1, 2]]", [1, 0, 2]
+    ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
+    e(
+        f"  %wex = tensor.expand_shape {wk} {reassoc} output_shape "
+        f"[{', '.join(map(str, ex_sizes))}] : {wk_t} into {ex_t}"
+    )
+    e(f"  %wpan_init = tensor.empty() : {pan_t}")
+    e(
+        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) "
+        f"permutation = [{', '.join(map(str, perm))}]"
+    )
+    all_dims = ", ".join(str(i) for i in range(len(perm)))
+    bp_name = "%bp32" if kernel.bf16 else "%bp"
+    e(f"  {bp_name} = tensor.collapse_shape %wpan [[{all_dims}]] : {pan_t} into {_tensor(k * np_)}")
+    if kernel.bf16:  # a weight: converted once, with the packing (constant hoisting)
+        e(_truncf_1d("%bp", "%bp32", k * np_))
+    e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
+    m = kernel.m
+    cm, cm_t = "%cm", _tensor(m, np_)
+    padded_out = any(kernel.out_pad)
+    if padded_out:  # np_ == f: C flat for the next kernel, and its interior as the output
+        qh, qw = kernel.out_pad
+        ohp, owp = g.oh + 2 * qh, g.ow + 2 * qw
+        e(
+            f"  %cflat = tensor.collapse_shape %cm [[0, 1]] : {_tensor(kernel.c_rows, f)} into {_tensor(kernel.c_rows * f)}"
+        )
+        p4_t = _tensor(n, ohp, owp, f)
+        e(
+            f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {ohp}, {owp}, {f}] : {_tensor(kernel.c_rows, f)} into {p4_t}"
+        )
+        e(
+            f"  %ci = tensor.extract_slice %c4[0, {qh}, {qw}, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : {p4_t} to {_tensor(n, g.oh, g.ow, f)}"
+        )
+        e(
+            f"  %cm2 = tensor.collapse_shape %ci [[0, 1, 2], [3]] : {_tensor(n, g.oh, g.ow, f)} into {cm_t}"
+        )
+        cm = "%cm2"
+    if np_ != f:
+        e(f"  %cs = tensor.extract_slice %cm[0, 0] [{m}, {f}] [1, 1] : {cm_t} to {_tensor(m, f)}")
+        cm, cm_t = "%cs", _tensor(m, f)
+    o_t = _tensor(n, g.oh, g.ow, f)
+    e(
+        f"  %o = tensor.expand_shape {cm} [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, {g.ow}, {f}] : {cm_t} into {o_t}"
+    )
+    e(f"  %out_init = tensor.empty() : {out_t}")
+    if g.bias and not kernel.shift:  # the bias add and the transpose back to NCHW: one op
+        e(
+            "  %out = linalg.generic {indexing_maps = ["
+            "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
+            "affine_map<(n, f, h, w) -> (n, f, h, w)>], iterator_types = "
+            '["parallel", "parallel", "parallel", "parallel"]} '
+            f"ins(%o, %b : {o_t}, {_tensor(f)}) outs(%out_init : {out_t}) {{"
+        )
+        e("  ^bb0(%v: f32, %bv: f32, %u: f32):")
+        e("    %s = arith.addf %v, %bv : f32")
+        e("    linalg.yield %s : f32")
+        e(f"  }} -> {out_t}")
+    else:
+        e(
+            f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
+        )
+    if padded_out:
+        e(f"  return %out, %cflat : {out_t}, {_tensor(kernel.c_rows * f)}")
+    else:
+        e(f"  return %out : {out_t}")
+    e("}")
+
+
+def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
+    """``result = linalg.generic`` over ``[f]`` vectors ``ins`` (block arguments ``%i0``...;
+    ``body`` ends by defining ``%r``)."""
+    f_t = _tensor(f)
+    maps = ", ".join(["affine_map<(d0) -> (d0)>"] * (len(ins) + 1))
+    e(f"  {result}_init = tensor.empty() : {f_t}")
+    e(
+        f"  {result} = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
+        f'["parallel"]}} ins({", ".join(ins)} : {", ".join([f_t] * len(ins))}) '
+        f"outs({result}_init : {f_t}) {{"
+    )
+    e("  ^bb0(" + ", ".join(f"%i{i}: f32" for i in range(len(ins))) + ", %o: f32):")
+    for line in body:
+        e(f"    {line}")
+    e("    linalg.yield %r : f32")
+    e(f"  }} -> {f_t}")
+
+
+def _epilogue_operands(
+    e: Any, kernel: Avx512Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]]
+) -> list[str]:
+    """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
+    ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
+    g = kernel.g
+    assert g.n is not None
+    f, np_ = g.f, kernel.np_
+    vectors: list[str] = []
+    if bn_eps is not None:  # y = (conv + b - mean) / sqrt(var + eps) * gamma + beta
+        e(f"  %eps = arith.constant {bn_eps:.9e} : f32")
+        _vector_op(
+            e,
+            "%scale",
+            ["%gamma", "%var"],
+            [
+                "%ve = arith.addf %i1, %eps : f32",
+                "%sd = math.sqrt %ve : f32",
+                "%r = arith.divf %i0, %sd : f32",
+            ],
+            f,
+        )
+        if g.bias:  # shift = beta + (b - mean) * scale
+            ins = ["%beta", "%mean", "%scale", "%b"]
+            body = ["%bm = arith.subf %i3, %i1 : f32", "%ms = arith.mulf %bm, %i2 : f32"]
+            body.append("%r = arith.addf %i0, %ms : f32")
+        else:  # shift = beta - mean * scale
+            ins = ["%beta", "%mean", "%scale"]
+            body = ["%ms = arith.mulf %i1, %i2 : f32", "%r = arith.subf %i0, %ms : f32"]
+        _vector_op(e, "%shift", ins, body, f)
+        vectors = ["%scale", "%shift"]
+    elif affine:
+        vectors = _affine_vectors(e, affine, f, "%b" if g.bias else None)
+    elif kernel.shift:
+        vectors = ["%b"]
+    out: list[str] = []
+    for v in vectors:
+        if np_ != f:
+            e(f"  {v}_np = tensor.pad {v} low[0] high[{np_ - f}] {{")
+            e("  ^bb0(%pi: index):")
+            e("    tensor.yield %zero : f32")
+            e(f"  }} : {_tensor(f)} to {_tensor(np_)}")
+            v = f"{v}_np"
+        out.append(v)
+    if kernel.residual:
+        assert np_ == f, "a residual needs whole panels"
+        nhwc = _tensor(g.n, g.oh, g.ow, f)
+        e(f"  %rt_init = tensor.empty() : {nhwc}")
+        e(
+            f"  %rt = linalg.transpose ins(%res : {_tensor(g.n, f, g.oh, g.ow)}) "
+            f"outs(%rt_init : {nhwc}) permutation = [0, 2, 3, 1]"
+        )
+        e(
+            f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {_tensor(kernel.m, f)}"
+        )
+        out.append("%rm")
+    return out
+
+
+def _affine_vectors(
+    e: Any, affine: list[tuple[str, list[Any]]], f: int, bias: str | None
+) -> list[str]:
+    """Emits the kernel's ``[f]`` scale and shift (those it has, in that order) folding the
+    steps ``affine`` applied to ``conv + bias``: ``- p`` and ``+ p`` move the shift, ``* p``
+    scales both."""
+    scale, shift = None, bias
+    ops = {"sub": "arith.subf", "add": "arith.addf", "mul": "arith.mulf"}
+    for i, (kind, sizes) in enumerate(affine):
+        dims = ", ".join(str(d) for d in range(len(sizes)))
+        e(
+            f"  %pv{i} = tensor.collapse_shape %p{i} [[{dims}]] : {_tensor(*sizes)} into {_tensor(f)}"
+        )
+        p = f"%pv{i}"
+        if kind == "mul":
+            if scale is not None:
+                _vector_op(e, f"%sc{i}", [scale, p], ["%r = arith.mulf %i0, %i1 : f32"], f)
+            scale = f"%sc{i}" if scale is not None else p
+        if shift is not None:
+            _vector_op(e, f"%sh{i}", [shift, p], [f"%r = {ops[kind]} %i0, %i1 : f32"], f)
+            shift = f"%sh{i}"
+        elif kind == "add":
+            shift = p
+        elif kind == "sub":
+            _vector_op(e, f"%sh{i}", [p], ["%r = arith.negf %i0 : f32"], f)
+            shift = f"%sh{i}"
+    return [v for v in (scale, shift) if v is not None]
+
+
+def _absorbed(
+    conv: Any, g: Conv, np_: int
+) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], Any, list[Any]]:
+    """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
+    steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
+    call's)."""
+    ops: list[Any] = []
+    value = conv.results[0]
+    bn = eval_batch_norm(value, g.f)
+    affine: list[tuple[Any, str, Any]] = []
+    if bn is not None:
+        ops.append(bn.op)
+        value = bn.op.results[0]
+    else:  # a batch norm as torch.export decomposes it, or any per-channel scale and shift
+        affine = channel_affine(value, g.f)
+        ops += [step[0] for step in affine]
+        if affine:
+            value = affine[-1][0].results[0]
+    residual = None
+    add = same_shape_add(value) if np_ == g.f else None
+    if add is not None:
+        ops.append(add[0])
+        residual, value = add[1], add[0].results[0]
+    relu = only_user(value, "torch.aten.relu")
+    if relu is not None:
+        ops.append(relu)
+    return bn, affine, residual, ops
+
+
+def _padded_consumer(
+    value: Any, found: list[tuple[Any, Conv | None]], start: int
+) -> tuple[int, Conv] | None:
+    """``(index, geometry)`` of the convolution of ``found[start:]`` reading ``value`` as its input,
+    ``value``'s one use, with padding: the kernel producing ``value`` then writes it zero-padded
+    as that convolution reads it (:attr:`Avx512Conv.out_pad`), and IREE copies nothing in
+    between."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].operand_number != 0:
+        return None
+    user = uses[0].owner
+    for i in range(start, len(found)):
+        o, g = found[i]
+        if o.operation == user.operation and g is not None and any(g.padding):
+            return i, g
+    return None
+
+
+def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
+    """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
+    direct-convolution kernel (see the module doc); ``bf16``: its bf16 form
+    (``precision="bf16"``), the module then marked as needing AVX512-BF16.
+
+    Returns:
+        How many convolutions were rewritten.
+    """
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
+
+    op = getattr(module_op, "operation", module_op)
+    top = TopLevel(op)
+    found = [(o, _spec(o)) for o in direct_convs(op)]
+    fuse = fusion_enabled()
+    # convolutions (their index in found) whose input is an earlier kernel's padded output
+    padded_inputs: dict[int, Any] = {}
+    any_bf16 = False
+    for index, (conv, g) in enumerate(found):
+        assert g is not None and g.n is not None
+        # bf16 reads channel pairs: an odd channel count gets one zero channel (the stems)
+        pad_c = bf16 and g.c % 2 == 1
+        kernel = conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
+        any_bf16 = any_bf16 or kernel.bf16
+        f_t, out_t = _tensor(g.f), _tensor(g.n, g.f, g.oh, g.ow)
+        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
+        operands = list(conv.operands)[: 3 if g.bias else 2]
+        types = types[: len(operands)]
+        bn, affine, residual, absorbed = (
+            _absorbed(conv, g, kernel.np_) if fuse else (None, [], None, [])
+        )
+        kinds = [kind for _, kind, _ in affine]
+        consumer = None
+        if fuse:
+            final = absorbed[-1].results[0] if absorbed else conv.results[0]
+            # not in bf16: the next kernel reads bf16, so a conversion pass stays anyway
+            if padded_outputs_enabled() and kernel.np_ == g.f and not bf16:
+                consumer = _padded_consumer(final, found, index + 1)
+            kernel = replace(
+                kernel,
+                scale=bn is not None or "mul" in kinds,
+                shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
+                residual=residual is not None,
+                relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
+                out_pad=consumer[1].padding if consumer is not None else (0, 0),
+            )
+        if bn is not None:
+            operands += [bn.weight, bn.bias, bn.mean, bn.var]
+            types += [f_t] * 4
+        for _, _, param in affine:
+            operands.append(param)
+            sizes = TensorType.of(param).sizes  # type: ignore[union-attr]
+            types.append(_tensor(*sizes))  # type: ignore[arg-type]
+        if residual is not None:
+            operands.append(residual)
+            types.append(out_t)
+        padded = padded_inputs.pop(index, None)
+        if kernel.name not in top:
+            top.append(kernel.executable())
+        name = top.unique(f"{_FUNC_PREFIX}_{index}")
+        eps = bn.eps if bn is not None else None
+        steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
+        top.append(
+            _function(
+                name,
+                kernel,
+                eps,
+                padded_input=padded is not None,
+                channels=g.c if pad_c else None,
+                affine=steps,
+            )
+        )
+        anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
+        with conv.location, InsertionPoint(anchor):
+            builtin = [
+                Operation.create(
+                    "torch_c.to_builtin_tensor",
+                    results=[Type.parse(t, conv.context)],
+                    operands=[v],
+                ).result
+                for v, t in zip(operands, types)
+            ]
+            if padded is not None:  # the previous kernel's C, as this kernel reads it
+                builtin[0] = padded
+            results = [Type.parse(out_t, conv.context)]
+            if consumer is not None:
+                results.append(Type.parse(_tensor(kernel.c_rows * g.f), conv.context))
+            call = Operation.create(
+                "func.call",
+                results=results,
+                operands=builtin,
+                attributes={"callee": FlatSymbolRefAttr.get(name)},
+            )
+            back = Operation.create(
+                "torch_c.from_builtin_tensor",
+                results=[conv.results[0].type],
+                operands=[call.results[0]],
+            ).result
+        if consumer is not None:
+            padded_inputs[consumer[0]] = call.results[1]
+        if absorbed:
+            absorbed[-1].results[0].replace_all_uses_with(back)
+        for fused in reversed(absorbed):
+            fused.erase()
+        conv.results[0].replace_all_uses_with(back)
+        conv.erase()
+    if found:
+        mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
+    return len(found)
