@@ -232,12 +232,18 @@ def test_what_is_not_rewritten():
 def _kernel_module(k: int, n: int, batch_b: bool) -> tuple[AmxGemm, str]:
     kp, np_ = padded(k), padded(n)
     g = AmxGemm.for_shape(kp, np_, batch_b=batch_b)
-    be = "?" if batch_b else str(g.packed_b_size)
-    bdims = "{%bel}" if batch_b else ""
+    return g, _kernel_main(g)
+
+
+def _kernel_main(g: AmxGemm | Avx512Gemm) -> str:
+    """The kernel's executable and a ``@main(a [batch, M, Kp] bf16, packed b)`` calling it
+    (either bf16 kernel: they share the dispatch's operands)."""
+    kp, np_ = g.kp, g.np_
+    be = "?" if g.batch_b else str(g.packed_b_size)
     call = g.dispatch("%a2", "%b", "%m", "%batch", "%rows", be).replace(
-        "tensor<?xbf16>", "tensor<?xbf16>" + bdims
+        "tensor<?xbf16>", "tensor<?xbf16>" + ("{%bel}" if g.batch_b else "")
     )
-    return g, g.executable() + textwrap.dedent(
+    return g.executable() + textwrap.dedent(
         f"""
         func.func @main(%a: tensor<?x?x{kp}xbf16>, %b: tensor<{be}xbf16>) -> tensor<?x?x{np_}xf32> {{
           %c0 = arith.constant 0 : index
@@ -302,26 +308,8 @@ def _avx512_pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
 @pytest.mark.parametrize(("k", "n", "batch_b"), [(64, 64, False), (300, 192, True)])
 def test_the_avx512_bf16_kernel_gives_the_exact_bf16_products_for_any_rows(k, n, batch_b):
     g = Avx512Gemm.for_shape(k, n, batch_b=batch_b, bf16=True)
-    be = "?" if batch_b else str(g.packed_b_size)
-    call = g.dispatch("%a2", "%b", "%m", "%batch", "%rows", be).replace(
-        "tensor<?xbf16>", "tensor<?xbf16>" + ("{%bel}" if batch_b else "")
-    )
     kp, np_ = g.kp, g.np_
-    src = g.executable() + textwrap.dedent(
-        f"""
-        func.func @main(%a: tensor<?x?x{kp}xbf16>, %b: tensor<{be}xbf16>) -> tensor<?x?x{np_}xf32> {{
-          %c0 = arith.constant 0 : index
-          %c1 = arith.constant 1 : index
-          %batch = tensor.dim %a, %c0 : tensor<?x?x{kp}xbf16>
-          %m = tensor.dim %a, %c1 : tensor<?x?x{kp}xbf16>
-          %rows = arith.muli %batch, %m : index
-          %bel = tensor.dim %b, %c0 : tensor<{be}xbf16>
-          %a2 = tensor.collapse_shape %a [[0, 1], [2]] : tensor<?x?x{kp}xbf16> into tensor<?x{kp}xbf16>
-          %r = {call}
-          %o = tensor.expand_shape %r [[0, 1], [2]] output_shape [%batch, %m, {np_}] : tensor<?x{np_}xf32> into tensor<?x?x{np_}xf32>
-          return %o : tensor<?x?x{np_}xf32>
-        }}"""
-    )
+    src = _kernel_main(g)
     vmfb = compile_mlir(src, default_compile_flags("llvm-cpu", use_env=False), cache=False)
     import iree.runtime as rt
 
