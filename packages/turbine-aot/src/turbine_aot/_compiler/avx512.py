@@ -37,6 +37,7 @@ __all__ = [
     "emit_accumulator_init",
     "emit_epilogue",
     "fma",
+    "host_avx512_bf16_missing",
     "host_avx512_missing",
 ]
 
@@ -50,6 +51,12 @@ def host_avx512_missing() -> list[str]:
     """What this machine lacks to run the kernel well (empty: nothing)."""
     flags = cpu_flags()
     return [f for f in AVX512_FEATURES if f not in flags]
+
+
+def host_avx512_bf16_missing() -> list[str]:
+    """What this machine lacks to run the kernels' bf16 forms (empty: nothing)."""
+    flags = cpu_flags()
+    return [f for f in AVX512_BF16_FEATURES if f not in flags]
 
 
 def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str, row: str = "%row") -> None:

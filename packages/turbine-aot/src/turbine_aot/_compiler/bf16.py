@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .amx import AMX_FEATURES, AmxGemm, cpu_flags, host_amx_missing
-from .avx512 import AVX512_BF16_FEATURES, Avx512Gemm
+from .amx import AMX_FEATURES, AmxGemm, host_amx_missing
+from .avx512 import AVX512_BF16_FEATURES, Avx512Gemm, host_avx512_bf16_missing
 from .epilogues import fusion_enabled
 from .matmuls import rewritable_matmuls, rewrite_matmuls
 from .targets import TargetError, flag_targets
@@ -101,8 +101,7 @@ def bf16_kernel_kind() -> str | None:
     ``None`` (neither)."""
     if not host_amx_missing():
         return "amx"
-    flags = cpu_flags()
-    if all(f in flags for f in AVX512_BF16_FEATURES):
+    if not host_avx512_bf16_missing():
         return "avx512"
     return None
 
@@ -138,8 +137,7 @@ def check_precision(flags: Any) -> None:
             "the target CPU flag, or use precision='fp32' for a portable module"
         )
     if bf16_kernel_kind() is None:
-        flags_here = cpu_flags()
-        missing = [f for f in (*AMX_FEATURES, *AVX512_BF16_FEATURES) if f not in flags_here]
+        missing = [*host_amx_missing(), *host_avx512_bf16_missing()]
         raise TargetError(
             f"precision='bf16' needs a CPU with AMX-BF16 (Intel Xeon 4th generation or newer) "
             f"or AVX512-BF16 (AMD Zen 4 or newer, Intel Cooper Lake); this machine lacks "

@@ -39,9 +39,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .amx import cpu_flags
 from .attention import decompose_attention, has_attention, targets_only_cpu
-from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm
+from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm, host_avx512_bf16_missing
 from .avx512_conv import CONV_BLOCKING_ENV
 from .avx512_vnni import host_vnni_missing
 from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
@@ -160,7 +159,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
     # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
-    bf16_convs = bf16 and all(f in cpu_flags() for f in AVX512_BF16_FEATURES)
+    bf16_convs = bf16 and not host_avx512_bf16_missing()
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
     reform = conv_kernel and bool(convs_to_reform(op))
     direct = conv_kernel and (reform or bool(direct_convs(op)))
