@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,39 @@ except Exception as e:
     print(f"could not create a {driver!r} device: {str(e).splitlines()[0]}"); sys.exit(3)
 print("ok")
 """
+
+
+#: The CPU flags turbine's CPU kernels choose by (docs/performance.md), as /proc/cpuinfo names them.
+_KERNEL_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+
+
+def cpu_summary(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """One line: the CPU's model, its core count and which of the kernels' flags it has."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return "cpu: unknown (no /proc/cpuinfo)"
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
+        "unknown model",
+    )
+    flags = next(
+        (set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")),
+        set(),
+    )
+    cores = sum(1 for ln in text.splitlines() if ln.startswith("processor"))
+    have = [f for f in _KERNEL_FLAGS if f in flags]
+    return f"cpu: {model}, {cores} logical core(s); kernel flags: {' '.join(have) or 'none'}"
 
 
 #: What IREE's drivers say when a device is gone for good (turbine_aot's runtime uses the same).
