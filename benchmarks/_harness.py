@@ -9,6 +9,7 @@ benchmarks use these helpers instead of copying them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -270,6 +271,83 @@ def time_interleaved(
         k: {"wall": statistics.median(wall[k]), "cpu": statistics.median(cpu[k]), "all": wall[k]}
         for k in fns
     }
+
+
+@dataclass
+class KernelVariant:
+    """One variant of a hand-written kernel for :func:`kernel_ab`: its name and the MLIR module
+    (text) whose ``main`` runs it on the benchmark's operands."""
+
+    name: str
+    mlir: str
+
+
+def kernel_ab(
+    variants: Sequence[KernelVariant],
+    operands: Sequence[np.ndarray],
+    check: Callable[[str, np.ndarray], None],
+    *,
+    weight_bytes: int,
+    calls: int,
+    budget_s: float,
+    json_path: str | None,
+    meta: dict[str, Any],
+) -> dict[str, dict]:
+    """The kernel A/B benchmarks' body (``vnni_kernel_ab.py``, ``quant_kernel_ab.py``): compiles
+    each variant's module for this CPU (``llvm-cpu``, ``local-sync``: one thread), checks its
+    first result with ``check(name, result)`` (which raises on a wrong one), times the variants
+    round-robin (:func:`time_interleaved`), prints median ms per call, the weights' read rate
+    and calls/s against the first variant, and writes them with ``meta`` to ``json_path``.
+
+    Returns:
+        name -> {"ms", "gb_per_s", "default_over_this"}.
+    """
+    import iree.runtime as rt
+    from iree.compiler.tools.binaries import find_tool
+
+    cfg = rt.Config("local-sync")
+    dev = [rt.asdevicearray(cfg.device, a) for a in operands]
+    fns: dict[str, Callable[[], object]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="turbine-kernel-ab-"))
+    for v in variants:
+        src = tmp / f"{v.name}.mlir"
+        src.write_text(v.mlir)
+        vmfb = src.with_suffix(".vmfb")
+        cmd = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=local"]
+        cmd += ["--iree-hal-local-target-device-backends=llvm-cpu"]
+        cmd += ["--iree-llvmcpu-target-cpu=host", "-o", str(vmfb)]
+        subprocess.run(cmd, check=True)
+        vm = rt.VmModule.copy_buffer(cfg.vm_instance, vmfb.read_bytes())
+        fn = rt.SystemContext(vm_modules=[vm], config=cfg).modules.module["main"]
+        check(v.name, np.asarray(fn(*dev)[0].to_host()))
+        fns[v.name] = functools.partial(fn, *dev)
+    t = time_interleaved(fns, calls=calls, budget_s=budget_s)
+    base = t[variants[0].name]["wall"]
+    rows = {
+        n: {
+            "ms": t[n]["wall"] * 1e3,
+            "gb_per_s": weight_bytes / t[n]["wall"] / 1e9,
+            "default_over_this": t[n]["wall"] / base,
+        }
+        for n in fns
+    }
+    for n, r in rows.items():
+        print(
+            f"{n}: {r['ms']:.3f} ms, {r['gb_per_s']:.1f} GB/s of weights, "
+            f"calls/s {1 / r['default_over_this']:.2f}x the default"
+        )
+    print(f"load average: {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
+    if json_path:
+        write_json(
+            json_path,
+            {
+                **meta,
+                "date": time.strftime("%Y-%m-%d"),
+                "variants": rows,
+                "loadavg": os.getloadavg(),
+            },
+        )
+    return rows
 
 
 def set_runtime_flags(flags: Sequence[str]) -> None:

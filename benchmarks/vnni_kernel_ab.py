@@ -17,11 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -69,12 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    import iree.runtime as rt
-    from iree.compiler.tools.binaries import find_tool
-
     from turbine_aot._compiler.avx512_vnni import Avx512VnniGemm
 
-    cfg = rt.Config("local-sync")
     rng = np.random.default_rng(0)
     w = args.width
     x = rng.integers(-128, 128, size=(args.rows, w), dtype=np.int8)
@@ -83,55 +75,25 @@ def main(argv: list[str] | None = None) -> int:
         q = rng.integers(-128, 128, size=(w, w), dtype=np.int8)
         host += [q, (128 * q.astype(np.int32).sum(1)).astype(np.int32)]
     want = x.astype(np.int64) @ host[1].astype(np.int64).T
-    dev = [rt.asdevicearray(cfg.device, a) for a in host]
-    fns, names = {}, []
-    tmp = Path(tempfile.mkdtemp(prefix="turbine-vnni-ab-"))
+
+    def check(name: str, got: np.ndarray) -> None:
+        if not np.array_equal(got, want):
+            raise SystemExit(f"{name}: wrong results")
+
+    variants = []
     for v in args.variants:
         kernel = dataclasses.replace(Avx512VnniGemm.for_shape(w, w), **json.loads(v))
-        src = tmp / f"{kernel.name}.mlir"
-        src.write_text(_module(kernel, args.layers, w))
-        vmfb = src.with_suffix(".vmfb")
-        cmd = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=local"]
-        cmd += ["--iree-hal-local-target-device-backends=llvm-cpu"]
-        cmd += ["--iree-llvmcpu-target-cpu=host", "-o", str(vmfb)]
-        subprocess.run(cmd, check=True)
-        vm = rt.VmModule.copy_buffer(cfg.vm_instance, vmfb.read_bytes())
-        fn = rt.SystemContext(vm_modules=[vm], config=cfg).modules.module["main"]
-        got = np.asarray(fn(*dev)[0].to_host())
-        if not np.array_equal(got, want):
-            raise SystemExit(f"{kernel.name}: wrong results")
-        fns[kernel.name] = lambda fn=fn: fn(*dev)
-        names.append(kernel.name)
-    t = _harness.time_interleaved(fns, calls=args.calls, budget_s=args.budget_s)
-    weight_bytes = args.layers * w * w
-    base = t[names[0]]["wall"]
-    rows = {
-        n: {
-            "ms": t[n]["wall"] * 1e3,
-            "gb_per_s": weight_bytes / t[n]["wall"] / 1e9,
-            "default_over_this": t[n]["wall"] / base,
-        }
-        for n in names
-    }
-    for n, r in rows.items():
-        print(
-            f"{n}: {r['ms']:.3f} ms, {r['gb_per_s']:.1f} GB/s of weights, "
-            f"calls/s {1 / r['default_over_this']:.2f}x the default"
-        )
-    print(f"load average: {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
-    if args.json:
-        _harness.write_json(
-            args.json,
-            {
-                "benchmark": "vnni-kernel-ab",
-                "date": time.strftime("%Y-%m-%d"),
-                "rows": args.rows,
-                "layers": args.layers,
-                "width": w,
-                "variants": rows,
-                "loadavg": os.getloadavg(),
-            },
-        )
+        variants.append(_harness.KernelVariant(kernel.name, _module(kernel, args.layers, w)))
+    _harness.kernel_ab(
+        variants,
+        host,
+        check,
+        weight_bytes=args.layers * w * w,
+        calls=args.calls,
+        budget_s=args.budget_s,
+        json_path=args.json,
+        meta={"benchmark": "vnni-kernel-ab", "rows": args.rows, "layers": args.layers, "width": w},
+    )
     return 0
 
 

@@ -153,6 +153,8 @@ def test_quantized_linears_on_the_kernel_match_torchao_eager(
     assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     want = KERNEL.get((config, external), "i8_gemm_256x256_")
     assert f"@__turbine_avx512_{want}" in asm
+    if want.startswith("i4_"):  # one row (decode): int4 in blocks of 2 channels
+        assert re.search(rf"@__turbine_avx512_{want}_2x2_", asm)
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         vmfb = eo.compile(save_to=None)
     assert "failed" not in caplog.text  # compiled with the kernel, no fallback
@@ -231,7 +233,7 @@ def test_an_unknown_kernel_variant_warns_and_builds_the_current_kernel(
     _, eo, _ = _export("int4-g32", True, tmp_path)
     monkeypatch.delenv("TURBINE_CPU_QUANT_KERNEL", raising=False)
     current = _copy_asm(eo, _flags())
-    assert "_g32z_2x4_16x32_zb_pf" in current
+    assert "_g32z_2x2_16x32_zb_pf" in current  # one row: blocks of 2 channels
     monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", value)
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         assert _copy_asm(eo, _flags()) == current

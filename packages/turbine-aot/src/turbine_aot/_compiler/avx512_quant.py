@@ -17,7 +17,7 @@ IREE to hoist: the bytes read per call are the integer bytes plus the scales).
 
 Blocking: each workgroup computes ``rows_per_workgroup`` rows of ``M`` by ``cols_per_workgroup``
 output channels. For ``nr`` output channels (4; int8 per channel: 1, so that a workgroup reads
-its weight rows as one sequential run) by ``mr`` rows the kernel keeps ``nr * mr``
+its weight rows as one sequential run; int4 where ``M`` is 1: 2) by ``mr`` rows the kernel keeps ``nr * mr``
 ``vector<16xf32>`` accumulators of partial dot products along ``K``: per step it loads 16
 weight bytes per channel (16 int8 or 32 int4 values) and FMAs them, as f32, with ``A``'s 16
 (int4: 32, de-interleaved into even / odd ``k``) values. int8: the bytes are widened to f32
@@ -92,9 +92,15 @@ class Avx512QuantGemm:
 
     @staticmethod
     def for_shape(
-        k: int, n: int, bits: int, group: int | None, zero_point: bool, variant: str = ""
+        k: int,
+        n: int,
+        bits: int,
+        group: int | None,
+        zero_point: bool,
+        variant: str = "",
+        rows: int | None = None,
     ) -> Avx512QuantGemm:
-        """The kernel turbine uses for the shape.
+        """The kernel turbine uses for the shape (``rows``: ``M`` where it is static).
 
         ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, one of :data:`VARIANTS`): ``""`` the current
         kernel, ``"v1"`` the first version (for A/B measurements: the int4 tables' zero points
@@ -112,7 +118,11 @@ class Avx512QuantGemm:
         # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md). int8 per
         # channel: one channel at a time (a workgroup's weight rows read as one sequential run),
         # 2.58x the 4-channel blocks at one row (docs/quantization.md, the VNNI kernel's figures).
+        # int4 at one row (decode): 2 channels, 1.02-1.16x the 4 (1 channel: 0.77-0.86x, its
+        # activations' even / odd split shared by none); at 4-16 rows 4 stay (2: 0.89-0.99x).
         nr = 1 if group is None and current else 4
+        if current and bits == 4 and rows == 1:
+            nr = 2
         return Avx512QuantGemm(
             k,
             n,

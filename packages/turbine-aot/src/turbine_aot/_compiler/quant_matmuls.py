@@ -67,7 +67,13 @@ class _QuantMatmul:
 
     def kernel(self) -> Avx512QuantGemm:
         return Avx512QuantGemm.for_shape(
-            self.k, self.n, self.bits, self.group, self.zero_point is not None, _variant()
+            self.k,
+            self.n,
+            self.bits,
+            self.group,
+            self.zero_point is not None,
+            _variant(),
+            rows=self.m,
         )
 
 

@@ -88,8 +88,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: direct convolution whose output is read only by another one with padding writes it
 #: zero-padded as that one reads it (no padding copy between them); 19: per-channel sub / mul /
 #: add chains after a direct convolution (a batch norm as torch.export decomposes it) in its
-#: store too (on their branches: 13-15 and 13-15).
-REVISION = 19
+#: store too (on their branches: 13-15 and 13-15); 20: the int4 quantized kernel in blocks of 2
+#: channels where ``M`` is statically 1.
+REVISION = 20
 
 _log = logging.getLogger("turbine.aot")
 

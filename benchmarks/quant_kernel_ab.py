@@ -1,0 +1,137 @@
+"""The AVX-512 weight-only quantized kernel alone, A/B of its blocking: ``layers`` x (``width``
+x ``width``) products of ``rows`` f32 rows with int4 (grouped, zero points) or int8 weights,
+each variant of ``Avx512QuantGemm`` timed interleaved.
+
+The kernel (``turbine_aot._compiler.avx512_quant``) is compiled in a module of its own, its
+results checked against numpy's float64 product of the dequantized weights, and every variant
+timed round-robin in one process; reported: median ms per call, the weights' read rate, and
+calls/s against the first variant (the default). It is a benchmark: nothing asserts on time.
+
+Usage::
+
+    python benchmarks/quant_kernel_ab.py                                 # int4 g128, default vs a few
+    python benchmarks/quant_kernel_ab.py --bits 4 --group 32 --variants '{}' '{"nr": 1}'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import _harness  # noqa: E402
+import numpy as np  # noqa: E402
+
+DEFAULT_VARIANTS = ("{}", '{"nr": 1}', '{"nr": 2}')
+
+
+def _module(kernel, layers: int) -> str:
+    """``main(x, q0, s0, z0, ...)``: the kernel on each weight, every result returned."""
+    k, n = kernel.k, kernel.n
+    rt = f"tensor<?x{n}xf32>"
+    weights = []
+    for i in range(layers):
+        names = [f"%q{i}", f"%s{i}", f"%z{i}"][: len(kernel.operand_types())]
+        weights.append(names)
+    params = ", ".join(
+        f"{name}: {t}" for names in weights for name, t in zip(names, kernel.operand_types())
+    )
+    lines = [kernel.executable()]
+    lines.append(
+        f"func.func @main(%x: tensor<?x{k}xf32>, {params}) -> ({', '.join([rt] * layers)}) {{"
+    )
+    lines.append("  %c0 = arith.constant 0 : index")
+    lines.append(f"  %m = tensor.dim %x, %c0 : tensor<?x{k}xf32>")
+    for i, names in enumerate(weights):
+        lines.append(f"  %r{i} = " + kernel.dispatch("%x", names, "%m"))
+    lines.append(
+        f"  return {', '.join(f'%r{i}' for i in range(layers))} : {', '.join([rt] * layers)}"
+    )
+    lines.append("}")
+    return "module {\n" + "\n".join(lines) + "\n}\n"
+
+
+def _weights(rng, bits: int, group: int | None, w: int):
+    """(host operands, the dequantized f64 weight [N, K])."""
+    if bits == 8 and group is None:
+        q = rng.integers(-128, 128, size=(w, w), dtype=np.int8)
+        return [q], q.astype(np.float64)
+    g = w // group
+    q = rng.integers(-8 if bits == 4 else -128, 8 if bits == 4 else 128, size=(w, w)).astype(
+        np.int8
+    )
+    s = rng.uniform(0.01, 0.05, size=(w, g)).astype(np.float32)
+    z = rng.integers(-2, 3, size=(w, g)).astype(np.int8)
+    deq = (q.astype(np.float64) - np.repeat(z, group, 1)) * np.repeat(s, group, 1)
+    if bits == 4:
+        u = (q & 0xF).astype(np.uint8)
+        q = (u[:, 0::2] | (u[:, 1::2] << 4)).view(np.int8)
+    return [q, s, z], deq
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _harness.argument_parser(__doc__)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--rows", type=int, default=1)
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    p.add_argument("--group", type=int, default=128, help="0: int8 per channel")
+    p.add_argument("--calls", type=int, default=60)
+    p.add_argument("--budget-s", type=float, default=60.0)
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        default=list(DEFAULT_VARIANTS),
+        help="JSON objects of Avx512QuantGemm fields to replace ({}: the default kernel)",
+    )
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
+
+    group = args.group or None
+    rng = np.random.default_rng(0)
+    w = args.width
+    x = rng.standard_normal((args.rows, w)).astype(np.float32)
+    host, deqs = [x], []
+    for _ in range(args.layers):
+        ops, deq = _weights(rng, args.bits, group, w)
+        host += ops
+        deqs.append(deq)
+    want = x.astype(np.float64) @ deqs[0].T
+
+    def check(name: str, got: np.ndarray) -> None:
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max()):
+            raise SystemExit(f"{name}: wrong results (max error {np.abs(got - want).max():.3g})")
+
+    variants = []
+    for v in args.variants:
+        base = Avx512QuantGemm.for_shape(w, w, args.bits, group, group is not None)
+        kernel = dataclasses.replace(base, **json.loads(v))
+        variants.append(_harness.KernelVariant(kernel.name, _module(kernel, args.layers)))
+    _harness.kernel_ab(
+        variants,
+        host,
+        check,
+        weight_bytes=sum(a.nbytes for a in host[1:]),
+        calls=args.calls,
+        budget_s=args.budget_s,
+        json_path=args.json,
+        meta={
+            "benchmark": "quant-kernel-ab",
+            "rows": args.rows,
+            "bits": args.bits,
+            "group": group,
+            "layers": args.layers,
+            "width": w,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
