@@ -24,7 +24,7 @@ TIE = 1e-4
 
 
 def _llama(layers: int = 2, **over) -> torch.nn.Module:
-    cfg = transformers.LlamaConfig(
+    fields = dict(
         vocab_size=320,
         hidden_size=64,
         intermediate_size=128,
@@ -33,8 +33,8 @@ def _llama(layers: int = 2, **over) -> torch.nn.Module:
         num_key_value_heads=2,  # GQA: 2 query heads per KV head
         max_position_embeddings=128,
         rope_theta=10000.0,
-        **over,
     )
+    cfg = transformers.LlamaConfig(**{**fields, **over})
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).eval()
 
@@ -200,6 +200,80 @@ def test_argument_cache_generates_the_same_ids_and_reset(llama_model):
     assert lm._cache is not None and lm._cache.abs().sum() > 0
     second = lm.decode(first.argmax(-1, keepdim=True), torch.tensor([6]))
     assert int(second.argmax()) == int(want[1])
+
+
+# ----------------------------------------------------------------------------- decode windows
+def _count_decodes(lm) -> dict[str, int]:
+    """Wraps the loaded module's decode functions to count the calls of each."""
+    calls: dict[str, int] = {}
+
+    def counted(name, fn):
+        def call(*args):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args)
+
+        return call
+
+    lm._decode = counted("decode", lm._decode)
+    lm._decodes = {name: counted(name, fn) for name, fn in lm._decodes.items()}
+    return calls
+
+
+@pytest.mark.parametrize("kv_cache", ["global", "argument"])
+def test_decode_windows_generate_eager_greedy_ids_across_their_boundaries(llama_model, kv_cache):
+    """decode_16 / decode_32 attend to the cache's first 16 / 32 positions: each step takes the
+    smallest that holds its positions, and the ids are eager's across both boundaries."""
+    eo = llm.export_causal_lm(
+        llama_model, max_seq_len=64, batch_size=2, decode_windows=(32, 16), kv_cache=kv_cache
+    )
+    assert eo.llm.decode_windows == (16, 32)
+    assert re.findall(r"func\.func @(decode\w*)\(", str(eo.mlir_module)) == [
+        "decode",
+        "decode_16",
+        "decode_32",
+    ]
+    lm = llm.load(eo)
+    calls = _count_decodes(lm)
+    prompts = _prompts(320, [5, 12, 20], seed=9)
+    for p in prompts:  # 5 + 40 new tokens: positions 5..44, through all three functions
+        out = lm.generate(p, 40)
+        want, logits = _eager_greedy(llama_model, p, 40)
+        assert_same_greedy(out[0, p.numel() :], want, logits, f"window, prompt {p.numel()}")
+    # steps at positions len..len+38: 5..15 and 12..15 -> decode_16; 16..31, 16..31 and 20..31
+    # -> decode_32; 32..43, 32..50 and 32..58 -> decode
+    assert calls == {"decode_16": 11 + 4, "decode_32": 16 + 16 + 12, "decode": 12 + 19 + 27}
+    assert [eo.llm.decode_function(p) for p in (0, 15, 16, 31, 32, 63)] == [
+        "decode_16",
+        "decode_16",
+        "decode_32",
+        "decode_32",
+        "decode",
+        "decode",
+    ]
+
+
+def test_decode_windows_auto_options_and_older_modules():
+    cfg = {"max_position_embeddings": 1024}
+    eo = llm.export_causal_lm(_llama(1, **cfg), max_seq_len=600)  # auto: 128 and 512 below 600
+    assert eo.llm.decode_windows == (128, 512)
+    assert re.findall(r"func\.func @(\w+)\(", str(eo.mlir_module)) == [
+        "prefill",
+        "decode",
+        "decode_128",
+        "decode_512",
+    ]
+    assert llm.export_causal_lm(_llama(1), max_seq_len=128).llm.decode_windows == ()
+    assert (
+        llm.export_causal_lm(_llama(1), max_seq_len=64, decode_windows=()).llm.decode_windows == ()
+    )
+    for bad in ((64,), (0,), (8, "16"), (True,), "some", 16):
+        with pytest.raises(llm.LLMExportError, match=r"decode_windows must be 'auto' or ints"):
+            llm.export_causal_lm(_llama(1), max_seq_len=64, decode_windows=bad)
+    # A module exported before decode windows existed records none: plain decode only.
+    info = json.loads(eo.llm.to_json())
+    del info["decode_windows"]
+    older = llm.CausalLMInfo.from_json(json.dumps(info))
+    assert older.decode_windows == () and older.decode_function(5) == "decode"
 
 
 def test_eos_stops_and_pads():
@@ -396,12 +470,15 @@ def test_cli_llm_export_and_generate(tmp_path, capsys):
     bundle = tmp_path / "tiny_llm"
     assert (
         cli_main(
-            ["--json", "llm", "export", f"{src}:config", "--max-seq-len", "32", "-o", str(bundle)]
+            [
+                *["--json", "llm", "export", f"{src}:config", "--max-seq-len", "32"],
+                *["-o", str(bundle), "--decode-windows", "8,16"],
+            ]
         )
         == 0
     )
     exported = json.loads(capsys.readouterr().out)
-    assert exported["functions"] == ["prefill", "decode"]
+    assert exported["functions"] == ["prefill", "decode", "decode_8", "decode_16"]
     assert (bundle / "params" / "model.irpa").is_file() and (bundle / "module.vmfb").is_file()
     assert (
         cli_main(
@@ -424,6 +501,11 @@ def test_cli_llm_export_and_generate(tmp_path, capsys):
     # A user error is one line, status 2.
     assert cli_main(["llm", "generate", str(bundle), "--ids", "1,x"]) == 2
     assert "bad --ids '1,x'" in capsys.readouterr().err
+    args = ["llm", "export", f"{src}:config", "--max-seq-len", "32", "-o", str(tmp_path / "b")]
+    assert cli_main([*args, "--decode-windows", "8,x"]) == 2
+    assert (
+        "--decode-windows takes 'auto', 'none' or comma-separated ints" in capsys.readouterr().err
+    )
 
 
 # ----------------------------------------------------------------------------- quantized

@@ -59,6 +59,13 @@ def register(sub: Any, common: Any, commands: dict[str, Any]) -> None:
         default=None,
         help="inputs per int4 scale (default 128; with --quantize int4)",
     )
+    e.add_argument(
+        "--decode-windows",
+        default="auto",
+        help="cache lengths W < --max-seq-len to export decode_W for, comma-separated (a step "
+        "at positions below W attends to W entries), 'none', or 'auto' (default: those of "
+        "128,512,2048,8192 below --max-seq-len)",
+    )
     e.add_argument("--device", "-d", default="local-task", help="device URI it is built for")
     e.add_argument("--seed", type=int, default=0, help="seed of the random weights of a config")
     e.add_argument("-o", "--output", required=True, help="bundle directory, or .tar / .tar.gz")
@@ -104,6 +111,19 @@ def _build_model(obj: Any, seed: int) -> Any:
     )
 
 
+def _decode_windows(text: str) -> Any:
+    """``--decode-windows``: ``auto``, ``none`` or ``W,W,...``."""
+    text = text.strip().lower()
+    if text in ("auto", "none"):
+        return "auto" if text == "auto" else ()
+    try:
+        return tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise CliError(
+            f"--decode-windows takes 'auto', 'none' or comma-separated ints; got {text!r}"
+        ) from None
+
+
 def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
     import torch
 
@@ -111,6 +131,7 @@ def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
 
     if args.max_seq_len < 2:
         raise CliError(f"--max-seq-len must be at least 2; got {args.max_seq_len}")
+    windows = _decode_windows(args.decode_windows)
     with st("load source"):
         model = _build_model(_load_source(args.source), args.seed)
     dtype = getattr(torch, args.dtype) if args.dtype else None
@@ -123,6 +144,7 @@ def _export(args: argparse.Namespace, st: Stages) -> dict[str, Any]:
             kv_cache=args.kv_cache,
             quantize=args.quantize,
             group_size=args.group_size,
+            decode_windows=windows,
         )
     with tempfile.TemporaryDirectory(prefix="turbine-llm-") as tmp:
         irpa = Path(tmp) / "model.irpa"

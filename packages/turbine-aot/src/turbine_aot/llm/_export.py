@@ -7,6 +7,10 @@ The exported module (an :class:`~turbine_aot.ExportOutput`) holds
   positions ``0..S-1`` and returns the logits of each sequence's last valid token;
 * ``decode(token_ids [B, 1], position [B]) -> logits [B, V]``: one token per sequence at its
   own position, attending to the cache entries ``<= position``;
+* ``decode_<W>`` for each of the info's ``decode_windows`` ``W`` (``< max_seq_len``): the same
+  step attending to the cache's first ``W`` positions only, for steps whose positions are all
+  below ``W`` (the runner picks the smallest that fits: a step's attention then reads ``W``
+  positions of the cache instead of ``max_seq_len``; docs/llms.md, "Decode windows");
 
 sharing one global per weight (one ``FxProgramsBuilder`` root: the weights are the same tensor
 objects in both programs) and, for ``kv_cache="global"``, one mutable global per layer for keys
@@ -21,6 +25,7 @@ reflection attribute ``turbine.llm`` (JSON), so a compiled ``.vmfb`` or bundle i
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -56,6 +61,7 @@ class CausalLMInfo:
         num_layers, num_kv_heads, head_dim: the cache layout.
         dtype: the compute dtype (``"float32"``, ``"bfloat16"``, ...).
         min_prefill_len: prompts shorter than this are right-padded by the runner.
+        decode_windows: the cache lengths of the module's ``decode_<W>`` functions, ascending.
     """
 
     max_seq_len: int
@@ -67,6 +73,7 @@ class CausalLMInfo:
     head_dim: int
     dtype: str
     min_prefill_len: int = 2
+    decode_windows: tuple[int, ...] = ()
 
     @property
     def layout(self) -> KVCacheLayout:
@@ -84,7 +91,35 @@ class CausalLMInfo:
 
     @classmethod
     def from_json(cls, text: str) -> CausalLMInfo:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["decode_windows"] = tuple(fields.get("decode_windows", ()))
+        return cls(**fields)
+
+    def decode_function(self, max_position: int) -> str:
+        """The decode function for a step whose largest position is ``max_position``."""
+        window = next((w for w in self.decode_windows if max_position < w), None)
+        return "decode" if window is None else f"decode_{window}"
+
+
+#: ``decode_windows="auto"``: these cache lengths, those below ``max_seq_len``.
+AUTO_DECODE_WINDOWS = (128, 512, 2048, 8192)
+
+
+def _decode_windows(windows: Any, max_seq_len: int) -> tuple[int, ...]:
+    if isinstance(windows, str) and windows == "auto":
+        return tuple(w for w in AUTO_DECODE_WINDOWS if w < max_seq_len)
+    try:
+        chosen = tuple(sorted(set(windows)))
+    except TypeError:
+        chosen = None
+    if chosen is None or not all(
+        isinstance(w, int) and not isinstance(w, bool) and 1 <= w < max_seq_len for w in chosen
+    ):
+        raise LLMExportError(
+            f"decode_windows must be 'auto' or ints in 1..max_seq_len-1 ({max_seq_len - 1}); "
+            f"got {windows!r}"
+        )
+    return chosen
 
 
 class _CacheBuffers(nn.Module):
@@ -120,9 +155,10 @@ class _CausalLMRoot(nn.Module):
                 info.layout, info.batch_size, info.max_seq_len, info.torch_dtype
             )
 
-    def _mask(self, positions: torch.Tensor) -> torch.Tensor:
-        """Additive mask ``[B, 1, seq, max_seq_len]``: 0 where key position <= query position."""
-        keys = torch.arange(self.info.max_seq_len, dtype=torch.int64)
+    def _mask(self, positions: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        """Additive mask ``[B, 1, seq, window or max_seq_len]``: 0 where key position <= query
+        position."""
+        keys = torch.arange(window or self.info.max_seq_len, dtype=torch.int64)
         visible = keys.view(1, 1, -1) <= positions.unsqueeze(-1)
         zero = torch.zeros((), dtype=self.info.torch_dtype)
         lowest = torch.finfo(self.info.torch_dtype).min
@@ -151,11 +187,17 @@ class _CausalLMRoot(nn.Module):
         rows = torch.arange(logits.shape[0], dtype=torch.int64)
         return logits[rows, output_index]
 
-    def _cache(self, mode: str, positions: torch.Tensor, tensor: torch.Tensor | None) -> Any:
+    def _cache(
+        self,
+        mode: str,
+        positions: torch.Tensor,
+        tensor: torch.Tensor | None,
+        window: int | None = None,
+    ) -> Any:
         if tensor is None:
             keys, values = self.kv_cache.lists()
-            return GlobalKVCache(mode, positions, keys, values)
-        return ArgumentKVCache(mode, positions, tensor)
+            return GlobalKVCache(mode, positions, keys, values, window=window)
+        return ArgumentKVCache(mode, positions, tensor, window=window)
 
     def prefill(
         self, input_ids: torch.Tensor, seq_lens: torch.Tensor, cache: torch.Tensor | None = None
@@ -168,11 +210,15 @@ class _CausalLMRoot(nn.Module):
         return logits if cache is None else (logits, kv.tensor)
 
     def decode(
-        self, token_ids: torch.Tensor, position: torch.Tensor, cache: torch.Tensor | None = None
+        self,
+        token_ids: torch.Tensor,
+        position: torch.Tensor,
+        cache: torch.Tensor | None = None,
+        window: int | None = None,
     ) -> Any:
         positions = position.unsqueeze(1)  # [B, 1]
-        mask = self._mask(positions)
-        kv = self._cache("decode", positions, cache)
+        mask = self._mask(positions, window)
+        kv = self._cache("decode", positions, cache, window)
         logits = self._run(token_ids, positions, mask, kv, None)
         return logits if cache is None else (logits, kv.tensor)
 
@@ -211,6 +257,7 @@ def export_causal_lm(
     external_parameters: bool = True,
     quantize: str | None = None,
     group_size: int | None = None,
+    decode_windows: Any = "auto",
 ) -> Any:
     """Exports a causal LM as ``prefill`` + ``decode`` sharing one set of weights and a KV cache.
 
@@ -235,9 +282,14 @@ def export_causal_lm(
             weights are stored as ``NAME.qdata`` / ``NAME.scale`` / ``NAME.zero_point``
             (int4 packed two per byte); see docs/quantization.md.
         group_size: inputs per int4 scale (default 128), for ``quantize="int4"``.
+        decode_windows: cache lengths ``W < max_seq_len`` to export ``decode_<W>`` for (a step
+            at positions below ``W`` attends to ``W`` cache entries instead of
+            ``max_seq_len``); ``"auto"``: those of 128, 512, 2048 and 8192 below
+            ``max_seq_len``; ``()``: none. Each is one more decode function to compile.
 
     Returns:
-        The :class:`~turbine_aot.ExportOutput` with public functions ``prefill`` and ``decode``.
+        The :class:`~turbine_aot.ExportOutput` with public functions ``prefill``, ``decode``
+        and ``decode_<W>`` for each decode window.
         Its attribute ``llm`` is the :class:`CausalLMInfo`, ``llm_parameters`` the weights by
         archive name (what :func:`turbine_aot.llm.load` binds when given the export) and
         ``save_parameters(path)`` writes them as an ``.irpa``.
@@ -275,6 +327,7 @@ def export_causal_lm(
         num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim,
         dtype=str(compute_dtype).removeprefix("torch."),
+        decode_windows=_decode_windows(decode_windows, max_seq_len),
     )
     root = _CausalLMRoot(lm, info)
 
@@ -314,8 +367,10 @@ def _export_programs(root: _CausalLMRoot, info: CausalLMInfo) -> Any:
         def prefill(m: _CausalLMRoot, input_ids: Any, seq_lens: Any, cache: Any) -> Any:
             return m.prefill(input_ids, seq_lens, cache)
 
-        def decode(m: _CausalLMRoot, token_ids: Any, position: Any, cache: Any) -> Any:
-            return m.decode(token_ids, position, cache)
+        def decode(
+            m: _CausalLMRoot, token_ids: Any, position: Any, cache: Any, window: Any = None
+        ) -> Any:
+            return m.decode(token_ids, position, cache, window)
 
     else:
         prefill_args, decode_args = (example_ids, seq_lens), (token, position)
@@ -323,8 +378,10 @@ def _export_programs(root: _CausalLMRoot, info: CausalLMInfo) -> Any:
         def prefill(m: _CausalLMRoot, input_ids: Any, seq_lens: Any) -> Any:  # type: ignore[misc]
             return m.prefill(input_ids, seq_lens)
 
-        def decode(m: _CausalLMRoot, token_ids: Any, position: Any) -> Any:  # type: ignore[misc]
-            return m.decode(token_ids, position)
+        def decode(  # type: ignore[misc]
+            m: _CausalLMRoot, token_ids: Any, position: Any, window: Any = None
+        ) -> Any:
+            return m.decode(token_ids, position, None, window)
 
     with torch.no_grad():
         try:
@@ -332,6 +389,13 @@ def _export_programs(root: _CausalLMRoot, info: CausalLMInfo) -> Any:
                 prefill, args=prefill_args, dynamic_shapes=dynamic, strict=False, name="prefill"
             )
             fxb.export_program(decode, args=decode_args, strict=False, name="decode")
+            for window in info.decode_windows:
+                fxb.export_program(
+                    functools.partial(decode, window=window),
+                    args=decode_args,
+                    strict=False,
+                    name=f"decode_{window}",
+                )
         except LLMExportError:
             raise
         except Exception as e:

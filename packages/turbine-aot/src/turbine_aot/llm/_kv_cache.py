@@ -16,7 +16,8 @@ Two storages, chosen at export:
   as an argument and returned updated (out of place), for a caller that owns the memory.
 
 Both write the new entries at ``positions`` (``[batch, seq]``, each row its own positions) and
-return the whole cache of the layer; the mask the model is given hides every position after
+return the whole cache of the layer (with a ``window``, its first ``window`` positions: a decode
+step whose positions are all below it attends to no more); the mask the model is given hides every position after
 the query's own, so stale or padding entries there are never read before they are overwritten.
 Attending over all ``max_seq_len`` positions also in ``prefill`` keeps the reduction dimensions
 of attention static (IREE 3.13 fails to compile the data-tiled ``softmax @ V`` matmul whose
@@ -90,9 +91,11 @@ class GlobalKVCache(_KVCacheBase):
         positions: torch.Tensor,
         keys: list[torch.Tensor],
         values: list[torch.Tensor],
+        window: int | None = None,
     ) -> None:
         super().__init__(mode, positions, keys[0].shape[1])
         self.keys, self.values = keys, values
+        self.window = window
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -102,6 +105,8 @@ class GlobalKVCache(_KVCacheBase):
         index = (self._rows, self._heads, self._cols)
         k_buf.index_put_(index, key.to(k_buf.dtype))
         v_buf.index_put_(index, value.to(v_buf.dtype))
+        if self.window is not None:
+            return k_buf[:, :, : self.window], v_buf[:, :, : self.window]
         return k_buf, v_buf
 
 
@@ -115,9 +120,16 @@ class ArgumentKVCache(_KVCacheBase):
         cache: the cache tensor given to the program.
     """
 
-    def __init__(self, mode: str, positions: torch.Tensor, cache: torch.Tensor) -> None:
+    def __init__(
+        self,
+        mode: str,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        window: int | None = None,
+    ) -> None:
         super().__init__(mode, positions, cache.shape[3])
         self.tensor = cache
+        self.window = window
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -129,4 +141,5 @@ class ArgumentKVCache(_KVCacheBase):
             which = torch.full((1, 1, 1), kind, dtype=torch.int64)
             index = (layer, which, self._rows, self._heads, self._cols)
             self.tensor = self.tensor.index_put(index, new.to(dtype))
-        return self.tensor[layer_idx, 0], self.tensor[layer_idx, 1]
+        end = self.window or self.tensor.shape[4]
+        return self.tensor[layer_idx, 0, :, :, :end], self.tensor[layer_idx, 1, :, :, :end]

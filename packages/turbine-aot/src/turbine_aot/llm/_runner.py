@@ -76,8 +76,15 @@ class CausalLM:
         self.module = factory()
         self.timings = GenerationTimings()
         self._cache: torch.Tensor | None = None
+        self._bind()
+
+    def _bind(self) -> None:
         self._prefill = self.module["prefill"]
         self._decode = self.module["decode"]
+        # decode_<W>: the same step over the cache's first W positions (docs/llms.md)
+        self._decodes = {
+            name: self.module[name] for name in (f"decode_{w}" for w in self.info.decode_windows)
+        }
 
     def reset(self) -> None:
         """Starts from a fresh module state: a zero KV cache, no timings.
@@ -86,8 +93,7 @@ class CausalLM:
         reads older cache entries); it is for callers of :meth:`prefill`/:meth:`decode`.
         """
         self.module = self._factory()
-        self._prefill = self.module["prefill"]
-        self._decode = self.module["decode"]
+        self._bind()
         self._cache = None
         self.timings = GenerationTimings()
 
@@ -102,13 +108,18 @@ class CausalLM:
         return self._prefill(input_ids, seq_lens)
 
     def decode(self, token_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """``decode`` of the module: ``[batch, 1]`` tokens at ``[batch]`` positions -> logits."""
+        """``decode`` of the module: ``[batch, 1]`` tokens at ``[batch]`` positions -> logits
+        (through the smallest ``decode_<W>`` whose window holds every position, if any)."""
+        decode = self._decode
+        if self._decodes:
+            name = self.info.decode_function(int(position.max()))
+            decode = self._decodes.get(name, decode)
         if self.info.kv_cache == "argument":
             if self._cache is None:
                 raise LLMError("decode before prefill: call prefill (or generate) first")
-            logits, self._cache = self._decode(token_ids, position, self._cache)
+            logits, self._cache = decode(token_ids, position, self._cache)
             return logits
-        return self._decode(token_ids, position)
+        return decode(token_ids, position)
 
     # ------------------------------------------------------------------ generation
     def generate(
