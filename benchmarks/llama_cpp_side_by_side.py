@@ -32,6 +32,7 @@ Usage::
 
     python benchmarks/llama_cpp_side_by_side.py                       # both models, 1 and 2 threads
     python benchmarks/llama_cpp_side_by_side.py --models llama-2.5m --threads 2 --json out.json
+    python benchmarks/llama_cpp_side_by_side.py --models llama-110m --max-seq-len 2048  # a real context
 """
 
 from __future__ import annotations
@@ -270,6 +271,9 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(3, fp32.config.vocab_size, (1, args.prompt), generator=g)
     n = args.new_tokens
+    # the KV cache's positions: turbine's max_seq_len (its decode windows: "auto"), llama.cpp's
+    # n_ctx; by default just what the prompt and the new tokens need
+    context = args.max_seq_len or args.prompt + n + 8
     with torch.no_grad():
         eager = fp32.generate(
             prompt,
@@ -285,6 +289,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         "threads": threads,
         "prompt": args.prompt,
         "new_tokens": n,
+        "max_seq_len": context,
         "params_m": sum(p.numel() for p in fp32.parameters()) / 1e6,
         "eager_greedy": eager,
         "variants": {},
@@ -296,7 +301,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
             gs = args.group_size if weights == "int4" else None
             model = llm.quantized_copy(fp32, weights.removesuffix("-iree"), group_size=gs)
         t0 = time.perf_counter()
-        eo = llm.export_causal_lm(model, max_seq_len=args.prompt + n + 8)
+        eo = llm.export_causal_lm(model, max_seq_len=context)
         archive = tmp / f"{weights}.irpa"
         eo.save_parameters(archive)
         if weights.endswith("-iree"):
@@ -321,7 +326,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     for gt in dict.fromkeys(WEIGHTS[w] for w in args.weights):  # each GGUF once
         path = tmp / f"{gt}.gguf"
         size = write_gguf(fp32, path, gt)
-        lc = LlamaCpp(str(path), threads, n_ctx=args.prompt + n + 8)
+        lc = LlamaCpp(str(path), threads, n_ctx=context)
         tokens = lc.generate(ids, n)
         res["variants"][f"llama.cpp/{gt}"] = {
             "file_mib": size / 2**20,
@@ -378,6 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     p.add_argument("--weights", nargs="*", default=list(WEIGHTS), choices=list(WEIGHTS))
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="KV cache positions on both sides (turbine max_seq_len, llama.cpp n_ctx; default: "
+        "prompt + new tokens + 8)",
+    )
     _harness.add_llm_run_arguments(p, prompt=8, timeout_s=900.0)
     args = p.parse_args(argv)
     why = missing_requirements()
@@ -392,7 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         for threads in args.threads:
             print(f"[llama.cpp side-by-side] {name}, {threads} thread(s) ...", flush=True)
             child = _harness.run_llm_child(
-                __file__, name, threads, args, ["--weights", *args.weights]
+                __file__,
+                name,
+                threads,
+                args,
+                ["--weights", *args.weights]
+                + (["--max-seq-len", str(args.max_seq_len)] if args.max_seq_len else []),
             )
             if child.result is None:
                 print(f"[llama.cpp side-by-side] {name}/{threads}: {child.error}", flush=True)
