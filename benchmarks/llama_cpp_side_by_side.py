@@ -32,7 +32,7 @@ Usage::
 
     python benchmarks/llama_cpp_side_by_side.py                       # both models, 1 and 2 threads
     python benchmarks/llama_cpp_side_by_side.py --models llama-2.5m --threads 2 --json out.json
-    python benchmarks/llama_cpp_side_by_side.py --models llama-110m --max-seq-len 2048  # a real context
+    python benchmarks/llama_cpp_side_by_side.py --models llama-110m --max-seq-len 1024  # a real context
 """
 
 from __future__ import annotations
