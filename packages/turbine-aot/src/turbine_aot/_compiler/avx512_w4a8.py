@@ -1,0 +1,301 @@
+"""The AVX-512 VNNI int4 x int8 matmul kernel: a hand-written IREE executable for torchao's
+``Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(G))``
+(int4 weights per group, the activations quantized to int8 per row with a zero point: llama.cpp
+Q4_0's integer math, docs/quantization.md).
+
+``C[m, n] (f32) = sx[m] * sum_g s[n, g] * sum_{k in g} (Q[n, k] - zw[n, g]) (X[m, k] - zx[m])``
+with ``X`` the int8 activations (``[M, K]``, asymmetric: per-row scale ``sx`` and zero point
+``zx``), ``Q`` the int4 weights as stored (``[N, K / 2]`` bytes, element ``2i`` in the low
+nibble of byte ``i``: IREE's ``i4`` layout), ``s`` / ``zw`` the weight's per-group scales and
+zero points (``[N, K / G]``; ``zw`` optional).
+
+Per 64 weight bytes (128 ``k``) and row the kernel issues two ``vpdpbusd`` (unsigned x signed
+bytes, ``acc[i] += sum_{j<4} u[4i+j] * s[4i+j]``): the unsigned operand is the nibbles plus 8
+(``U = Q + 8`` in 0..15: the bytes xor ``0x88``, then the low nibbles masked and the high ones
+shifted down), the signed one the activations, **de-interleaved** by the calling function once
+per call (each 128-``k`` block as its 64 even then its 64 odd values, to match the low / high
+nibbles). Lane ``i`` of the accumulator then holds ``sum U X`` over ``k`` in ``[8i, 8i + 8)``
+of the block. The accumulator starts at ``-8 * sum X`` over the same 8 ``k`` (``nx``,
+``[M, K / 8]`` i32, computed by the calling function per call), so each lane ends as the exact
+``sum Q X`` of its 8 ``k``; it is converted to f32 and multiplied, lane by lane, by its group's
+scale (groups of 32: each scale spread over 4 lanes) into an f32 accumulator. The rest of the
+sum is per row and channel, after the loop:
+
+``sum_g s_g sum (Q - zw)(X - zx) = sum_g s_g sum Q X - zx * t[n] - sum_g s_g zw_g a[m, g]``
+
+with ``t[n] = sum_g s_g sum_{k in g} Q`` (``[N]`` f32, a constant expression of the weight's
+globals: IREE hoists it into an initializer that runs once at load) and ``a[m, g] = sum_{k in
+g} (X - zx)`` (``[M, K / G]``, exact integers in f32, computed per call; only with zero
+points). The result is multiplied by ``sx[m]``. The integer sums are exact; only the f32
+summation order differs from torchao eager's fake-quantized ``mm``.
+
+Every weight operand is read where it is: the packed bytes, the scales and zero points; nothing
+is repacked or dequantized, and ``t`` is one float per channel. Blocking as the int8 VNNI
+kernel's (:mod:`.avx512_vnni`): one output channel at a time (a workgroup's weight rows read as
+one sequential run), up to 4 rows, the next channel's row software-prefetched a line per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Avx512W4A8Gemm"]
+
+_K_STEP = 128  # k values per 64 weight bytes (two vpdpbusd)
+
+
+@dataclass(frozen=True)
+class Avx512W4A8Gemm:
+    """One int4 x int8 matmul executable for static ``k``, ``n`` and ``group`` (``M`` per call).
+
+    Attributes:
+        k, n, group: the reduction, the output channels, the weight's group size.
+        zero_point: the weight has zero points (a ``zw`` operand and the ``a`` term).
+        mr: rows of ``M`` per register block (one channel at a time).
+        unroll: steps of 128 ``k`` per loop iteration.
+        rows_per_workgroup, cols_per_workgroup: a workgroup's block of ``C``.
+        prefetch: software-prefetch the next channel's weight row.
+    """
+
+    k: int
+    n: int
+    group: int
+    zero_point: bool = True
+    mr: int = 4
+    unroll: int = 2
+    rows_per_workgroup: int = 16
+    cols_per_workgroup: int = 32
+    prefetch: bool = True
+
+    @staticmethod
+    def supports(k: int, n: int, group: int) -> bool:
+        """Whether the kernel handles the shape (else the product stays on the current path).
+
+        ``K`` a multiple of 128 (one step); a group either inside a step (32, 64, 128) or a
+        multiple of it; ``N`` a multiple of 4; ``|sum Q X|`` per lane far below ``2^31``."""
+        if n <= 0 or n % 4 or k <= 0 or k % _K_STEP or k > 65536 or group <= 0:
+            return False
+        if k % group:
+            return False
+        return group in (32, 64, 128) or group % _K_STEP == 0
+
+    @staticmethod
+    def for_shape(k: int, n: int, group: int, zero_point: bool) -> Avx512W4A8Gemm:
+        """The kernel turbine uses for the shape."""
+        cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
+        unroll = 2 if k % (2 * _K_STEP) == 0 else 1
+        return Avx512W4A8Gemm(k, n, group, zero_point, unroll=unroll, cols_per_workgroup=cols)
+
+    def __post_init__(self) -> None:
+        if not self.supports(self.k, self.n, self.group) or self.k % (_K_STEP * self.unroll):
+            raise ValueError(f"VNNI w4a8 kernel: unsupported shape {self}")
+        if self.n % self.cols_per_workgroup:
+            raise ValueError(f"VNNI w4a8 kernel: bad workgroup columns: {self}")
+
+    @property
+    def groups(self) -> int:
+        return self.k // self.group
+
+    @property
+    def name(self) -> str:
+        z = "z" if self.zero_point else ""
+        pf = "_pf" if self.prefetch else ""
+        return (
+            f"__turbine_avx512_vnni_i4i8_gemm_{self.k}x{self.n}_g{self.group}{z}_{self.mr}x1"
+            f"_u{self.unroll}_{self.rows_per_workgroup}x{self.cols_per_workgroup}{pf}"
+        )
+
+    def _types(self) -> dict[str, str]:
+        """The operands' shapes (``?``: rows), in binding order."""
+        k, n, g = self.k, self.n, self.groups
+        types = {
+            "x": f"?x{k}xi8",
+            "nx": f"?x{k // 8}xi32",
+            "zx": "?xf32",
+            "sx": "?xf32",
+        }
+        if self.zero_point:
+            types["a"] = f"?x{g}xf32"
+        types.update({"q": f"{n}x{k // 2}xi8", "s": f"{n}x{g}xf32"})
+        if self.zero_point:
+            types["z"] = f"{n}x{g}xi8"
+        types["t"] = f"{n}xf32"
+        return types
+
+    def dispatch(self, operands: dict[str, str], m: str) -> str:
+        """The ``flow.dispatch`` of this kernel on ``operands`` (named as :meth:`_types`;
+        result ``tensor<?xNxf32>``)."""
+        types = self._types()
+        values = ", ".join(operands[name] for name in types)
+        tys = ", ".join(
+            f"tensor<{t}>{{{m}}}" if t.startswith("?") else f"tensor<{t}>" for t in types.values()
+        )
+        return (
+            f"flow.dispatch @{self.name}::@{self.name}[{m}]({values}, {m}) : ({tys}, index) "
+            f"-> tensor<?x{self.n}xf32>{{{m}}}"
+        )
+
+    def executable(self) -> str:
+        """The ``stream.executable`` (MLIR text) for a module's top level."""
+        n, mr = self.n, self.mr
+        mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
+        types = self._types()
+        out: list[str] = []
+        e = out.append
+        name = self.name
+        e(f"stream.executable private @{name} {{")
+        e(
+            f"  stream.executable.export public @{name} workgroups(%m: index) "
+            "-> (index, index, index) {"
+        )
+        e(f"    %x = arith.constant {n // nb} : index")
+        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
+        e("    %one = arith.constant 1 : index")
+        e("    stream.return %x, %y, %one : index, index, index")
+        e("  }")
+        e("  builtin.module {")
+        bindings = ", ".join(f"%b{b}: !stream.binding" for b in [*types, "c"])
+        e(f"    func.func @{name}({bindings}, %m: index) {{")
+        for v in sorted({0, 1, mr, nb, self.k, self.groups} | set(range(mr))):
+            e(f"      %c{v} = arith.constant {v} : index")
+        for b, t in [*types.items(), ("c", f"?x{n}xf32")]:
+            dyn = "{%m}" if t.startswith("?") else ""
+            e(f"      %m{b} = stream.binding.subspan %b{b}[%c0] : !stream.binding -> memref<{t}>{dyn}")
+        e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        e("      %x88 = arith.constant dense<-120> : vector<64xi8>")  # 0x88
+        e("      %x0f = arith.constant dense<15> : vector<64xi8>")
+        e("      %four = arith.constant dense<4> : vector<64xi8>")
+        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
+        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
+        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
+        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
+        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        e(f"      scf.for %nq = %c0 to %c{nb} step %c1 {{")
+        e("        %ncol = arith.addi %nbase, %nq : index")
+        e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
+        e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
+        if mr > 1:
+            e("          scf.index_switch %left")
+            for r in range(1, mr):
+                e(f"          case {r} {{")
+                self._micro(e, r, "            ")
+                e("            scf.yield")
+                e("          }")
+            e("          default {")
+            self._micro(e, mr, "            ")
+            e("          }")
+        else:
+            self._micro(e, 1, "          ")
+        e("        }")
+        e("      }")
+        e("      return")
+        e("    }")
+        e("  }")
+        e("}")
+        return "\n".join(out)
+
+    def _micro(self, e, rows: int, p: str) -> None:
+        """``rows`` rows of one channel's ``C``."""
+        t = {b: f"memref<{ty}>" for b, ty in self._types().items()}
+        c_t = f"memref<?x{self.n}xf32>"
+        vt, it, bt = "vector<16xf32>", "vector<16xi32>", "vector<64xi8>"
+        group = self.group
+        for r in range(rows):
+            e(f"{p}%row{r} = arith.addi %mi, %c{r} : index")
+        e(f"{p}%n0 = arith.addi %ncol, %c0 : index")
+        if self.prefetch:  # the next channel's row, clamped to N
+            e(f"{p}%pn = affine.min affine_map<()[s0] -> (s0 + 1, {self.n - 1})>()[%n0]")
+        accs = [f"%acc{r}" for r in range(rows)]
+        tys = ", ".join([vt] * rows)
+        e(f"{p}%kstep = arith.constant {_K_STEP * self.unroll} : index")
+        e(
+            f"{p}%res:{rows} = scf.for %k = %c0 to %c{self.k} step %kstep "
+            f"iter_args({', '.join(f'{a} = %zero' for a in accs)}) -> ({tys}) {{"
+        )
+        q = p + "  "
+        cur = list(accs)
+        for u in range(self.unroll):
+            # k offset, weight byte offset, lane (of 8 k) offset of this 128-k step
+            e(f"{q}%k{u} = affine.apply affine_map<()[s0] -> (s0 + {_K_STEP * u})>()[%k]")
+            e(f"{q}%kb{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv 2)>()[%k]")
+            e(f"{q}%ko{u} = affine.apply affine_map<()[s0] -> (s0 + {_K_STEP * u + 64})>()[%k]")
+            e(f"{q}%kl{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv 8)>()[%k]")
+            if self.prefetch:
+                e(f"{q}memref.prefetch %mq[%pn, %kb{u}], read, locality<3>, data : {t['q']}")
+            e(f"{q}%qb{u} = vector.load %mq[%n0, %kb{u}] : {t['q']}, {bt}")
+            e(f"{q}%ub{u} = arith.xori %qb{u}, %x88 : {bt}")  # nibbles + 8
+            e(f"{q}%lo{u} = arith.andi %ub{u}, %x0f : {bt}")
+            e(f"{q}%hi{u} = arith.shrui %ub{u}, %four : {bt}")
+            # the scales of the groups in this step, one per lane (a lane: 8 k)
+            if group < _K_STEP:
+                per = _K_STEP // group  # groups in the step
+                e(
+                    f"{q}%g{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv "
+                    f"{group})>()[%k]"
+                )
+                e(f"{q}%sl{u} = vector.load %ms[%n0, %g{u}] : {t['s']}, vector<{per}xf32>")
+                spread = ", ".join(str(i * per // 16) for i in range(16))
+                e(
+                    f"{q}%sv{u} = vector.shuffle %sl{u}, %sl{u} [{spread}] : "
+                    f"vector<{per}xf32>, vector<{per}xf32>"
+                )
+            else:
+                e(
+                    f"{q}%g{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv "
+                    f"{group})>()[%k]"
+                )
+                e(f"{q}%ss{u} = memref.load %ms[%n0, %g{u}] : {t['s']}")
+                e(f"{q}%sv{u} = vector.broadcast %ss{u} : f32 to {vt}")
+            for r in range(rows):
+                e(f"{q}%nx{u}_{r} = vector.load %mnx[%row{r}, %kl{u}] : {t['nx']}, {it}")
+                e(f"{q}%xe{u}_{r} = vector.load %mx[%row{r}, %k{u}] : {t['x']}, {bt}")
+                e(f"{q}%xo{u}_{r} = vector.load %mx[%row{r}, %ko{u}] : {t['x']}, {bt}")
+                e(
+                    f'{q}%de{u}_{r} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
+                    f"(%nx{u}_{r}, %lo{u}, %xe{u}_{r}) : ({it}, {bt}, {bt}) -> {it}"
+                )
+                e(
+                    f'{q}%do{u}_{r} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
+                    f"(%de{u}_{r}, %hi{u}, %xo{u}_{r}) : ({it}, {bt}, {bt}) -> {it}"
+                )
+                e(f"{q}%df{u}_{r} = arith.sitofp %do{u}_{r} : {it} to {vt}")
+                e(f"{q}%f{u}_{r} = vector.fma %df{u}_{r}, %sv{u}, {cur[r]} : {vt}")
+                cur[r] = f"%f{u}_{r}"
+        e(f"{q}scf.yield {', '.join(cur)} : {tys}")
+        e(f"{p}}}")
+        e(f"{p}%t0 = memref.load %mt[%n0] : {t['t']}")
+        if self.zero_point:  # sum_g s_g zw_g a[m, g], w groups at a time
+            w = next(v for v in (16, 8, 4, 2, 1) if self.groups % v == 0)
+            wt = f"vector<{w}xf32>"
+            e(f"{p}%wz = arith.constant dense<0.0> : {wt}")
+            e(f"{p}%cw = arith.constant {w} : index")
+            e(
+                f"{p}%zres:{rows} = scf.for %g = %c0 to %c{self.groups} step %cw "
+                f"iter_args({', '.join(f'%za{r} = %wz' for r in range(rows))}) -> "
+                f"({', '.join([wt] * rows)}) {{"
+            )
+            e(f"{q}%gs = vector.load %ms[%n0, %g] : {t['s']}, {wt}")
+            e(f"{q}%gz = vector.load %mz[%n0, %g] : {t['z']}, vector<{w}xi8>")
+            e(f"{q}%gzf = arith.sitofp %gz : vector<{w}xi8> to {wt}")
+            e(f"{q}%gsz = arith.mulf %gs, %gzf : {wt}")
+            for r in range(rows):
+                e(f"{q}%ga{r} = vector.load %ma[%row{r}, %g] : {t['a']}, {wt}")
+                e(f"{q}%zn{r} = vector.fma %gsz, %ga{r}, %za{r} : {wt}")
+            e(f"{q}scf.yield {', '.join(f'%zn{r}' for r in range(rows))} : {', '.join([wt] * rows)}")
+            e(f"{p}}}")
+        for r in range(rows):
+            e(f"{p}%sum{r} = vector.reduction <add>, %res#{r} fastmath<reassoc> : {vt} into f32")
+            e(f"{p}%zx{r} = memref.load %mzx[%row{r}] : {t['zx']}")
+            e(f"{p}%sx{r} = memref.load %msx[%row{r}] : {t['sx']}")
+            e(f"{p}%zt{r} = arith.mulf %zx{r}, %t0 : f32")
+            e(f"{p}%y{r} = arith.subf %sum{r}, %zt{r} : f32")
+            y = f"%y{r}"
+            if self.zero_point:
+                e(
+                    f"{p}%zs{r} = vector.reduction <add>, %zres#{r} fastmath<reassoc> : "
+                    f"vector<{w}xf32> into f32"
+                )
+                e(f"{p}%yz{r} = arith.subf {y}, %zs{r} : f32")
+                y = f"%yz{r}"
+            e(f"{p}%out{r} = arith.mulf {y}, %sx{r} : f32")
+            e(f"{p}memref.store %out{r}, %mc[%row{r}, %n0] : {c_t}")

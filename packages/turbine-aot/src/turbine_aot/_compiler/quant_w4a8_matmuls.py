@@ -1,0 +1,426 @@
+"""torchao's int4-weight x int8-activation products of the module handed to IREE rewritten as
+calls of the AVX-512 VNNI w4a8 kernel (:mod:`.avx512_w4a8`).
+
+``Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(G))``
+exports as fake quantization (docs/quantization.md): the program quantizes each row of the
+activations to int8 (asymmetric: scale ``sx`` and zero point ``zx`` per row), dequantizes it
+back, ``xd = (cast_f32(X) - cast_f32(zx)) * sx``, and multiplies it in an f32 ``mm`` by the
+dequantized int4 weight (the weight-only int4 pattern of :mod:`.quant_matmuls`:
+``t(view((cast_f32(view(Q)) - cast_f32(Z)) * S))``, ``Q`` an ``i4`` global sign-extended).
+
+The compile copy (``rewrites.module_for_compile``) gets, for such an ``mm``, a call of a private
+function over builtin tensors (IREE inlines it) that takes the program's own int8 ``X``, ``zx``
+and ``sx`` (the quantization stays the program's: torchao's rounding) and the weight's packed
+bytes, scales and zero points as stored, prepares the per-call row data the kernel reads (``X``
+de-interleaved per 128 ``k``, ``-8 * sum X`` per 8 ``k``, ``sum (X - zx)`` per group), computes
+the weight's ``t[n] = sum_g S sum Q`` (a constant expression of the globals: hoisted to load
+time), and dispatches the kernel. The dequantizations feeding the ``mm`` are erased.
+
+Anything else (int8 weights stored a byte each, as inline weights of an export without an
+archive are; shapes the kernel does not take) stays as it was: the weight-only kernel on the
+dequantized activations, or IREE's code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .avx512_vnni import VNNI_FEATURES
+from .avx512_w4a8 import Avx512W4A8Gemm
+from .matmuls import mark_cpu_requires
+from .quant_matmuls import _erase_dead, _grouped_weight, _i4_source
+from .torch_ir import TensorType, TopLevel, constant, erase_unused, producer, walk
+
+__all__ = ["rewritable_w4a8_matmuls", "rewrite_w4a8_matmuls_vnni"]
+
+_CASTS = ("torch.aten._to_copy", "torch.aten.to.dtype")
+_VIEWS = ("torch.aten.view", "torch.aten.reshape")
+
+#: Ops without side effects that the dequantized activations are made of.
+_PURE = frozenset(
+    {
+        *_CASTS,
+        *_VIEWS,
+        "torch.aten.sub.Tensor",
+        "torch.aten.mul.Tensor",
+        "torch.prim.ListConstruct",
+        "torch.constant.int",
+        "torch.constant.none",
+        "torch.constant.bool",
+        "torch.constant.device",
+    }
+)
+
+
+@dataclass(frozen=True)
+class _W4A8Matmul:
+    """One rewritable product: ``mm(xd, W^T)`` with ``xd`` fake-quantized int8 rows."""
+
+    x: Any  # torch [M, K] si8
+    zx: Any  # torch [M, 1] si8
+    sx: Any  # torch [M, 1] f32
+    q: Any  # builtin tensor<NxKxi4>
+    scale: Any  # torch [N, K/G, 1] f32
+    zero_point: Any  # torch [N, K/G, 1] si8, or None
+    m: int | None
+    k: int
+    n: int
+    group: int
+
+    def kernel(self) -> Avx512W4A8Gemm:
+        return Avx512W4A8Gemm.for_shape(self.k, self.n, self.group, self.zero_point is not None)
+
+
+def _same_shape_views(value: Any) -> Any:
+    """``value`` with views / reshapes to its own shape taken off."""
+    while True:
+        op = producer(value)
+        if op is None or op.name not in _VIEWS:
+            return value
+        src = op.operands[0]
+        st, vt = TensorType.of(src), TensorType.of(value)
+        if st is None or vt is None or st.sizes != vt.sizes or st.dtype != vt.dtype:
+            return value
+        value = src
+
+
+def _cast_f32_of(value: Any, dtype: str) -> Any:
+    op = producer(value)
+    if op is None or op.name not in _CASTS:
+        return None
+    src = op.operands[0]
+    st, dt = TensorType.of(src), TensorType.of(value)
+    if st is None or dt is None or st.dtype != dtype or dt.dtype != "f32" or st.sizes != dt.sizes:
+        return None
+    return src
+
+
+def _activation(xd: Any, m: int | None, k: int) -> tuple[Any, Any, Any] | None:
+    """``(X, zx, sx)`` of ``xd = (cast_f32(X) - cast_f32(zx)) * sx`` (else None)."""
+    mul = producer(_same_shape_views(xd))
+    if mul is None or mul.name != "torch.aten.mul.Tensor":
+        return None
+    for d, s in (mul.operands, reversed(list(mul.operands))):
+        st = TensorType.of(s)
+        if st is None or st.dtype != "f32" or st.sizes != [m, 1]:
+            continue
+        sub = producer(d)
+        if sub is None or sub.name != "torch.aten.sub.Tensor" or constant(sub.operands[2]) != 1:
+            return None
+        x = _cast_f32_of(sub.operands[0], "si8")
+        zx = _cast_f32_of(sub.operands[1], "si8")
+        if x is None or zx is None:
+            return None
+        xt, zt = TensorType.of(x), TensorType.of(zx)
+        if xt is None or zt is None or xt.sizes != [m, k] or zt.sizes != [m, 1]:
+            return None
+        return x, zx, s
+    return None
+
+
+def _spec(op: Any) -> _W4A8Matmul | None:
+    if op.name != "torch.aten.mm" or len(op.operands) != 2:
+        return None
+    xd, w = op.operands
+    xt, wt, ot = TensorType.of(xd), TensorType.of(w), TensorType.of(op.results[0])
+    if xt is None or wt is None or ot is None or len(xt.sizes) != 2 or len(wt.sizes) != 2:
+        return None
+    if not (xt.dtype == wt.dtype == ot.dtype == "f32"):
+        return None
+    k, n = wt.sizes
+    m = xt.sizes[0]
+    if k is None or n is None or xt.sizes[1] != k:
+        return None
+    found = _grouped_weight(w, n, k)
+    if found is None:
+        return None
+    q, scale, zp, group = found
+    i4 = _i4_source(q) if k % 2 == 0 else None
+    if i4 is None or not Avx512W4A8Gemm.supports(k, n, group):
+        return None
+    act = _activation(xd, m, k)
+    if act is None:
+        return None
+    x, zx, sx = act
+    return _W4A8Matmul(x, zx, sx, i4, scale, zp, m, k, n, group)
+
+
+def rewritable_w4a8_matmuls(module_op: Any) -> list[Any]:
+    """The ``torch.aten.mm`` ops of ``module_op`` that :func:`rewrite_w4a8_matmuls_vnni`
+    rewrites (whatever the CPU)."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name == "torch.aten.mm" and _spec(o) is not None]
+
+
+def _generic(maps: list[str], iters: list[str], ins: str, outs: str, body: list[str], res: str):
+    """A ``linalg.generic`` (MLIR text lines)."""
+    its = ", ".join(f'"{i}"' for i in iters)
+    return [
+        f"  {res} = linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = [{its}]}} "
+        f"ins({ins}) outs({outs}) {{",
+        *("    " + b for b in body),
+        "  }" + f" -> {outs.split(' : ')[-1]}",
+    ]
+
+
+def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
+    """The private function preparing the row data, the weight's ``t``, and calling the kernel."""
+    M = "?" if g.m is None else str(g.m)  # noqa: N806
+    k, n, group, groups = g.k, g.n, g.group, g.k // g.group
+    blocks = k // 128
+    params = [
+        f"%x: tensor<{M}x{k}xi8>",
+        f"%zx: tensor<{M}x1xi8>",
+        f"%sx: tensor<{M}x1xf32>",
+        f"%q: tensor<{n}x{k}xi4>",
+        f"%s: tensor<{n}x{groups}x1xf32>",
+    ]
+    if g.zero_point is not None:
+        params.append(f"%z: tensor<{n}x{groups}x1xi8>")
+    out_t = f"tensor<{M}x{n}xf32>"
+    lines = [f"func.func private @{name}({', '.join(params)}) -> {out_t} {{"]
+    e = lines.append
+    ext = lines.extend
+    e("  %c0 = arith.constant 0 : index")
+    e("  %zi = arith.constant 0 : i32")
+    e("  %zf = arith.constant 0.0 : f32")
+    if g.m is None:
+        e(f"  %m = tensor.dim %x, %c0 : tensor<?x{k}xi8>")
+        xa, zxa, sxa = "%x", "%zx", "%sx"
+    else:
+        e(f"  %m = arith.constant {g.m} : index")
+        e(f"  %xa = tensor.cast %x : tensor<{M}x{k}xi8> to tensor<?x{k}xi8>")
+        e(f"  %zxa = tensor.cast %zx : tensor<{M}x1xi8> to tensor<?x1xi8>")
+        e(f"  %sxa = tensor.cast %sx : tensor<{M}x1xf32> to tensor<?x1xf32>")
+        xa, zxa, sxa = "%xa", "%zxa", "%sxa"
+    # X de-interleaved per 128 k: the 64 even values, then the 64 odd (the nibbles' order)
+    e(
+        f"  %x4 = tensor.expand_shape {xa} [[0], [1, 2, 3]] output_shape [%m, {blocks}, 64, 2] "
+        f": tensor<?x{k}xi8> into tensor<?x{blocks}x64x2xi8>"
+    )
+    e(f"  %e4 = tensor.empty(%m) : tensor<?x{blocks}x2x64xi8>")
+    e(
+        f"  %t4 = linalg.transpose ins(%x4 : tensor<?x{blocks}x64x2xi8>) "
+        f"outs(%e4 : tensor<?x{blocks}x2x64xi8>) permutation = [0, 1, 3, 2]"
+    )
+    e(
+        f"  %xd = tensor.collapse_shape %t4 [[0], [1, 2, 3]] : tensor<?x{blocks}x2x64xi8> "
+        f"into tensor<?x{k}xi8>"
+    )
+    # -8 * sum X per 8 k: the kernel's accumulators start there (the nibbles are Q + 8)
+    e(
+        f"  %x8 = tensor.expand_shape {xa} [[0], [1, 2]] output_shape [%m, {k // 8}, 8] "
+        f": tensor<?x{k}xi8> into tensor<?x{k // 8}x8xi8>"
+    )
+    e(f"  %e8 = tensor.empty(%m) : tensor<?x{k // 8}xi32>")
+    e(
+        f"  %f8 = linalg.fill ins(%zi : i32) outs(%e8 : tensor<?x{k // 8}xi32>) "
+        f"-> tensor<?x{k // 8}xi32>"
+    )
+    e("  %cm8 = arith.constant -8 : i32")
+    ext(
+        _generic(
+            [
+                "affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
+                "affine_map<(d0, d1, d2) -> (d0, d1)>",
+            ],
+            ["parallel", "parallel", "reduction"],
+            f"%x8 : tensor<?x{k // 8}x8xi8>",
+            f"%f8 : tensor<?x{k // 8}xi32>",
+            [
+                "^bb0(%v: i8, %acc: i32):",
+                "  %w = arith.extsi %v : i8 to i32",
+                "  %w8 = arith.muli %w, %cm8 : i32",
+                "  %r = arith.addi %acc, %w8 : i32",
+                "  linalg.yield %r : i32",
+            ],
+            "%nx",
+        )
+    )
+    # zx as f32, sx, as [M]
+    e(f"  %zx1 = tensor.collapse_shape {zxa} [[0, 1]] : tensor<?x1xi8> into tensor<?xi8>")
+    e(f"  %sx1 = tensor.collapse_shape {sxa} [[0, 1]] : tensor<?x1xf32> into tensor<?xf32>")
+    e("  %e1 = tensor.empty(%m) : tensor<?xf32>")
+    ext(
+        _generic(
+            ["affine_map<(d0) -> (d0)>", "affine_map<(d0) -> (d0)>"],
+            ["parallel"],
+            "%zx1 : tensor<?xi8>",
+            "%e1 : tensor<?xf32>",
+            [
+                "^bb0(%v: i8, %o: f32):",
+                "  %r = arith.sitofp %v : i8 to f32",
+                "  linalg.yield %r : f32",
+            ],
+            "%zxf",
+        )
+    )
+    operands = {"x": "%xd", "nx": "%nx", "zx": "%zxf", "sx": "%sx1"}
+    if g.zero_point is not None:  # sum (X - zx) per group (exact integers in f32)
+        e(
+            f"  %xg = tensor.expand_shape {xa} [[0], [1, 2]] output_shape [%m, {groups}, {group}] "
+            f": tensor<?x{k}xi8> into tensor<?x{groups}x{group}xi8>"
+        )
+        e(f"  %eg = tensor.empty(%m) : tensor<?x{groups}xf32>")
+        e(
+            f"  %fg = linalg.fill ins(%zf : f32) outs(%eg : tensor<?x{groups}xf32>) "
+            f"-> tensor<?x{groups}xf32>"
+        )
+        ext(
+            _generic(
+                [
+                    "affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
+                    "affine_map<(d0, d1, d2) -> (d0)>",
+                    "affine_map<(d0, d1, d2) -> (d0, d1)>",
+                ],
+                ["parallel", "parallel", "reduction"],
+                f"%xg, %zxf : tensor<?x{groups}x{group}xi8>, tensor<?xf32>",
+                f"%fg : tensor<?x{groups}xf32>",
+                [
+                    "^bb0(%v: i8, %z0: f32, %acc: f32):",
+                    "  %vf = arith.sitofp %v : i8 to f32",
+                    "  %d = arith.subf %vf, %z0 : f32",
+                    "  %r = arith.addf %acc, %d : f32",
+                    "  linalg.yield %r : f32",
+                ],
+                "%ag",
+            )
+        )
+        operands["a"] = "%ag"
+    # the weight: its bytes, scales, zero points as stored; t[n] = sum_g S sum Q (at load)
+    e(f"  %qb = flow.tensor.bitcast %q : tensor<{n}x{k}xi4> -> tensor<{n}x{k // 2}xi8>")
+    e(
+        f"  %s2 = tensor.collapse_shape %s [[0], [1, 2]] : tensor<{n}x{groups}x1xf32> "
+        f"into tensor<{n}x{groups}xf32>"
+    )
+    e(
+        f"  %q3 = tensor.expand_shape %qb [[0], [1, 2]] output_shape [{n}, {groups}, {group // 2}] "
+        f": tensor<{n}x{k // 2}xi8> into tensor<{n}x{groups}x{group // 2}xi8>"
+    )
+    e(f"  %eq = tensor.empty() : tensor<{n}x{groups}xi32>")
+    e(
+        f"  %fq = linalg.fill ins(%zi : i32) outs(%eq : tensor<{n}x{groups}xi32>) "
+        f"-> tensor<{n}x{groups}xi32>"
+    )
+    e("  %c4i = arith.constant 4 : i32")
+    e("  %c28i = arith.constant 28 : i32")
+    ext(
+        _generic(
+            [
+                "affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
+                "affine_map<(d0, d1, d2) -> (d0, d1)>",
+            ],
+            ["parallel", "parallel", "reduction"],
+            f"%q3 : tensor<{n}x{groups}x{group // 2}xi8>",
+            f"%fq : tensor<{n}x{groups}xi32>",
+            [
+                "^bb0(%v: i8, %acc: i32):",
+                "  %w = arith.extsi %v : i8 to i32",
+                "  %hi = arith.shrsi %w, %c4i : i32",  # the high nibble, signed
+                "  %l28 = arith.shli %w, %c28i : i32",
+                "  %lo = arith.shrsi %l28, %c28i : i32",  # the low nibble, signed
+                "  %two = arith.addi %lo, %hi : i32",
+                "  %r = arith.addi %acc, %two : i32",
+                "  linalg.yield %r : i32",
+            ],
+            "%sq",
+        )
+    )
+    e(f"  %et = tensor.empty() : tensor<{n}xf32>")
+    e(f"  %ft = linalg.fill ins(%zf : f32) outs(%et : tensor<{n}xf32>) -> tensor<{n}xf32>")
+    ext(
+        _generic(
+            [
+                "affine_map<(d0, d1) -> (d0, d1)>",
+                "affine_map<(d0, d1) -> (d0, d1)>",
+                "affine_map<(d0, d1) -> (d0)>",
+            ],
+            ["parallel", "reduction"],
+            f"%sq, %s2 : tensor<{n}x{groups}xi32>, tensor<{n}x{groups}xf32>",
+            f"%ft : tensor<{n}xf32>",
+            [
+                "^bb0(%v: i32, %sc: f32, %acc: f32):",
+                "  %vf = arith.sitofp %v : i32 to f32",
+                "  %p = arith.mulf %vf, %sc : f32",
+                "  %r = arith.addf %acc, %p : f32",
+                "  linalg.yield %r : f32",
+            ],
+            "%t",
+        )
+    )
+    operands.update({"q": "%qb", "s": "%s2", "t": "%t"})
+    if g.zero_point is not None:
+        e(
+            f"  %z2 = tensor.collapse_shape %z [[0], [1, 2]] : tensor<{n}x{groups}x1xi8> "
+            f"into tensor<{n}x{groups}xi8>"
+        )
+        operands["z"] = "%z2"
+    e("  %c = " + kernel.dispatch(operands, "%m"))
+    c = "%c"
+    if g.m is not None:
+        e(f"  %cs = tensor.cast %c : tensor<?x{n}xf32> to {out_t}")
+        c = "%cs"
+    e(f"  return {c} : {out_t}")
+    e("}")
+    return "\n".join(lines)
+
+
+def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
+    """Rewrites, in place, each product :func:`rewritable_w4a8_matmuls` finds as a call of the
+    AVX-512 VNNI w4a8 kernel, and records ``avx512f,avx512_vnni`` in the module's public
+    functions (``turbine.cpu_requires``). The caller checks that the target CPU has VNNI.
+
+    Returns:
+        How many products were rewritten.
+    """
+    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
+
+    op = getattr(module_op, "operation", module_op)
+    top = TopLevel(op)
+    found = rewritable_w4a8_matmuls(op)
+    for index, mm in enumerate(found):
+        spec = _spec(mm)
+        assert spec is not None
+        kernel = spec.kernel()
+        if kernel.name not in top:
+            top.append(kernel.executable())
+        name = top.unique(f"__turbine_avx512_vnni_w4a8_matmul_{index}")
+        top.append(_function(name, spec, kernel))
+        m = "?" if spec.m is None else str(spec.m)
+        groups = spec.k // spec.group
+        with mm.location, InsertionPoint(mm):
+
+            def builtin(value: Any, t: str, context: Any = mm.context) -> Any:
+                return Operation.create(
+                    "torch_c.to_builtin_tensor",
+                    results=[Type.parse(t, context)],
+                    operands=[value],
+                ).result
+
+            operands = [
+                builtin(spec.x, f"tensor<{m}x{spec.k}xi8>"),
+                builtin(spec.zx, f"tensor<{m}x1xi8>"),
+                builtin(spec.sx, f"tensor<{m}x1xf32>"),
+                spec.q,
+                builtin(spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"),
+            ]
+            if spec.zero_point is not None:
+                operands.append(builtin(spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
+            call = Operation.create(
+                "func.call",
+                results=[Type.parse(f"tensor<{m}x{spec.n}xf32>", mm.context)],
+                operands=operands,
+                attributes={"callee": FlatSymbolRefAttr.get(name)},
+            ).result
+            result = Operation.create(
+                "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
+            ).result
+        xd, weight = mm.operands
+        mm.results[0].replace_all_uses_with(result)
+        mm.erase()
+        _erase_dead(weight)
+        erase_unused(xd, _PURE)
+    if found:
+        mark_cpu_requires(op, VNNI_FEATURES)
+    return len(found)
