@@ -111,7 +111,7 @@ class Avx512W4A8Gemm:
         types = {
             "x": f"?x{k}xi8",
             "nx": f"?x{k // 8}xi32",
-            "zx": "?xf32",
+            "zx": "?xi8",
             "sx": "?xf32",
         }
         if self.zero_point:
@@ -160,7 +160,9 @@ class Avx512W4A8Gemm:
             e(f"      %c{v} = arith.constant {v} : index")
         for b, t in [*types.items(), ("c", f"?x{n}xf32")]:
             dyn = "{%m}" if t.startswith("?") else ""
-            e(f"      %m{b} = stream.binding.subspan %b{b}[%c0] : !stream.binding -> memref<{t}>{dyn}")
+            e(
+                f"      %m{b} = stream.binding.subspan %b{b}[%c0] : !stream.binding -> memref<{t}>{dyn}"
+            )
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         e("      %x88 = arith.constant dense<-120> : vector<64xi8>")  # 0x88
         e("      %x0f = arith.constant dense<15> : vector<64xi8>")
@@ -217,9 +219,13 @@ class Avx512W4A8Gemm:
         for u in range(self.unroll):
             # k offset, weight byte offset, lane (of 8 k) offset of this 128-k step
             e(f"{q}%k{u} = affine.apply affine_map<()[s0] -> (s0 + {_K_STEP * u})>()[%k]")
-            e(f"{q}%kb{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv 2)>()[%k]")
+            e(
+                f"{q}%kb{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv 2)>()[%k]"
+            )
             e(f"{q}%ko{u} = affine.apply affine_map<()[s0] -> (s0 + {_K_STEP * u + 64})>()[%k]")
-            e(f"{q}%kl{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv 8)>()[%k]")
+            e(
+                f"{q}%kl{u} = affine.apply affine_map<()[s0] -> ((s0 + {_K_STEP * u}) floordiv 8)>()[%k]"
+            )
             if self.prefetch:
                 e(f"{q}memref.prefetch %mq[%pn, %kb{u}], read, locality<3>, data : {t['q']}")
             e(f"{q}%qb{u} = vector.load %mq[%n0, %kb{u}] : {t['q']}, {bt}")
@@ -281,11 +287,14 @@ class Avx512W4A8Gemm:
             for r in range(rows):
                 e(f"{q}%ga{r} = vector.load %ma[%row{r}, %g] : {t['a']}, {wt}")
                 e(f"{q}%zn{r} = vector.fma %gsz, %ga{r}, %za{r} : {wt}")
-            e(f"{q}scf.yield {', '.join(f'%zn{r}' for r in range(rows))} : {', '.join([wt] * rows)}")
+            e(
+                f"{q}scf.yield {', '.join(f'%zn{r}' for r in range(rows))} : {', '.join([wt] * rows)}"
+            )
             e(f"{p}}}")
         for r in range(rows):
             e(f"{p}%sum{r} = vector.reduction <add>, %res#{r} fastmath<reassoc> : {vt} into f32")
-            e(f"{p}%zx{r} = memref.load %mzx[%row{r}] : {t['zx']}")
+            e(f"{p}%zi{r} = memref.load %mzx[%row{r}] : {t['zx']}")
+            e(f"{p}%zx{r} = arith.sitofp %zi{r} : i8 to f32")
             e(f"{p}%sx{r} = memref.load %msx[%row{r}] : {t['sx']}")
             e(f"{p}%zt{r} = arith.mulf %zx{r}, %t0 : f32")
             e(f"{p}%y{r} = arith.subf %sum{r}, %zt{r} : f32")

@@ -166,7 +166,7 @@ def _generic(maps: list[str], iters: list[str], ins: str, outs: str, body: list[
 
 def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
     """The private function preparing the row data, the weight's ``t``, and calling the kernel."""
-    M = "?" if g.m is None else str(g.m)  # noqa: N806
+    M = "?" if g.m is None else str(g.m)
     k, n, group, groups = g.k, g.n, g.group, g.k // g.group
     blocks = k // 128
     params = [
@@ -238,25 +238,10 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
             "%nx",
         )
     )
-    # zx as f32, sx, as [M]
+    # zx, sx as [M]
     e(f"  %zx1 = tensor.collapse_shape {zxa} [[0, 1]] : tensor<?x1xi8> into tensor<?xi8>")
     e(f"  %sx1 = tensor.collapse_shape {sxa} [[0, 1]] : tensor<?x1xf32> into tensor<?xf32>")
-    e("  %e1 = tensor.empty(%m) : tensor<?xf32>")
-    ext(
-        _generic(
-            ["affine_map<(d0) -> (d0)>", "affine_map<(d0) -> (d0)>"],
-            ["parallel"],
-            "%zx1 : tensor<?xi8>",
-            "%e1 : tensor<?xf32>",
-            [
-                "^bb0(%v: i8, %o: f32):",
-                "  %r = arith.sitofp %v : i8 to f32",
-                "  linalg.yield %r : f32",
-            ],
-            "%zxf",
-        )
-    )
-    operands = {"x": "%xd", "nx": "%nx", "zx": "%zxf", "sx": "%sx1"}
+    operands = {"x": "%xd", "nx": "%nx", "zx": "%zx1", "sx": "%sx1"}
     if g.zero_point is not None:  # sum (X - zx) per group (exact integers in f32)
         e(
             f"  %xg = tensor.expand_shape {xa} [[0], [1, 2]] output_shape [%m, {groups}, {group}] "
@@ -275,11 +260,12 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
                     "affine_map<(d0, d1, d2) -> (d0, d1)>",
                 ],
                 ["parallel", "parallel", "reduction"],
-                f"%xg, %zxf : tensor<?x{groups}x{group}xi8>, tensor<?xf32>",
+                f"%xg, %zx1 : tensor<?x{groups}x{group}xi8>, tensor<?xi8>",
                 f"%fg : tensor<?x{groups}xf32>",
                 [
-                    "^bb0(%v: i8, %z0: f32, %acc: f32):",
+                    "^bb0(%v: i8, %zb: i8, %acc: f32):",
                     "  %vf = arith.sitofp %v : i8 to f32",
+                    "  %z0 = arith.sitofp %zb : i8 to f32",
                     "  %d = arith.subf %vf, %z0 : f32",
                     "  %r = arith.addf %acc, %d : f32",
                     "  linalg.yield %r : f32",
