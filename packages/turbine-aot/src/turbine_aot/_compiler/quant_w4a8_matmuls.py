@@ -23,6 +23,7 @@ dequantized activations, or IREE's code.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +58,10 @@ _PURE = frozenset(
 class _W4A8Matmul:
     """One rewritable product: ``mm(xd, W^T)`` with ``xd`` fake-quantized int8 rows."""
 
-    x: Any  # torch [M, K] si8
-    zx: Any  # torch [M, 1] si8
-    sx: Any  # torch [M, 1] f32
+    x: Any  # torch [..., K] si8 (its rows: the mm's M)
+    zx: Any  # torch [..., 1] si8
+    sx: Any  # torch [..., 1] f32
+    lead: tuple[int | None, ...]  # the sizes of x's leading dimensions
     q: Any  # builtin tensor<NxKxi4>
     scale: Any  # torch [N, K/G, 1] f32
     zero_point: Any  # torch [N, K/G, 1] si8, or None
@@ -72,15 +74,18 @@ class _W4A8Matmul:
         return Avx512W4A8Gemm.for_shape(self.k, self.n, self.group, self.zero_point is not None)
 
 
-def _same_shape_views(value: Any) -> Any:
-    """``value`` with views / reshapes to its own shape taken off."""
+def _row_views(value: Any, k: int) -> Any:
+    """``value`` with views / reshapes that keep rows of ``k`` taken off (``[?, K]`` of a
+    ``[1, ?, K]`` LLM activation: the same row-major elements)."""
     while True:
         op = producer(value)
         if op is None or op.name not in _VIEWS:
             return value
         src = op.operands[0]
         st, vt = TensorType.of(src), TensorType.of(value)
-        if st is None or vt is None or st.sizes != vt.sizes or st.dtype != vt.dtype:
+        if st is None or vt is None or st.dtype != vt.dtype or st.sizes[-1:] != [k]:
+            return value
+        if vt.sizes[-1:] != [k]:
             return value
         value = src
 
@@ -96,14 +101,18 @@ def _cast_f32_of(value: Any, dtype: str) -> Any:
     return src
 
 
-def _activation(xd: Any, m: int | None, k: int) -> tuple[Any, Any, Any] | None:
-    """``(X, zx, sx)`` of ``xd = (cast_f32(X) - cast_f32(zx)) * sx`` (else None)."""
-    mul = producer(_same_shape_views(xd))
-    if mul is None or mul.name != "torch.aten.mul.Tensor":
+def _activation(xd: Any, k: int) -> tuple[Any, Any, Any, list[int | None]] | None:
+    """``(X, zx, sx, leading sizes)`` of ``xd = (cast_f32(X) - cast_f32(zx)) * sx`` with ``X``
+    ``[..., K]`` and ``zx`` / ``sx`` ``[..., 1]`` (else None)."""
+    v = _row_views(xd, k)
+    mul = producer(v)
+    vt = TensorType.of(v)
+    if mul is None or mul.name != "torch.aten.mul.Tensor" or vt is None:
         return None
+    lead = vt.sizes[:-1]
     for d, s in (mul.operands, reversed(list(mul.operands))):
         st = TensorType.of(s)
-        if st is None or st.dtype != "f32" or st.sizes != [m, 1]:
+        if st is None or st.dtype != "f32" or st.sizes != [*lead, 1]:
             continue
         sub = producer(d)
         if sub is None or sub.name != "torch.aten.sub.Tensor" or constant(sub.operands[2]) != 1:
@@ -113,9 +122,9 @@ def _activation(xd: Any, m: int | None, k: int) -> tuple[Any, Any, Any] | None:
         if x is None or zx is None:
             return None
         xt, zt = TensorType.of(x), TensorType.of(zx)
-        if xt is None or zt is None or xt.sizes != [m, k] or zt.sizes != [m, 1]:
+        if xt is None or zt is None or xt.sizes != [*lead, k] or zt.sizes != [*lead, 1]:
             return None
-        return x, zx, s
+        return x, zx, s, lead
     return None
 
 
@@ -139,11 +148,11 @@ def _spec(op: Any) -> _W4A8Matmul | None:
     i4 = _i4_source(q) if k % 2 == 0 else None
     if i4 is None or not Avx512W4A8Gemm.supports(k, n, group):
         return None
-    act = _activation(xd, m, k)
+    act = _activation(xd, k)
     if act is None:
         return None
-    x, zx, sx = act
-    return _W4A8Matmul(x, zx, sx, i4, scale, zp, m, k, n, group)
+    x, zx, sx, lead = act
+    return _W4A8Matmul(x, zx, sx, tuple(lead), i4, scale, zp, m, k, n, group)
 
 
 def rewritable_w4a8_matmuls(module_op: Any) -> list[Any]:
@@ -169,10 +178,11 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
     M = "?" if g.m is None else str(g.m)
     k, n, group, groups = g.k, g.n, g.group, g.k // g.group
     blocks = k // 128
+    lead = "x".join("?" if d is None else str(d) for d in g.lead)
     params = [
-        f"%x: tensor<{M}x{k}xi8>",
-        f"%zx: tensor<{M}x1xi8>",
-        f"%sx: tensor<{M}x1xf32>",
+        f"%x: tensor<{lead}x{k}xi8>",
+        f"%zx: tensor<{lead}x1xi8>",
+        f"%sx: tensor<{lead}x1xf32>",
         f"%q: tensor<{n}x{k}xi4>",
         f"%s: tensor<{n}x{groups}x1xf32>",
     ]
@@ -185,15 +195,27 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
     e("  %c0 = arith.constant 0 : index")
     e("  %zi = arith.constant 0 : i32")
     e("  %zf = arith.constant 0.0 : f32")
-    if g.m is None:
-        e(f"  %m = tensor.dim %x, %c0 : tensor<?x{k}xi8>")
-        xa, zxa, sxa = "%x", "%zx", "%sx"
-    else:
-        e(f"  %m = arith.constant {g.m} : index")
-        e(f"  %xa = tensor.cast %x : tensor<{M}x{k}xi8> to tensor<?x{k}xi8>")
-        e(f"  %zxa = tensor.cast %zx : tensor<{M}x1xi8> to tensor<?x1xi8>")
-        e(f"  %sxa = tensor.cast %sx : tensor<{M}x1xf32> to tensor<?x1xf32>")
-        xa, zxa, sxa = "%xa", "%zxa", "%sxa"
+    # the rows as [?, K] and [?]: the leading dimensions collapsed, static sizes cast away
+    r = len(g.lead)
+    rows = "?" if None in g.lead else str(math.prod(g.lead))  # type: ignore[arg-type]
+    rows_group = "[" + ", ".join(str(i) for i in range(r)) + "]"
+    all_group = "[" + ", ".join(str(i) for i in range(r + 1)) + "]"
+    x2 = "%x"
+    if r > 1:
+        e(
+            f"  %x2 = tensor.collapse_shape %x [{rows_group}, [{r}]] : tensor<{lead}x{k}xi8> "
+            f"into tensor<{rows}x{k}xi8>"
+        )
+        x2 = "%x2"
+    e(f"  %xa = tensor.cast {x2} : tensor<{rows}x{k}xi8> to tensor<?x{k}xi8>")
+    e(f"  %m = tensor.dim %xa, %c0 : tensor<?x{k}xi8>")
+    for v, dt in (("zx", "i8"), ("sx", "f32")):
+        e(
+            f"  %{v}c = tensor.collapse_shape %{v} [{all_group}] : tensor<{lead}x1x{dt}> "
+            f"into tensor<{rows}x{dt}>"
+        )
+        e(f"  %{v}1 = tensor.cast %{v}c : tensor<{rows}x{dt}> to tensor<?x{dt}>")
+    xa = "%xa"
     # X de-interleaved per 128 k: the 64 even values, then the 64 odd (the nibbles' order)
     e(
         f"  %x4 = tensor.expand_shape {xa} [[0], [1, 2, 3]] output_shape [%m, {blocks}, 64, 2] "
@@ -238,9 +260,6 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
             "%nx",
         )
     )
-    # zx, sx as [M]
-    e(f"  %zx1 = tensor.collapse_shape {zxa} [[0, 1]] : tensor<?x1xi8> into tensor<?xi8>")
-    e(f"  %sx1 = tensor.collapse_shape {sxa} [[0, 1]] : tensor<?x1xf32> into tensor<?xf32>")
     operands = {"x": "%xd", "nx": "%nx", "zx": "%zx1", "sx": "%sx1"}
     if g.zero_point is not None:  # sum (X - zx) per group (exact integers in f32)
         e(
@@ -384,10 +403,11 @@ def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
                     operands=[value],
                 ).result
 
+            lead = "x".join("?" if d is None else str(d) for d in spec.lead)
             operands = [
-                builtin(spec.x, f"tensor<{m}x{spec.k}xi8>"),
-                builtin(spec.zx, f"tensor<{m}x1xi8>"),
-                builtin(spec.sx, f"tensor<{m}x1xf32>"),
+                builtin(spec.x, f"tensor<{lead}x{spec.k}xi8>"),
+                builtin(spec.zx, f"tensor<{lead}x1xi8>"),
+                builtin(spec.sx, f"tensor<{lead}x1xf32>"),
                 spec.q,
                 builtin(spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"),
             ]
