@@ -153,6 +153,9 @@ def test_shapes_the_kernel_does_not_take():
     assert not Avx512W4A8Gemm.supports(256, 6, 32)  # N not a multiple of 4
     assert not Avx512W4A8Gemm.supports(384, 8, 192)  # a group across steps, not a multiple
     assert not Avx512W4A8Gemm.supports(256, 8, 16)  # groups smaller than 32
+    # a row block's prepared data (1.5 K bytes a row) stays within IREE's 32 KiB of stack
+    assert [Avx512W4A8Gemm.for_shape(k, 64, 32, True).mr for k in (4096, 8192, 16384)] == [4, 2, 1]
+    assert not Avx512W4A8Gemm.supports(16384 + 128, 64, 32)
 
 
 # ---------------------------------------------------------------------------------- end to end

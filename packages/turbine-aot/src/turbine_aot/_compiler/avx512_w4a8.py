@@ -42,6 +42,9 @@ from dataclasses import dataclass
 __all__ = ["Avx512W4A8Gemm"]
 
 _K_STEP = 128  # k values per 64 weight bytes (two vpdpbusd)
+#: A row's prepared data is 1.5 K bytes (+ the group sums) on the stack: IREE's CPU stack
+#: allocation limit is 32 KiB, so 4 rows per block up to K = 4096, 2 to 8192, 1 to 16384.
+_MAX_K = 16384
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Avx512W4A8Gemm:
 
         ``K`` a multiple of 128 (one step); a group either inside a step (32, 64, 128) or a
         multiple of it; ``N`` a multiple of 4; ``|sum Q X|`` per lane far below ``2^31``."""
-        if n <= 0 or n % 4 or k <= 0 or k % _K_STEP or k > 65536 or group <= 0:
+        if n <= 0 or n % 4 or k <= 0 or k % _K_STEP or k > _MAX_K or group <= 0:
             return False
         if k % group:
             return False
@@ -84,11 +87,16 @@ class Avx512W4A8Gemm:
         """The kernel turbine uses for the shape."""
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         unroll = 2 if k % (2 * _K_STEP) == 0 else 1
-        return Avx512W4A8Gemm(k, n, group, zero_point, unroll=unroll, cols_per_workgroup=cols)
+        mr = 4 if k <= 4096 else 2 if k <= 8192 else 1
+        return Avx512W4A8Gemm(
+            k, n, group, zero_point, mr=mr, unroll=unroll, cols_per_workgroup=cols
+        )
 
     def __post_init__(self) -> None:
         if not self.supports(self.k, self.n, self.group) or self.k % (_K_STEP * self.unroll):
             raise ValueError(f"VNNI w4a8 kernel: unsupported shape {self}")
+        if self.mr * self.k * 3 // 2 + self.mr * self.groups * 4 > 30 * 1024:
+            raise ValueError(f"VNNI w4a8 kernel: a row block's data exceeds the stack: {self}")
         if self.n % self.cols_per_workgroup:
             raise ValueError(f"VNNI w4a8 kernel: bad workgroup columns: {self}")
 
@@ -108,19 +116,20 @@ class Avx512W4A8Gemm:
     def _types(self) -> dict[str, str]:
         """The operands' shapes (``?``: rows), in binding order."""
         k, n, g = self.k, self.n, self.groups
-        types = {
-            "x": f"?x{k}xi8",
-            "nx": f"?x{k // 8}xi32",
-            "zx": "?xi8",
-            "sx": "?xf32",
-        }
-        if self.zero_point:
-            types["a"] = f"?x{g}xf32"
+        types = {"x": f"?x{k}xi8", "zx": "?xi8", "sx": "?xf32"}
         types.update({"q": f"{n}x{k // 2}xi8", "s": f"{n}x{g}xf32"})
         if self.zero_point:
             types["z"] = f"{n}x{g}xi8"
         types["t"] = f"{n}xf32"
         return types
+
+    def _buffers(self) -> dict[str, str]:
+        """A row block's prepared data, on the stack (:meth:`_prepare`)."""
+        mr, k, g = self.mr, self.k, self.groups
+        bufs = {"xd": f"memref<{mr}x{k}xi8>", "nx": f"memref<{mr}x{k // 8}xi32>"}
+        if self.zero_point:
+            bufs["a"] = f"memref<{mr}x{g}xf32>"
+        return bufs
 
     def dispatch(self, operands: dict[str, str], m: str) -> str:
         """The ``flow.dispatch`` of this kernel on ``operands`` (named as :meth:`_types`;
@@ -156,7 +165,7 @@ class Avx512W4A8Gemm:
         e("  builtin.module {")
         bindings = ", ".join(f"%b{b}: !stream.binding" for b in [*types, "c"])
         e(f"    func.func @{name}({bindings}, %m: index) {{")
-        for v in sorted({0, 1, mr, nb, self.k, self.groups} | set(range(mr))):
+        for v in sorted({0, 1, mr, nb, self.k, self.groups} | set(range(mr + 1))):
             e(f"      %c{v} = arith.constant {v} : index")
         for b, t in [*types.items(), ("c", f"?x{n}xf32")]:
             dyn = "{%m}" if t.startswith("?") else ""
@@ -172,23 +181,30 @@ class Avx512W4A8Gemm:
         e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
         e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
         e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
-        e(f"      scf.for %nq = %c0 to %c{nb} step %c1 {{")
-        e("        %ncol = arith.addi %nbase, %nq : index")
-        e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
-        e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
+        for b, t in self._buffers().items():
+            e(f"      %{b}buf = memref.alloca() : {t}")
+        e(f"      scf.for %mi = %m0 to %mend step %c{mr} {{")
+        e(f"        %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
+
+        def block(rows: int, p: str) -> None:
+            self._prepare(e, rows, p)
+            e(f"{p}scf.for %nq = %c0 to %c{nb} step %c1 {{")
+            e(f"{p}  %ncol = arith.addi %nbase, %nq : index")
+            self._micro(e, rows, p + "  ")
+            e(f"{p}}}")
+
         if mr > 1:
-            e("          scf.index_switch %left")
+            e("        scf.index_switch %left")
             for r in range(1, mr):
-                e(f"          case {r} {{")
-                self._micro(e, r, "            ")
-                e("            scf.yield")
-                e("          }")
-            e("          default {")
-            self._micro(e, mr, "            ")
-            e("          }")
+                e(f"        case {r} {{")
+                block(r, "          ")
+                e("          scf.yield")
+                e("        }")
+            e("        default {")
+            block(mr, "          ")
+            e("        }")
         else:
-            self._micro(e, 1, "          ")
-        e("        }")
+            block(1, "        ")
         e("      }")
         e("      return")
         e("    }")
@@ -196,9 +212,74 @@ class Avx512W4A8Gemm:
         e("}")
         return "\n".join(out)
 
+    def _prepare(self, e, rows: int, p: str) -> None:
+        """The row block's data, into the stack buffers: ``X`` de-interleaved per 128 ``k``
+        (the 64 even values, then the 64 odd: the nibbles' order), ``-8 * sum X`` per 8 ``k``
+        (where the accumulators start) and, with zero points, ``sum (X - zx)`` per group."""
+        t = self._types()
+        bufs = self._buffers()
+        x_t = f"memref<{t['x']}>"
+        bt, it = "vector<64xi8>", "vector<16xi32>"
+        even = ", ".join(str(2 * i) for i in range(64))
+        odd = ", ".join(str(2 * i + 1) for i in range(64))
+        e(f"{p}%ones = arith.constant dense<1> : {bt}")
+        e(f"{p}%zi16 = arith.constant dense<0> : {it}")
+        e(f"{p}%three = arith.constant dense<3> : {it}")
+        for r in range(rows):
+            e(f"{p}%prow{r} = arith.addi %mi, %c{r} : index")
+        e(f"{p}%pstep = arith.constant {_K_STEP} : index")
+        e(f"{p}scf.for %pk = %c0 to %c{self.k} step %pstep {{")
+        q = p + "  "
+        e(f"{q}%pk2 = affine.apply affine_map<()[s0] -> (s0 + 64)>()[%pk]")
+        e(f"{q}%pl = affine.apply affine_map<()[s0] -> (s0 floordiv 8)>()[%pk]")
+        for r in range(rows):
+            e(f"{q}%pa{r} = vector.load %mx[%prow{r}, %pk] : {x_t}, {bt}")
+            e(f"{q}%pb{r} = vector.load %mx[%prow{r}, %pk2] : {x_t}, {bt}")
+            e(f"{q}%pe{r} = vector.shuffle %pa{r}, %pb{r} [{even}] : {bt}, {bt}")
+            e(f"{q}%po{r} = vector.shuffle %pa{r}, %pb{r} [{odd}] : {bt}, {bt}")
+            e(f"{q}vector.store %pe{r}, %xdbuf[%c{r}, %pk] : {bufs['xd']}, {bt}")
+            e(f"{q}vector.store %po{r}, %xdbuf[%c{r}, %pk2] : {bufs['xd']}, {bt}")
+            # sum X per 8 k (lane i: k 8i..8i+7 of the step), times -8
+            e(
+                f'{q}%ps{r} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
+                f"(%zi16, %ones, %pe{r}) : ({it}, {bt}, {bt}) -> {it}"
+            )
+            e(
+                f'{q}%pt{r} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
+                f"(%ps{r}, %ones, %po{r}) : ({it}, {bt}, {bt}) -> {it}"
+            )
+            e(f"{q}%p8{r} = arith.shli %pt{r}, %three : {it}")
+            e(f"{q}%pn{r} = arith.subi %zi16, %p8{r} : {it}")
+            e(f"{q}vector.store %pn{r}, %nxbuf[%c{r}, %pl] : {bufs['nx']}, {it}")
+        e(f"{p}}}")
+        if not self.zero_point:
+            return
+        # sum (X - zx) per group = -(sum of the group's lanes of nx) / 8 - G * zx
+        lanes = self.group // 8
+        vt = f"vector<{lanes}xi32>"
+        e(f"{p}%cg = arith.constant {self.group} : i32")
+        e(f"{p}%c8i = arith.constant 8 : i32")
+        e(f"{p}%c0i = arith.constant 0 : i32")
+        for r in range(rows):
+            e(f"{p}%pz{r} = memref.load %mzx[%prow{r}] : memref<{t['zx']}>")
+            e(f"{p}%pzi{r} = arith.extsi %pz{r} : i8 to i32")
+            e(f"{p}%pgz{r} = arith.muli %pzi{r}, %cg : i32")
+        e(f"{p}scf.for %pg = %c0 to %c{self.groups} step %c1 {{")
+        e(f"{q}%pgl = affine.apply affine_map<()[s0] -> (s0 * {lanes})>()[%pg]")
+        for r in range(rows):
+            e(f"{q}%pv{r} = vector.load %nxbuf[%c{r}, %pgl] : {bufs['nx']}, {vt}")
+            e(f"{q}%pr{r} = vector.reduction <add>, %pv{r} : {vt} into i32")
+            e(f"{q}%pd{r} = arith.divsi %pr{r}, %c8i : i32")
+            e(f"{q}%pm{r} = arith.subi %c0i, %pd{r} : i32")
+            e(f"{q}%pq{r} = arith.subi %pm{r}, %pgz{r} : i32")
+            e(f"{q}%pf{r} = arith.sitofp %pq{r} : i32 to f32")
+            e(f"{q}memref.store %pf{r}, %abuf[%c{r}, %pg] : {bufs['a']}")
+        e(f"{p}}}")
+
     def _micro(self, e, rows: int, p: str) -> None:
         """``rows`` rows of one channel's ``C``."""
         t = {b: f"memref<{ty}>" for b, ty in self._types().items()}
+        b = self._buffers()
         c_t = f"memref<?x{self.n}xf32>"
         vt, it, bt = "vector<16xf32>", "vector<16xi32>", "vector<64xi8>"
         group = self.group
@@ -253,9 +334,9 @@ class Avx512W4A8Gemm:
                 e(f"{q}%ss{u} = memref.load %ms[%n0, %g{u}] : {t['s']}")
                 e(f"{q}%sv{u} = vector.broadcast %ss{u} : f32 to {vt}")
             for r in range(rows):
-                e(f"{q}%nx{u}_{r} = vector.load %mnx[%row{r}, %kl{u}] : {t['nx']}, {it}")
-                e(f"{q}%xe{u}_{r} = vector.load %mx[%row{r}, %k{u}] : {t['x']}, {bt}")
-                e(f"{q}%xo{u}_{r} = vector.load %mx[%row{r}, %ko{u}] : {t['x']}, {bt}")
+                e(f"{q}%nx{u}_{r} = vector.load %nxbuf[%c{r}, %kl{u}] : {b['nx']}, {it}")
+                e(f"{q}%xe{u}_{r} = vector.load %xdbuf[%c{r}, %k{u}] : {b['xd']}, {bt}")
+                e(f"{q}%xo{u}_{r} = vector.load %xdbuf[%c{r}, %ko{u}] : {b['xd']}, {bt}")
                 e(
                     f'{q}%de{u}_{r} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
                     f"(%nx{u}_{r}, %lo{u}, %xe{u}_{r}) : ({it}, {bt}, {bt}) -> {it}"
@@ -285,7 +366,7 @@ class Avx512W4A8Gemm:
             e(f"{q}%gzf = arith.sitofp %gz : vector<{w}xi8> to {wt}")
             e(f"{q}%gsz = arith.mulf %gs, %gzf : {wt}")
             for r in range(rows):
-                e(f"{q}%ga{r} = vector.load %ma[%row{r}, %g] : {t['a']}, {wt}")
+                e(f"{q}%ga{r} = vector.load %abuf[%c{r}, %g] : {b['a']}, {wt}")
                 e(f"{q}%zn{r} = vector.fma %gsz, %ga{r}, %za{r} : {wt}")
             e(
                 f"{q}scf.yield {', '.join(f'%zn{r}' for r in range(rows))} : {', '.join([wt] * rows)}"

@@ -174,10 +174,10 @@ def _generic(maps: list[str], iters: list[str], ins: str, outs: str, body: list[
 
 
 def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
-    """The private function preparing the row data, the weight's ``t``, and calling the kernel."""
+    """The private function: the rows as ``[?, K]``, the weight's ``t`` (hoisted to load time),
+    the kernel's dispatch."""
     M = "?" if g.m is None else str(g.m)
     k, n, group, groups = g.k, g.n, g.group, g.k // g.group
-    blocks = k // 128
     lead = "x".join("?" if d is None else str(d) for d in g.lead)
     params = [
         f"%x: tensor<{lead}x{k}xi8>",
@@ -216,83 +216,7 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
         )
         e(f"  %{v}1 = tensor.cast %{v}c : tensor<{rows}x{dt}> to tensor<?x{dt}>")
     xa = "%xa"
-    # X de-interleaved per 128 k: the 64 even values, then the 64 odd (the nibbles' order)
-    e(
-        f"  %x4 = tensor.expand_shape {xa} [[0], [1, 2, 3]] output_shape [%m, {blocks}, 64, 2] "
-        f": tensor<?x{k}xi8> into tensor<?x{blocks}x64x2xi8>"
-    )
-    e(f"  %e4 = tensor.empty(%m) : tensor<?x{blocks}x2x64xi8>")
-    e(
-        f"  %t4 = linalg.transpose ins(%x4 : tensor<?x{blocks}x64x2xi8>) "
-        f"outs(%e4 : tensor<?x{blocks}x2x64xi8>) permutation = [0, 1, 3, 2]"
-    )
-    e(
-        f"  %xd = tensor.collapse_shape %t4 [[0], [1, 2, 3]] : tensor<?x{blocks}x2x64xi8> "
-        f"into tensor<?x{k}xi8>"
-    )
-    # -8 * sum X per 8 k: the kernel's accumulators start there (the nibbles are Q + 8)
-    e(
-        f"  %x8 = tensor.expand_shape {xa} [[0], [1, 2]] output_shape [%m, {k // 8}, 8] "
-        f": tensor<?x{k}xi8> into tensor<?x{k // 8}x8xi8>"
-    )
-    e(f"  %e8 = tensor.empty(%m) : tensor<?x{k // 8}xi32>")
-    e(
-        f"  %f8 = linalg.fill ins(%zi : i32) outs(%e8 : tensor<?x{k // 8}xi32>) "
-        f"-> tensor<?x{k // 8}xi32>"
-    )
-    e("  %cm8 = arith.constant -8 : i32")
-    ext(
-        _generic(
-            [
-                "affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
-                "affine_map<(d0, d1, d2) -> (d0, d1)>",
-            ],
-            ["parallel", "parallel", "reduction"],
-            f"%x8 : tensor<?x{k // 8}x8xi8>",
-            f"%f8 : tensor<?x{k // 8}xi32>",
-            [
-                "^bb0(%v: i8, %acc: i32):",
-                "  %w = arith.extsi %v : i8 to i32",
-                "  %w8 = arith.muli %w, %cm8 : i32",
-                "  %r = arith.addi %acc, %w8 : i32",
-                "  linalg.yield %r : i32",
-            ],
-            "%nx",
-        )
-    )
-    operands = {"x": "%xd", "nx": "%nx", "zx": "%zx1", "sx": "%sx1"}
-    if g.zero_point is not None:  # sum (X - zx) per group (exact integers in f32)
-        e(
-            f"  %xg = tensor.expand_shape {xa} [[0], [1, 2]] output_shape [%m, {groups}, {group}] "
-            f": tensor<?x{k}xi8> into tensor<?x{groups}x{group}xi8>"
-        )
-        e(f"  %eg = tensor.empty(%m) : tensor<?x{groups}xf32>")
-        e(
-            f"  %fg = linalg.fill ins(%zf : f32) outs(%eg : tensor<?x{groups}xf32>) "
-            f"-> tensor<?x{groups}xf32>"
-        )
-        ext(
-            _generic(
-                [
-                    "affine_map<(d0, d1, d2) -> (d0, d1, d2)>",
-                    "affine_map<(d0, d1, d2) -> (d0)>",
-                    "affine_map<(d0, d1, d2) -> (d0, d1)>",
-                ],
-                ["parallel", "parallel", "reduction"],
-                f"%xg, %zx1 : tensor<?x{groups}x{group}xi8>, tensor<?xi8>",
-                f"%fg : tensor<?x{groups}xf32>",
-                [
-                    "^bb0(%v: i8, %zb: i8, %acc: f32):",
-                    "  %vf = arith.sitofp %v : i8 to f32",
-                    "  %z0 = arith.sitofp %zb : i8 to f32",
-                    "  %d = arith.subf %vf, %z0 : f32",
-                    "  %r = arith.addf %acc, %d : f32",
-                    "  linalg.yield %r : f32",
-                ],
-                "%ag",
-            )
-        )
-        operands["a"] = "%ag"
+    operands = {"x": xa, "zx": "%zx1", "sx": "%sx1"}
     # the weight: its bytes, scales, zero points as stored; t[n] = sum_g S sum Q (at load)
     e(f"  %qb = flow.tensor.bitcast %q : tensor<{n}x{k}xi4> -> tensor<{n}x{k // 2}xi8>")
     e(
