@@ -555,7 +555,9 @@ def test_quantize_options_are_checked():
         llm.export_causal_lm(model, max_seq_len=16, quantize="w4a8", group_size=3)
 
 
-def test_cli_llm_export_quantize_int4(tmp_path, capsys):
+@pytest.mark.parametrize("quantize", ["int4", "w4a8"])
+def test_cli_llm_export_quantize_int4(tmp_path, capsys, quantize):
+    """``--quantize int4`` / ``w4a8`` (int4 weights packed in the archive either way)."""
     _torchao_or_skip()
     src = tmp_path / "tiny_config.py"
     src.write_text(
@@ -564,9 +566,9 @@ def test_cli_llm_export_quantize_int4(tmp_path, capsys):
         "    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,\n"
         "    max_position_embeddings=64)\n"
     )
-    bundle = tmp_path / "tiny_int4"
+    bundle = tmp_path / f"tiny_{quantize}"
     args = ["--json", "llm", "export", f"{src}:config", "--max-seq-len", "32", "-o", str(bundle)]
-    assert cli_main([*args, "--quantize", "int4", "--group-size", "32"]) == 0
+    assert cli_main([*args, "--quantize", quantize, "--group-size", "32"]) == 0
     capsys.readouterr()
     from turbine_params import ParameterArchive
 
@@ -583,9 +585,10 @@ def test_cli_llm_export_quantize_int4(tmp_path, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     model = transformers.AutoModelForCausalLM.from_config(mod.config).eval()
-    eager = llm.quantized_copy(model, "int4", group_size=32)
+    eager = llm.quantized_copy(model, quantize, group_size=32)
     want, logits = _eager_greedy(eager, torch.tensor([1, 2, 3]), len(got))
-    assert_same_greedy(torch.tensor(got), want, logits, "cli int4")
+    tie = W8A8_TIE if quantize == "w4a8" else TIE
+    assert_same_greedy(torch.tensor(got), want, logits, f"cli {quantize}", tie)
     # A bad group size is a one-line error.
-    assert cli_main([*args[1:], "--force", "--quantize", "int4"]) == 2
+    assert cli_main([*args[1:], "--force", "--quantize", quantize]) == 2
     assert "group_size=128 does not divide" in capsys.readouterr().err

@@ -9,30 +9,36 @@ with ``X`` the int8 activations (``[M, K]``, asymmetric: per-row scale ``sx`` an
 nibble of byte ``i``: IREE's ``i4`` layout), ``s`` / ``zw`` the weight's per-group scales and
 zero points (``[N, K / G]``; ``zw`` optional).
 
-Per 64 weight bytes (128 ``k``) and row the kernel issues two ``vpdpbusd`` (unsigned x signed
-bytes, ``acc[i] += sum_{j<4} u[4i+j] * s[4i+j]``): the unsigned operand is the nibbles plus 8
-(``U = Q + 8`` in 0..15: the bytes xor ``0x88``, then the low nibbles masked and the high ones
-shifted down), the signed one the activations, **de-interleaved** by the calling function once
-per call (each 128-``k`` block as its 64 even then its 64 odd values, to match the low / high
-nibbles). Lane ``i`` of the accumulator then holds ``sum U X`` over ``k`` in ``[8i, 8i + 8)``
-of the block. The accumulator starts at ``-8 * sum X`` over the same 8 ``k`` (``nx``,
-``[M, K / 8]`` i32, computed by the calling function per call), so each lane ends as the exact
-``sum Q X`` of its 8 ``k``; it is converted to f32 and multiplied, lane by lane, by its group's
-scale (groups of 32: each scale spread over 4 lanes) into an f32 accumulator. The rest of the
-sum is per row and channel, after the loop:
+Per block of up to 4 rows a workgroup first prepares the rows on its stack: ``X``
+**de-interleaved** per 128 ``k`` (the 64 even values, then the 64 odd: the nibbles' order),
+``-8 * sum X`` per 8 ``k`` (two ``vpdpbusd`` on a vector of ones) and, with zero points,
+``a[m, g] = sum_{k in g} (X - zx)``; its 32 channels then read them from there (three
+dispatches per call fewer than preparing them in the program, docs/quantization.md).
+
+Per 64 weight bytes (128 ``k``), channel and row the kernel issues two ``vpdpbusd`` (unsigned x
+signed bytes, ``acc[i] += sum_{j<4} u[4i+j] * s[4i+j]``): the unsigned operand is the nibbles
+plus 8 (``U = Q + 8`` in 0..15: the bytes xor ``0x88``, then the low nibbles masked and the
+high ones shifted down), the signed one the de-interleaved activations. Lane ``i`` of the
+accumulator then holds ``sum U X`` over ``k`` in ``[8i, 8i + 8)`` of the step; it starts at
+``-8 * sum X`` over the same 8 ``k``, so each lane ends as the exact ``sum Q X`` of its 8 ``k``.
+It is converted to f32 and multiplied, lane by lane, by its group's scale (groups of 32: each
+scale spread over 4 lanes) into an f32 accumulator. The rest of the sum is per row and channel,
+after the loop:
 
 ``sum_g s_g sum (Q - zw)(X - zx) = sum_g s_g sum Q X - zx * t[n] - sum_g s_g zw_g a[m, g]``
 
 with ``t[n] = sum_g s_g sum_{k in g} Q`` (``[N]`` f32, a constant expression of the weight's
-globals: IREE hoists it into an initializer that runs once at load) and ``a[m, g] = sum_{k in
-g} (X - zx)`` (``[M, K / G]``, exact integers in f32, computed per call; only with zero
-points). The result is multiplied by ``sx[m]``. The integer sums are exact; only the f32
-summation order differs from torchao eager's fake-quantized ``mm``.
+globals: IREE hoists it into an initializer that runs once at load). The result is multiplied
+by ``sx[m]``. The integer sums are exact; only the f32 summation order differs from torchao
+eager's fake-quantized ``mm``.
 
-Every weight operand is read where it is: the packed bytes, the scales and zero points; nothing
-is repacked or dequantized, and ``t`` is one float per channel. Blocking as the int8 VNNI
-kernel's (:mod:`.avx512_vnni`): one output channel at a time (a workgroup's weight rows read as
-one sequential run), up to 4 rows, the next channel's row software-prefetched a line per step.
+Every operand is read where it is: the int8 activations as the program quantized them, the
+packed weight bytes, the scales and zero points; nothing is repacked or dequantized, and ``t``
+is one float per channel. Blocking as the int8 VNNI kernel's (:mod:`.avx512_vnni`): one output
+channel at a time (a workgroup's weight rows read as one sequential run), the next channel's
+row software-prefetched a line per step. A row block's prepared data (1.5 ``K`` bytes a row,
+plus the group sums) stays within IREE's 32 KiB of stack: 4 rows up to ``K`` = 4096, 2 to 8192,
+1 to 16384.
 """
 
 from __future__ import annotations

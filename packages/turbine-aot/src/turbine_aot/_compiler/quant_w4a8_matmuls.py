@@ -10,11 +10,10 @@ dequantized int4 weight (the weight-only int4 pattern of :mod:`.quant_matmuls`:
 
 The compile copy (``rewrites.module_for_compile``) gets, for such an ``mm``, a call of a private
 function over builtin tensors (IREE inlines it) that takes the program's own int8 ``X``, ``zx``
-and ``sx`` (the quantization stays the program's: torchao's rounding) and the weight's packed
-bytes, scales and zero points as stored, prepares the per-call row data the kernel reads (``X``
-de-interleaved per 128 ``k``, ``-8 * sum X`` per 8 ``k``, ``sum (X - zx)`` per group), computes
-the weight's ``t[n] = sum_g S sum Q`` (a constant expression of the globals: hoisted to load
-time), and dispatches the kernel. The dequantizations feeding the ``mm`` are erased.
+and ``sx`` (the quantization stays the program's: torchao's rounding; the rows collapsed to
+``[?, K]``) and the weight's packed bytes, scales and zero points as stored, computes the
+weight's ``t[n] = sum_g S sum Q`` (a constant expression of the globals: hoisted to load time),
+and dispatches the kernel (which prepares the rows itself). The dequantizations feeding the ``mm`` are erased.
 
 Anything else (int8 weights stored a byte each, as inline weights of an export without an
 archive are; shapes the kernel does not take) stays as it was: the weight-only kernel on the
