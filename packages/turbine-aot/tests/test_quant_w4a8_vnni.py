@@ -203,6 +203,18 @@ def test_static_one_row_and_odd_widths(tmp_path):
     _check(compiled, m, (1,))
 
 
+@needs_avx512
+@needs_vnni
+@pytest.mark.parametrize(("k", "rows"), [(8192, 2), (16384, 1)])
+def test_long_rows_are_prepared_in_smaller_blocks(tmp_path, k, rows):
+    """K = 8192 / 16384: 2 / 1 rows per prepared block (the stack limit), rows 1, 5, 33."""
+    m = _model(k, None, 32, 128 if k > 8192 else 32, asymmetric=True)
+    eo, parameters = _export(m, tmp_path)
+    asm = compile_copy_asm(eo, _flags())
+    assert f"@__turbine_avx512_vnni_i4i8_gemm_{k}x32_" in asm and f"_{rows}x1_u2_" in asm
+    _check(load_module(eo.compile(save_to=None), parameters=parameters), m, (1, 5, 33))
+
+
 def test_inline_weights_and_other_shapes_stay_and_match(tmp_path):
     """Weights inline (one byte per int4 value, not the archive's packed i4) and K = 96: not
     rewritten; the results are still eager's."""
