@@ -1,5 +1,5 @@
-"""Llama decode side by side: turbine (fp32 / torchao int8 / int4 / w8a8) against llama.cpp (F32 /
-Q8_0 / Q4_0) on the same random-init model, converted here to GGUF.
+"""Llama decode side by side: turbine (fp32 / torchao int8 / int4 / w8a8 / w4a8) against llama.cpp
+(F32 / Q8_0 / Q4_0) on the same random-init model, converted here to GGUF.
 
 For each model (``llama-110m``, ``llama-2.5m`` of ``llm_bench.MODELS``) and thread count, in its
 own child process:
@@ -7,7 +7,9 @@ own child process:
 * turbine: ``llm.export_causal_lm`` of the model and of its ``llm.quantized_copy`` (int8 per
   channel, int4 groups of ``--group-size``, w8a8: int8 weights per channel and int8 activations
   per row, integer products like llama.cpp's Q8_0 path, compared with Q8_0; ``w8a8-iree`` the
-  same on IREE's integer matmul), ``llm.load`` (``local-sync`` for 1 thread, ``local-task``
+  same on IREE's integer matmul; w4a8: int4 weights in groups of ``--group-size`` and int8
+  activations per row, integer products like llama.cpp's Q4_0 path, compared with Q4_0;
+  ``w4a8-int4`` the same module on the weight-only int4 kernel), ``llm.load`` (``local-sync`` for 1 thread, ``local-task``
   limited to N workers otherwise);
 * llama.cpp (``llama-cpp-python``): the same weights written to GGUF by :func:`write_gguf` (this
   file's own converter, built on the ``gguf`` package's ``GGUFWriter`` and its numpy
@@ -57,7 +59,20 @@ MODELS = ("llama-110m", "llama-2.5m")
 #: turbine -> llama.cpp. w8a8 (int8 activations, integer dot products) beside Q8_0, whose CPU
 #: path quantizes the activations to int8 blocks too; ``w8a8-iree``: the same module compiled
 #: with ``TURBINE_CPU_INT8_MATMUL=iree`` (IREE's integer matmul: what the VNNI kernel replaced).
-WEIGHTS = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0", "w8a8": "Q8_0", "w8a8-iree": "Q8_0"}
+#: w4a8 (int4 weights, int8 activations) beside Q4_0 (llama.cpp's Q4_0 x Q8_0 dot products);
+#: ``w4a8-int4``: the same module with ``TURBINE_CPU_INT8_MATMUL=iree`` (the weight-only int4
+#: kernel on the dequantized activations: what the VNNI w4a8 kernel replaced).
+WEIGHTS = {
+    "fp32": "F32",
+    "int8": "Q8_0",
+    "int4": "Q4_0",
+    "w8a8": "Q8_0",
+    "w8a8-iree": "Q8_0",
+    "w4a8": "Q4_0",
+    "w4a8-int4": "Q4_0",
+}
+#: The variants compiled with TURBINE_CPU_INT8_MATMUL=iree.
+_INT8_MATMUL_IREE = ("-iree", "-int4")
 #: turbine_aot._compiler.quant_int8_matmuls.CPU_INT8_MATMUL_ENV (not imported: private)
 INT8_MATMUL_ENV = "TURBINE_CPU_INT8_MATMUL"
 
@@ -298,13 +313,14 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     for weights in args.weights:
         model = fp32
         if weights != "fp32":
-            gs = args.group_size if weights == "int4" else None
-            model = llm.quantized_copy(fp32, weights.removesuffix("-iree"), group_size=gs)
+            scheme = weights.removesuffix("-iree").removesuffix("-int4")
+            gs = args.group_size if scheme in ("int4", "w4a8") else None
+            model = llm.quantized_copy(fp32, scheme, group_size=gs)
         t0 = time.perf_counter()
         eo = llm.export_causal_lm(model, max_seq_len=context)
         archive = tmp / f"{weights}.irpa"
         eo.save_parameters(archive)
-        if weights.endswith("-iree"):
+        if weights.endswith(_INT8_MATMUL_IREE):
             os.environ[INT8_MATMUL_ENV] = "iree"
         try:
             lm = llm.load(eo, device=device)

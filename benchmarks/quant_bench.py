@@ -12,6 +12,11 @@ deployed):
 * ``w8a8`` — ``Int8DynamicActivationInt8WeightConfig()`` (int8 weights per channel, the
   activations quantized to int8 per row in the program; the integer products on turbine's
   AVX-512 VNNI kernel where the CPU has it);
+* ``w4a8-g32`` / ``w4a8-g128`` — ``Int8DynamicActivationIntxWeightConfig(weight_dtype=
+  torch.int4, weight_granularity=PerGroup(G))`` (packed ``i4`` weights, the activations
+  quantized to int8 per row: turbine's VNNI w4a8 kernel where the CPU has it; its
+  ``kernel-int4`` build, ``TURBINE_CPU_INT8_MATMUL=iree``, runs the same weights on the
+  weight-only int4 kernel with the dequantized f32 activations, what turbine did before);
 
 each compiled twice: turbine's defaults (``kernel``: the quantized matmuls on the AVX-512
 int8 / int4 kernel, ``w8a8``'s on the VNNI kernel) and ``--turbine-cpu-matmul=iree`` (``iree``:
@@ -48,11 +53,14 @@ if str(HERE) not in sys.path:
 import _harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128", "w8a8")
+VARIANTS = ("fp32", "int8", "int4-g32", "int4-g128", "w8a8", "w4a8-g32", "w4a8-g128")
 #: turbine_aot._compiler.quant_matmuls.QUANT_KERNEL_ENV (not imported: the benchmark reads no
 #: private module).
 QUANT_KERNEL_ENV = "TURBINE_CPU_QUANT_KERNEL"
-KINDS = ("kernel", "kernel-v1", "iree", "eager")
+KINDS = ("kernel", "kernel-v1", "kernel-int4", "iree", "eager")
+#: turbine_aot._compiler.quant_int8_matmuls.CPU_INT8_MATMUL_ENV: ``iree`` keeps w4a8's products
+#: on the weight-only int4 kernel (the ``kernel-int4`` build).
+INT8_MATMUL_ENV = "TURBINE_CPU_INT8_MATMUL"
 
 
 def _model(variant: str, layers: int, width: int):
@@ -65,6 +73,7 @@ def _model(variant: str, layers: int, width: int):
         return m
     from torchao.quantization import (
         Int8DynamicActivationInt8WeightConfig,
+        Int8DynamicActivationIntxWeightConfig,
         Int8WeightOnlyConfig,
         IntxWeightOnlyConfig,
         quantize_,
@@ -75,6 +84,10 @@ def _model(variant: str, layers: int, width: int):
         config = Int8WeightOnlyConfig()
     elif variant == "w8a8":
         config = Int8DynamicActivationInt8WeightConfig()
+    elif variant.startswith("w4a8"):
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4, weight_granularity=PerGroup(int(variant.split("-g")[1]))
+        )
     else:
         group = int(variant.split("-g")[1])
         config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group))
@@ -139,6 +152,8 @@ def _build(variant: str, args, tmp: Path) -> dict:
         kinds.append(("iree", ["--turbine-cpu-matmul=iree"], {}))
     if args.ab:
         kinds.append(("kernel-v1", [], {QUANT_KERNEL_ENV: args.ab}))
+    if variant.startswith("w4a8"):
+        kinds.append(("kernel-int4", [], {INT8_MATMUL_ENV: "iree"}))
     for kind, extra, env in kinds:
         if variant == "fp32" and kind != "kernel":
             continue
@@ -253,7 +268,7 @@ def measure(args) -> dict:
             "ms": {kind: t[f"{v}/{kind}"]["wall"] * 1e3 for kind in KINDS if f"{v}/{kind}" in t},
             "max_abs_err_vs_eager": {
                 kind: errors[f"{v}/{kind}"]
-                for kind in ("kernel", "kernel-v1", "iree")
+                for kind in ("kernel", "kernel-v1", "kernel-int4", "iree")
                 if f"{v}/{kind}" in errors
             },
             "resident_mib": memory.get(v),
@@ -282,6 +297,7 @@ def table(r: dict) -> str:
         "× fp32 calls/s",
         "CPU ms (× fp32)",
         "first kernel (v1) ms (× fp32; new / v1 calls/s)",
+        "w4a8: weight-only int4 kernel ms (w4a8 / it calls/s)",
         "IREE dequant + matmul ms",
         "× fp32 (IREE)",
         "eager ms",
@@ -306,6 +322,11 @@ def table(r: dict) -> str:
                 f"{ms['kernel-v1']:.2f} ({fp32 / ms['kernel-v1']:.2f}×; "
                 f"{ms['kernel-v1'] / ms['kernel']:.2f}×)"
                 if "kernel-v1" in ms
+                else "–"
+            ),
+            (
+                f"{ms['kernel-int4']:.2f} ({ms['kernel-int4'] / ms['kernel']:.2f}×)"
+                if "kernel-int4" in ms
                 else "–"
             ),
             f"{ms['iree']:.2f}" if "iree" in ms else "–",

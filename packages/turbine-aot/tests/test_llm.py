@@ -583,12 +583,47 @@ def test_w8a8_llama_generates_torchao_eager_greedy_ids(llama_model, monkeypatch)
         assert_same_greedy(out, want, logits, f"w8a8 prompt {i} (kernel: {kernel})", W8A8_TIE)
 
 
+def test_w4a8_llama_generates_torchao_eager_greedy_ids(monkeypatch):
+    """quantize="w4a8" (int4 weights in groups of 32, int8 activations; widths 128 / 256, which
+    the kernel takes): on turbine's VNNI w4a8 kernel where the CPU has it, torchao eager's
+    greedy ids up to ties of the activations' rounding (W8A8_TIE: the same int8 rounding of
+    the activations as w8a8's), as on the weight-only int4 kernel (TURBINE_CPU_INT8_MATMUL=iree,
+    the path before)."""
+    _torchao_or_skip()
+    from kernel_testing import compile_copy_asm
+
+    from turbine_aot._compiler.avx512_vnni import host_vnni_missing
+    from turbine_aot._compiler.flags import default_compile_flags
+
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    monkeypatch.delenv("TURBINE_CPU_INT8_MATMUL", raising=False)
+    model = _llama(hidden_size=128, intermediate_size=256)
+    eo = llm.export_causal_lm(model, max_seq_len=64, quantize="w4a8", group_size=32)
+    asm = compile_copy_asm(eo, default_compile_flags("llvm-cpu", use_env=False))
+    calls = asm.count("func.func private @__turbine_avx512_vnni_w4a8_matmul_")
+    kernel = not host_vnni_missing() and "avx512f" in asm
+    # per layer q, k, v, o, gate, up, down (twice: prefill and decode), and the LM head's two
+    assert calls == ((2 * 7 + 1) * 2 if kernel else 0)
+    eager = llm.quantized_copy(model, "w4a8", group_size=32)
+    lm = llm.load(eo)
+    monkeypatch.setenv("TURBINE_CPU_INT8_MATMUL", "iree")
+    before = llm.load(eo)  # the weight-only int4 kernel on the dequantized activations
+    for i, p in enumerate(_prompts(320, [5, 13], seed=17)):
+        want, logits = _eager_greedy(eager, p, NEW_TOKENS)
+        for runner, what in ((lm, f"kernel: {kernel}"), (before, "weight-only int4 kernel")):
+            runner.reset()
+            out = runner.generate(p, NEW_TOKENS)[0, p.numel() :]
+            assert_same_greedy(out, want, logits, f"w4a8 prompt {i} ({what})", W8A8_TIE)
+
+
 def test_quantize_options_are_checked():
     _torchao_or_skip()
     model = _llama(layers=1)
     with pytest.raises(llm.LLMExportError, match=r"group_size=128 does not divide.*64 inputs"):
         llm.export_causal_lm(model, max_seq_len=16, quantize="int4")
-    with pytest.raises(llm.LLMExportError, match="quantize must be one of 'int8', 'int4', 'w8a8'"):
+    with pytest.raises(
+        llm.LLMExportError, match="quantize must be one of 'int8', 'int4', 'w8a8', 'w4a8'"
+    ):
         llm.export_causal_lm(model, max_seq_len=16, quantize="fp4")
     for quantize in ("int8", "w8a8"):
         with pytest.raises(llm.LLMExportError, match="group_size is for quantize='int4'"):
@@ -597,9 +632,15 @@ def test_quantize_options_are_checked():
         llm.export_causal_lm(model, max_seq_len=16, group_size=32)
     with pytest.raises(llm.LLMExportError, match="even int >= 2"):
         llm.export_causal_lm(model, max_seq_len=16, quantize="int4", group_size=3)
+    with pytest.raises(llm.LLMExportError, match=r"group_size=128 does not divide.*64 inputs"):
+        llm.export_causal_lm(model, max_seq_len=16, quantize="w4a8")
+    with pytest.raises(llm.LLMExportError, match="even int >= 2"):
+        llm.export_causal_lm(model, max_seq_len=16, quantize="w4a8", group_size=3)
 
 
-def test_cli_llm_export_quantize_int4(tmp_path, capsys):
+@pytest.mark.parametrize("quantize", ["int4", "w4a8"])
+def test_cli_llm_export_quantize_int4(tmp_path, capsys, quantize):
+    """``--quantize int4`` / ``w4a8`` (int4 weights packed in the archive either way)."""
     _torchao_or_skip()
     src = tmp_path / "tiny_config.py"
     src.write_text(
@@ -608,9 +649,9 @@ def test_cli_llm_export_quantize_int4(tmp_path, capsys):
         "    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,\n"
         "    max_position_embeddings=64)\n"
     )
-    bundle = tmp_path / "tiny_int4"
+    bundle = tmp_path / f"tiny_{quantize}"
     args = ["--json", "llm", "export", f"{src}:config", "--max-seq-len", "32", "-o", str(bundle)]
-    assert cli_main([*args, "--quantize", "int4", "--group-size", "32"]) == 0
+    assert cli_main([*args, "--quantize", quantize, "--group-size", "32"]) == 0
     capsys.readouterr()
     from turbine_params import ParameterArchive
 
@@ -627,9 +668,10 @@ def test_cli_llm_export_quantize_int4(tmp_path, capsys):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     model = transformers.AutoModelForCausalLM.from_config(mod.config).eval()
-    eager = llm.quantized_copy(model, "int4", group_size=32)
+    eager = llm.quantized_copy(model, quantize, group_size=32)
     want, logits = _eager_greedy(eager, torch.tensor([1, 2, 3]), len(got))
-    assert_same_greedy(torch.tensor(got), want, logits, "cli int4")
+    tie = W8A8_TIE if quantize == "w4a8" else TIE
+    assert_same_greedy(torch.tensor(got), want, logits, f"cli {quantize}", tie)
     # A bad group size is a one-line error.
-    assert cli_main([*args[1:], "--force", "--quantize", "int4"]) == 2
+    assert cli_main([*args[1:], "--force", "--quantize", quantize]) == 2
     assert "group_size=128 does not divide" in capsys.readouterr().err

@@ -48,16 +48,17 @@ def register(sub: Any, common: Any, commands: dict[str, Any]) -> None:
     )
     e.add_argument(
         "--quantize",
-        choices=("int8", "int4", "w8a8"),  # llm.QUANTIZATIONS (not imported: llm is heavy)
+        choices=("int8", "int4", "w8a8", "w4a8"),  # llm.QUANTIZATIONS (llm is heavy)
         default=None,
         help="quantize the linear layers with torchao first (needs torchao): int8 / int4 "
-        "weights, or w8a8 (int8 weights and activations, integer products)",
+        "weights, w8a8 (int8 weights and activations, integer products) or w4a8 (int4 "
+        "weights in groups, int8 activations, integer products)",
     )
     e.add_argument(
         "--group-size",
         type=int,
         default=None,
-        help="inputs per int4 scale (default 128; with --quantize int4)",
+        help="inputs per int4 scale (default 128; with --quantize int4 or w4a8)",
     )
     e.add_argument(
         "--decode-windows",

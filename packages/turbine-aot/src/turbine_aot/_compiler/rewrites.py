@@ -29,7 +29,11 @@ flags:
   stored (:mod:`.quant_matmuls`, :mod:`.avx512_quant`); and, where the CPU also has AVX-512
   VNNI, the int8 x int8 products of torchao's dynamic-activation configs as calls of the VNNI
   kernel (:mod:`.quant_int8_matmuls`, :mod:`.avx512_vnni`). ``TURBINE_CPU_INT8_MATMUL=iree``
-  keeps IREE's code for those products only.
+  keeps IREE's code for those products only. There too, the int4-weight x int8-activation
+  products of torchao's ``Int8DynamicActivationIntxWeightConfig`` (fake quantization) as calls
+  of the VNNI w4a8 kernel on the packed int4 weights (:mod:`.quant_w4a8_matmuls`,
+  :mod:`.avx512_w4a8`); ``TURBINE_CPU_INT8_MATMUL=iree`` keeps them on the weight-only int4
+  kernel (f32 activations), as before.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from .quant_int8_matmuls import (
     rewrite_int8_matmuls_vnni,
 )
 from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
+from .quant_w4a8_matmuls import rewritable_w4a8_matmuls, rewrite_w4a8_matmuls_vnni
 from .targets import flag_targets
 
 __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
@@ -88,9 +93,11 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: direct convolution whose output is read only by another one with padding writes it
 #: zero-padded as that one reads it (no padding copy between them); 19: per-channel sub / mul /
 #: add chains after a direct convolution (a batch norm as torch.export decomposes it) in its
-#: store too (on their branches: 13-15 and 13-15); 20: the int4 quantized kernel in blocks of 2
-#: channels where ``M`` is statically 1.
-REVISION = 20
+#: store too (on their branches: 13-15 and 13-15); 20: torchao's int4-weight x int8-activation
+#: products (``Int8DynamicActivationIntxWeightConfig``, fake-quantized) on the AVX-512 VNNI
+#: w4a8 kernel instead of the weight-only int4 kernel; 21: the weight-only int4 kernel in
+#: blocks of 2 channels where ``M`` is statically 1 (on their branches: 20 and 20).
+REVISION = 21
 
 _log = logging.getLogger("turbine.aot")
 
@@ -151,12 +158,11 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # int8 x int8 products on the VNNI kernel: the host builds of the fp32 kernel, on a CPU
     # with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
     keep_int8 = os.environ.get(CPU_INT8_MATMUL_ENV, "").strip().lower() == "iree"
-    int8 = (
-        fp32_kernel
-        and not keep_int8
-        and not host_vnni_missing()
-        and bool(rewritable_int8_matmuls(op))
-    )
+    vnni = fp32_kernel and not keep_int8 and not host_vnni_missing()
+    int8 = vnni and bool(rewritable_int8_matmuls(op))
+    # int4 x int8 products (torchao's fake-quantized Int8DynamicActivationIntxWeightConfig) on
+    # the VNNI w4a8 kernel, gated as int8; otherwise they stay on the weight-only int4 kernel
+    w4a8 = vnni and bool(rewritable_w4a8_matmuls(op))
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
     # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
@@ -167,7 +173,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
     keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
     pools = direct and not keep_pools and bool(max_pools(op))
-    if not (attention or casts or shared_globals or convs or matmul or quant or int8 or direct):
+    if not (
+        attention or casts or shared_globals or convs or matmul or quant or int8 or w4a8 or direct
+    ):
         return module_op, False
     copy = op.clone()
     if attention:
@@ -197,6 +205,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         features = AVX512_BF16_FEATURES if bf16_convs else AVX512_FEATURES
         count = rewrite_convs_as_matmuls(copy, kernel_for, features)
         _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
+    if w4a8:  # before the weight-only kernel, which would take the same mm
+        count = rewrite_w4a8_matmuls_vnni(copy)
+        _log.info("llvm-cpu target: %d int4 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
     if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
         count = rewrite_quant_matmuls_avx512(copy)
         _log.info("llvm-cpu target: %d quantized matmul(s) on the AVX-512 int8/int4 kernel", count)

@@ -276,12 +276,14 @@ def export_causal_lm(
             argument and result of both functions).
         external_parameters: weights as ``#flow.parameter.named<"model"::NAME>`` (NAME = the
             model's ``state_dict`` name), to be loaded from an ``.irpa``; ``False`` inlines them.
-        quantize: ``"int8"``, ``"int4"`` or ``"w8a8"`` (int8 weights and activations): quantize
+        quantize: ``"int8"``, ``"int4"``, ``"w8a8"`` (int8 weights and activations) or
+            ``"w4a8"`` (int4 weights in groups, int8 activations): quantize
             a copy of the model's linear layers with torchao first (:func:`~turbine_aot.llm.quantized_copy`; needs ``torchao``). A model
             the caller quantized with torchao exports as it is, with ``quantize=None``. Quantized
             weights are stored as ``NAME.qdata`` / ``NAME.scale`` / ``NAME.zero_point``
             (int4 packed two per byte); see docs/quantization.md.
-        group_size: inputs per int4 scale (default 128), for ``quantize="int4"``.
+        group_size: inputs per int4 scale (default 128), for ``quantize="int4"`` and
+            ``"w4a8"``.
         decode_windows: cache lengths ``W < max_seq_len`` to export ``decode_<W>`` for (a step
             at positions below ``W`` attends to ``W`` cache entries instead of
             ``max_seq_len``); ``"auto"``: those of 128, 512, 2048 and 8192 below
@@ -313,7 +315,9 @@ def export_causal_lm(
     if quantize is not None:
         model = quantized_copy(model, quantize, group_size=group_size)
     elif group_size is not None:
-        raise LLMExportError("group_size is for quantize='int4'; pass quantize='int4' with it")
+        raise LLMExportError(
+            "group_size is for quantize='int4' or 'w4a8'; pass one of them with it"
+        )
     check_quantized_module(model)  # torchao layouts IREE cannot run, refused before tracing
     model = model.eval()
     lm = adapt_hf_model(model, max_seq_len) if is_hf_causal_lm(model) else model
