@@ -17,8 +17,9 @@ Two storages, chosen at export:
 
 Both write the new entries at ``positions`` (``[batch, seq]``, each row its own positions) and
 return the whole cache of the layer (with a ``window``, its first ``window`` positions: a decode
-step whose positions are all below it attends to no more); the mask the model is given hides every position after
-the query's own, so stale or padding entries there are never read before they are overwritten.
+step whose positions are all below it attends to no more); the mask the model is given hides
+every position after the query's own, so stale or padding entries there are never read before
+they are overwritten.
 Attending over all ``max_seq_len`` positions also in ``prefill`` keeps the reduction dimensions
 of attention static (IREE 3.13 fails to compile the data-tiled ``softmax @ V`` matmul whose
 reduction is the dynamic prompt length) and lets a prefill start at any position.
