@@ -53,7 +53,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .matmuls import KernelFactory, kernel_matmul_function, mark_cpu_requires
-from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, constant_int_list, walk
+from .torch_ir import (
+    NOT_CONSTANT,
+    Builder,
+    TensorType,
+    TopLevel,
+    constant,
+    constant_int_list,
+    walk,
+)
 
 __all__ = [
     "SMALL_CHANNELS",
@@ -270,8 +278,6 @@ def rewrite_convs_as_matmuls(
     Returns:
         How many convolutions were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     convs = [(o, _spec(o)) for o in convs_as_matmuls(op)]
@@ -295,25 +301,12 @@ def rewrite_convs_as_matmuls(
             _tensor(spec.f),
         ]
         operands = list(conv.operands)[: 3 if spec.bias else 2]
-        with conv.location, InsertionPoint(conv):
-            builtin = [
-                Operation.create(
-                    "torch_c.to_builtin_tensor",
-                    results=[Type.parse(t, conv.context)],
-                    operands=[v],
-                ).result
-                for v, t in zip(operands, types)
-            ]
-            out_type = _tensor(spec.n, spec.f, spec.oh, spec.ow)
-            call = Operation.create(
-                "func.call",
-                results=[Type.parse(out_type, conv.context)],
-                operands=builtin,
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
-            back = Operation.create(
-                "torch_c.from_builtin_tensor", results=[conv.results[0].type], operands=[call]
-            ).result
+        back = Builder(conv).call_on_builtins(
+            name,
+            list(zip(operands, types)),
+            _tensor(spec.n, spec.f, spec.oh, spec.ow),
+            conv.results[0].type,
+        )
         conv.results[0].replace_all_uses_with(back)
         conv.erase()
     if convs and kernel_for is not None:

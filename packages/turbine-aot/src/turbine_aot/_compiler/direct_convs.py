@@ -48,7 +48,7 @@ from .epilogues import (
     same_shape_add,
 )
 from .matmuls import mark_cpu_requires
-from .torch_ir import TensorType, TopLevel, walk
+from .torch_ir import Builder, TensorType, TopLevel, walk
 
 __all__ = ["direct_convs", "rewrite_convs_avx512"]
 
@@ -427,8 +427,6 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
     Returns:
         How many convolutions were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
@@ -491,31 +489,15 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
             )
         )
         anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
-        with conv.location, InsertionPoint(anchor):
-            builtin = [
-                Operation.create(
-                    "torch_c.to_builtin_tensor",
-                    results=[Type.parse(t, conv.context)],
-                    operands=[v],
-                ).result
-                for v, t in zip(operands, types)
-            ]
-            if padded is not None:  # the previous kernel's C, as this kernel reads it
-                builtin[0] = padded
-            results = [Type.parse(out_t, conv.context)]
-            if consumer is not None:
-                results.append(Type.parse(_tensor(kernel.c_rows * g.f), conv.context))
-            call = Operation.create(
-                "func.call",
-                results=results,
-                operands=builtin,
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            )
-            back = Operation.create(
-                "torch_c.from_builtin_tensor",
-                results=[conv.results[0].type],
-                operands=[call.results[0]],
-            ).result
+        b = Builder(anchor, location=conv.location)
+        builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
+        if padded is not None:  # the previous kernel's C, as this kernel reads it
+            builtin[0] = padded
+        results = [out_t]
+        if consumer is not None:
+            results.append(_tensor(kernel.c_rows * g.f))
+        call = b.call(name, builtin, results)
+        back = b.from_builtin(call.results[0], conv.results[0].type)
         if consumer is not None:
             padded_inputs[consumer[0]] = call.results[1]
         if absorbed:

@@ -37,7 +37,7 @@ from .amx import CPU_REQUIRES_KEY
 from .avx512 import AVX512_FEATURES, Avx512Gemm, host_avx512_missing
 from .epilogues import fusion_enabled, only_user
 from .targets import TargetError
-from .torch_ir import NOT_CONSTANT, TensorType, TopLevel, constant, walk
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, constant, walk
 
 __all__ = [
     "CPU_MATMUL_ENV",
@@ -416,8 +416,6 @@ def rewrite_matmuls(
     Returns:
         How many matmuls were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in rewritable_matmuls(op)]
@@ -442,35 +440,16 @@ def rewrite_matmuls(
             operands.append(bias)
             types.append(TensorType([spec.n], "f32"))
         anchor = absorbed[-1] if absorbed else mm  # a fused add's bias may come after mm
-        with mm.location, InsertionPoint(anchor):
-            builtin = [
-                Operation.create(
-                    "torch_c.to_builtin_tensor",
-                    results=[Type.parse(_tensor(t.sizes, "f32"), mm.context)],
-                    operands=[v],
-                ).result
-                for v, t in zip(operands, types)
-            ]
-            call = Operation.create(
-                "func.call",
-                results=[Type.parse(_tensor(spec.out.sizes, "f32"), mm.context)],
-                operands=builtin,
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
-            result = Operation.create(
-                "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
-            ).result
-            if spec.bias is not None and not fused_bias:
-                one = Operation.create(
-                    "torch.constant.int",
-                    results=[Type.parse("!torch.int", mm.context)],
-                    attributes={"value": _i64(1, mm.context)},
-                ).result
-                result = Operation.create(
-                    "torch.aten.add.Tensor",
-                    results=[mm.results[0].type],
-                    operands=[result, spec.bias, one],
-                ).result
+        b = Builder(anchor, location=mm.location)
+        result = b.call_on_builtins(
+            name,
+            [(v, _tensor(t.sizes, "f32")) for v, t in zip(operands, types)],
+            _tensor(spec.out.sizes, "f32"),
+            mm.results[0].type,
+        )
+        if spec.bias is not None and not fused_bias:
+            add_t = str(mm.results[0].type)
+            result = b.op("torch.aten.add.Tensor", add_t, [result, spec.bias, b.int(1)])
         if absorbed:
             absorbed[-1].results[0].replace_all_uses_with(result)
         for fused in reversed(absorbed):
@@ -522,13 +501,6 @@ def _operands(mm: Any) -> list[Any]:
     if mm.name == "torch.aten.addmm":
         return [operands[1], operands[2]]
     return [operands[0], operands[1]]
-
-
-def _i64(v: int, context: Any) -> Any:
-    from turbine_ir.ir import IntegerAttr, IntegerType
-
-    with context:
-        return IntegerAttr.get(IntegerType.get_signless(64), v)
 
 
 def mark_cpu_requires(module_op: Any, features: Sequence[str]) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .convs import _pair
-from .torch_ir import TensorType, TopLevel, constant, constant_int_list, walk
+from .torch_ir import Builder, TensorType, TopLevel, constant, constant_int_list, walk
 
 __all__ = ["CPU_POOLS_ENV", "MaxPool", "max_pools", "rewrite_max_pools_nhwc"]
 
@@ -166,8 +166,6 @@ def rewrite_max_pools_nhwc(module_op: Any) -> int:
     Returns:
         How many max poolings were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = [(o, max_pool_geometry(o)) for o in max_pools(op)]
@@ -175,21 +173,12 @@ def rewrite_max_pools_nhwc(module_op: Any) -> int:
         assert g is not None
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
         top.append(_function(name, g))
-        with pool.location, InsertionPoint(pool):
-            builtin = Operation.create(
-                "torch_c.to_builtin_tensor",
-                results=[Type.parse(_tensor(g.n, g.c, g.h, g.w), pool.context)],
-                operands=[pool.operands[0]],
-            ).result
-            call = Operation.create(
-                "func.call",
-                results=[Type.parse(_tensor(g.n, g.c, g.oh, g.ow), pool.context)],
-                operands=[builtin],
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
-            back = Operation.create(
-                "torch_c.from_builtin_tensor", results=[pool.results[0].type], operands=[call]
-            ).result
+        back = Builder(pool).call_on_builtins(
+            name,
+            [(pool.operands[0], _tensor(g.n, g.c, g.h, g.w))],
+            _tensor(g.n, g.c, g.oh, g.ow),
+            pool.results[0].type,
+        )
         pool.results[0].replace_all_uses_with(back)
         pool.erase()
     return len(found)

@@ -32,6 +32,7 @@ from typing import Any
 from .avx512_vnni import VNNI_FEATURES, Avx512VnniGemm
 from .matmuls import mark_cpu_requires
 from .torch_ir import (
+    Builder,
     TensorType,
     TopLevel,
     constant,
@@ -223,8 +224,6 @@ def rewrite_int8_matmuls_vnni(module_op: Any) -> int:
     Returns:
         How many products were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = rewritable_int8_matmuls(op)
@@ -237,29 +236,12 @@ def rewrite_int8_matmuls_vnni(module_op: Any) -> int:
         name = top.unique(f"__turbine_avx512_vnni_int8_matmul_{index}")
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
-        anchor = producer(spec.result)
-        with anchor.location, InsertionPoint(anchor):
-
-            def builtin(value: Any, t: str, context: Any = anchor.context) -> Any:
-                return Operation.create(
-                    "torch_c.to_builtin_tensor",
-                    results=[Type.parse(t, context)],
-                    operands=[value],
-                ).result
-
-            operands = [
-                builtin(spec.x, f"tensor<{m}x{spec.k}xi8>"),
-                builtin(spec.q, f"tensor<{spec.n}x{spec.k}xi8>"),
-            ]
-            call = Operation.create(
-                "func.call",
-                results=[Type.parse(f"tensor<{m}x{spec.n}xi32>", anchor.context)],
-                operands=operands,
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
-            result = Operation.create(
-                "torch_c.from_builtin_tensor", results=[spec.result.type], operands=[call]
-            ).result
+        result = Builder(producer(spec.result)).call_on_builtins(
+            name,
+            [(spec.x, f"tensor<{m}x{spec.k}xi8>"), (spec.q, f"tensor<{spec.n}x{spec.k}xi8>")],
+            f"tensor<{m}x{spec.n}xi32>",
+            spec.result.type,
+        )
         spec.result.replace_all_uses_with(result)
         erase_unused(spec.result, _PURE)
     if found:

@@ -29,7 +29,7 @@ from typing import Any
 from .avx512 import AVX512_FEATURES
 from .avx512_quant import VARIANTS, Avx512QuantGemm
 from .matmuls import mark_cpu_requires
-from .torch_ir import TensorType, TopLevel, constant, erase_unused, producer, walk
+from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, producer, walk
 
 __all__ = ["QUANT_KERNEL_ENV", "rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
 
@@ -310,8 +310,6 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
     Returns:
         How many matmuls were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = rewritable_quant_matmuls(op)
@@ -324,33 +322,18 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
         name = top.unique(f"__turbine_avx512_quant_matmul_{index}")
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
-        with mm.location, InsertionPoint(mm):
-
-            def builtin(value: Any, t: str, context: Any = mm.context) -> Any:
-                return Operation.create(
-                    "torch_c.to_builtin_tensor",
-                    results=[Type.parse(t, context)],
-                    operands=[value],
-                ).result
-
-            groups = spec.k // spec.group if spec.group else 0
-            operands = [builtin(spec.x, f"tensor<{m}x{spec.k}xf32>")]
-            operands.append(
-                spec.q if spec.q_i4 else builtin(spec.q, f"tensor<{spec.n}x{spec.k}xi8>")
-            )
-            if spec.scale is not None:
-                operands.append(builtin(spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"))
-            if spec.zero_point is not None:
-                operands.append(builtin(spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
-            call = Operation.create(
-                "func.call",
-                results=[Type.parse(f"tensor<{m}x{spec.n}xf32>", mm.context)],
-                operands=operands,
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
-            result = Operation.create(
-                "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
-            ).result
+        groups = spec.k // spec.group if spec.group else 0
+        operands = [
+            (spec.x, f"tensor<{m}x{spec.k}xf32>"),
+            (spec.q, None if spec.q_i4 else f"tensor<{spec.n}x{spec.k}xi8>"),
+        ]
+        if spec.scale is not None:
+            operands.append((spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"))
+        if spec.zero_point is not None:
+            operands.append((spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
+        result = Builder(mm).call_on_builtins(
+            name, operands, f"tensor<{m}x{spec.n}xf32>", mm.results[0].type
+        )
         weight = mm.operands[1]
         mm.results[0].replace_all_uses_with(result)
         mm.erase()

@@ -30,7 +30,7 @@ from .avx512_vnni import VNNI_FEATURES
 from .avx512_w4a8 import Avx512W4A8Gemm
 from .matmuls import mark_cpu_requires
 from .quant_matmuls import _erase_dead, _grouped_weight, _i4_source
-from .torch_ir import TensorType, TopLevel, constant, erase_unused, producer, walk
+from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, producer, walk
 
 __all__ = ["rewritable_w4a8_matmuls", "rewrite_w4a8_matmuls_vnni"]
 
@@ -302,8 +302,6 @@ def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
     Returns:
         How many products were rewritten.
     """
-    from turbine_ir.ir import FlatSymbolRefAttr, InsertionPoint, Operation, Type
-
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = rewritable_w4a8_matmuls(op)
@@ -317,34 +315,19 @@ def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
         groups = spec.k // spec.group
-        with mm.location, InsertionPoint(mm):
-
-            def builtin(value: Any, t: str, context: Any = mm.context) -> Any:
-                return Operation.create(
-                    "torch_c.to_builtin_tensor",
-                    results=[Type.parse(t, context)],
-                    operands=[value],
-                ).result
-
-            lead = "x".join("?" if d is None else str(d) for d in spec.lead)
-            operands = [
-                builtin(spec.x, f"tensor<{lead}x{spec.k}xi8>"),
-                builtin(spec.zx, f"tensor<{lead}x1xi8>"),
-                builtin(spec.sx, f"tensor<{lead}x1xf32>"),
-                spec.q,
-                builtin(spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"),
-            ]
-            if spec.zero_point is not None:
-                operands.append(builtin(spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
-            call = Operation.create(
-                "func.call",
-                results=[Type.parse(f"tensor<{m}x{spec.n}xf32>", mm.context)],
-                operands=operands,
-                attributes={"callee": FlatSymbolRefAttr.get(name)},
-            ).result
-            result = Operation.create(
-                "torch_c.from_builtin_tensor", results=[mm.results[0].type], operands=[call]
-            ).result
+        lead = "x".join("?" if d is None else str(d) for d in spec.lead)
+        operands = [
+            (spec.x, f"tensor<{lead}x{spec.k}xi8>"),
+            (spec.zx, f"tensor<{lead}x1xi8>"),
+            (spec.sx, f"tensor<{lead}x1xf32>"),
+            (spec.q, None),
+            (spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"),
+        ]
+        if spec.zero_point is not None:
+            operands.append((spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
+        result = Builder(mm).call_on_builtins(
+            name, operands, f"tensor<{m}x{spec.n}xf32>", mm.results[0].type
+        )
         xd, weight = mm.operands
         mm.results[0].replace_all_uses_with(result)
         mm.erase()

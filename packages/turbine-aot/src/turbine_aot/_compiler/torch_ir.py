@@ -203,14 +203,59 @@ def erase_unused(value: Any, removable: frozenset[str]) -> None:
 
 
 class Builder:
-    """Creates torch-dialect ops before one op, at its location."""
+    """Creates torch-dialect ops before one op, at its location (or ``location``).
 
-    def __init__(self, anchor: Any):
+    The rewrites that replace an op by a call of a private function over builtin tensors (the
+    CPU kernels' callers) build that call with :meth:`call_on_builtins`, or its three steps
+    :meth:`to_builtin`, :meth:`call` and :meth:`from_builtin`.
+    """
+
+    def __init__(self, anchor: Any, location: Any = None):
         from turbine_ir.ir import InsertionPoint
 
         self.ip = InsertionPoint(anchor)
-        self.loc = anchor.location
+        self.loc = anchor.location if location is None else location
         self.context = anchor.context
+
+    def to_builtin(self, value: Any, type_asm: str) -> Any:
+        """``torch_c.to_builtin_tensor`` of the torch tensor ``value`` as ``type_asm``."""
+        return self.op("torch_c.to_builtin_tensor", type_asm, [value])
+
+    def from_builtin(self, value: Any, torch_type: Any) -> Any:
+        """``torch_c.from_builtin_tensor`` of the builtin tensor ``value`` as ``torch_type``
+        (a ``Type``)."""
+        from turbine_ir.ir import Operation
+
+        with self.loc, self.ip:
+            return Operation.create(
+                "torch_c.from_builtin_tensor", results=[torch_type], operands=[value]
+            ).result
+
+    def call(self, name: str, operands: Sequence[Any], result_types: Sequence[str]) -> Any:
+        """``func.call @name(operands)`` with results of ``result_types``; returns the op."""
+        from turbine_ir.ir import FlatSymbolRefAttr, Operation, Type
+
+        with self.loc, self.ip:
+            return Operation.create(
+                "func.call",
+                results=[Type.parse(t, self.context) for t in result_types],
+                operands=list(operands),
+                attributes={"callee": FlatSymbolRefAttr.get(name)},
+            )
+
+    def call_on_builtins(
+        self,
+        name: str,
+        operands: Sequence[tuple[Any, str | None]],
+        result_type: str,
+        torch_type: Any,
+    ) -> Any:
+        """``func.call @name`` of ``operands``, each ``(value, builtin type)`` made a builtin
+        tensor of that type (``None``: already one), and its one result back as a torch value
+        of ``torch_type``."""
+        builtin = [v if t is None else self.to_builtin(v, t) for v, t in operands]
+        call = self.call(name, builtin, [result_type])
+        return self.from_builtin(call.results[0], torch_type)
 
     def op(self, name: str, result: str, operands: list[Any], attrs: dict | None = None) -> Any:
         from turbine_ir.ir import Operation, Type
