@@ -10,7 +10,8 @@ first variant (the default). It is a benchmark: nothing asserts on time.
 Usage::
 
     python benchmarks/vnni_kernel_ab.py                                  # default vs a few
-    python benchmarks/vnni_kernel_ab.py --variants '{}' '{"nr": 8}' '{"prefetch": false}'
+    python benchmarks/vnni_kernel_ab.py --variants '{}' '{"nr": 8}' '{"prefetch": true}'
+    python benchmarks/vnni_kernel_ab.py --width 768 --layers 150    # 88 MB: weights from DRAM
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ if str(HERE) not in sys.path:
 import _harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-DEFAULT_VARIANTS = ("{}", '{"nr": 4}', '{"nr": 2}', '{"prefetch": false}', '{"unroll": 4}')
+DEFAULT_VARIANTS = ("{}", '{"nr": 4}', '{"nr": 2}', '{"prefetch": true}', '{"unroll": 4}')
 
 
 def _module(kernel, layers: int, width: int) -> str:

@@ -28,9 +28,11 @@ the end of ``K`` each accumulator is summed across its lanes, ``corr`` subtracte
 sequential run (32 rows of ``K`` bytes, contiguous), which the hardware prefetchers follow;
 blocks of 4 channels (``nr = 4``, the weight-only kernel's blocking) read 4 rows ``K`` bytes
 apart side by side and ran 1.69x slower at one row (12.5 against 21.2 GB/s of weights,
-``benchmarks/vnni_kernel_ab.py``, docs/quantization.md). The next channel's row is
-software-prefetched a line (64 bytes) per step. Rows left over at the end of ``M`` use a
-kernel of fewer rows; any ``M`` works (dynamic too).
+``benchmarks/vnni_kernel_ab.py``, docs/quantization.md). No software prefetch by default: with
+the weights in DRAM (not the last-level cache) prefetching the next channel's row a line per
+step ran 0.81-0.89x of none (``prefetch=True`` keeps it for A/B), and a 110M Llama's w8a8
+decode step 0.85x (docs/quantization.md). Rows left over at the end of ``M`` use a kernel of
+fewer rows; any ``M`` works (dynamic too).
 
 ``vpdpbusd`` is reached with ``llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"`` over a
 ``vector<16xi32>`` accumulator and two ``vector<64xi8>`` operands (IREE 3.13's LLVM declares the
@@ -67,7 +69,7 @@ class Avx512VnniGemm:
         mr, nr: the register block (rows of ``M``, output channels).
         unroll: steps of 64 ``k`` per loop iteration.
         rows_per_workgroup, cols_per_workgroup: a workgroup's block of ``C``.
-        prefetch: software-prefetch the next block's weight rows.
+        prefetch: software-prefetch the next block's weight rows (off: slower from DRAM).
     """
 
     k: int
@@ -77,7 +79,7 @@ class Avx512VnniGemm:
     unroll: int = 2
     rows_per_workgroup: int = 16
     cols_per_workgroup: int = 32
-    prefetch: bool = True
+    prefetch: bool = False
 
     @staticmethod
     def supports(k: int, n: int) -> bool:

@@ -96,8 +96,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: store too (on their branches: 13-15 and 13-15); 20: torchao's int4-weight x int8-activation
 #: products (``Int8DynamicActivationIntxWeightConfig``, fake-quantized) on the AVX-512 VNNI
 #: w4a8 kernel instead of the weight-only int4 kernel; 21: the weight-only int4 kernel in
-#: blocks of 2 channels where ``M`` is statically 1 (on their branches: 20 and 20).
-REVISION = 21
+#: blocks of 2 channels where ``M`` is statically 1 (on their branches: 20 and 20); 22: the
+#: VNNI int8 and w4a8 kernels without software prefetch.
+REVISION = 22
 
 _log = logging.getLogger("turbine.aot")
 
