@@ -87,10 +87,82 @@ def test_grouped_query_attention_and_dynamic_sequence_on_cpu(handed_to_iree):
     q, k, v = torch.randn(1, 8, 6, 16), torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
     out = aot.export(GroupedCausal(), args=(q, k, v), dynamic_shapes=shapes)
     m = load_module(out.compile(None, extra_args=FAST))
-    assert SDPA_OP not in handed_to_iree[0]
-    assert "torch.aten.flatten.using_ints" in handed_to_iree[0]  # k/v repeated per group
+    (ir,) = handed_to_iree
+    assert SDPA_OP not in ir
+    # grouped: the 8 query heads as 2 groups of 4 over the 2 key / value heads, which are
+    # never repeated
+    assert "torch.aten.expand" not in ir and "torch.aten.flatten.using_ints" not in ir
+    assert "-> !torch.vtensor<[1,2,?,16],f32>" in ir  # q as [1, Hk, 4 * L, E]
     q, k, v = torch.randn(1, 8, 20, 16), torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
     torch.testing.assert_close(m.main(q, k, v), GroupedCausal()(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def _repeat_kv(x: torch.Tensor, rep: int) -> torch.Tensor:
+    """Hugging Face's ``repeat_kv``: the key / value heads repeated for their query groups."""
+    b, h, s, e = x.shape
+    return x[:, :, None, :, :].expand(b, h, rep, s, e).reshape(b, h * rep, s, e)
+
+
+class RepeatedKV(nn.Module):
+    """Attention as Hugging Face's Llama writes it: keys and values repeated per query group,
+    then plain attention with a float mask ``[B, 1, L, S]`` and a bool one."""
+
+    def forward(self, q, k, v, float_mask, bool_mask):
+        k, v = _repeat_kv(k, 3), _repeat_kv(v, 3)
+        return (
+            F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=0.25),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask),
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        )
+
+
+def _repeated_inputs(batch: int, lq: int, s: int):
+    q = torch.randn(batch, 6, lq, 16)
+    k, v = torch.randn(batch, 2, s, 16), torch.randn(batch, 2, s, 16)
+    float_mask = torch.randn(batch, 1, lq, s)
+    bool_mask = torch.rand(batch, 1, lq, s) > 0.3
+    bool_mask[..., 0] = True  # no fully masked row (eager gives NaN there)
+    return q, k, v, float_mask, bool_mask
+
+
+def test_repeated_keys_and_values_run_grouped_on_cpu(handed_to_iree):
+    """The repeat is recognized and dropped: the compiled attention reads each key / value head
+    once per group of query heads, with eager's results, masks broadcast as before, for a
+    dynamic number of queries."""
+    torch.manual_seed(0)
+    seq = torch.export.Dim("seq", max=32)
+    shapes = ({2: seq}, None, None, {2: seq}, {2: seq})
+    out = aot.export(RepeatedKV(), args=_repeated_inputs(2, 5, 12), dynamic_shapes=shapes)
+    exported = str(out.mlir_module)
+    assert exported.count("torch.aten.expand") == 2  # the export keeps the model's repeat
+    m = load_module(out.compile(None, extra_args=FAST))
+    (ir,) = handed_to_iree
+    assert SDPA_OP not in ir and "torch.aten.expand" not in ir
+    assert ir.count("torch.aten.softmax.int") == 3
+    for lq in (1, 7):  # a decode step's single query, and several
+        args = _repeated_inputs(2, lq, 12)
+        for g, e in zip(m.main(*args), RepeatedKV()(*args)):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+class PerHeadMask(nn.Module):
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, _repeat_kv(k, 2), _repeat_kv(v, 2), mask)
+
+
+def test_a_mask_per_query_head_keeps_the_repeat(handed_to_iree):
+    """A mask with one row per query head does not broadcast over a group: that attention is
+    computed on the repeated keys and values, as before."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)
+    mask = torch.randn(1, 4, 5, 9)
+    out = aot.export(PerHeadMask(), args=(q, k, v, mask))
+    m = load_module(out.compile(None, extra_args=FAST))
+    (ir,) = handed_to_iree
+    assert SDPA_OP not in ir and "torch.aten.expand" in ir
+    torch.testing.assert_close(
+        m.main(q, k, v, mask), PerHeadMask()(q, k, v, mask), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_non_cpu_targets_get_the_attention_op(handed_to_iree):

@@ -16,6 +16,20 @@ attention op of a copy of the module, for CPU targets only, into::
 the form turbine's export-time decomposition (``turbine_fx._turbine_decompositions``) produces,
 which a user can still choose at export time with
 ``extend_aot_decompositions(add_ops=[torch.ops.aten.scaled_dot_product_attention])``.
+
+Grouped-query attention (``Hq`` query heads sharing ``Hk`` key / value heads, ``rep = Hq /
+Hk``) is computed without repeating the keys and values: ``enable_gqa=True``, or keys and
+values that are ``x.repeat_interleave(rep, dim=-3)`` as Hugging Face's ``repeat_kv`` writes it
+(unsqueeze, expand, clone, view), take the grouped form::
+
+    qg = q.reshape(..., Hk, rep * L, E)               # query head h = kv head h // rep
+    scores = (qg * scale) @ k.transpose(-2, -1)       # [..., Hk, rep * L, S], k un-repeated
+    scores = scores.reshape(..., Hk, rep, L, S)       # masks broadcast as over [..., Hq, L, S]
+    out = (softmax(scores, -1).reshape(..., Hk, rep * L, S) @ v).reshape(..., Hq, L, E)
+
+The same products (each query row meets its own head's keys), without the ``rep``-fold copy of
+the KV cache that the repeat makes at every step: in a 110M Llama's decode step (GQA 12 / 4)
+two copies per layer; without them the step ran 1.14x the tokens/s (docs/performance.md).
 ``TURBINE_CPU_ATTENTION=keep`` in the environment hands CPU targets IREE's attention op instead
 (for measuring it).
 """
@@ -27,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .targets import flag_targets
-from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, erase_unused, producer, walk
 
 __all__ = ["SDPA_OP", "decompose_attention", "has_attention", "targets_only_cpu"]
 
@@ -113,6 +127,11 @@ def _rewrite_one(op: Any) -> bool:
         scale_v = 1.0 / math.sqrt(qt.sizes[-1])
     b = Builder(op)
 
+    grouped = _grouped_operands(q, k, v, qt, kt, vt, bool(enable_gqa), mt)
+    if grouped is not None:
+        _rewrite_grouped(op, b, grouped, scale_v, bool(is_causal), mask, mt)
+        return True
+
     if enable_gqa and len(kt.sizes) >= 3 and kt.sizes[-3] != qt.sizes[-3]:
         hq, hk = qt.sizes[-3], kt.sizes[-3]
         if hq is None or hk is None or hq % hk:
@@ -145,6 +164,150 @@ def _rewrite_one(op: Any) -> bool:
     op.result.replace_all_uses_with(out)
     op.erase()
     return True
+
+
+# ------------------------------------------------------------------------------------------
+# Grouped-query attention without repeating the keys and values
+
+_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view", "torch.aten.reshape")
+#: The ops of a ``repeat_kv`` that the grouped form leaves unused (erased with it).
+_REPEAT_OPS = frozenset({*_VIEWS, "torch.aten.clone", "torch.aten.expand", "torch.aten.unsqueeze"})
+
+
+def _unrepeated(value: Any) -> tuple[Any, int] | None:
+    """``(x, rep)`` where ``value`` is ``x.repeat_interleave(rep, dim=-3)`` written as Hugging
+    Face's ``repeat_kv``: ``x[..., :, None].expand(..., Hk, rep, S, E)`` (a ``clone`` or not),
+    viewed as ``[..., Hk * rep, S, E]``; else ``None``."""
+    view = producer(value)
+    if view is None or view.name not in _VIEWS:
+        return None
+    src = view.operands[0]
+    expand = producer(src)
+    if expand is not None and expand.name == "torch.aten.clone":
+        expand = producer(expand.operands[0])
+    if expand is None or expand.name != "torch.aten.expand":
+        return None
+    unsq = producer(expand.operands[0])
+    if unsq is None or unsq.name != "torch.aten.unsqueeze":
+        return None
+    x = unsq.operands[0]
+    xt, et, vt = TensorType.of(x), TensorType.of(expand.result), TensorType.of(value)
+    if xt is None or et is None or vt is None or len(xt.sizes) < 3:
+        return None
+    rank = len(xt.sizes)
+    if constant(unsq.operands[1]) not in (rank - 2, -3):  # the new axis right after the heads
+        return None
+    hk, rep = xt.sizes[-3], et.sizes[-3]
+    want = [*xt.sizes[:-2], rep, *xt.sizes[-2:]]
+    if hk is None or rep is None or et.sizes != want:
+        return None
+    if vt.sizes != [*xt.sizes[:-3], hk * rep, *xt.sizes[-2:]] or vt.dtype != xt.dtype:
+        return None
+    return x, rep
+
+
+def _grouped_operands(
+    q: Any,
+    k: Any,
+    v: Any,
+    qt: TensorType,
+    kt: TensorType,
+    vt: TensorType,
+    enable_gqa: bool,
+    mt: TensorType | None,
+) -> tuple[Any, Any, TensorType, TensorType, int] | None:
+    """``(k, v, kt, vt, rep)`` un-repeated where the grouped form applies, else ``None``."""
+    if len(qt.sizes) < 3 or len(kt.sizes) != len(qt.sizes) or len(vt.sizes) != len(qt.sizes):
+        return None
+    hq = qt.sizes[-3]
+    if enable_gqa and kt.sizes[-3] != hq:
+        hk = kt.sizes[-3]
+        if hq is None or hk is None or hk == 0 or hq % hk or vt.sizes[-3] != hk:
+            return None
+        rep = hq // hk
+    else:
+        ku, vu = _unrepeated(k), _unrepeated(v)
+        if ku is None or vu is None or ku[1] != vu[1]:
+            return None
+        (k, rep), (v, _) = ku, vu
+        kt, vt = TensorType.of(k), TensorType.of(v)  # type: ignore[assignment]
+    if rep < 2 or any(d is None for d in qt.sizes[:-2]) or qt.sizes[-1] is None:
+        return None
+    if vt.sizes[-1] is None:
+        return None
+    if mt is not None and len(mt.sizes) >= 3 and mt.sizes[-3] not in (1,):
+        return None  # a mask per query head: the repeated form
+    return k, v, kt, vt, rep
+
+
+def _rewrite_grouped(
+    op: Any,
+    b: Builder,
+    grouped: tuple[Any, Any, TensorType, TensorType, int],
+    scale: float,
+    is_causal: bool,
+    mask: Any,
+    mt: TensorType | None,
+) -> None:
+    """Replaces ``op`` by the grouped form (module doc); the repeat, if any, is erased."""
+    q = op.operands[0]
+    k_old, v_old = op.operands[1], op.operands[2]
+    k, v, kt, vt, rep = grouped
+    qt = TensorType.of(q)
+    out_t = TensorType.of(op.result)
+    assert qt is not None and out_t is not None
+    rank = len(qt.sizes)
+    prefix = [d for d in qt.sizes[:-3] if d is not None]
+    hq, lq, e = qt.sizes[-3], qt.sizes[-2], qt.sizes[-1]
+    hk, s, ev = kt.sizes[-3], kt.sizes[-2], vt.sizes[-1]
+    assert hq is not None and hk is not None and e is not None and ev is not None
+
+    def size_of(value: Any, dim: int, static: int | None) -> Any:
+        if static is not None:
+            return b.int(static)
+        return b.op("torch.aten.size.int", "!torch.int", [value, b.int(dim)])
+
+    def reshape(x: Any, t: TensorType, sizes: list[Any]) -> Any:
+        items = [b.int(v) if isinstance(v, int) else v for v in sizes]
+        shape = b.op("torch.prim.ListConstruct", "!torch.list<int>", items)
+        return b.op("torch.aten.reshape", t.asm(), [x, shape])
+
+    rows = None if lq is None else rep * lq
+    qg_t = qt.with_sizes([*prefix, hk, rows, e])
+    qg = reshape(q, qg_t, [*prefix, hk, -1, e])
+    q_scaled = b.op("torch.aten.mul.Scalar", qg_t.asm(), [qg, b.float(scale)])
+    k_t = kt.with_sizes([*kt.sizes[:-2], e, s])
+    k_transposed = b.op("torch.aten.transpose.int", k_t.asm(), [k, b.int(-2), b.int(-1)])
+    flat_t = qt.with_sizes([*prefix, hk, rows, s])
+    scores = b.op("torch.aten.matmul", flat_t.asm(), [q_scaled, k_transposed])
+    l_v = size_of(q, rank - 2, lq)
+    s_v = size_of(k, rank - 2, s)
+    scores_t = qt.with_sizes([*prefix, hk, rep, lq, s])
+    scores = reshape(scores, scores_t, [*prefix, hk, rep, l_v, s_v])
+    neg_inf = b.float(float("-inf"))
+    if is_causal:
+        keep = _causal_keep(b, q, k, lq, s, rank, len(kt.sizes))
+        drop = b.op("torch.aten.logical_not", TensorType([lq, s], "i1").asm(), [keep])
+        scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
+    if mt is not None:
+        if len(mt.sizes) >= 3:  # [..., 1, L, S] -> [..., 1, 1, L, S]: broadcast over rep too
+            at = len(mt.sizes) - 2
+            mt = mt.with_sizes([*mt.sizes[:at], 1, *mt.sizes[at:]])
+            mask = b.op("torch.aten.unsqueeze", mt.asm(), [mask, b.int(at)])
+        if mt.dtype == "i1":
+            drop = b.op("torch.aten.logical_not", mt.asm(), [mask])
+            scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
+        else:
+            scores_t = scores_t.with_sizes(_broadcast(scores_t.sizes, mt.sizes))
+            scores = b.op("torch.aten.add.Tensor", scores_t.asm(), [scores, mask, b.int(1)])
+    probs = b.op("torch.aten.softmax.int", scores_t.asm(), [scores, b.int(-1), b.none()])
+    probs = reshape(probs, flat_t, [*prefix, hk, -1, s_v])
+    out_g = b.op("torch.aten.matmul", qt.with_sizes([*prefix, hk, rows, ev]).asm(), [probs, v])
+    out = reshape(out_g, out_t, [*prefix, hq, -1, ev])
+    op.result.replace_all_uses_with(out)
+    op.erase()
+    for old in (k_old, v_old):
+        erase_unused(old, _REPEAT_OPS)
 
 
 def _repeat_heads(b: Builder, x: Any, xt: TensorType, rep: int) -> tuple[Any, TensorType]:
