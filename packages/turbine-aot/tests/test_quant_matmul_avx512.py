@@ -153,8 +153,10 @@ def test_quantized_linears_on_the_kernel_match_torchao_eager(
     assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     want = KERNEL.get((config, external), "i8_gemm_256x256_")
     assert f"@__turbine_avx512_{want}" in asm
-    if want.startswith("i4_"):  # one row (decode): int4 in blocks of 2 channels
-        assert re.search(rf"@__turbine_avx512_{want}_2x2_", asm)
+    if want.startswith("i4_"):  # one row (decode): int4 in blocks of 2 channels; groups of
+        # 128s index the tables with the weight bytes shifted in place (nibble_shifts)
+        form = "_1x2_16x32_pf_ns" if config == "int4-g128" else "_2x2_"
+        assert re.search(rf"@__turbine_avx512_{want}{form}", asm)
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         vmfb = eo.compile(save_to=None)
     assert "failed" not in caplog.text  # compiled with the kernel, no fallback
@@ -219,6 +221,26 @@ def test_the_first_kernel_for_ab_measurements_matches_torchao_eager(
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
     for rows in (1, 2, 5, 17):
         _check(compiled, m, rows)
+
+
+def test_nibble_shifts_are_chosen_for_one_row_and_groups_of_128s():
+    """The shifted-nibble form needs one row (decode), int4 in groups of a multiple of 128 and
+    ``K`` <= 4096 (its reordered activations live on the stack); anything else keeps the
+    widening form, and asking for it where it cannot apply is refused."""
+    for k, group, rows, want in [
+        (4096, 128, 1, True),
+        (768, 256, 1, True),
+        (4224, 128, 1, False),  # 16.5 KiB of reordered activations: over the stack budget
+        (256, 64, 1, False),
+        (256, 128, None, False),  # rows not statically 1
+        (256, 128, 4, False),
+    ]:
+        kernel = Avx512QuantGemm.for_shape(k, 256, 4, group, True, rows=rows)
+        assert kernel.nibble_shifts is want, (k, group, rows)
+        assert kernel.name.endswith("_ns") is want
+    assert not Avx512QuantGemm.for_shape(256, 256, 4, 128, True, "v1", rows=1).nibble_shifts
+    with pytest.raises(ValueError, match="no nibble shifts"):
+        Avx512QuantGemm(256, 256, 4, 64, True, mr=1, nr=2, nibble_shifts=True)
 
 
 @pytest.mark.parametrize("value", ["arith", "nr8", "no-such-kernel"])

@@ -24,7 +24,8 @@ weight bytes per channel (16 int8 or 32 int4 values) and FMAs them, as f32, with
 (``vpmovsxbd`` + ``vcvtdq2ps``), the group's zero point subtracted, and at the end of a group
 the group's sum is scaled into the total. int4: each byte is zero-extended (``vpmovzxbd``);
 the byte and the byte shifted right by 4 index (``vpermps`` reads the low 4 bits) a table of
-the group's 16 dequantized values ``(q - z) * s`` per channel, built once per group. At the
+the group's 16 dequantized values ``(q - z) * s`` per channel, built once per group (one row
+and groups of 128s: the loaded bytes themselves, shifted, index it: ``nibble_shifts``). At the
 end of ``K`` each accumulator is summed across its lanes. Rows left over at the end of ``M``
 use a kernel of fewer rows. The current version software-prefetches the next block's weight
 rows while it reads this block's.
@@ -66,6 +67,12 @@ class Avx512QuantGemm:
             points to f32 once, 16 groups per instruction, into a stack buffer that each group's
             table reads as a broadcast operand (instead of a scalar load, convert and broadcast
             per group and channel).
+        nibble_shifts: int4, groups of a multiple of 128, one row per register block: the
+            table lookups index with the 64 loaded weight bytes themselves, read as 16 dwords
+            and shifted right by 0, 4, ..., 28 (``vpermps`` reads an index's low 4 bits), so
+            no byte is widened first; lane ``i`` of shift ``t`` is ``k = 8 i + t`` of the 128,
+            and each row's activations are put in that order once per workgroup, into a stack
+            buffer (``4 K`` bytes: ``K`` up to 4096).
     """
 
     k: int
@@ -79,6 +86,7 @@ class Avx512QuantGemm:
     cols_per_workgroup: int = 32
     zero_points_per_block: bool = False
     prefetch: bool = False
+    nibble_shifts: bool = False
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -89,6 +97,11 @@ class Avx512QuantGemm:
             return bits == 8 and k % 16 == 0
         step = 16 if bits == 8 else 32
         return group > 0 and k % group == 0 and group % step == 0 and group // step <= 8
+
+    @staticmethod
+    def shifts_support(k: int, bits: int, group: int | None, mr: int = 1) -> bool:
+        """Whether ``nibble_shifts`` applies (int4, groups of 128s, one row, ``K`` <= 4096)."""
+        return bits == 4 and bool(group) and group % 128 == 0 and mr == 1 and k <= 4096
 
     @staticmethod
     def for_shape(
@@ -121,8 +134,11 @@ class Avx512QuantGemm:
         # int4 at one row (decode): 2 channels, 1.02-1.16x the 4 (1 channel: 0.77-0.86x, its
         # activations' even / odd split shared by none); at 4-16 rows 4 stay (2: 0.89-0.99x).
         nr = 1 if group is None and current else 4
+        shifts = False
         if current and bits == 4 and rows == 1:
             nr = 2
+            shifts = Avx512QuantGemm.shifts_support(k, bits, group)
+            mr = 1 if shifts else mr
         return Avx512QuantGemm(
             k,
             n,
@@ -132,13 +148,16 @@ class Avx512QuantGemm:
             mr=mr,
             nr=nr,
             cols_per_workgroup=cols,
-            zero_points_per_block=current,
+            zero_points_per_block=current and not shifts,
             prefetch=current,
+            nibble_shifts=shifts,
         )
 
     def __post_init__(self) -> None:
         if not self.supports(self.k, self.n, self.bits, self.group):
             raise ValueError(f"quantized AVX-512 kernel: unsupported shape {self}")
+        if self.nibble_shifts and not self.shifts_support(self.k, self.bits, self.group, self.mr):
+            raise ValueError(f"quantized AVX-512 kernel: no nibble shifts for {self}")
         if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
             raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
 
@@ -156,14 +175,20 @@ class Avx512QuantGemm:
         g = f"_g{self.group}{'z' if self.zero_point else ''}" if self.group else ""
         zb = "_zb" if self._zero_point_buffer else ""
         pf = "_pf" if self.prefetch else ""
+        ns = "_ns" if self.nibble_shifts else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
-            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}"
         )
 
     @property
     def _zero_point_buffer(self) -> bool:
-        return self.zero_points_per_block and self.bits == 4 and self.zero_point
+        return (
+            self.zero_points_per_block
+            and self.bits == 4
+            and self.zero_point
+            and not self.nibble_shifts
+        )
 
     def operand_types(self) -> list[str]:
         """The builtin tensor types of the weight operands (after ``A``)."""
@@ -225,6 +250,13 @@ class Avx512QuantGemm:
                 e(f"      %mz = stream.binding.subspan %z[%c0] : !stream.binding -> {z_t}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        if self.nibble_shifts:
+            self._body_shifts(e, (a_t, q_t, s_t, z_t, c_t))
+            e("      return")
+            e("    }")
+            e("  }")
+            e("}")
+            return "\n".join(out)
         zbuf_t = f"memref<{nr}x{self.groups}xf32>"
         if self._zero_point_buffer:
             e(f"      %zbuf = memref.alloca() : {zbuf_t}")
@@ -448,3 +480,110 @@ class Avx512QuantGemm:
         e(f"{q}scf.yield " + ", ".join(outs) + f" : {tys}")
         e(f"{p}}}")
         self._store(e, rows, "%res", c_t, p)
+
+    def _body_shifts(self, e, types: tuple[str, ...]) -> None:
+        """The function body of the ``nibble_shifts`` form (see the attribute): per row of
+        ``M``, the activations reordered into ``%xp`` once, then the workgroup's channels ``nr``
+        at a time, two accumulators per channel (even / odd shifts: two FMA chains)."""
+        a_t, q_t, s_t, z_t, c_t = types
+        k, nr, nb, mb, group = (
+            self.k,
+            self.nr,
+            self.cols_per_workgroup,
+            self.rows_per_workgroup,
+            self.group,
+        )
+        assert group is not None
+        vt, it = "vector<16xf32>", "vector<16xi32>"
+        xp_t = f"memref<{k}xf32>"
+        p = "      "
+        e(f"{p}%xp = memref.alloca() : {xp_t}")
+        values = ", ".join(f"{v:.1f}" for v in [*range(8), *range(-8, 0)])
+        e(f"{p}%qvals = arith.constant dense<[{values}]> : {vt}")  # nibble -> value
+        for t in range(1, 8):
+            e(f"{p}%sh{t} = arith.constant dense<{4 * t}> : {it}")
+        for c in (128, 64):
+            e(f"{p}%c{c}i = arith.constant {c} : index")
+        e(f"{p}%wgx = stream.dispatch.workgroup.id[0] : index")
+        e(f"{p}%wgy = stream.dispatch.workgroup.id[1] : index")
+        e(f"{p}%nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
+        e(f"{p}%m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
+        e(f"{p}%mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        e(f"{p}scf.for %mi = %m0 to %mend step %c1 {{")
+        q = p + "  "
+        # the row's activations in lookup order: xp[128 b + 16 t + i] = a[128 b + 8 i + t]
+        e(f"{q}scf.for %kb = %c0 to %c{k} step %c128i {{")
+        e(f"{q}  %xv = vector.load %ma[%mi, %kb] : {a_t}, vector<128xf32>")
+        for t in range(8):
+            mask = ", ".join(str(8 * i + t) for i in range(16))
+            e(f"{q}  %xt{t} = vector.shuffle %xv, %xv [{mask}] : vector<128xf32>, vector<128xf32>")
+            e(f"{q}  %xo{t} = affine.apply affine_map<()[s0] -> (s0 + {16 * t})>()[%kb]")
+            e(f"{q}  vector.store %xt{t}, %xp[%xo{t}] : {xp_t}, {vt}")
+        e(f"{q}}}")
+        e(f"{q}scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
+        r = q + "  "
+        e(f"{r}%ncol = arith.addi %nbase, %nq : index")
+        for j in range(nr):
+            e(f"{r}%n{j} = arith.addi %ncol, %c{j} : index")
+        if self.prefetch:
+            self._prefetch_rows(e, r)
+        accs = [f"%acc{j}_{h}" for j in range(nr) for h in range(2)]
+        tys = ", ".join([vt] * len(accs))
+        iters = ", ".join(f"{a} = %zero" for a in accs)
+        e(
+            f"{r}%res:{len(accs)} = scf.for %g = %c0 to %c{self.groups} step %c1 "
+            f"iter_args({iters}) -> ({tys}) {{"
+        )
+        g = r + "  "
+        for j in range(nr):  # the group's 16 dequantized values (q - z) * s, as eager's
+            e(f"{g}%sv{j} = memref.load %ms[%n{j}, %g] : {s_t}")
+            e(f"{g}%sb{j} = vector.broadcast %sv{j} : f32 to {vt}")
+            qz = "%qvals"
+            if self.zero_point:
+                e(f"{g}%zv{j} = memref.load %mz[%n{j}, %g] : {z_t}")
+                e(f"{g}%zf{j} = arith.sitofp %zv{j} : i8 to f32")
+                e(f"{g}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
+                e(f"{g}%qz{j} = arith.subf %qvals, %zb{j} : {vt}")
+                qz = f"%qz{j}"
+            e(f"{g}%tab{j} = arith.mulf {qz}, %sb{j} : {vt}")
+        cur = {(j, h): f"%acc{j}_{h}" for j in range(nr) for h in range(2)}
+        kb = group // 2  # a group's bytes
+        for blk in range(group // 128):
+            e(f"{g}%k{blk} = affine.apply affine_map<()[s0] -> (s0 * {group} + {128 * blk})>()[%g]")
+            e(f"{g}%b{blk} = affine.apply affine_map<()[s0] -> (s0 * {kb} + {64 * blk})>()[%g]")
+            if self.prefetch:
+                self._prefetch(e, q_t, f"%b{blk}", g)
+            for t in range(8):
+                e(
+                    f"{g}%x{blk}_{t}o = affine.apply affine_map<()[s0] -> (s0 + {16 * t})>()[%k{blk}]"
+                )
+                e(f"{g}%x{blk}_{t} = vector.load %xp[%x{blk}_{t}o] : {xp_t}, {vt}")
+            for j in range(nr):
+                e(f"{g}%qb{blk}_{j} = vector.load %mq[%n{j}, %b{blk}] : {q_t}, vector<64xi8>")
+                e(f"{g}%qd{blk}_{j} = vector.bitcast %qb{blk}_{j} : vector<64xi8> to {it}")
+                for t in range(8):
+                    idx = f"%qd{blk}_{j}"
+                    if t:
+                        idx = f"%qs{blk}_{j}_{t}"
+                        e(f"{g}{idx} = arith.shrui %qd{blk}_{j}, %sh{t} : {it}")
+                    w = f"%w{blk}_{j}_{t}"  # vpermps: lane i = table[index_i & 15]
+                    e(
+                        f'{g}{w} = llvm.call_intrinsic "llvm.x86.avx512.permvar.sf.512"'
+                        f"(%tab{j}, {idx}) : ({vt}, {it}) -> {vt}"
+                    )
+                    h = t % 2
+                    out = f"%f{blk}_{j}_{t}"
+                    e(f"{g}{out} = vector.fma %x{blk}_{t}, {w}, {cur[j, h]} : {vt}")
+                    cur[j, h] = out
+        e(
+            f"{g}scf.yield "
+            + ", ".join(cur[j, h] for j in range(nr) for h in range(2))
+            + f" : {tys}"
+        )
+        e(f"{r}}}")
+        for j in range(nr):
+            e(f"{r}%both{j} = arith.addf %res#{2 * j}, %res#{2 * j + 1} : {vt}")
+            e(f"{r}%sum{j} = vector.reduction <add>, %both{j} fastmath<reassoc> : {vt} into f32")
+            e(f"{r}memref.store %sum{j}, %mc[%mi, %n{j}] : {c_t}")
+        e(f"{q}}}")
+        e(f"{p}}}")

@@ -98,8 +98,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: w4a8 kernel instead of the weight-only int4 kernel; 21: the weight-only int4 kernel in
 #: blocks of 2 channels where ``M`` is statically 1 (on their branches: 20 and 20); 22: the
 #: VNNI int8 and w4a8 kernels without software prefetch; 23: grouped-query attention in its
-#: grouped form (the keys and values not repeated).
-REVISION = 23
+#: grouped form (the keys and values not repeated); 24: the weight-only int4 kernel's
+#: ``nibble_shifts`` form at one row for groups of 128s.
+REVISION = 24
 
 _log = logging.getLogger("turbine.aot")
 
