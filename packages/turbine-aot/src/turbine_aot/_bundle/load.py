@@ -28,6 +28,7 @@ def load_bundle(
     verify: bool = False,
     check_versions: bool = True,
     check_in_child: bool | str = False,
+    parameter_memory: str | None = None,
 ) -> LoadedModule:
     """Loads a bundle with one call.
 
@@ -44,6 +45,9 @@ def load_bundle(
         check_in_child: load (and call) the bundle's module in a child process first, as
             :func:`~turbine_aot.runtime.load_module` does: for a bundle from someone you cannot
             vouch for (the hashes say the files are the ones bundled, not that they are safe).
+        parameter_memory: where the archives' bytes live (``"auto"``, ``"mmap"``,
+            ``"huge-pages"``; None: ``$TURBINE_PARAMETER_MEMORY``, else ``"auto"``); see
+            :func:`~turbine_aot.runtime.load_module`.
 
     Returns:
         The loaded module; its functions are attributes.
@@ -71,6 +75,7 @@ def load_bundle(
             copy_results=copy_results,
             signatures=bundle.functions,
             check_in_child=check_in_child,
+            parameter_memory=parameter_memory,
         )
     except BaseException:
         if unpacked is not None:

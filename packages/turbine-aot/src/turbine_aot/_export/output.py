@@ -234,6 +234,7 @@ class ExportOutput:
         compile_flags: Sequence[str] | None = None,
         cache: Any = True,
         runtime_flags: Sequence[str] = (),
+        parameter_memory: str | None = None,
     ) -> Any:
         """Compiles for ``device`` (through the compile cache), loads and returns the module.
 
@@ -252,6 +253,7 @@ class ExportOutput:
             parameters=parameters,
             runtime_flags=runtime_flags,
             signatures=self._flat_signatures(),
+            parameter_memory=parameter_memory,
         )
 
     # ---- what the runtime reads of an export (``_runtime.loading.LoadableExport``) ---------

@@ -25,6 +25,7 @@ from turbine_aot._signatures.reflection import module_functions, module_name
 from .devices import create_devices, device_lost, forget_lost_devices, normalize_devices
 from .loaded_module import LoadedModule
 from .module_check import check_module_in_child
+from .parameter_memory import resolve_policy
 from .parameters import parameter_modules
 
 __all__ = ["LoadableExport", "load_module", "module_bytes_or_path"]
@@ -84,6 +85,7 @@ def load_module(
     zero_copy_inputs: bool = False,
     check_in_child: bool | str = False,
     verify: bool | str | None = None,
+    parameter_memory: str | None = None,
 ) -> LoadedModule:
     """Loads a compiled module on one or more IREE devices.
 
@@ -96,7 +98,8 @@ def load_module(
             ``__device_0``, ``__device_1``... order.
         parameters: a path (bound to scope ``"model"``), or a mapping scope -> a path, a list
             of paths, an ``iree.runtime.ParameterIndex``, or a dict of name -> tensor.
-            ``.irpa``, ``.safetensors`` and ``.gguf`` files are read by IREE (memory-mapped).
+            ``.irpa``, ``.safetensors`` and ``.gguf`` files are read by IREE (memory-mapped,
+            or copied into huge-page memory: see ``parameter_memory``).
         runtime_flags: flags for ``iree.runtime.flags.parse_flags`` (process-wide).
         copy_results: give each result its own memory even where it could share the result
             buffer (local drivers share by default: IREE hands result buffers to the caller).
@@ -120,14 +123,22 @@ def load_module(
         verify: the former name of ``check_in_child`` (a ``DeprecationWarning``): "verify"
             means checking an artifact without running it everywhere else in turbine
             (``ExportOutput.verify()``, ``load_bundle(verify=True)``, docs/design.md).
+        parameter_memory: where parameter archive files' bytes live: ``"auto"`` (on Linux
+            with transparent huge pages, for a module on local CPU drivers, an archive of 2 MiB
+            up to half the available memory is read into private memory advised for huge
+            pages, which runs faster; else as ``"mmap"``), ``"mmap"`` (IREE maps the file:
+            read lazily, shared through the page cache) or ``"huge-pages"`` (always the copy).
+            None: ``$TURBINE_PARAMETER_MEMORY``, else ``"auto"``. See docs/running.md,
+            "Parameter memory" (:mod:`turbine_aot._runtime.parameter_memory`).
 
     Returns:
         The loaded module.
 
     Raises:
-        TurbineRuntimeError: missing file, unknown device, unreadable archive, a module the
-            runtime rejects (built for another target or IREE version) or whose records are
-            damaged, or (``check_in_child``) a module that crashed or hung the checking child.
+        TurbineRuntimeError: missing file, unknown device, unreadable archive, unknown
+            ``parameter_memory`` policy, a module the runtime rejects (built for another target
+            or IREE version) or whose records are damaged, or (``check_in_child``) a module that
+            crashed or hung the checking child.
     """
     import iree.runtime as rt
 
@@ -143,6 +154,7 @@ def load_module(
         raise TurbineRuntimeError(
             f"check_in_child must be True, False or 'load'; got {check_in_child!r}"
         )
+    memory_policy = resolve_policy(parameter_memory)
     uris = normalize_devices(device)
     if signatures is None and isinstance(module, LoadableExport):
         signatures = dict(module._flat_signatures())
@@ -179,7 +191,9 @@ def load_module(
         if len(devices) == 1
         else rt.create_hal_module(instance, devices=devices)
     )
-    param_modules, keep = parameter_modules(instance, parameters)
+    param_modules, keep = parameter_modules(
+        instance, parameters, device_uris=uris, parameter_memory=memory_policy
+    )
     try:
         context = rt.VmContext(instance, [hal, *param_modules, vm_module])
     except Exception as e:

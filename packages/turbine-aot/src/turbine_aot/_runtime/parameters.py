@@ -1,16 +1,29 @@
 """Parameter archives for a load: what ``parameters=`` accepts (a path, or per scope paths, an
-``iree.runtime.ParameterIndex`` or in-memory tensors) as one ``io_parameters`` module."""
+``iree.runtime.ParameterIndex`` or in-memory tensors) as one ``io_parameters`` module. Where an
+archive file's bytes live (IREE's memory map, or a huge-page copy on CPU devices) is decided by
+:mod:`turbine_aot._runtime.parameter_memory`."""
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from turbine_aot._errors import TurbineRuntimeError
+
+from .parameter_memory import (
+    HUGE_PAGE_FORMATS,
+    HostMemory,
+    host_memory,
+    read_archive,
+    thp_unavailable_reason,
+    use_huge_pages,
+)
 
 __all__ = ["DEFAULT_PARAMETER_SCOPE", "ParametersArg", "parameter_modules"]
 
@@ -23,8 +36,17 @@ ParametersArg = (
 )
 
 
-def parameter_modules(instance: Any, parameters: Any) -> tuple[list[Any], list[Any]]:
-    """Builds one io_parameters module per scope; returns (modules, objects to keep alive)."""
+def parameter_modules(
+    instance: Any,
+    parameters: Any,
+    *,
+    device_uris: Sequence[str] = (),
+    parameter_memory: str = "mmap",
+) -> tuple[list[Any], list[Any]]:
+    """Builds one io_parameters module per scope; returns (modules, objects to keep alive).
+
+    ``parameter_memory`` (a resolved policy of :mod:`.parameter_memory`) and ``device_uris``
+    decide, per archive file, between IREE's memory map and a huge-page copy."""
     import iree.runtime as rt
 
     if parameters is None:
@@ -36,7 +58,9 @@ def parameter_modules(instance: Any, parameters: Any) -> tuple[list[Any], list[A
             "parameters must be a path (bound to scope 'model') or a mapping of scope -> "
             f"path(s) / ParameterIndex / dict of tensors; got {type(parameters).__name__}"
         )
-    providers, keep = [], []
+    providers: list[Any] = []
+    keep: list[Any] = []
+    host: list[HostMemory] = []  # read at the first archive file; less each copy
     for scope, source in parameters.items():
         if isinstance(source, rt.ParameterIndex):
             index = source
@@ -62,9 +86,18 @@ def parameter_modules(instance: Any, parameters: Any) -> tuple[list[Any], list[A
                         "write it with turbine_params.save_module_parameters or pass the "
                         "right path"
                     )
+                memory = None
                 try:
-                    index.load(str(path))
+                    if _huge_pages_for(path, parameter_memory, device_uris, host):
+                        memory = read_archive(path)
+                        index.load_from_file_handle(memory.handle, path.suffix[1:])
+                        keep.append(memory)
+                        _count_copy(host, memory.size)
+                    else:
+                        index.load(str(path))
                 except Exception as e:
+                    if memory is not None:
+                        memory.close()
                     raise TurbineRuntimeError(
                         f"could not read parameter archive {str(path)!r} for scope {scope!r}: "
                         f"{str(e).splitlines()[0]} (IREE reads .irpa, .safetensors and .gguf)"
@@ -72,6 +105,35 @@ def parameter_modules(instance: Any, parameters: Any) -> tuple[list[Any], list[A
         keep.append(index)
         providers.append(index.create_provider(scope=scope))
     return [rt.create_io_parameters_module(instance, *providers)], keep
+
+
+def _huge_pages_for(
+    path: Path, policy: str, device_uris: Sequence[str], host: list[HostMemory]
+) -> bool:
+    """Whether the archive at ``path`` is read into huge-page memory (an archive of a format IREE
+    does not parse from memory is left to IREE's load, which names the formats it reads)."""
+    if policy == "mmap" or path.suffix[1:].lower() not in HUGE_PAGE_FORMATS:
+        return False
+    if not host:
+        host.append(host_memory())
+    chosen = use_huge_pages(
+        policy, archive_bytes=path.stat().st_size, device_uris=device_uris, host=host[0]
+    )
+    reason = thp_unavailable_reason(host[0])
+    if chosen and policy == "huge-pages" and reason is not None:
+        warnings.warn(
+            f"parameter_memory='huge-pages': {reason}; {str(path)!r} is read into ordinary "
+            "anonymous memory (4 KiB pages). Use parameter_memory='mmap' (or 'auto') here",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return chosen
+
+
+def _count_copy(host: list[HostMemory], size: int) -> None:
+    """The next archives of this load are judged against the memory this copy left."""
+    if host and host[0].mem_available is not None:
+        host[0] = replace(host[0], mem_available=max(0, host[0].mem_available - size))
 
 
 def _tensor_bytes(tensor: Any) -> Any:

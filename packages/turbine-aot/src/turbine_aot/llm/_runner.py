@@ -268,6 +268,7 @@ def load(
     device: str = "local-task",
     parameters: Any = None,
     compile_flags: Any = None,
+    parameter_memory: str | None = None,
 ) -> CausalLM:
     """Loads an exported causal LM for generation.
 
@@ -280,6 +281,10 @@ def load(
             ``turbine_aot.runtime.load_module``; default the export's in-memory weights or the
             bundle's archive.
         compile_flags: for an export only: flags replacing turbine's defaults.
+        parameter_memory: where the weights' archive bytes live: ``"auto"`` (default: on Linux
+            CPUs with transparent huge pages, read into huge-page memory, which decodes faster),
+            ``"mmap"`` or ``"huge-pages"``; None: ``$TURBINE_PARAMETER_MEMORY``, else
+            ``"auto"``. See ``turbine_aot.runtime.load_module`` and docs/running.md.
 
     Returns:
         A :class:`CausalLM`.
@@ -298,7 +303,13 @@ def load(
             params = {R.DEFAULT_PARAMETER_SCOPE: source.llm_parameters}
 
         def factory() -> Any:
-            return R.load_module(vmfb, device=device, parameters=params, signatures=signatures)
+            return R.load_module(
+                vmfb,
+                device=device,
+                parameters=params,
+                signatures=signatures,
+                parameter_memory=parameter_memory,
+            )
 
         return CausalLM(factory, info)
     path = Path(os.fspath(source))
@@ -312,12 +323,16 @@ def load(
         )
 
         def factory() -> Any:
-            return R.load_bundle(path, device=device, parameters=overrides)
+            return R.load_bundle(
+                path, device=device, parameters=overrides, parameter_memory=parameter_memory
+            )
 
     else:
 
         def factory() -> Any:
-            return R.load_module(path, device=device, parameters=parameters)
+            return R.load_module(
+                path, device=device, parameters=parameters, parameter_memory=parameter_memory
+            )
 
     module = factory()
     llm = CausalLM(lambda: module, _info_of(module))
