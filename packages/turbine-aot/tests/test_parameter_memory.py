@@ -215,6 +215,7 @@ def test_the_copy_is_eligible_for_transparent_huge_pages(mlp):
     if eligible is None:
         pytest.skip("this kernel's /proc/self/smaps has no THPeligible lines (before 5.0)")
     assert eligible == "1"
+    assert copy.address % pm.HUGE_PAGE_BYTES == 0  # the bytes start on a huge page
     # the last byte is in the same (huge-page eligible) mapping
     assert _thp_eligible(copy.address + copy.size - 1) == "1"
     torch.testing.assert_close(m.main(x), expected, rtol=1e-4, atol=1e-4)

@@ -37,6 +37,7 @@ from .devices import driver_of
 
 __all__ = [
     "ENV_VAR",
+    "HUGE_PAGE_BYTES",
     "HUGE_PAGE_FORMATS",
     "MIN_HUGE_PAGE_ARCHIVE_BYTES",
     "POLICIES",
@@ -185,8 +186,17 @@ class ArchiveMemory:
         advised: whether the mapping was advised ``MADV_HUGEPAGE``.
     """
 
-    def __init__(self, mapping: mmap.mmap, handle: Any, address: int, size: int, advised: bool):
+    def __init__(
+        self,
+        mapping: mmap.mmap,
+        view: memoryview,
+        handle: Any,
+        address: int,
+        size: int,
+        advised: bool,
+    ):
         self._mapping: mmap.mmap | None = mapping
+        self._view: memoryview | None = view
         self.handle = handle
         self.address = address
         self.size = size
@@ -196,6 +206,10 @@ class ArchiveMemory:
         """Drops IREE's handle and unmaps the bytes (for an archive IREE refused: nothing of it
         is kept). A mapping something still exports is left to be freed with its last user."""
         self.handle = None
+        view, self._view = self._view, None
+        if view is not None:
+            with contextlib.suppress(BufferError):
+                view.release()
         mapping, self._mapping = self._mapping, None
         if mapping is not None:
             with contextlib.suppress(BufferError):
@@ -208,10 +222,16 @@ def _anonymous_mapping(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size)  # Windows: anonymous memory backed by the paging file
 
 
+#: A transparent huge page (x86-64, AArch64 with 4 KiB pages): the copy starts on one.
+HUGE_PAGE_BYTES = 2 << 20
+
+
 def read_archive(path: Path) -> ArchiveMemory:
     """Reads the file at ``path`` into a private anonymous mapping advised ``MADV_HUGEPAGE``
     (where the platform has it; before the bytes are written, so that the pages they fault in
-    are huge ones) and wraps it in an IREE file handle.
+    are huge ones) and wraps it in an IREE file handle. The bytes start on a 2 MiB boundary of a
+    mapping rounded up to 2 MiB: the kernel gives huge pages to aligned 2 MiB ranges only, and
+    an anonymous mapping whose size is not a multiple of 2 MiB need not start on one.
 
     Raises:
         OSError: the file cannot be read, or it shrank while it was read.
@@ -222,7 +242,9 @@ def read_archive(path: Path) -> ArchiveMemory:
         size = os.fstat(f.fileno()).st_size
         if size <= 0:
             raise OSError(f"{str(path)!r} is empty")
-        mapping = _anonymous_mapping(size)
+        total = -(-(size + HUGE_PAGE_BYTES) // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+        mapping = _anonymous_mapping(total)
+        view = None
         try:
             advised = False
             if hasattr(mmap, "MADV_HUGEPAGE"):
@@ -231,25 +253,25 @@ def read_archive(path: Path) -> ArchiveMemory:
                     advised = True
                 except OSError:  # a kernel without transparent huge pages (EINVAL)
                     pass
-            view = memoryview(mapping)
-            try:
-                done = 0
-                while done < size:
-                    with view[done:] as rest:
-                        n = f.readinto(rest)
-                    if not n:
-                        raise OSError(
-                            f"the file shrank while it was read ({done} of {size} bytes); "
-                            "load it again once nothing writes it"
-                        )
-                    done += n
-            finally:
-                view.release()
             anchor = ctypes.c_char.from_buffer(mapping)
-            address = ctypes.addressof(anchor)
+            base = ctypes.addressof(anchor)
             del anchor
-            handle = rt.FileHandle.wrap_memory(mapping, readable=True, writable=False)
+            start = -base % HUGE_PAGE_BYTES
+            view = memoryview(mapping)[start : start + size]
+            done = 0
+            while done < size:
+                with view[done:] as rest:
+                    n = f.readinto(rest)
+                if not n:
+                    raise OSError(
+                        f"the file shrank while it was read ({done} of {size} bytes); "
+                        "load it again once nothing writes it"
+                    )
+                done += n
+            handle = rt.FileHandle.wrap_memory(view, readable=True, writable=False)
         except BaseException:
+            if view is not None:
+                view.release()
             mapping.close()
             raise
-    return ArchiveMemory(mapping, handle, address, size, advised)
+    return ArchiveMemory(mapping, view, handle, base + start, size, advised)
