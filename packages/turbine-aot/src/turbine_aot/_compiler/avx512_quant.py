@@ -101,7 +101,14 @@ class Avx512QuantGemm:
     @staticmethod
     def shifts_support(k: int, bits: int, group: int | None, mr: int = 1) -> bool:
         """Whether ``nibble_shifts`` applies (int4, groups of 128s, one row, ``K`` <= 4096)."""
-        return bits == 4 and bool(group) and group % 128 == 0 and mr == 1 and k <= 4096
+        return (
+            bits == 4
+            and group is not None
+            and group > 0
+            and group % 128 == 0
+            and mr == 1
+            and k <= 4096
+        )
 
     @staticmethod
     def for_shape(
