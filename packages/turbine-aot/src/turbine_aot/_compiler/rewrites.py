@@ -61,6 +61,7 @@ from .matmuls import (
     rewrite_matmuls_avx512,
 )
 from .pools import CPU_POOLS_ENV, max_pools, rewrite_max_pools_nhwc
+from .quant_absmax import abs_max_patterns, rewrite_abs_max
 from .quant_int8_matmuls import (
     CPU_INT8_MATMUL_ENV,
     rewritable_int8_matmuls,
@@ -99,8 +100,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: blocks of 2 channels where ``M`` is statically 1 (on their branches: 20 and 20); 22: the
 #: VNNI int8 and w4a8 kernels without software prefetch; 23: grouped-query attention in its
 #: grouped form (the keys and values not repeated); 24: the weight-only int4 kernel's
-#: ``nibble_shifts`` form at one row for groups of 128s.
-REVISION = 24
+#: ``nibble_shifts`` form at one row for groups of 128s; 25: torchao's activation scale
+#: ``max(-min(amin(x), 0), max(amax(x), 0))`` as ``amax(|x|)`` on CPUs.
+REVISION = 25
 
 _log = logging.getLogger("turbine.aot")
 
@@ -176,8 +178,19 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
     keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
     pools = direct and not keep_pools and bool(max_pools(op))
+    # torchao's activation scale as one reduction (exact) wherever the CPU compiles it
+    absmax = targets_only_cpu(flags) and bool(abs_max_patterns(op))
     if not (
-        attention or casts or shared_globals or convs or matmul or quant or int8 or w4a8 or direct
+        attention
+        or casts
+        or shared_globals
+        or convs
+        or matmul
+        or quant
+        or int8
+        or w4a8
+        or direct
+        or absmax
     ):
         return module_op, False
     copy = op.clone()
@@ -217,6 +230,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if int8:
         count = rewrite_int8_matmuls_vnni(copy)
         _log.info("llvm-cpu target: %d int8 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
+    if absmax:
+        count = rewrite_abs_max(copy)
+        _log.info("CPU target: %d activation scale(s) as one amax(|x|) reduction", count)
     if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
         if bf16:
             count = rewrite_matmuls_bf16(copy)
