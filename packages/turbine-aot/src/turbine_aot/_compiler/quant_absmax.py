@@ -17,7 +17,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .torch_ir import Builder, TensorType, constant, constant_int_list, producer, walk
+from .torch_ir import (
+    Builder,
+    TensorType,
+    constant,
+    constant_int_list,
+    erase_unused,
+    producer,
+    walk,
+)
 
 __all__ = ["abs_max_patterns", "rewrite_abs_max"]
 
@@ -25,11 +33,21 @@ __all__ = ["abs_max_patterns", "rewrite_abs_max"]
 #: ``aten.min.other`` where the export keeps torchao's spelling).
 _MINIMUM = ("torch.aten.minimum", "torch.aten.min.other")
 _MAXIMUM = ("torch.aten.maximum", "torch.aten.max.other")
+#: What the rewritten expression leaves unused (erased with it).
+_REMOVABLE = frozenset(
+    {
+        "torch.aten.neg",
+        *_MINIMUM,
+        *_MAXIMUM,
+        "torch.aten.zeros_like",
+        "torch.aten.amin",
+        "torch.aten.amax",
+    }
+)
 
 
-def _clamped(value: Any, inner: str, clamp: tuple[str, ...]) -> list[Any] | None:
-    """``[clamp, zeros_like, inner]`` ops of ``clamp(inner(x), zeros_like(inner(x)))``, else
-    None."""
+def _clamped(value: Any, inner: str, clamp: tuple[str, ...]) -> Any:
+    """The ``inner`` reduction op of ``clamp(inner(x), zeros_like(inner(x)))``, else None."""
     op = producer(value)
     if op is None or op.name not in clamp:
         return None
@@ -38,24 +56,20 @@ def _clamped(value: Any, inner: str, clamp: tuple[str, ...]) -> list[Any] | None
         return None
     if zeros.operands[0] != red.result:
         return None
-    return [op, zeros, red]
+    return red
 
 
-def _match(op: Any) -> tuple[Any, Any, list[Any]] | None:
-    """``(x, amax_op, replaced_ops)`` where ``op`` is ``maximum(neg(minimum(amin(x), 0)),
-    maximum(amax(x), 0))`` with the same dims and keepdim on both reductions (``replaced_ops``:
-    the ops under ``op`` that only it uses, users first); else None."""
+def _match(op: Any) -> tuple[Any, Any] | None:
+    """``(x, amax_op)`` where ``op`` is ``maximum(neg(minimum(amin(x), 0)), maximum(amax(x),
+    0))`` with the same dims and keepdim on both reductions; else None."""
     if op.name not in _MAXIMUM or len(op.operands) != 2:
         return None
     neg = producer(op.operands[0])
     if neg is None or neg.name != "torch.aten.neg":
         return None
-    low = _clamped(neg.operands[0], "torch.aten.amin", _MINIMUM)
-    high = _clamped(op.operands[1], "torch.aten.amax", _MAXIMUM)
-    if low is None or high is None:
-        return None
-    amin, amax = low[-1], high[-1]
-    if amin.operands[0] != amax.operands[0]:
+    amin = _clamped(neg.operands[0], "torch.aten.amin", _MINIMUM)
+    amax = _clamped(op.operands[1], "torch.aten.amax", _MAXIMUM)
+    if amin is None or amax is None or amin.operands[0] != amax.operands[0]:
         return None
     dims = [constant_int_list(r.operands[1]) for r in (amin, amax)]
     keep = [constant(r.operands[2]) for r in (amin, amax)]
@@ -64,17 +78,7 @@ def _match(op: Any) -> tuple[Any, Any, list[Any]] | None:
     x = amin.operands[0]
     if TensorType.of(x) is None or TensorType.of(op.result) is None:
         return None
-    return x, amax, [neg, *low, *high]
-
-
-def _erase_if_unused(op: Any) -> None:
-    """Erases ``op`` if nothing but torch.export's metadata checks uses it (those go with it)."""
-    users = [getattr(u.owner, "operation", u.owner) for r in op.results for u in r.uses]
-    if any(u.name != "torch.aten._assert_tensor_metadata" for u in users):
-        return
-    for u in users:
-        u.erase()
-    op.erase()
+    return x, amax
 
 
 def abs_max_patterns(module_op: Any) -> list[Any]:
@@ -89,15 +93,16 @@ def rewrite_abs_max(module_op: Any) -> int:
         matched = _match(op)
         if matched is None:
             continue
-        x, amax, replaced = matched
+        x, amax = matched
         xt, out_t = TensorType.of(x), TensorType.of(op.result)
         assert xt is not None and out_t is not None
         b = Builder(op)
         magnitude = b.op("torch.aten.abs", xt.asm(), [x])
         new = b.op("torch.aten.amax", out_t.asm(), [magnitude, amax.operands[1], amax.operands[2]])
+        old = list(op.operands)
         op.result.replace_all_uses_with(new)
         op.erase()
-        for dead in replaced:  # users before producers: each is erased once
-            _erase_if_unused(dead)
+        for v in old:
+            erase_unused(v, _REMOVABLE)
         done += 1
     return done

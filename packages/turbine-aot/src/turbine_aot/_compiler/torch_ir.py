@@ -181,10 +181,9 @@ def erase_unused(value: Any, removable: frozenset[str]) -> None:
     ``torch.aten._assert_tensor_metadata`` (torch.export's checks of its own intermediate
     values) does not keep a value alive: the check is erased with it."""
     stack = [producer(value)]
-    erased: list[Any] = []  # an op reached twice (two operands of one user) is erased once
     while stack:
         op = stack.pop()
-        if op is None or any(op is x for x in erased) or op.name not in removable:
+        if op is None or op.name not in removable:
             continue
         users: list[Any] = []
         for r in op.results:
@@ -197,8 +196,11 @@ def erase_unused(value: Any, removable: frozenset[str]) -> None:
         for u in users:
             u.erase()
         operands = list(op.operands)
+        # An op reached twice (through two users, e.g. a reduction and its zeros_like) has other
+        # handles on the stack, distinct Python objects: drop them while ``op`` still exists to
+        # compare with (an erased op's handle must not be touched).
+        stack = [x for x in stack if x is None or x != op]
         op.erase()
-        erased.append(op)
         stack.extend(producer(v) for v in operands)
 
 
