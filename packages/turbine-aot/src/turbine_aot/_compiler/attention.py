@@ -146,24 +146,39 @@ def _rewrite_one(op: Any) -> bool:
     k_transposed = b.op("torch.aten.transpose.int", k_t.asm(), [k, b.int(-2), b.int(-1)])
     scores_t = qt.with_sizes([*batch, lq, s])
     scores = b.op("torch.aten.matmul", scores_t.asm(), [q_scaled, k_transposed])
-    neg_inf = b.float(float("-inf"))
+    causal = (q, k, lq, s, len(qt.sizes), len(kt.sizes)) if is_causal else None
+    probs = _masked_softmax(b, scores, scores_t, causal, mask, mt)
+    out = b.op("torch.aten.matmul", out_t.asm(), [probs, v])
+    op.result.replace_all_uses_with(out)
+    op.erase()
+    return True
 
-    if is_causal:
-        keep = _causal_keep(b, q, k, lq, s, len(qt.sizes), len(kt.sizes))
+
+def _masked_softmax(
+    b: Builder,
+    scores: Any,
+    scores_t: TensorType,
+    causal: tuple[Any, ...] | None,
+    mask: Any,
+    mt: TensorType | None,
+) -> Any:
+    """``softmax(scores, -1)`` after the causal mask (``causal``: :func:`_causal_keep`'s
+    arguments after ``b``, or None) and ``mask`` (bool: masked_fill, which broadcasts it to the
+    scores' shape; float: added)."""
+    neg_inf = b.float(float("-inf"))
+    if causal is not None:
+        lq, s = causal[2], causal[3]
+        keep = _causal_keep(b, *causal)
         drop = b.op("torch.aten.logical_not", TensorType([lq, s], "i1").asm(), [keep])
         scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
     if mt is not None:
-        if mt.dtype == "i1":  # masked_fill broadcasts the mask to the scores' shape
+        if mt.dtype == "i1":
             drop = b.op("torch.aten.logical_not", mt.asm(), [mask])
             scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
         else:
             scores_t = scores_t.with_sizes(_broadcast(scores_t.sizes, mt.sizes))
             scores = b.op("torch.aten.add.Tensor", scores_t.asm(), [scores, mask, b.int(1)])
-    probs = b.op("torch.aten.softmax.int", scores_t.asm(), [scores, b.int(-1), b.none()])
-    out = b.op("torch.aten.matmul", out_t.asm(), [probs, v])
-    op.result.replace_all_uses_with(out)
-    op.erase()
-    return True
+    return b.op("torch.aten.softmax.int", scores_t.asm(), [scores, b.int(-1), b.none()])
 
 
 # ------------------------------------------------------------------------------------------
@@ -284,23 +299,12 @@ def _rewrite_grouped(
     s_v = size_of(k, rank - 2, s)
     scores_t = qt.with_sizes([*prefix, hk, rep, lq, s])
     scores = reshape(scores, scores_t, [*prefix, hk, rep, l_v, s_v])
-    neg_inf = b.float(float("-inf"))
-    if is_causal:
-        keep = _causal_keep(b, q, k, lq, s, rank, len(kt.sizes))
-        drop = b.op("torch.aten.logical_not", TensorType([lq, s], "i1").asm(), [keep])
-        scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
-    if mt is not None:
-        if len(mt.sizes) >= 3:  # [..., 1, L, S] -> [..., 1, 1, L, S]: broadcast over rep too
-            at = len(mt.sizes) - 2
-            mt = mt.with_sizes([*mt.sizes[:at], 1, *mt.sizes[at:]])
-            mask = b.op("torch.aten.unsqueeze", mt.asm(), [mask, b.int(at)])
-        if mt.dtype == "i1":
-            drop = b.op("torch.aten.logical_not", mt.asm(), [mask])
-            scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
-        else:
-            scores_t = scores_t.with_sizes(_broadcast(scores_t.sizes, mt.sizes))
-            scores = b.op("torch.aten.add.Tensor", scores_t.asm(), [scores, mask, b.int(1)])
-    probs = b.op("torch.aten.softmax.int", scores_t.asm(), [scores, b.int(-1), b.none()])
+    if mt is not None and len(mt.sizes) >= 3:  # [..., 1, L, S] -> [..., 1, 1, L, S]: over rep too
+        at = len(mt.sizes) - 2
+        mt = mt.with_sizes([*mt.sizes[:at], 1, *mt.sizes[at:]])
+        mask = b.op("torch.aten.unsqueeze", mt.asm(), [mask, b.int(at)])
+    causal = (q, k, lq, s, rank, len(kt.sizes)) if is_causal else None
+    probs = _masked_softmax(b, scores, scores_t, causal, mask, mt)
     probs = reshape(probs, flat_t, [*prefix, hk, -1, s_v])
     out_g = b.op("torch.aten.matmul", qt.with_sizes([*prefix, hk, rows, ev]).asm(), [probs, v])
     out = reshape(out_g, out_t, [*prefix, hq, -1, ev])
