@@ -257,6 +257,11 @@ class Avx512QuantGemm:
                 e(f"      %mz = stream.binding.subspan %z[%c0] : !stream.binding -> {z_t}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
+        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
+        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
+        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
+        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
+        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
         if self.nibble_shifts:
             self._body_shifts(e, (a_t, q_t, s_t, z_t, c_t))
             e("      return")
@@ -267,11 +272,6 @@ class Avx512QuantGemm:
         zbuf_t = f"memref<{nr}x{self.groups}xf32>"
         if self._zero_point_buffer:
             e(f"      %zbuf = memref.alloca() : {zbuf_t}")
-        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
-        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
-        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
         e(f"      scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
         e("        %ncol = arith.addi %nbase, %nq : index")
         if self._zero_point_buffer:  # the block's zero points as f32, zw groups at a time
@@ -489,17 +489,11 @@ class Avx512QuantGemm:
         self._store(e, rows, "%res", c_t, p)
 
     def _body_shifts(self, e, types: tuple[str, ...]) -> None:
-        """The function body of the ``nibble_shifts`` form (see the attribute): per row of
-        ``M``, the activations reordered into ``%xp`` once, then the workgroup's channels ``nr``
+        """The function body of the ``nibble_shifts`` form (see the attribute), after the
+        workgroup's ``%nbase`` / ``%m0`` / ``%mend``: per row of ``M``, the activations reordered into ``%xp`` once, then the workgroup's channels ``nr``
         at a time, two accumulators per channel (even / odd shifts: two FMA chains)."""
         a_t, q_t, s_t, z_t, c_t = types
-        k, nr, nb, mb, group = (
-            self.k,
-            self.nr,
-            self.cols_per_workgroup,
-            self.rows_per_workgroup,
-            self.group,
-        )
+        k, nr, nb, group = self.k, self.nr, self.cols_per_workgroup, self.group
         assert group is not None
         vt, it = "vector<16xf32>", "vector<16xi32>"
         xp_t = f"memref<{k}xf32>"
@@ -511,11 +505,6 @@ class Avx512QuantGemm:
             e(f"{p}%sh{t} = arith.constant dense<{4 * t}> : {it}")
         for c in (128, 64):
             e(f"{p}%c{c}i = arith.constant {c} : index")
-        e(f"{p}%wgx = stream.dispatch.workgroup.id[0] : index")
-        e(f"{p}%wgy = stream.dispatch.workgroup.id[1] : index")
-        e(f"{p}%nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"{p}%m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"{p}%mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
         e(f"{p}scf.for %mi = %m0 to %mend step %c1 {{")
         q = p + "  "
         # the row's activations in lookup order: xp[128 b + 16 t + i] = a[128 b + 8 i + t]
