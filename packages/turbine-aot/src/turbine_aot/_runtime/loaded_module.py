@@ -19,6 +19,7 @@ from turbine_aot._signatures.errors import type_error
 from turbine_aot._signatures.leaf import Leaf
 from turbine_aot._signatures.reflection import function_signature, module_functions, module_name
 
+from .caller_sched import BatchWhileCalling, resolve_mode, switches_policy
 from .devices import device_lost, driver_of, forget_lost_devices
 from .tensors import buffer_view_to_tensor, tensor_to_buffer_view
 
@@ -132,7 +133,11 @@ class LoadedFunction:
                 )
         outputs = rt.VmVariantList(max(len(sig.outputs), 1))
         try:
-            m._context.invoke(self._fn, inputs, outputs)
+            if m._batch_calls:  # docs/running.md, "The calling thread during a call"
+                with BatchWhileCalling():
+                    m._context.invoke(self._fn, inputs, outputs)
+            else:
+                m._context.invoke(self._fn, inputs, outputs)
         except Exception as e:
             raise m._call_error(
                 f"calling {self.label} on {', '.join(m.device_uris)} failed", e
@@ -264,6 +269,8 @@ class LoadedModule:
         self.device_uris = device_uris
         self.devices = devices
         self.drivers = [driver_of(u) for u in device_uris]
+        # Calls on local-task run with the caller under SCHED_BATCH (_runtime.caller_sched).
+        self._batch_calls = switches_policy(self.drivers, resolve_mode())
         self.checked_calls = dict(checked_calls) if checked_calls is not None else None
         self._device_names: dict[str, int] = {}
         self.functions: dict[str, LoadedFunction] = {}
