@@ -40,6 +40,8 @@ import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .kernel_text import close_executable, open_executable
+
 __all__ = [
     "AMX_FEATURES",
     "CPU_REQUIRES_KEY",
@@ -261,22 +263,15 @@ class AmxGemm:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(
-            f"  stream.executable.export public @{name} workgroups(%m: index, %batch: index) "
-            "-> (index, index, index) {"
+        open_executable(
+            e,
+            name,
+            column_blocks=np_ // nb,
+            rows_per_workgroup=mb,
+            bindings=["%a", "%b", "%c"],
+            batch=True,
+            constants=(0, 1, 16, 32),
         )
-        e(f"    %x = arith.constant {np_ // nb} : index")
-        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
-        e("    stream.return %x, %y, %batch : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        e(
-            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, "
-            "%c: !stream.binding, %m: index, %batch: index) {"
-        )
-        for c in (0, 1, 16, 32):
-            e(f"      %c{c} = arith.constant {c} : index")
         e("      %rows = arith.muli %m, %batch : index")
         b_dims = "{%bsize}" if self.batch_b else ""
         if self.batch_b:
@@ -405,10 +400,7 @@ class AmxGemm:
         e("        }")
         e("      }")
         e("      " + _asm("tilerelease", "", []))
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     @staticmethod

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .amx import cpu_flags
+from .kernel_text import close_executable, open_executable
 
 __all__ = [
     "AVX512_BF16_FEATURES",
@@ -272,24 +273,17 @@ class Avx512Gemm:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(
-            f"  stream.executable.export public @{name} workgroups(%m: index, %batch: index) "
-            "-> (index, index, index) {"
+        open_executable(
+            e,
+            name,
+            column_blocks=np_ // nb,
+            rows_per_workgroup=mb,
+            bindings=["%a", "%b", *(["%bias"] if self.bias else []), "%c"],
+            batch=True,
+            constants={0, 1, 16, mr, nr, kc, k}
+            | set(range(mr))
+            | {16 * j for j in range(nr // 16)},
         )
-        e(f"    %x = arith.constant {np_ // nb} : index")
-        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
-        e("    stream.return %x, %y, %batch : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        bias_binding = "%bias: !stream.binding, " if self.bias else ""
-        e(
-            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, {bias_binding}"
-            "%c: !stream.binding, %m: index, %batch: index) {"
-        )
-        consts = {0, 1, 16, mr, nr, kc, k} | set(range(mr)) | {16 * j for j in range(nr // 16)}
-        for v in sorted(consts):
-            e(f"      %c{v} = arith.constant {v} : index")
         e("      %rows = arith.muli %m, %batch : index")
         b_dims = ""
         if self.batch_b:
@@ -348,10 +342,7 @@ class Avx512Gemm:
         e("          }")
         e("        }")
         e("      }")
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def _micro(self, e, rows: int, panels: int, b_t: str, a_t: str, c_t: str, p: str) -> None:

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kernel_text import close_executable, open_executable
+
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
 #: The kernel versions :meth:`Avx512QuantGemm.for_shape` builds: ``""`` the current one,
@@ -232,23 +234,15 @@ class Avx512QuantGemm:
             if self.zero_point:
                 bindings.append("%z")
         bindings.append("%c")
-        e(f"stream.executable private @{name} {{")
-        e(
-            f"  stream.executable.export public @{name} workgroups(%m: index) "
-            "-> (index, index, index) {"
-        )
-        e(f"    %x = arith.constant {n // nb} : index")
-        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %y, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        args = ", ".join(f"{b}: !stream.binding" for b in bindings)
-        e(f"    func.func @{name}({args}, %m: index) {{")
         zw = next(w for w in (16, 8, 4, 2, 1) if self.groups % w == 0) if self.groups else 1
-        consts = {0, 1, mr, nr, nb, k, self.groups, zw} | set(range(max(mr, nr)))
-        for v in sorted(consts):
-            e(f"      %c{v} = arith.constant {v} : index")
+        open_executable(
+            e,
+            name,
+            column_blocks=n // nb,
+            rows_per_workgroup=mb,
+            bindings=bindings,
+            constants={0, 1, mr, nr, nb, k, self.groups, zw} | set(range(max(mr, nr))),
+        )
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%m}}")
         e(f"      %mq = stream.binding.subspan %q[%c0] : !stream.binding -> {q_t}")
         if self.group:
@@ -264,10 +258,7 @@ class Avx512QuantGemm:
         e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
         if self.nibble_shifts:
             self._body_shifts(e, (a_t, q_t, s_t, z_t, c_t))
-            e("      return")
-            e("    }")
-            e("  }")
-            e("}")
+            close_executable(e)
             return "\n".join(out)
         zbuf_t = f"memref<{nr}x{self.groups}xf32>"
         if self._zero_point_buffer:
@@ -301,10 +292,7 @@ class Avx512QuantGemm:
             micro(e, 1, types, "          ")
         e("        }")
         e("      }")
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def _indices(self, e, rows: int, p: str) -> None:

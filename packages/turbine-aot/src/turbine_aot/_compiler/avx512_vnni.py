@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .amx import cpu_flags
+from .kernel_text import close_executable, open_executable
 
 __all__ = ["VNNI_FEATURES", "Avx512VnniGemm", "host_vnni_missing"]
 
@@ -125,21 +126,14 @@ class Avx512VnniGemm:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(
-            f"  stream.executable.export public @{name} workgroups(%m: index) "
-            "-> (index, index, index) {"
+        open_executable(
+            e,
+            name,
+            column_blocks=n // nb,
+            rows_per_workgroup=mb,
+            bindings=["%a", "%q", "%corr", "%c"],
+            constants={0, 1, mr, nr, nb, k} | set(range(max(mr, nr))),
         )
-        e(f"    %x = arith.constant {n // nb} : index")
-        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %y, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        bindings = ", ".join(f"%{b}: !stream.binding" for b in ("a", "q", "corr", "c"))
-        e(f"    func.func @{name}({bindings}, %m: index) {{")
-        for v in sorted({0, 1, mr, nr, nb, k} | set(range(max(mr, nr)))):
-            e(f"      %c{v} = arith.constant {v} : index")
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {x_t}{{%m}}")
         e(f"      %mq = stream.binding.subspan %q[%c0] : !stream.binding -> {q_t}")
         e(f"      %mk = stream.binding.subspan %corr[%c0] : !stream.binding -> {k_t}")
@@ -170,10 +164,7 @@ class Avx512VnniGemm:
             self._micro(e, 1, types, "          ")
         e("        }")
         e("      }")
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def _micro(self, e, rows: int, types: tuple[str, ...], p: str) -> None:

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .kernel_text import close_executable, open_executable
+
 __all__ = ["Avx512W4A8Gemm"]
 
 _K_STEP = 128  # k values per 64 weight bytes (two vpdpbusd)
@@ -158,21 +160,14 @@ class Avx512W4A8Gemm:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(
-            f"  stream.executable.export public @{name} workgroups(%m: index) "
-            "-> (index, index, index) {"
+        open_executable(
+            e,
+            name,
+            column_blocks=n // nb,
+            rows_per_workgroup=mb,
+            bindings=[f"%b{b}" for b in [*types, "c"]],
+            constants={0, 1, mr, nb, self.k, self.groups} | set(range(mr + 1)),
         )
-        e(f"    %x = arith.constant {n // nb} : index")
-        e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {mb})>()[%m]")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %y, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        bindings = ", ".join(f"%b{b}: !stream.binding" for b in [*types, "c"])
-        e(f"    func.func @{name}({bindings}, %m: index) {{")
-        for v in sorted({0, 1, mr, nb, self.k, self.groups} | set(range(mr + 1))):
-            e(f"      %c{v} = arith.constant {v} : index")
         for b, t in [*types.items(), ("c", f"?x{n}xf32")]:
             dyn = "{%m}" if t.startswith("?") else ""
             e(
@@ -212,10 +207,7 @@ class Avx512W4A8Gemm:
         else:
             block(1, "        ")
         e("      }")
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def _prepare(self, e, rows: int, p: str) -> None:
