@@ -2,7 +2,7 @@
 export whose workgroups are ``(column blocks, ceil(M / rows per workgroup), batch or 1)``, a
 function taking the bindings and ``%m`` (and ``%batch``), and the ``%c<v>`` index constants the
 body uses. The kernels (``avx512``, ``amx``, ``avx512_quant``, ``avx512_vnni``,
-``avx512_w4a8``) write only their bodies (docs/performance.md, section 9)."""
+``avx512_w4a8``) write only their bodies (docs/performance.md section 9, docs/quantization.md)."""
 
 from __future__ import annotations
 

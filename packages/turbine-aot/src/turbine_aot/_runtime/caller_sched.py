@@ -14,7 +14,7 @@ against a median of 0.15 ms).
 ``SCHED_BATCH`` keeps the thread's share of the CPU (same nice value) but a woken batch thread
 does not preempt the running one: the worker finishes its callback and goes to sleep, and the
 caller runs. turbine switches the calling thread to ``SCHED_BATCH`` for the call and back to
-``SCHED_OTHER`` after it (two system calls, about a microsecond; allowed without privileges),
+``SCHED_OTHER`` after it (three system calls, a few microseconds; allowed without privileges),
 only for modules on ``local-task`` and only for threads running under ``SCHED_OTHER`` (a policy
 the user chose is left alone). ``TURBINE_CALLER_SCHED`` chooses: ``"auto"`` (default: as
 described), ``"batch"`` (also for other drivers) or ``"normal"`` (never switch).
