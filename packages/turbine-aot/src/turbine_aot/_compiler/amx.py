@@ -40,7 +40,7 @@ import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .kernel_text import close_executable, open_executable
+from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [
     "AMX_FEATURES",
@@ -343,12 +343,9 @@ class AmxGemm:
                 '"={ax},{ax},{di},{si},~{rcx},~{r11},~{memory}" %sysnr, %sysop, %sysxf : '
                 "(i64, i64, i64) -> i64"
             )
-        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
-        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
-        e("      %wgz = stream.dispatch.workgroup.id[2] : index")
-        e(f"      %n0 = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        workgroup_block(
+            e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%n0", batch=True
+        )
         # batch entry z: A and C rows start at z * M; B at z * (one packed matrix) if batched
         e("      %zrow = arith.muli %wgz, %m : index")
         if self.batch_b:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .amx import cpu_flags
-from .kernel_text import close_executable, open_executable
+from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [
     "AVX512_BF16_FEATURES",
@@ -299,12 +299,9 @@ class Avx512Gemm:
                 f"memref<{np_}xf32>"
             )
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
-        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
-        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
-        e("      %wgz = stream.dispatch.workgroup.id[2] : index")
-        e(f"      %n0 = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        workgroup_block(
+            e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%n0", batch=True
+        )
         e("      %zrow = arith.muli %wgz, %m : index")  # batch entry z: rows z*M ...
         if self.batch_b:
             e("      %bz = arith.muli %wgz, %bmat : index")

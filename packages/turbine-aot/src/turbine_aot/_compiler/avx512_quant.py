@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_text import close_executable, open_executable
+from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
@@ -251,11 +251,7 @@ class Avx512QuantGemm:
                 e(f"      %mz = stream.binding.subspan %z[%c0] : !stream.binding -> {z_t}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
-        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
-        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
-        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        workgroup_block(e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%nbase")
         if self.nibble_shifts:
             self._body_shifts(e, (a_t, q_t, s_t, z_t, c_t))
             close_executable(e)
@@ -478,8 +474,9 @@ class Avx512QuantGemm:
 
     def _body_shifts(self, e, types: tuple[str, ...]) -> None:
         """The function body of the ``nibble_shifts`` form (see the attribute), after the
-        workgroup's ``%nbase`` / ``%m0`` / ``%mend``: per row of ``M``, the activations reordered into ``%xp`` once, then the workgroup's channels ``nr``
-        at a time, two accumulators per channel (even / odd shifts: two FMA chains)."""
+        workgroup's ``%nbase`` / ``%m0`` / ``%mend``: per row of ``M``, the activations
+        reordered into ``%xp`` once, then the workgroup's channels ``nr`` at a time, two
+        accumulators per channel (even / odd shifts: two FMA chains)."""
         a_t, q_t, s_t, z_t, c_t = types
         k, nr, nb, group = self.k, self.nr, self.cols_per_workgroup, self.group
         assert group is not None

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .amx import cpu_flags
-from .kernel_text import close_executable, open_executable
+from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = ["VNNI_FEATURES", "Avx512VnniGemm", "host_vnni_missing"]
 
@@ -140,11 +140,7 @@ class Avx512VnniGemm:
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
         e("      %zero = arith.constant dense<0> : vector<16xi32>")
         e("      %sign = arith.constant dense<-128> : vector<64xi8>")
-        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
-        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
-        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        workgroup_block(e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%nbase")
         e(f"      scf.for %nq = %c0 to %c{nb} step %c{nr} {{")
         e("        %ncol = arith.addi %nbase, %nq : index")
         e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")

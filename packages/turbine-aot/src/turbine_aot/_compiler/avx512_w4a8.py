@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_text import close_executable, open_executable
+from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = ["Avx512W4A8Gemm"]
 
@@ -177,11 +177,7 @@ class Avx512W4A8Gemm:
         e("      %x88 = arith.constant dense<-120> : vector<64xi8>")  # 0x88
         e("      %x0f = arith.constant dense<15> : vector<64xi8>")
         e("      %four = arith.constant dense<4> : vector<64xi8>")
-        e("      %wgx = stream.dispatch.workgroup.id[0] : index")
-        e("      %wgy = stream.dispatch.workgroup.id[1] : index")
-        e(f"      %nbase = affine.apply affine_map<()[s0] -> (s0 * {nb})>()[%wgx]")
-        e(f"      %m0 = affine.apply affine_map<()[s0] -> (s0 * {mb})>()[%wgy]")
-        e(f"      %mend = affine.min affine_map<()[s0, s1] -> (s0 + {mb}, s1)>()[%m0, %m]")
+        workgroup_block(e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%nbase")
         for b, t in self._buffers().items():
             e(f"      %{b}buf = memref.alloca() : {t}")
         e(f"      scf.for %mi = %m0 to %mend step %c{mr} {{")

@@ -1,14 +1,15 @@
-"""The frame every turbine CPU matmul kernel's ``stream.executable`` shares (MLIR text): one
-export whose workgroups are ``(column blocks, ceil(M / rows per workgroup), batch or 1)``, a
-function taking the bindings and ``%m`` (and ``%batch``), and the ``%c<v>`` index constants the
-body uses. The kernels (``avx512``, ``amx``, ``avx512_quant``, ``avx512_vnni``,
-``avx512_w4a8``) write only their bodies (docs/performance.md section 9, docs/quantization.md)."""
+"""The frame every turbine CPU matmul kernel's ``stream.executable`` shares (MLIR text): one export
+whose workgroups are ``(column blocks, ceil(M / rows per workgroup), batch or 1)``, a function
+taking the bindings and ``%m`` (and ``%batch``), the ``%c<v>`` index constants the body uses,
+and the workgroup's block of the output in that grid. The kernels (``avx512``, ``amx``,
+``avx512_quant``, ``avx512_vnni``, ``avx512_w4a8``) write only their bodies (docs/performance.md
+section 9, docs/quantization.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["close_executable", "open_executable"]
+__all__ = ["close_executable", "open_executable", "workgroup_block"]
 
 
 def open_executable(
@@ -48,6 +49,27 @@ def open_executable(
     e(f"    func.func @{name}({args}, {dims}) {{")
     for v in sorted(set(constants)):
         e(f"      %c{v} = arith.constant {v} : index")
+
+
+def workgroup_block(
+    e: Callable[[str], object],
+    *,
+    cols_per_workgroup: int,
+    rows_per_workgroup: int,
+    column_base: str,
+    batch: bool = False,
+) -> None:
+    """Emits the block of ``C`` this workgroup computes, in the grid :func:`open_executable`
+    exports: ``%wgx`` / ``%wgy`` (and ``%wgz``, the batch entry) and, from them, the first
+    column (named ``column_base``), the first row ``%m0`` and the row bound ``%mend``."""
+    p = "      "
+    e(f"{p}%wgx = stream.dispatch.workgroup.id[0] : index")
+    e(f"{p}%wgy = stream.dispatch.workgroup.id[1] : index")
+    if batch:
+        e(f"{p}%wgz = stream.dispatch.workgroup.id[2] : index")
+    e(f"{p}{column_base} = affine.apply affine_map<()[s0] -> (s0 * {cols_per_workgroup})>()[%wgx]")
+    e(f"{p}%m0 = affine.apply affine_map<()[s0] -> (s0 * {rows_per_workgroup})>()[%wgy]")
+    e(f"{p}%mend = affine.min affine_map<()[s0, s1] -> (s0 + {rows_per_workgroup}, s1)>()[%m0, %m]")
 
 
 def close_executable(e: Callable[[str], object]) -> None:
