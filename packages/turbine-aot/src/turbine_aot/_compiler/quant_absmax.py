@@ -90,6 +90,8 @@ def rewrite_abs_max(module_op: Any) -> int:
     """Rewrites each matched scale expression to ``amax(abs(x))`` in place; returns how many."""
     done = 0
     for op in abs_max_patterns(module_op):
+        # matched again: an earlier rewrite may have replaced this expression's ``x`` (the
+        # scale of a scale), and the match reads the current operands
         matched = _match(op)
         if matched is None:
             continue
