@@ -342,6 +342,50 @@ def test_unknown_result_types_come_back_as_dicts(nested, monkeypatch):
     assert spec.type is dict and spec.context == ["y", "z"]
 
 
+def test_a_call_parses_the_recorded_trees_once(nested, monkeypatch):
+    """The argument and result trees of a signature are parsed at its first call and kept:
+    later calls give the same results without parsing JSON again."""
+    import dataclasses
+
+    import torch.utils._pytree as pytree
+
+    _, m, (x, d, s) = nested
+    call = dataclasses.replace(m.main.signature.call)  # a fresh copy: nothing kept yet
+    m2 = type(m.main)(
+        m.main._module, m.main._fn, dataclasses.replace(m.main.signature, call=call), False
+    )
+    parsed: list[str] = []
+    loads = pytree.treespec_loads
+
+    def counting(text):
+        parsed.append(text)
+        return loads(text)
+
+    monkeypatch.setattr(pytree, "treespec_loads", counting)
+    first = m2(x, d, scale=s)
+    assert sorted(parsed) == sorted([call.args_schema, call.return_schema])
+    again = m2(x * 2, d, scale=s)
+    assert len(parsed) == 2, "a second call parsed a recorded tree again"
+    want = Nested()(x * 2, d, scale=s)
+    _assert_same_tree(again, want)
+    assert type(first) is dict
+
+
+def test_a_tree_read_with_dicts_is_not_kept(nested, monkeypatch):
+    """A result tree with a type unknown here is read as dicts at each call, not kept: once its
+    package is imported, the next call gives the real type."""
+    import dataclasses
+    import json
+
+    _, m, _ = nested
+    data = json.loads(m.main.signature.call.return_schema)
+    data[1]["type"] = "not_a_loaded_package.outputs.Output"
+    call = dataclasses.replace(m.main.signature.call, return_schema=json.dumps(data))
+    assert call.tree("return_schema").type is dict
+    assert "return_schema" not in call.__dict__.get("_trees", {})
+    assert call.tree("args_schema") is call.tree("args_schema")  # known types: kept
+
+
 def test_bundle_from_a_vmfb_records_the_call_signatures(nested, tmp_path):
     eo, _, (x, d, s) = nested
     vmfb = eo.compile().map_memory()

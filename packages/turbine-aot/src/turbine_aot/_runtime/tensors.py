@@ -202,6 +202,19 @@ def _staged_host_array(device: Any, buffer_view: Any, np_dtype: Any) -> Any:
     return staging.map().asarray(tuple(buffer_view.shape), np_dtype)
 
 
+_NUMPY_DTYPES: dict[Any, Any] = {}
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    """The numpy dtype torch maps ``dtype`` to (kept: a call reads each result through it)."""
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:
+        import torch
+
+        found = _NUMPY_DTYPES[dtype] = np.dtype(torch.empty((), dtype=dtype).numpy().dtype)
+    return found
+
+
 def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: bool = False):
     """Reads a result buffer view into a CPU torch tensor of the matching dtype.
 
@@ -226,7 +239,7 @@ def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: b
             f"result element type {buffer_view.element_type} has no torch dtype"
         ) from None
     carrier = to_hal[dtype][1] if dtype in to_hal else dtype
-    np_dtype = np.dtype(torch.empty((), dtype=carrier).numpy().dtype)
+    np_dtype = _numpy_dtype(carrier)
     shape = tuple(buffer_view.shape)
     if buffer_view.byte_length == 0:
         return torch.empty(shape, dtype=dtype)

@@ -16,7 +16,7 @@ from .checks import check_tensor, describe, same_constant
 from .errors import damaged_module_error, type_error, value_error
 from .keys import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_FORMAT, SIGNATURE_KEY
 from .leaf import Leaf, check_leaf_record, value_text
-from .trees import flatten_like, load_spec, newer_pytree_protocol, spec_children
+from .trees import flatten_like, load_spec, load_spec_exact, newer_pytree_protocol, spec_children
 
 __all__ = ["CallSignature", "rebuild_results"]
 
@@ -214,17 +214,38 @@ class CallSignature:
         return sorted((a for a in self.results if a.index is not None), key=lambda a: a.index or 0)
 
     # ---- calling
+    def tree(self, which: str) -> Any:
+        """The parsed ``args_schema`` or ``return_schema`` (``which``). Parsed once per
+        signature when every node type is known here (a call would otherwise parse both trees'
+        JSON again: docs/running.md, "What a call costs"); a tree read with dicts in place of
+        unknown types is parsed at each call, so that it reads right once their package is
+        imported."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_trees", {})  # frozen: not a field
+        spec = cache.get(which)
+        if spec is None:
+            spec, exact = load_spec_exact(getattr(self, which))
+            if exact:
+                cache[which] = spec
+        return spec
+
     def argument_specs(self) -> tuple[Any, Any, list[str]]:
         """The positional and keyword argument specs, and the arguments' names (positional
         first, then the keywords): the recorded names, or ``arg0``, ``arg1``, ... and the
         keywords' own when fewer were recorded."""
-        pos_spec, kw_spec = spec_children(load_spec(self.args_schema))
+        kept = self.__dict__.get("_argument_specs")
+        if kept is not None:
+            return kept[0], kept[1], list(kept[2])
+        args_tree = self.tree("args_schema")
+        pos_spec, kw_spec = spec_children(args_tree)
         n_pos = pos_spec.num_children
         kw_names = [str(k) for k in (kw_spec.context or [])]
         names = list(self.arg_names)
         if len(names) < n_pos + len(kw_names):
             names = [f"arg{i}" for i in range(n_pos)] + kw_names
-        return pos_spec, kw_spec, names[: n_pos + len(kw_names)]
+        names = names[: n_pos + len(kw_names)]
+        if self.__dict__.get("_trees", {}).get("args_schema") is args_tree:  # parsed exactly
+            self.__dict__["_argument_specs"] = (pos_spec, kw_spec, tuple(names))
+        return pos_spec, kw_spec, names
 
     def bind(self, fn_label: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         """Binds and checks a call; returns the compiled function's flat arguments.
@@ -298,7 +319,7 @@ class CallSignature:
         from torch.utils._pytree import tree_unflatten
 
         leaves = [flat[a.index] if a.index is not None else a.value for a in self.args]
-        pos, kw = tree_unflatten(leaves, load_spec(self.args_schema))
+        pos, kw = tree_unflatten(leaves, self.tree("args_schema"))
         return tuple(pos), dict(kw)
 
     def check_flat(self, fn_label: str, flat: Sequence[Any]) -> None:
@@ -361,4 +382,4 @@ def rebuild_results(sig: CallSignature, flat: Sequence[Any]) -> Any:
                 f"result {leaf.path} at index {leaf.index}; the module's records are "
                 "inconsistent: export it again"
             )
-    return tree_unflatten(leaves, load_spec(sig.return_schema))
+    return tree_unflatten(leaves, sig.tree("return_schema"))

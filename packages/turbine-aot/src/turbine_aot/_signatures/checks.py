@@ -25,16 +25,19 @@ def check_tensor(
     """dtype, rank, static dims, dynamic dims (range, equal symbols, simple expressions)."""
     want = element_type_name(leaf.dtype) if leaf.dtype else None
     shape = tuple(value.shape)
-    given = f"{str(value.dtype).removeprefix('torch.')} tensor of shape {list(shape)}"
+
+    def given() -> str:  # for the error messages only: formatted when one is raised
+        return f"{str(value.dtype).removeprefix('torch.')} tensor of shape {list(shape)}"
+
     if want is not None and value.dtype != want:
         want_name = str(want).removeprefix("torch.")
         raise value_error(
-            f"{where} expects dtype {want_name} ({leaf.type_text()}); got a {given}. "
+            f"{where} expects dtype {want_name} ({leaf.type_text()}); got a {given()}. "
             f"Convert it with .to(torch.{want_name})"
         )
     if len(shape) != len(leaf.shape):
         raise value_error(
-            f"{where} expects rank {len(leaf.shape)} ({leaf.type_text()}); got a {given}"
+            f"{where} expects rank {len(leaf.shape)} ({leaf.type_text()}); got a {given()}"
         )
     for d, (want_d, got) in enumerate(zip(leaf.shape, shape)):
         if want_d is None:
@@ -43,7 +46,7 @@ def check_tensor(
             if got != want_d:
                 raise value_error(
                     f"{where} expects dimension {d} to be {want_d} ({leaf.type_text()}); got a "
-                    f"{given}. The dimension is static: export it as dynamic (a torch.export.Dim, "
+                    f"{given()}. The dimension is static: export it as dynamic (a torch.export.Dim, "
                     "or None in an AbstractTensor) to vary it"
                 )
             continue

@@ -43,6 +43,18 @@ def newer_pytree_protocol(text: Any) -> int | None:
 
 
 # ----------------------------------------------------------------------------- trees
+def load_spec_exact(text: str) -> tuple[Any, bool]:
+    """:func:`load_spec`, and whether the tree was read as recorded (every node type known
+    here): such a tree cannot change later and may be kept; one read with dicts in place of
+    unknown types may read differently once their package is imported."""
+    from torch.utils._pytree import treespec_loads
+
+    try:
+        return treespec_loads(text), True
+    except Exception:
+        return load_spec(text), False
+
+
 def load_spec(text: str, *, warn: bool = True) -> Any:
     """``treespec_loads``, with node types unknown here (e.g. a ModelOutput of a library not
     imported) imported when their top-level package is already loaded, else read as dicts."""
