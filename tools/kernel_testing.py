@@ -1,6 +1,6 @@
 """Test helpers shared by the tests of turbine's own CPU kernels (the AVX-512 matmul, quantized,
-convolution and pooling rewrites): the skip mark for CPUs without AVX-512 and the text of the
-module the compile path hands IREE."""
+convolution and pooling rewrites): the skip mark for CPUs without AVX-512, the text of the
+module the compile path hands IREE, and the export of a quantized model with its archive."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from turbine_aot import export
 from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.rewrites import module_for_compile
 
@@ -26,3 +27,24 @@ def compile_copy_asm(eo, flags: Sequence[str]) -> str:
     finally:
         if owned:
             copy.operation.erase()
+
+
+def export_with_archive(
+    m, tmp_path, name: str, external: bool = True, rows: int = 4, dynamic: bool = True
+):
+    """``(exported, archive path or None)`` of a (torchao-quantized) model whose first layer is
+    a linear one, called on ``rows`` random rows: its weights externalized into
+    ``tmp_path / name`` (``external``; else inline), the rows dynamic (1..64) unless not
+    ``dynamic``."""
+    import torch
+
+    from turbine_params import externalize_module_parameters, save_module_parameters
+
+    parameters = None
+    if external:
+        externalize_module_parameters(m)
+        parameters = tmp_path / name
+        save_module_parameters(parameters, m)
+    shapes = {"input": {0: torch.export.Dim("rows", min=1, max=64)}} if dynamic else None
+    k = next(mod.in_features for mod in m.modules() if hasattr(mod, "in_features"))
+    return export(m, args=(torch.randn(rows, k),), dynamic_shapes=shapes), parameters

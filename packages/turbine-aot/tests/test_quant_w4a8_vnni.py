@@ -15,9 +15,8 @@ import logging
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, needs_avx512
+from kernel_testing import compile_copy_asm, export_with_archive, needs_avx512
 
-from turbine_aot import export
 from turbine_aot._compiler import matmuls, rewrites
 from turbine_aot._compiler.avx512_vnni import host_vnni_missing
 from turbine_aot._compiler.avx512_w4a8 import Avx512W4A8Gemm
@@ -25,7 +24,6 @@ from turbine_aot._compiler.fallback import retry_flags
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.quant_w4a8_matmuls import rewritable_w4a8_matmuls
 from turbine_aot.runtime import load_module
-from turbine_params import externalize_module_parameters, save_module_parameters
 
 tq = pytest.importorskip(
     "torchao.quantization", reason="torchao is a dev requirement (tools/requirements-dev.txt)"
@@ -84,14 +82,7 @@ def _model(
 
 
 def _export(m, tmp_path, external: bool = True, rows: int = 4, dynamic: bool = True):
-    parameters = None
-    if external:
-        externalize_module_parameters(m)
-        parameters = tmp_path / "w4a8.irpa"
-        save_module_parameters(parameters, m)
-    shapes = {"input": {0: torch.export.Dim("rows", min=1, max=64)}} if dynamic else None
-    k = m[0].in_features
-    return export(m, args=(torch.randn(rows, k),), dynamic_shapes=shapes), parameters
+    return export_with_archive(m, tmp_path, "w4a8.irpa", external, rows, dynamic)
 
 
 def _check(compiled, m, rows_list) -> float:

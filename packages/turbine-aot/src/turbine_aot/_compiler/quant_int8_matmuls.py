@@ -31,6 +31,7 @@ from typing import Any
 
 from .avx512_vnni import VNNI_FEATURES, Avx512VnniGemm
 from .matmuls import mark_cpu_requires
+from .quant_matmuls import _CASTS
 from .torch_ir import (
     Builder,
     TensorType,
@@ -48,7 +49,6 @@ __all__ = ["CPU_INT8_MATMUL_ENV", "rewritable_int8_matmuls", "rewrite_int8_matmu
 #: ``benchmarks/quant_bench.py``); unset, the VNNI kernel where the CPU has it.
 CPU_INT8_MATMUL_ENV = "TURBINE_CPU_INT8_MATMUL"
 
-_CASTS = ("torch.aten._to_copy", "torch.aten.to.dtype")
 
 #: Ops without side effects that a rewritten product's operands are made of.
 _PURE = frozenset(

@@ -29,13 +29,10 @@ from typing import Any
 from .avx512_vnni import VNNI_FEATURES
 from .avx512_w4a8 import Avx512W4A8Gemm
 from .matmuls import mark_cpu_requires
-from .quant_matmuls import _erase_dead, _grouped_weight, _i4_source
+from .quant_matmuls import _CASTS, _VIEWS, _cast_f32_of, _erase_dead, _grouped_weight, _i4_source
 from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, producer, walk
 
 __all__ = ["rewritable_w4a8_matmuls", "rewrite_w4a8_matmuls_vnni"]
-
-_CASTS = ("torch.aten._to_copy", "torch.aten.to.dtype")
-_VIEWS = ("torch.aten.view", "torch.aten.reshape")
 
 #: Ops without side effects that the dequantized activations are made of.
 _PURE = frozenset(
@@ -87,17 +84,6 @@ def _row_views(value: Any, k: int) -> Any:
         if vt.sizes[-1:] != [k]:
             return value
         value = src
-
-
-def _cast_f32_of(value: Any, dtype: str) -> Any:
-    op = producer(value)
-    if op is None or op.name not in _CASTS:
-        return None
-    src = op.operands[0]
-    st, dt = TensorType.of(src), TensorType.of(value)
-    if st is None or dt is None or st.dtype != dtype or dt.dtype != "f32" or st.sizes != dt.sizes:
-        return None
-    return src
 
 
 def _activation(xd: Any, k: int) -> tuple[Any, Any, Any, list[int | None]] | None:
