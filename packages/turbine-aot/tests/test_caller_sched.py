@@ -43,7 +43,7 @@ def _switch_refused() -> str | None:
 
 
 _REFUSED = _switch_refused()
-linux_only = pytest.mark.skipif(_REFUSED is not None, reason=_REFUSED or "")
+needs_sched_switch = pytest.mark.skipif(_REFUSED is not None, reason=_REFUSED or "")
 
 
 # --- the mode and the rule -------------------------------------------------------------------
@@ -66,7 +66,7 @@ def test_an_unknown_mode_is_refused_with_the_choices(monkeypatch):
     assert all(m in msg for m in ("auto", "batch", "normal"))
 
 
-@linux_only
+@needs_sched_switch
 def test_auto_switches_only_for_local_task():
     assert switches_policy(["local-task"], "auto")
     assert switches_policy(["local-sync", "local-task"], "auto")
@@ -97,7 +97,7 @@ def _in_thread(fn):
     return out["value"]
 
 
-@linux_only
+@needs_sched_switch
 def test_batch_inside_and_the_normal_policy_back_after():
     def body():
         before = os.sched_getscheduler(0)
@@ -108,7 +108,7 @@ def test_batch_inside_and_the_normal_policy_back_after():
     assert _in_thread(body) == (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_OTHER)
 
 
-@linux_only
+@needs_sched_switch
 def test_the_policy_comes_back_when_the_call_raises():
     def body():
         with pytest.raises(ValueError), BatchWhileCalling():
@@ -118,7 +118,7 @@ def test_the_policy_comes_back_when_the_call_raises():
     assert _in_thread(body) == os.SCHED_OTHER
 
 
-@linux_only
+@needs_sched_switch
 def test_a_policy_the_user_chose_is_left_alone():
     def body():
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -152,7 +152,7 @@ def linear_export():
     return model, x, turbine_aot.export(model, args=(x,))
 
 
-@linux_only
+@needs_sched_switch
 @pytest.mark.parametrize(
     "device, mode, during",
     [
