@@ -243,7 +243,7 @@ class CallSignature:
         if len(names) < n_pos + len(kw_names):
             names = [f"arg{i}" for i in range(n_pos)] + kw_names
         names = names[: n_pos + len(kw_names)]
-        if self.__dict__.get("_trees", {}).get("args_schema") is args_tree:  # parsed exactly
+        if "args_schema" in self.__dict__["_trees"]:  # kept by tree(): parsed exactly
             self.__dict__["_argument_specs"] = (pos_spec, kw_spec, tuple(names))
         return pos_spec, kw_spec, names
 
