@@ -26,6 +26,8 @@ Usage::
     python benchmarks/peer_runtimes.py --json benchmarks/results/peers.json
     python benchmarks/peer_runtimes.py --report benchmarks/results/peers.json
     python benchmarks/peer_runtimes.py --models resnet18 --baseline-env TURBINE_CPU_CONV_MATMUL=iree
+    python benchmarks/peer_runtimes.py --models resnet50 --runtimes openvino,turbine-bf16 \
+        --baseline-env TURBINE_CPU_AMX_CONV=off --baseline-precision bf16
 
 It is a benchmark: nothing here asserts on time.
 """
@@ -151,7 +153,13 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
             os.environ[key] = value
             try:
                 return _peers.build_turbine(
-                    module, margs, mkwargs, threads, workdir, name="turbine-baseline"
+                    module,
+                    margs,
+                    mkwargs,
+                    threads,
+                    workdir,
+                    compile_kw={"precision": args.baseline_precision},
+                    name="turbine-baseline",
                 )
             finally:
                 if old is None:
@@ -337,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also build turbine with this environment variable set ('turbine-baseline', e.g. "
         "TURBINE_CPU_CONV_MATMUL=iree: today's convolutions), timed in the same rounds",
     )
+    p.add_argument(
+        "--baseline-precision",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="the precision the baseline is compiled with (bf16: against turbine-bf16, e.g. "
+        "with --baseline-env TURBINE_CPU_AMX_CONV=off)",
+    )
     p.add_argument("--calls", type=int, default=20, help="timed rounds per model")
     p.add_argument("--budget-s", type=float, default=40.0, help="timing budget per model")
     p.add_argument(
@@ -385,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--calls", str(args.calls), "--budget-s", str(args.budget_s)]
             cmd += ["--block", str(args.block), "--gap-ms", str(args.gap_ms)]
             cmd += ["--baseline-env", args.baseline_env] if args.baseline_env else []
+            cmd += ["--baseline-precision", args.baseline_precision]
             print(f"[peers] {threads} thread(s): {' '.join(args.models)}", flush=True)
             child = _harness.run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
             done = child.result or []

@@ -509,8 +509,10 @@ def _conv_bf16_reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tenso
 def test_convolutions_get_the_bf16_kernel_odd_channels_padded(monkeypatch):
     from turbine_aot._compiler import rewrites
 
-    # the host check of the rewrite, answered as on a CPU with AVX512-BF16 (no compile here)
+    # the host checks of the rewrite, answered as on a CPU with AVX512-BF16 and no AMX (no
+    # compile here; with AMX, test_cpu_conv_amx.py)
     monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
+    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "avx512")
     monkeypatch.setattr(bf16, "bf16_kernel_kind", lambda: "avx512")
     eo = export(_Convs(), args=(torch.randn(1, 3, 32, 32),))
     copy, owned = module_for_compile(eo.mlir_module, _flags())

@@ -258,7 +258,8 @@ class AmxGemm:
         kt = kp // _K_STEP
         panel = kt * 1024  # bytes of one 16-column panel of packed B (kt tiles of 1 KiB)
         b_elems = "?" if self.batch_b else str(self.packed_b_size)
-        a_t, c_t = f"memref<?x{kp}xbf16>", f"memref<?x{np_}xf32>"
+        a_t, a_dims, a_rank = self._a_memref()
+        c_t = f"memref<?x{np_}xf32>"
         b_t = f"memref<{b_elems}xbf16>"
         out: list[str] = []
         e = out.append
@@ -277,13 +278,13 @@ class AmxGemm:
         if self.batch_b:
             e(f"      %bmat = arith.constant {self.packed_b_size} : index")
             e("      %bsize = arith.muli %batch, %bmat : index")
-        e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{{%rows}}")
+        e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{a_dims}")
         e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}{b_dims}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%rows}}")
         # Base addresses (i64): the aligned pointer plus the memref's element offset (IREE may
         # fold a binding offset into the subspan).
         for v, mem, t, elem, size, rank in (
-            ("a", "%ma", a_t, "bf16", 2, 2),
+            ("a", "%ma", a_t, "bf16", 2, a_rank),
             ("b", "%mb", b_t, "bf16", 2, 1),
             ("c", "%mc", c_t, "f32", 4, 2),
         ):
@@ -300,10 +301,10 @@ class AmxGemm:
                 f"[%{v}ptr, %{v}offset]"
             )
         consts = {
-            "sa": kp * 2,  # A row stride, bytes
+            "sa": self._a_row_bytes(),  # A row stride, bytes
             "sc": np_ * 4,  # C row stride, bytes
             "s64": 64,
-            "arows16": 16 * kp * 2,  # 16 rows of A
+            "arows16": 16 * self._a_row_bytes(),  # 16 rows of A
             "crows16": 16 * np_ * 4,  # 16 rows of C
             "k1024": 1024,
             "panel": panel,
@@ -379,10 +380,7 @@ class AmxGemm:
         e("        memref.store %w6, %cfg[%cfgi6] : memref<8xi64>")
         e("        " + _asm("ldtilecfg ($0)", "r,~{memory}", ["%cfgp64"]))
         e("        %grow = arith.addi %zrow, %ms : index")
-        e(
-            f"        %arow0i = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {kp * 2})>()"
-            "[%aaddr, %grow]"
-        )
+        self._emit_a_strip_base(e)
         e("        %arow0 = arith.index_cast %arow0i : index to i64")
         e("        %arow1 = arith.addi %arow0, %arows16 : i64")
         e(
@@ -391,17 +389,46 @@ class AmxGemm:
         )
         e("        %crow0 = arith.index_cast %crow0i : index to i64")
         e("        scf.if %two {")
-        self._strip(e, two=True, kt=kt)
+        self._strip(e, two=True)
         e("        } else {")
-        self._strip(e, two=False, kt=kt)
+        self._strip(e, two=False)
         e("        }")
         e("      }")
         e("      " + _asm("tilerelease", "", []))
         close_executable(e)
         return "\n".join(out)
 
-    @staticmethod
-    def _strip(e, *, two: bool, kt: int) -> None:
+    # -- how A is read: a row-major [rows, kp] matrix here; :class:`.amx_conv.AmxConv` reads a
+    # -- convolution's padded input in place instead (the same strips, tiles and B panels)
+
+    def _a_memref(self) -> tuple[str, str, int]:
+        """A's binding: its memref type, the dynamic sizes suffix of the subspan, its rank."""
+        return f"memref<?x{self.kp}xbf16>", "{%rows}", 2
+
+    def _a_row_bytes(self) -> int:
+        """Bytes between two consecutive rows of A (the tiles' load stride)."""
+        return self.kp * 2
+
+    def _emit_a_strip_base(self, e) -> None:
+        """Emits ``%arow0i`` (index): the address of the strip's first A row (the strip's
+        first row is ``%ms``, ``%grow`` counting the batch entries before it)."""
+        e(
+            f"        %arow0i = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {self.kp * 2})>()"
+            "[%aaddr, %grow]"
+        )
+
+    def _emit_k_loop(self, e, p: str) -> tuple[str, list[str]]:
+        """Opens the reduction loop(s) at indent ``p``: defines ``%ka`` and ``%kb`` (i64), the
+        byte offsets of the step's A tile columns (from the strip's rows) and B tile (from
+        the panel). Returns the loop body's indent and the lines that close the loop(s)."""
+        e(f"{p}%kt = arith.constant {self.kp // _K_STEP} : index")
+        e(f"{p}scf.for %k = %c0 to %kt step %c1 {{")
+        e(f"{p}  %k64 = arith.index_cast %k : index to i64")
+        e(f"{p}  %ka = arith.muli %k64, %s64 : i64")
+        e(f"{p}  %kb = arith.muli %k64, %k1024 : i64")
+        return p + "  ", [f"{p}}}"]
+
+    def _strip(self, e, *, two: bool) -> None:
         """The columns of one 32-row strip (``two``) or of a strip of at most 16 rows."""
         p = "          "
         e(f"{p}scf.for %ns = %c0 to %nbl step %c32 {{")
@@ -418,20 +445,16 @@ class AmxGemm:
         tiles = (0, 1, 2, 3) if two else (0, 1)
         for t in tiles:
             e(f"{p}  " + _asm(f"tilezero %tmm{t}", "", []))
-        e(f"{p}  %kt = arith.constant {kt} : index")
-        e(f"{p}  scf.for %k = %c0 to %kt step %c1 {{")
-        e(f"{p}    %k64 = arith.index_cast %k : index to i64")
-        e(f"{p}    %ka = arith.muli %k64, %s64 : i64")
-        e(f"{p}    %kb = arith.muli %k64, %k1024 : i64")
-        e(f"{p}    %pa0 = arith.addi %arow0, %ka : i64")
-        e(f"{p}    %pb0 = arith.addi %bcol0, %kb : i64")
-        e(f"{p}    %pb1 = arith.addi %bcol1, %kb : i64")
+        q, closes = self._emit_k_loop(e, p + "  ")
+        e(f"{q}%pa0 = arith.addi %arow0, %ka : i64")
+        e(f"{q}%pb0 = arith.addi %bcol0, %kb : i64")
+        e(f"{q}%pb1 = arith.addi %bcol1, %kb : i64")
 
         def load(ptr: str, stride: str, tile: int) -> None:
-            e(f"{p}    " + _asm(f"tileloadd ($0,$1,1), %tmm{tile}", "r,r,~{memory}", [ptr, stride]))
+            e(f"{q}" + _asm(f"tileloadd ($0,$1,1), %tmm{tile}", "r,r,~{memory}", [ptr, stride]))
 
         def dot(c: int, a: int, b: int) -> None:
-            e(f"{p}    " + _asm(f"tdpbf16ps %tmm{b}, %tmm{a}, %tmm{c}", "", []))
+            e(f"{q}" + _asm(f"tdpbf16ps %tmm{b}, %tmm{a}, %tmm{c}", "", []))
 
         load("%pa0", "%sa", 4)
         load("%pb0", "%s64", 6)
@@ -439,11 +462,12 @@ class AmxGemm:
         load("%pb1", "%s64", 7)
         dot(1, 4, 7)
         if two:
-            e(f"{p}    %pa1 = arith.addi %arow1, %ka : i64")
+            e(f"{q}%pa1 = arith.addi %arow1, %ka : i64")
             load("%pa1", "%sa", 5)
             dot(2, 5, 6)
             dot(3, 5, 7)
-        e(f"{p}  }}")
+        for line in closes:
+            e(line)
 
         def store(ptr: str, tile: int) -> None:
             e(f"{p}  " + _asm(f"tilestored %tmm{tile}, ($0,$1,1)", "r,r,~{memory}", [ptr, "%sc"]))

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from .amx import AMX_FEATURES
+from .amx_conv import AmxConv, amx_conv_supports
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES
 from .avx512_conv import Avx512Conv, conv_kernel_for
 from .convs import Conv, conv_geometry
@@ -266,6 +268,113 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     e("}")
 
 
+def _amx_function(name: str, kernel: AmxConv, g: Conv) -> str:
+    """The private function computing a stride-1 convolution on the AMX kernel
+    (:mod:`.amx_conv`): ``(%x NCHW, %w[, %b]) -> NCHW``. The input is written once, channels-last,
+    zero-padded (one more zero row at the bottom for the kernel's extra columns) and in bf16;
+    the weight packed once in the AMX tile order of ``B`` with ``k = (ky, kx, c)``; the kernel's
+    ``wp``-wide output grid is cut to ``ow`` columns in the dispatch that adds the bias and
+    transposes back to NCHW."""
+    assert g.n is not None
+    n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
+    ph, pw = g.padding
+    np_, k = kernel.np_, kernel.kp
+    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
+    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
+    lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
+    e = lines.append
+    e("  %zero = arith.constant 0.0 : f32")
+    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.image_rows, kernel.wp, c)
+    e(f"  %xt_init = tensor.empty() : {nhwc_t}")
+    e(
+        f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
+    )
+    e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph + 1}, {pw}, 0] {{")
+    e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+    e("    tensor.yield %zero : f32")
+    e(f"  }} : {nhwc_t} to {xp_t}")
+    size = kernel.input_size
+    e(f"  %a32 = tensor.collapse_shape %xp [[0, 1, 2, 3]] : {xp_t} into {_tensor(size)}")
+    e(_truncf_1d("%a", "%a32", size))
+    # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> AMX's tiles of B
+    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
+    e(f"  %wt_init = tensor.empty() : {wt_t}")
+    e(
+        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) permutation = [2, 3, 1, 0]"
+    )
+    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {kf_t}")
+    wk, wk_t = "%wk", kf_t
+    if np_ != f:
+        e(f"  %wpad = tensor.pad %wk low[0, 0] high[0, {np_ - f}] {{")
+        e("  ^bb0(%j0: index, %j1: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {kf_t} to {_tensor(k, np_)}")
+        wk, wk_t = "%wpad", _tensor(k, np_)
+    ex_sizes, reassoc, perm = kernel.pack_layout("kn", 1)
+    ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
+    e(
+        f"  %wex = tensor.expand_shape {wk} {reassoc} output_shape "
+        f"[{', '.join(map(str, ex_sizes))}] : {wk_t} into {ex_t}"
+    )
+    e(f"  %wpan_init = tensor.empty() : {pan_t}")
+    e(
+        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) "
+        f"permutation = [{', '.join(map(str, perm))}]"
+    )
+    dims = ", ".join(str(i) for i in range(len(perm)))
+    e(f"  %bp32 = tensor.collapse_shape %wpan [[{dims}]] : {pan_t} into {_tensor(k * np_)}")
+    e(_truncf_1d("%bp", "%bp32", k * np_))  # a weight: converted once, with the packing
+    for line in kernel.conv_dispatch("%a", "%bp"):
+        e(line)
+    grid_t, o_t = _tensor(n, g.oh, kernel.wp, np_), _tensor(n, g.oh, g.ow, f)
+    e(
+        f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, "
+        f"{kernel.wp}, {np_}] : {_tensor(n * kernel.m, np_)} into {grid_t}"
+    )
+    e(
+        f"  %o = tensor.extract_slice %c4[0, 0, 0, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : "
+        f"{grid_t} to {o_t}"
+    )
+    e(f"  %out_init = tensor.empty() : {out_t}")
+    if g.bias:
+        e(
+            "  %out = linalg.generic {indexing_maps = ["
+            "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
+            "affine_map<(n, f, h, w) -> (n, f, h, w)>], iterator_types = "
+            '["parallel", "parallel", "parallel", "parallel"]} '
+            f"ins(%o, %b : {o_t}, {_tensor(f)}) outs(%out_init : {out_t}) {{"
+        )
+        e("  ^bb0(%v: f32, %bv: f32, %u: f32):")
+        e("    %s = arith.addf %v, %bv : f32")
+        e("    linalg.yield %s : f32")
+        e(f"  }} -> {out_t}")
+    else:
+        e(
+            f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
+        )
+    e(f"  return %out : {out_t}")
+    e("}")
+    return "\n".join(lines)
+
+
+def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
+    """Replaces ``conv`` by a call of :func:`_amx_function` (the ops after it stay)."""
+    assert g.n is not None
+    kernel = AmxConv.for_conv(g)
+    if kernel.name not in top:
+        top.append(kernel.executable())
+    name = top.unique(f"{_FUNC_PREFIX}_amx_{index}")
+    top.append(_amx_function(name, kernel, g))
+    types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
+    operands = list(conv.operands)[: 3 if g.bias else 2]
+    b = Builder(conv, location=conv.location)
+    builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
+    call = b.call(name, builtin, [_tensor(g.n, g.f, g.oh, g.ow)])
+    back = b.from_builtin(call.results[0], conv.results[0].type)
+    conv.results[0].replace_all_uses_with(back)
+    conv.erase()
+
+
 def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
     """``result = linalg.generic`` over ``[f]`` vectors ``ins`` (block arguments ``%i0``...;
     ``body`` ends by defining ``%r``)."""
@@ -419,10 +528,12 @@ def _padded_consumer(
     return None
 
 
-def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
+def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) -> int:
     """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
     direct-convolution kernel (see the module doc); ``bf16``: its bf16 form
-    (``precision="bf16"``), the module then marked as needing AVX512-BF16.
+    (``precision="bf16"``), the module then marked as needing AVX512-BF16; ``bf16`` and
+    ``amx``: the convolutions the AMX kernel takes (:func:`.amx_conv.amx_conv_supports`) on it
+    instead, the module then marked as needing AMX too.
 
     Returns:
         How many convolutions were rewritten.
@@ -433,9 +544,14 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
     fuse = fusion_enabled()
     # convolutions (their index in found) whose input is an earlier kernel's padded output
     padded_inputs: dict[int, Any] = {}
-    any_bf16 = False
+    any_bf16 = any_amx = any_avx512 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
+        if bf16 and amx and amx_conv_supports(g):
+            _rewrite_amx(top, conv, g, index)
+            any_amx = True
+            continue
+        any_avx512 = True
         # bf16 reads channel pairs: an odd channel count gets one zero channel (the stems)
         pad_c = bf16 and g.c % 2 == 1
         kernel = conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
@@ -506,6 +622,8 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False) -> int:
             fused.erase()
         conv.results[0].replace_all_uses_with(back)
         conv.erase()
-    if found:
+    if any_avx512:
         mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
+    if any_amx:
+        mark_cpu_requires(op, AMX_FEATURES)
     return len(found)

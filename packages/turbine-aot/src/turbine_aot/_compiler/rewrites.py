@@ -43,6 +43,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from .amx_conv import AMX_CONV_ENV, amx_conv_enabled
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm, host_avx512_bf16_missing
 from .avx512_conv import CONV_BLOCKING_ENV
@@ -101,8 +102,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: VNNI int8 and w4a8 kernels without software prefetch; 23: grouped-query attention in its
 #: grouped form (the keys and values not repeated); 24: the weight-only int4 kernel's
 #: ``nibble_shifts`` form at one row for groups of 128s; 25: torchao's activation scale
-#: ``max(-min(amin(x), 0), max(amax(x), 0))`` as ``amax(|x|)`` on CPUs.
-REVISION = 25
+#: ``max(-min(amin(x), 0), max(amax(x), 0))`` as ``amax(|x|)`` on CPUs; 26: ``precision="bf16"``
+#: stride-1 convolutions of 32k input channels on the AMX convolution kernel where there is AMX.
+REVISION = 26
 
 _log = logging.getLogger("turbine.aot")
 
@@ -116,6 +118,7 @@ _ENVIRONMENT = (
     CONV_BLOCKING_ENV,
     CPU_POOLS_ENV,
     EPILOGUE_ENV,
+    AMX_CONV_ENV,
 )
 
 
@@ -123,7 +126,7 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``), for the compile cache's keys: a module
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -172,6 +175,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
     bf16_convs = bf16 and not host_avx512_bf16_missing()
+    # ... and those of stride 1 and 32k input channels on the AMX kernel where there is AMX,
+    # unless TURBINE_CPU_AMX_CONV=off
+    amx_convs = bf16_convs and bf16_kernel_kind() == "amx" and amx_conv_enabled()
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
     reform = conv_kernel and bool(convs_to_reform(op))
     direct = conv_kernel and (reform or bool(direct_convs(op)))
@@ -207,7 +213,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         count = reform_convs(copy)
         _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
     if direct:
-        count = rewrite_convs_avx512(copy, bf16=bf16_convs)
+        count = rewrite_convs_avx512(copy, bf16=bf16_convs, amx=bf16_convs and amx_convs)
         _log.info(
             "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
             count,

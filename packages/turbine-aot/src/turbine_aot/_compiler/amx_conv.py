@@ -1,0 +1,182 @@
+"""The AMX bf16 convolution kernel: :mod:`.amx`'s matmul kernel reading a stride-1 convolution's
+zero-padded channels-last input in place (an implicit im2col), for ``precision="bf16"`` on CPUs
+with AMX-BF16; :mod:`.direct_convs` calls it for the convolutions it accepts
+(:func:`amx_conv_supports`), the others keep the AVX-512 direct kernel's bf16 form.
+
+A convolution of stride 1 and dilation 1 over the padded input ``xp[n, hp, wp, c]`` is, per
+image, the matmul ``C[r, f] = sum_{ky, kx, c} xp_flat[r + ky * wp + kx, c] * w[f, c, ky, kx]``
+over the rows ``r = oh * wp + x`` of an output grid as wide as the *padded* input: row ``r``'s
+entries of one tap ``(ky, kx)`` are ``C`` channels at ``xp_flat[(r + ky * wp + kx) * C]``, so the
+16 rows of an AMX tile are 16 input pixels ``C * 2`` bytes apart, whatever output row they fall
+in. ``tileloadd`` reads such a tile directly (its stride operand), 32 channels (64 bytes) of one
+tap per reduction step; the reduction walks the taps and the channels in blocks of 32 (``C`` must
+be a multiple of 32). The grid's ``wp - ow`` extra columns per output row are computed and
+dropped (``ow`` of the ``wp`` columns are kept: 56 of 58 in a ResNet's first stage, 7 of 9 in its
+last), which buys a kernel that never copies the input nine times; the reads of the last rows'
+extra columns run up to ``kw - 1`` pixels past the image, so the input gets one more zero row
+at the bottom (:mod:`.direct_convs` pads it in the dispatch that writes the input anyway).
+
+Everything else is :class:`.amx.AmxGemm`'s: 32 x 32 register blocks of ``C`` in four tiles, the
+weight packed once (by IREE's constant hoisting) in the tile order of ``B`` with ``k = (ky, kx,
+c)``, workgroups of 128 rows x 64 (or 32) columns, one batch entry each, the tile permission
+asked for by the kernel itself. ``C`` is ``[n * oh * wp, Np]`` f32; the caller slices the
+``ow`` real columns out and applies the bias and whatever follows (batch norm, residual, ReLU)
+with IREE's element-wise ops, fused with the transpose back to NCHW.
+
+Measured: docs/performance.md, section 8 ("Convolutions on AMX").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .amx import AmxGemm, padded
+from .convs import Conv
+
+__all__ = ["AMX_CONV_ENV", "AmxConv", "amx_conv_enabled", "amx_conv_supports"]
+
+#: Environment variable: ``off`` keeps every ``precision="bf16"`` convolution on the AVX-512
+#: direct kernel's bf16 form (for A/B measurements; part of the compile cache's key).
+AMX_CONV_ENV = "TURBINE_CPU_AMX_CONV"
+
+#: Input channels per reduction step (one 64-byte tile row of bf16).
+_C_STEP = 32
+
+
+def amx_conv_enabled() -> bool:
+    """Whether the bf16 rewrite may use this kernel (unless ``TURBINE_CPU_AMX_CONV=off``)."""
+    return os.environ.get(AMX_CONV_ENV, "").strip().lower() != "off"
+
+
+def amx_conv_supports(g: Conv) -> bool:
+    """Whether :class:`AmxConv` computes ``g``: static, stride 1, no dilation, input channels a
+    multiple of 32 (the RGB stems and strided convolutions keep the AVX-512 kernel)."""
+    return (
+        g.n is not None
+        and g.stride == (1, 1)
+        and g.dilation == (1, 1)
+        and g.c % _C_STEP == 0
+        and g.c > 0
+    )
+
+
+@dataclass(frozen=True)
+class AmxConv(AmxGemm):
+    """One AMX bf16 convolution executable, for a static geometry (see the module doc).
+
+    Attributes (besides :class:`.amx.AmxGemm`'s, with ``kp = kh * kw * c``):
+        c: input channels (a multiple of 32).
+        kh, kw: the kernel's size.
+        oh: output rows.
+        wp: the padded input's width (the output grid's width: ``ow + kw - 1``).
+        n: images.
+    """
+
+    c: int = field(default=_C_STEP, kw_only=True)
+    kh: int = field(default=1, kw_only=True)
+    kw: int = field(default=1, kw_only=True)
+    oh: int = field(default=1, kw_only=True)
+    wp: int = field(default=1, kw_only=True)
+    n: int = field(default=1, kw_only=True)
+
+    @staticmethod
+    def for_conv(g: Conv) -> AmxConv:
+        """The kernel for a convolution :func:`amx_conv_supports` accepts."""
+        assert amx_conv_supports(g) and g.n is not None, g
+        np_ = padded(g.f)
+        return AmxConv(
+            g.kh * g.kw * g.c,
+            np_,
+            False,
+            128,
+            64 if np_ % 64 == 0 else 32,
+            c=g.c,
+            kh=g.kh,
+            kw=g.kw,
+            oh=g.oh,
+            wp=g.w + 2 * g.padding[1],
+            n=g.n,
+        )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.c % _C_STEP or self.kp != self.kh * self.kw * self.c or self.batch_b:
+            raise ValueError(f"AMX convolution: channels must be a multiple of 32: {self}")
+
+    @property
+    def image_rows(self) -> int:
+        """Rows of one image of the input as the kernel reads it: the padded rows
+        (``oh + kh - 1``) and one zero row for the extra columns' reads."""
+        return self.oh + self.kh
+
+    @property
+    def input_size(self) -> int:
+        """Elements of the input operand (``[n, image_rows, wp, c]``, flat, bf16)."""
+        return self.n * self.image_rows * self.wp * self.c
+
+    @property
+    def m(self) -> int:
+        """Rows of ``C`` per image: the output grid ``oh x wp``."""
+        return self.oh * self.wp
+
+    @property
+    def name(self) -> str:
+        perm = "" if self.request_permission else "_noperm"
+        return (
+            f"__turbine_amx_bf16_conv_{self.n}x{self.image_rows}x{self.wp}x{self.c}"
+            f"_k{self.kh}x{self.kw}_f{self.np_}{perm}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
+        )
+
+    def conv_dispatch(self, a: str, b: str) -> list[str]:
+        """Lines computing ``%cm`` (``tensor<{n * m}x{np_}xf32>``) from ``a`` (the input,
+        ``tensor<{input_size}xbf16>``) and ``b`` (the packed weight)."""
+        rows = self.n * self.m
+        b_elems = self.packed_b_size
+        return [
+            f"  %amx_m = arith.constant {self.m} : index",
+            f"  %amx_n = arith.constant {self.n} : index",
+            f"  %amx_rows = arith.constant {rows} : index",
+            f"  %cmd = flow.dispatch @{self.name}::@{self.name}[%amx_m, %amx_n]({a}, {b}, "
+            f"%amx_m, %amx_n) : (tensor<{self.input_size}xbf16>, tensor<{b_elems}xbf16>, index, "
+            f"index) -> tensor<?x{self.np_}xf32>{{%amx_rows}}",
+            f"  %cm = tensor.cast %cmd : tensor<?x{self.np_}xf32> to tensor<{rows}x{self.np_}xf32>",
+        ]
+
+    # -- A: the padded input, read in place -------------------------------------------------
+
+    def _a_memref(self) -> tuple[str, str, int]:
+        return f"memref<{self.input_size}xbf16>", "", 1
+
+    def _a_row_bytes(self) -> int:
+        return self.c * 2
+
+    def _emit_a_strip_base(self, e) -> None:
+        image = self.image_rows * self.wp * self.c * 2
+        e(
+            f"        %arow0i = affine.apply affine_map<()[s0, s1, s2] -> (s0 + s1 * {image} "
+            f"+ s2 * {self.c * 2})>()[%aaddr, %wgz, %ms]"
+        )
+
+    def _emit_k_loop(self, e, p: str) -> tuple[str, list[str]]:
+        blocks = self.c // _C_STEP
+        e(f"{p}%kyn = arith.constant {self.kh} : index")
+        e(f"{p}%kxn = arith.constant {self.kw} : index")
+        e(f"{p}%ccn = arith.constant {blocks} : index")
+        e(f"{p}scf.for %ky = %c0 to %kyn step %c1 {{")
+        e(f"{p}  scf.for %kx = %c0 to %kxn step %c1 {{")
+        e(f"{p}    scf.for %cc = %c0 to %ccn step %c1 {{")
+        q = p + "      "
+        # A: tap (ky, kx) is ky * wp + kx pixels on, 32 channels a step; B: tile (ky, kx, cc)
+        e(
+            f"{q}%kai = affine.apply affine_map<()[s0, s1, s2] -> (s0 * {self.wp * self.c * 2} "
+            f"+ s1 * {self.c * 2} + s2 * 64)>()[%ky, %kx, %cc]"
+        )
+        e(
+            f"{q}%kbi = affine.apply affine_map<()[s0, s1, s2] -> (s0 * {self.kw * blocks * 1024} "
+            f"+ s1 * {blocks * 1024} + s2 * 1024)>()[%ky, %kx, %cc]"
+        )
+        e(f"{q}%ka = arith.index_cast %kai : index to i64")
+        e(f"{q}%kb = arith.index_cast %kbi : index to i64")
+        return q, [f"{p}    }}", f"{p}  }}", f"{p}}}"]

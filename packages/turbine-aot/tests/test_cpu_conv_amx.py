@@ -1,0 +1,188 @@
+"""``precision="bf16"`` convolutions on the AMX convolution kernel (``_compiler.amx_conv``): which
+convolutions the compile copy puts on it (everywhere: the rewrite only), and, on a CPU with
+AMX-BF16, that it computes the exact bf16 products (f32 accumulation) for every geometry it
+takes, alone and inside a ResNet block (batch norm, residual add, ReLU after it)."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+from ir_check import check_ir
+from kernel_testing import compile_copy_asm
+
+from turbine_aot import export
+from turbine_aot._compiler import rewrites
+from turbine_aot._compiler.amx import host_amx_missing
+from turbine_aot._compiler.amx_conv import AMX_CONV_ENV, AmxConv, amx_conv_supports
+from turbine_aot._compiler.bf16 import PRECISION_FLAG
+from turbine_aot._compiler.convs import conv_geometry
+from turbine_aot._compiler.direct_convs import direct_convs
+from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.rewrites import environment_key
+from turbine_aot.runtime import load_module
+
+_MISSING = host_amx_missing()
+needs_amx = pytest.mark.skipif(
+    bool(_MISSING), reason=f"this CPU cannot run AMX code (lacks {', '.join(_MISSING)})"
+)
+
+
+@pytest.fixture(autouse=True)
+def _default_choices(monkeypatch):
+    for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL", AMX_CONV_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _flags() -> list[str]:
+    return [
+        *default_compile_flags("llvm-cpu", use_env=False),
+        "--turbine-cpu-matmul=avx512",
+        f"{PRECISION_FLAG}=bf16",
+    ]
+
+
+class _Mixed(torch.nn.Module):
+    """What the AMX kernel takes (stride 1, 32k input channels, any kernel size and padding,
+    bias or none, output channels not a multiple of 32) and what it leaves to the AVX-512
+    kernel (an RGB stem, a strided and a dilated convolution, 40 input channels)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.stem = torch.nn.Conv2d(3, 32, 7, stride=2, padding=3)  # AVX-512: 3 channels
+        self.a = torch.nn.Conv2d(32, 64, 3, padding=1)  # AMX
+        self.b = torch.nn.Conv2d(64, 40, 3, padding=1, bias=False)  # AMX, F padded to 64
+        self.c = torch.nn.Conv2d(40, 64, 1)  # AVX-512: 40 channels
+        self.d = torch.nn.Conv2d(64, 64, 3, stride=2, padding=1)  # AVX-512: stride 2
+        self.e = torch.nn.Conv2d(64, 96, 3, padding=2, dilation=2)  # AVX-512: dilated
+        self.f = torch.nn.Conv2d(96, 32, 1)  # AMX: a 1x1
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        x = self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+        return self.f(torch.relu(self.e(torch.relu(self.d(x)))))
+
+
+def test_the_compile_copy_puts_stride_1_convolutions_of_32k_channels_on_amx(monkeypatch):
+    # the host checks of the rewrite, answered as on a CPU with AMX (no compile here)
+    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
+    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    eo = export(_Mixed(), args=(torch.randn(1, 3, 32, 32),))
+    taken = [amx_conv_supports(conv_geometry(o)) for o in direct_convs(eo.mlir_module)]
+    assert taken == [False, True, True, False, False, False, True]
+    asm = compile_copy_asm(eo, _flags())
+    assert len(re.findall(r"stream.executable private @__turbine_amx_bf16_conv_", asm)) == 3
+    assert len(re.findall(r"stream.executable private @__turbine_avx512_bf16_conv_", asm)) == 4
+    check_ir(
+        asm,
+        # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image
+        r"stream.executable private @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64",
+        # the reduction over the taps (ky, kx) and blocks of 32 channels, A tiles read in place
+        r"scf.for ",
+        r"scf.for ",
+        r"scf.for ",
+        r"tileloadd",
+        r"tdpbf16ps",
+        r"func.func private @__turbine_avx512_conv_amx_1\(%\w+: tensor<1x32x16x16xf32>, "
+        r"%\w+: tensor<64x32x3x3xf32>, %\w+: tensor<64xf32>\) -> tensor<1x64x16x16xf32>",
+        r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 2, 1, 0\]",
+        r"arith.truncf %\w+ : f32 to bf16",  # the padded input, in bf16
+        r"permutation = \[3, 0, 1, 4, 2\]",  # the weight in AMX's tile order of B
+        r"flow.dispatch @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64::",
+        # the kernel's 18-wide output grid cut to the 16 real columns
+        r"tensor.extract_slice %\w+\[0, 0, 0, 0\] \[1, 16, 16, 64\]",
+    )
+    assert 'turbine.cpu_requires = "avx512f,avx512_bf16,amx_tile,amx_bf16"' in asm
+
+
+def test_the_amx_convolutions_can_be_turned_off_and_the_cache_keys_on_it(monkeypatch):
+    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
+    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    eo = export(_Mixed(), args=(torch.randn(1, 3, 32, 32),))
+    before = environment_key()
+    monkeypatch.setenv(AMX_CONV_ENV, "off")
+    assert environment_key() != before
+    asm = compile_copy_asm(eo, _flags())
+    assert "amx_bf16_conv" not in asm
+    assert len(re.findall(r"stream.executable private @__turbine_avx512_bf16_conv_", asm)) == 7
+
+
+def test_the_kernel_refuses_what_it_cannot_read():
+    # 4 x 4 taps of 40 channels: a reduction of 640 (32k) whose taps are not whole tile rows
+    with pytest.raises(ValueError, match="channels must be a multiple of 32"):
+        AmxConv(4 * 4 * 40, 64, c=40, kh=4, kw=4, oh=8, wp=11, n=1)
+
+
+def _exact_bf16(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """The convolution of bf16-rounded input and weight, accumulated in float64."""
+    with torch.no_grad():
+        bias = None if conv.bias is None else conv.bias.double()
+        return torch.nn.functional.conv2d(
+            x.bfloat16().double(), conv.weight.bfloat16().double(), bias, padding=conv.padding
+        ).float()
+
+
+@needs_amx
+@pytest.mark.parametrize(
+    "n, c, h, w, f, k, pad, bias",
+    [
+        (1, 32, 9, 11, 32, 3, 1, True),
+        (2, 64, 14, 14, 40, 3, 1, False),  # batch 2; F padded to 64
+        (1, 96, 7, 7, 100, 1, 0, True),  # a 1x1, F padded to 128 (32-column workgroups)
+        (1, 32, 20, 17, 64, 5, 2, True),
+        (3, 32, 5, 6, 32, 3, 0, True),  # no padding: the extra row alone
+        (1, 32, 24, 24, 64, 3, 1, False),  # 576 rows a workgroup's 128 do not divide
+    ],
+)
+def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, bias):
+    torch.manual_seed(n * 1000 + c + h + f)
+    conv = torch.nn.Conv2d(c, f, k, padding=pad, bias=bias).eval()
+    x = torch.randn(n, c, h, w)
+    got = load_module(export(conv, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
+    want = _exact_bf16(conv, x)
+    # exact products, f32 sums: within a few f32 roundings of the float64 result
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _Block(torch.nn.Module):
+    """A ResNet basic block: conv-BN-ReLU, conv-BN, + the input, ReLU; twice."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        layers = []
+        for _ in range(2):
+            layers += [torch.nn.Conv2d(64, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64)]
+        self.layers = torch.nn.ModuleList(layers)
+        for bn in self.layers[1::2]:
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        for _ in range(2):
+            y = torch.relu(self.layers[1](self.layers[0](x)))
+            x = torch.relu(self.layers[3](self.layers[2](y)) + x)
+        return x
+
+
+@needs_amx
+def test_a_resnet_block_on_amx_matches_the_bf16_reference_and_eager():
+    model = _Block().eval()
+    x = torch.randn(2, 64, 14, 14)
+    got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in ref.modules():
+            if isinstance(layer, torch.nn.Conv2d):
+                layer.weight.copy_(layer.weight.bfloat16().float())
+                layer.register_forward_pre_hook(
+                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
+                )
+        want, eager = ref(x), model(x)
+    # the same bf16 roundings as the reference; the batch norms' order of operations differs
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    # against fp32 eager: the error bf16 operands make
+    assert (got - eager).abs().max().item() < 0.05 * eager.abs().max().item()
