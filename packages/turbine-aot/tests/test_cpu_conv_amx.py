@@ -45,20 +45,20 @@ def _flags() -> list[str]:
 
 
 class _Mixed(torch.nn.Module):
-    """What the AMX kernel takes (stride 1, 32k input channels, any kernel size and padding,
-    bias or none, output channels not a multiple of 32) and what it leaves to the AVX-512
-    kernel (an RGB stem, a strided and a dilated convolution, 40 input channels)."""
+    """What the AMX kernel takes (any stride, kernel size, padding and channel count; bias or
+    none; output channels not a multiple of 32) and what it leaves to the AVX-512 kernel (a
+    dilated convolution)."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(3)
-        self.stem = torch.nn.Conv2d(3, 32, 7, stride=2, padding=3)  # AVX-512: 3 channels
-        self.a = torch.nn.Conv2d(32, 64, 3, padding=1)  # AMX
-        self.b = torch.nn.Conv2d(64, 40, 3, padding=1, bias=False)  # AMX, F padded to 64
-        self.c = torch.nn.Conv2d(40, 64, 1)  # AVX-512: 40 channels
-        self.d = torch.nn.Conv2d(64, 64, 3, stride=2, padding=1)  # AVX-512: stride 2
+        self.stem = torch.nn.Conv2d(3, 32, 7, stride=2, padding=3)  # space-to-depth, 3 -> 8 ch
+        self.a = torch.nn.Conv2d(32, 64, 3, padding=1)
+        self.b = torch.nn.Conv2d(64, 40, 3, padding=1, bias=False)  # F padded to 64
+        self.c = torch.nn.Conv2d(40, 64, 1)  # 40 channels padded to 64
+        self.d = torch.nn.Conv2d(64, 64, 3, stride=2, padding=1)  # space-to-depth
         self.e = torch.nn.Conv2d(64, 96, 3, padding=2, dilation=2)  # AVX-512: dilated
-        self.f = torch.nn.Conv2d(96, 32, 1)  # AMX: a 1x1
+        self.f = torch.nn.Conv2d(96, 32, 1, stride=2)  # every other row and column
 
     def forward(self, x):
         x = torch.relu(self.stem(x))
@@ -66,34 +66,48 @@ class _Mixed(torch.nn.Module):
         return self.f(torch.relu(self.e(torch.relu(self.d(x)))))
 
 
-def test_the_compile_copy_puts_stride_1_convolutions_of_32k_channels_on_amx(monkeypatch):
+def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
     # the host checks of the rewrite, answered as on a CPU with AMX (no compile here)
     monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
     monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
     eo = export(_Mixed(), args=(torch.randn(1, 3, 32, 32),))
     taken = [amx_conv_supports(conv_geometry(o)) for o in direct_convs(eo.mlir_module)]
-    assert taken == [False, True, True, False, False, False, True]
+    assert taken == [True, True, True, True, True, False, True]
     asm = compile_copy_asm(eo, _flags())
-    assert len(re.findall(r"stream.executable private @__turbine_amx_bf16_conv_", asm)) == 3
-    assert len(re.findall(r"stream.executable private @__turbine_avx512_bf16_conv_", asm)) == 4
+    assert len(re.findall(r"func.func private @__turbine_avx512_conv_amx_\d+\(", asm)) == 6
+    assert len(re.findall(r"stream.executable private @__turbine_avx512_bf16_conv_", asm)) == 1
     check_ir(
         asm,
-        # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image
-        r"stream.executable private @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64",
+        # each convolution: its kernel's executable, then the function calling it
+        # the stem: 8 channels (3 padded) x 2 x 2 phases = 32, a 4x4 kernel; 16 + 4 rows of a
+        # grid 16 + 3 wide
+        r"stream.executable private @__turbine_amx_bf16_conv_1x20x19x32_k4x4_f32_128x32",
         # the reduction over the taps (ky, kx) and blocks of 32 channels, A tiles read in place
         r"scf.for ",
         r"scf.for ",
         r"scf.for ",
         r"tileloadd",
         r"tdpbf16ps",
+        # the stem's input: zero-padded (channels 3 -> 8), then in space-to-depth order
+        r"func.func private @__turbine_avx512_conv_amx_0\(%\w+: tensor<1x3x32x32xf32>",
+        r"tensor.pad %\w+ low\[0, 3, 3, 0\] high\[0, 5, 3, 5\]",
+        r"permutation = \[0, 1, 3, 2, 4, 5\]",
+        r"arith.truncf %\w+ : f32 to bf16",
+        # its weight: 7x7 padded to 8x8, taps regrouped (a, b, py, px, c), in AMX's tile order
+        r"tensor.pad %\w+ low\[0, 0, 0, 0\] high\[0, 5, 1, 1\]",
+        r"permutation = \[2, 4, 3, 5, 1, 0\]",
+        r"permutation = \[3, 0, 1, 4, 2\]",
+        # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image
+        r"stream.executable private @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64",
         r"func.func private @__turbine_avx512_conv_amx_1\(%\w+: tensor<1x32x16x16xf32>, "
         r"%\w+: tensor<64x32x3x3xf32>, %\w+: tensor<64xf32>\) -> tensor<1x64x16x16xf32>",
         r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 2, 1, 0\]",
         r"arith.truncf %\w+ : f32 to bf16",  # the padded input, in bf16
-        r"permutation = \[3, 0, 1, 4, 2\]",  # the weight in AMX's tile order of B
         r"flow.dispatch @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64::",
         # the kernel's 18-wide output grid cut to the 16 real columns
         r"tensor.extract_slice %\w+\[0, 0, 0, 0\] \[1, 16, 16, 64\]",
+        # f: every other row and column of its input, as a 1x1 of stride 1
+        r"tensor.extract_slice %\w+\[0, 0, 0, 0\] \[1, 5, 4, 96\] \[1, 2, 2, 1\]",
     )
     assert 'turbine.cpu_requires = "avx512f,avx512_bf16,amx_tile,amx_bf16"' in asm
 
@@ -121,25 +135,35 @@ def _exact_bf16(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         bias = None if conv.bias is None else conv.bias.double()
         return torch.nn.functional.conv2d(
-            x.bfloat16().double(), conv.weight.bfloat16().double(), bias, padding=conv.padding
+            x.bfloat16().double(),
+            conv.weight.bfloat16().double(),
+            bias,
+            stride=conv.stride,
+            padding=conv.padding,
         ).float()
 
 
 @needs_amx
 @pytest.mark.parametrize(
-    "n, c, h, w, f, k, pad, bias",
+    "n, c, h, w, f, k, pad, stride, bias",
     [
-        (1, 32, 9, 11, 32, 3, 1, True),
-        (2, 64, 14, 14, 40, 3, 1, False),  # batch 2; F padded to 64
-        (1, 96, 7, 7, 100, 1, 0, True),  # a 1x1, F padded to 128 (32-column workgroups)
-        (1, 32, 20, 17, 64, 5, 2, True),
-        (3, 32, 5, 6, 32, 3, 0, True),  # no padding: the extra row alone
-        (1, 32, 24, 24, 64, 3, 1, False),  # 576 rows a workgroup's 128 do not divide
+        (1, 32, 9, 11, 32, 3, 1, 1, True),
+        (2, 64, 14, 14, 40, 3, 1, 1, False),  # batch 2; F padded to 64
+        (1, 96, 7, 7, 100, 1, 0, 1, True),  # a 1x1, F padded to 128 (32-column workgroups)
+        (1, 32, 20, 17, 64, 5, 2, 1, True),
+        (3, 32, 5, 6, 32, 3, 0, 1, True),  # no padding: the extra row alone
+        (1, 32, 24, 24, 64, 3, 1, 1, False),  # 576 rows a workgroup's 128 do not divide
+        (2, 40, 9, 9, 32, 3, 1, 1, True),  # 40 channels padded to 64
+        (1, 3, 32, 30, 64, 7, 3, 2, True),  # an RGB stem: space-to-depth, 3 -> 8 channels
+        (1, 64, 14, 15, 128, 3, 1, 2, False),  # a ResNet's strided 3x3
+        (1, 64, 15, 13, 128, 1, 0, 2, True),  # its strided 1x1 (downsample)
+        (1, 32, 8, 9, 32, 1, 1, 2, True),  # a strided 1x1 with padding
+        (1, 16, 11, 12, 32, 5, 1, 3, True),  # stride 3
     ],
 )
-def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, bias):
+def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, stride, bias):
     torch.manual_seed(n * 1000 + c + h + f)
-    conv = torch.nn.Conv2d(c, f, k, padding=pad, bias=bias).eval()
+    conv = torch.nn.Conv2d(c, f, k, padding=pad, stride=stride, bias=bias).eval()
     x = torch.randn(n, c, h, w)
     got = load_module(export(conv, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
     want = _exact_bf16(conv, x)

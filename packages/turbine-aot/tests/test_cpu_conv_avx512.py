@@ -328,7 +328,8 @@ def test_two_rewrites_calling_the_same_kernel_share_its_one_executable():
 
 def test_with_precision_bf16_the_convolutions_run_in_bf16_on_the_kernel():
     """``precision="bf16"`` puts the matmuls on a bf16 kernel (AMX, else AVX512-BF16) and the
-    convolutions with even input channels on the direct-convolution kernel's bf16 form."""
+    convolutions on AMX's (test_cpu_conv_amx.py), else on the direct-convolution kernel's bf16
+    form."""
     from turbine_aot._compiler.bf16 import bf16_kernel_kind
 
     kind = bf16_kernel_kind()
@@ -344,7 +345,8 @@ def test_with_precision_bf16_the_convolutions_run_in_bf16_on_the_kernel():
     x = torch.randn(1, 8, 6, 6)
     eo = export(model, args=(x,))
     asm = _copy_asm(eo, _flags("--turbine-precision=bf16"))
-    assert "avx512_bf16_conv" in asm and "avx512_f32_conv" not in asm
+    assert ("amx_bf16_conv" if kind == "amx" else "avx512_bf16_conv") in asm
+    assert "avx512_f32_conv" not in asm
     assert ("amx_bf16_gemm" if kind == "amx" else "avx512_bf16_gemm") in asm
     got = load_module(eo.compile(None, precision="bf16")).main(x)
     with torch.no_grad():

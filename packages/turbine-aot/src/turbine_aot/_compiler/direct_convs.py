@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from .amx import AMX_FEATURES
-from .amx_conv import AmxConv, amx_conv_supports
+from .amx_conv import AmxConv, AmxConvPlan, amx_conv_plan, amx_conv_supports
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES
 from .avx512_conv import Avx512Conv, conv_kernel_for
 from .convs import Conv, conv_geometry
@@ -268,41 +268,88 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     e("}")
 
 
-def _amx_function(name: str, kernel: AmxConv, g: Conv) -> str:
-    """The private function computing a stride-1 convolution on the AMX kernel
-    (:mod:`.amx_conv`): ``(%x NCHW, %w[, %b]) -> NCHW``. The input is written once, channels-last,
-    zero-padded (one more zero row at the bottom for the kernel's extra columns) and in bf16;
-    the weight packed once in the AMX tile order of ``B`` with ``k = (ky, kx, c)``; the kernel's
-    ``wp``-wide output grid is cut to ``ow`` columns in the dispatch that adds the bias and
-    transposes back to NCHW."""
+def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str:
+    """The private function computing a convolution on the AMX kernel (:mod:`.amx_conv`):
+    ``(%x NCHW, %w[, %b]) -> NCHW``. The input is written once, channels-last, zero-padded
+    (channels to ``plan.c_pad``; rows and columns to the plan's size, which includes one more
+    zero row at the bottom for the kernel's extra columns), in its space-to-depth form for a
+    strided convolution, and in bf16; the weight packed once in the AMX tile order of ``B``
+    with ``k = (a, b, py, px, c)``; the kernel's output grid is cut to ``ow`` columns in the
+    dispatch that adds the bias and transposes back to NCHW."""
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
     ph, pw = g.padding
+    sh, sw, cp = plan.sh, plan.sw, plan.c_pad
     np_, k = kernel.np_, kernel.kp
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
     lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
-    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.image_rows, kernel.wp, c)
+    nhwc_t = _tensor(n, h, w, c)
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
         f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
     )
-    e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph + 1}, {pw}, 0] {{")
+    # zero-pad to at least the plan's extent, then take the plan's rows and columns from it
+    # (a strided 1x1: every th-th / tw-th; else a crop of what a stride leaves unread)
+    hh, ww = plan.height, plan.width
+    eh, ew = plan.extent
+    high_h, high_w = max(0, eh - h - ph), max(0, ew - w - pw)
+    big_t = _tensor(n, h + ph + high_h, w + pw + high_w, cp)
+    e(f"  %xpb = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {high_h}, {high_w}, {cp - c}] {{")
     e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
     e("    tensor.yield %zero : f32")
-    e(f"  }} : {nhwc_t} to {xp_t}")
+    e(f"  }} : {nhwc_t} to {big_t}")
+    xp_t = _tensor(n, hh, ww, cp)
+    e(
+        f"  %xp = tensor.extract_slice %xpb[0, 0, 0, 0] [{n}, {hh}, {ww}, {cp}] "
+        f"[1, {plan.th}, {plan.tw}, 1] : {big_t} to {xp_t}"
+    )
+    xs, rank = "%xp", 4
+    if (sh, sw) != (
+        1,
+        1,
+    ):  # space-to-depth: [n, rows, sh, cols, sw, c] -> [n, rows, cols, sh, sw, c]
+        r, q = plan.rows, plan.cols
+        ex_t, s2d_t = _tensor(n, r, sh, q, sw, cp), _tensor(n, r, q, sh, sw, cp)
+        e(
+            f"  %xe = tensor.expand_shape %xp [[0], [1, 2], [3, 4], [5]] output_shape "
+            f"[{n}, {r}, {sh}, {q}, {sw}, {cp}] : {xp_t} into {ex_t}"
+        )
+        e(f"  %xs_init = tensor.empty() : {s2d_t}")
+        e(
+            f"  %xs = linalg.transpose ins(%xe : {ex_t}) outs(%xs_init : {s2d_t}) "
+            "permutation = [0, 1, 3, 2, 4, 5]"
+        )
+        xs, xp_t, rank = "%xs", s2d_t, 6
     size = kernel.input_size
-    e(f"  %a32 = tensor.collapse_shape %xp [[0, 1, 2, 3]] : {xp_t} into {_tensor(size)}")
+    dims = ", ".join(str(i) for i in range(rank))
+    e(f"  %a32 = tensor.collapse_shape {xs} [[{dims}]] : {xp_t} into {_tensor(size)}")
     e(_truncf_1d("%a", "%a32", size))
-    # the weight: [F, C, KH, KW] -> [KH, KW, C, F] -> [K, F] -> pad F -> AMX's tiles of B
-    wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
+    # the weight: [F, C, KH, KW] -> zero-padded [F, c_pad, sh * kh2, sw * kw2] -> [F, c_pad,
+    # kh2, sh, kw2, sw] -> [kh2, kw2, sh, sw, c_pad, F] -> [K, F] -> pad F -> AMX's tiles of B
+    kh4, kw4 = sh * plan.kh2, sw * plan.kw2
+    w4_t = _tensor(f, cp, kh4, kw4)
+    wsrc, wsrc_t = "%w", w_t
+    if (cp, kh4, kw4) != (c, g.kh, g.kw):
+        e(f"  %w4 = tensor.pad %w low[0, 0, 0, 0] high[0, {cp - c}, {kh4 - g.kh}, {kw4 - g.kw}] {{")
+        e("  ^bb0(%q0: index, %q1: index, %q2: index, %q3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {w_t} to {w4_t}")
+        wsrc, wsrc_t = "%w4", w4_t
+    w6_t = _tensor(f, cp, plan.kh2, sh, plan.kw2, sw)
+    e(
+        f"  %w6 = tensor.expand_shape {wsrc} [[0], [1], [2, 3], [4, 5]] output_shape "
+        f"[{f}, {cp}, {plan.kh2}, {sh}, {plan.kw2}, {sw}] : {wsrc_t} into {w6_t}"
+    )
+    wt_t, kf_t = _tensor(plan.kh2, plan.kw2, sh, sw, cp, f), _tensor(k, f)
     e(f"  %wt_init = tensor.empty() : {wt_t}")
     e(
-        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) permutation = [2, 3, 1, 0]"
+        f"  %wt = linalg.transpose ins(%w6 : {w6_t}) outs(%wt_init : {wt_t}) "
+        "permutation = [2, 4, 3, 5, 1, 0]"
     )
-    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {kf_t}")
+    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2, 3, 4], [5]] : {wt_t} into {kf_t}")
     wk, wk_t = "%wk", kf_t
     if np_ != f:
         e(f"  %wpad = tensor.pad %wk low[0, 0] high[0, {np_ - f}] {{")
@@ -360,11 +407,11 @@ def _amx_function(name: str, kernel: AmxConv, g: Conv) -> str:
 def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
     """Replaces ``conv`` by a call of :func:`_amx_function` (the ops after it stay)."""
     assert g.n is not None
-    kernel = AmxConv.for_conv(g)
+    plan, kernel = amx_conv_plan(g)
     if kernel.name not in top:
         top.append(kernel.executable())
     name = top.unique(f"{_FUNC_PREFIX}_amx_{index}")
-    top.append(_amx_function(name, kernel, g))
+    top.append(_amx_function(name, plan, kernel, g))
     types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
     operands = list(conv.operands)[: 3 if g.bias else 2]
     b = Builder(conv, location=conv.location)
