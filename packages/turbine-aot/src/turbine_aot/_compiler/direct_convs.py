@@ -28,6 +28,9 @@ size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' p
 dispatch that writes it, the weight once. An odd channel count (an RGB stem) gets one zero
 channel on the input (in the same padding) and on the weight, so pairs never straddle two taps;
 no output is written pre-padded for a bf16 kernel (it reads bf16: a conversion pass stays).
+On a CPU with AMX (``amx``), every convolution that is not dilated goes to the AMX convolution
+kernel instead (:mod:`.amx_conv`; strided ones in space-to-depth form), its bias and whatever
+follows left to IREE's element-wise ops (docs/performance.md, section 8).
 """
 
 from __future__ import annotations
