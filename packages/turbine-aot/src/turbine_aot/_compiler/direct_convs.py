@@ -178,6 +178,39 @@ def _input(e: Any, kernel: Avx512Conv, x_t: str, c0: int) -> None:
         e(_truncf_1d("%a", "%a32", kernel.input_size))
 
 
+def _pad_columns(e: Any, wk: str, k: int, f: int, np_: int) -> tuple[str, str]:
+    """``wk`` (``[k, f]``) zero-padded to ``np_`` columns (the kernel's panels), and its type."""
+    if np_ == f:
+        return wk, _tensor(k, f)
+    e(f"  %wpad = tensor.pad {wk} low[0, 0] high[0, {np_ - f}] {{")
+    e("  ^bb0(%j0: index, %j1: index):")
+    e("    tensor.yield %zero : f32")
+    e(f"  }} : {_tensor(k, f)} to {_tensor(k, np_)}")
+    return "%wpad", _tensor(k, np_)
+
+
+def _to_nchw(e: Any, o_t: str, out_t: str, f: int, bias: bool) -> None:
+    """Emits ``%out`` (NCHW): ``%o`` (NHWC) transposed back, plus the bias ``%b`` in the same
+    op with ``bias``."""
+    e(f"  %out_init = tensor.empty() : {out_t}")
+    if bias:
+        e(
+            "  %out = linalg.generic {indexing_maps = ["
+            "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
+            "affine_map<(n, f, h, w) -> (n, f, h, w)>], iterator_types = "
+            '["parallel", "parallel", "parallel", "parallel"]} '
+            f"ins(%o, %b : {o_t}, {_tensor(f)}) outs(%out_init : {out_t}) {{"
+        )
+        e("  ^bb0(%v: f32, %bv: f32, %u: f32):")
+        e("    %s = arith.addf %v, %bv : f32")
+        e("    linalg.yield %s : f32")
+        e(f"  }} -> {out_t}")
+    else:
+        e(
+            f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
+        )
+
+
 def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     """Emits the weight's packing, the dispatch and the function's results."""
     g = kernel.g
@@ -192,13 +225,7 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
         f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) permutation = [2, 3, 1, 0]"
     )
     e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {kf_t}")
-    wk, wk_t = "%wk", kf_t
-    if np_ != f:
-        e(f"  %wpad = tensor.pad %wk low[0, 0] high[0, {np_ - f}] {{")
-        e("  ^bb0(%j0: index, %j1: index):")
-        e("    tensor.yield %zero : f32")
-        e(f"  }} : {kf_t} to {_tensor(k, np_)}")
-        wk, wk_t = "%wpad", _tensor(k, np_)
+    wk, wk_t = _pad_columns(e, "%wk", k, f, np_)
     p = np_ // nr
     if kernel.bf16:  # panels of pairs: [K/2, 2, P, nr] -> [P, K/2, nr, 2]
         ex_sizes, reassoc, perm = [k // 2, 2, p, nr], "[[0, 1], [2, 3]]", [2, 0, 3, 1]
@@ -247,23 +274,7 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     e(
         f"  %o = tensor.expand_shape {cm} [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, {g.ow}, {f}] : {cm_t} into {o_t}"
     )
-    e(f"  %out_init = tensor.empty() : {out_t}")
-    if g.bias and not kernel.shift:  # the bias add and the transpose back to NCHW: one op
-        e(
-            "  %out = linalg.generic {indexing_maps = ["
-            "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
-            "affine_map<(n, f, h, w) -> (n, f, h, w)>], iterator_types = "
-            '["parallel", "parallel", "parallel", "parallel"]} '
-            f"ins(%o, %b : {o_t}, {_tensor(f)}) outs(%out_init : {out_t}) {{"
-        )
-        e("  ^bb0(%v: f32, %bv: f32, %u: f32):")
-        e("    %s = arith.addf %v, %bv : f32")
-        e("    linalg.yield %s : f32")
-        e(f"  }} -> {out_t}")
-    else:
-        e(
-            f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
-        )
+    _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.shift)
     if padded_out:
         e(f"  return %out, %cflat : {out_t}, {_tensor(kernel.c_rows * f)}")
     else:
@@ -310,10 +321,7 @@ def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str
         f"[1, {plan.th}, {plan.tw}, 1] : {big_t} to {xp_t}"
     )
     xs, rank = "%xp", 4
-    if (sh, sw) != (
-        1,
-        1,
-    ):  # space-to-depth: [n, rows, sh, cols, sw, c] -> [n, rows, cols, sh, sw, c]
+    if sh * sw > 1:  # space-to-depth: [n, rows, sh, cols, sw, c] -> [n, rows, cols, sh, sw, c]
         r, q = plan.rows, plan.cols
         ex_t, s2d_t = _tensor(n, r, sh, q, sw, cp), _tensor(n, r, q, sh, sw, cp)
         e(
@@ -353,13 +361,7 @@ def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str
         "permutation = [2, 4, 3, 5, 1, 0]"
     )
     e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2, 3, 4], [5]] : {wt_t} into {kf_t}")
-    wk, wk_t = "%wk", kf_t
-    if np_ != f:
-        e(f"  %wpad = tensor.pad %wk low[0, 0] high[0, {np_ - f}] {{")
-        e("  ^bb0(%j0: index, %j1: index):")
-        e("    tensor.yield %zero : f32")
-        e(f"  }} : {kf_t} to {_tensor(k, np_)}")
-        wk, wk_t = "%wpad", _tensor(k, np_)
+    wk, wk_t = _pad_columns(e, "%wk", k, f, np_)
     ex_sizes, reassoc, perm = kernel.pack_layout("kn", 1)
     ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
     e(
@@ -385,23 +387,7 @@ def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str
         f"  %o = tensor.extract_slice %c4[0, 0, 0, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : "
         f"{grid_t} to {o_t}"
     )
-    e(f"  %out_init = tensor.empty() : {out_t}")
-    if g.bias:
-        e(
-            "  %out = linalg.generic {indexing_maps = ["
-            "affine_map<(n, f, h, w) -> (n, h, w, f)>, affine_map<(n, f, h, w) -> (f)>, "
-            "affine_map<(n, f, h, w) -> (n, f, h, w)>], iterator_types = "
-            '["parallel", "parallel", "parallel", "parallel"]} '
-            f"ins(%o, %b : {o_t}, {_tensor(f)}) outs(%out_init : {out_t}) {{"
-        )
-        e("  ^bb0(%v: f32, %bv: f32, %u: f32):")
-        e("    %s = arith.addf %v, %bv : f32")
-        e("    linalg.yield %s : f32")
-        e(f"  }} -> {out_t}")
-    else:
-        e(
-            f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) permutation = [0, 3, 1, 2]"
-        )
+    _to_nchw(e, o_t, out_t, f, bias=g.bias)
     e(f"  return %out : {out_t}")
     e("}")
     return "\n".join(lines)
