@@ -80,14 +80,16 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         asm,
         # each convolution: its kernel's executable, then the function calling it
         # the stem: 8 channels (3 padded) x 2 x 2 phases = 32, a 4x4 kernel; 16 + 4 rows of a
-        # grid 16 + 3 wide
-        r"stream.executable private @__turbine_amx_bf16_conv_1x20x19x32_k4x4_f32_128x32",
+        # grid 16 + 3 wide; its bias and the ReLU after it in the kernel's epilogue
+        r"stream.executable private @__turbine_amx_bf16_conv_1x20x19x32_k4x4_f32_ss_relu_128x32",
         # the reduction over the taps (ky, kx) and blocks of 32 channels, A tiles read in place
         r"scf.for ",
         r"scf.for ",
         r"scf.for ",
         r"tileloadd",
         r"tdpbf16ps",
+        r"vector.fma",  # the epilogue, over each stored block
+        r"arith.maximumf",
         # the stem's input: zero-padded (channels 3 -> 8), then in space-to-depth order
         r"func.func private @__turbine_avx512_conv_amx_0\(%\w+: tensor<1x3x32x32xf32>",
         r"tensor.pad %\w+ low\[0, 3, 3, 0\] high\[0, 5, 3, 5\]",
@@ -98,12 +100,12 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         r"permutation = \[2, 4, 3, 5, 1, 0\]",
         r"permutation = \[3, 0, 1, 4, 2\]",
         # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image
-        r"stream.executable private @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64",
+        r"stream.executable private @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_ss_relu_128x64",
         r"func.func private @__turbine_avx512_conv_amx_1\(%\w+: tensor<1x32x16x16xf32>, "
         r"%\w+: tensor<64x32x3x3xf32>, %\w+: tensor<64xf32>\) -> tensor<1x64x16x16xf32>",
         r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 2, 1, 0\]",
         r"arith.truncf %\w+ : f32 to bf16",  # the padded input, in bf16
-        r"flow.dispatch @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_128x64::",
+        r"flow.dispatch @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_ss_relu_128x64::",
         # the kernel's 18-wide output grid cut to the 16 real columns
         r"tensor.extract_slice %\w+\[0, 0, 0, 0\] \[1, 16, 16, 64\]",
         # f: every other row and column of its input, as a 1x1 of stride 1
@@ -238,3 +240,49 @@ def test_resnet_blocks_on_amx_match_the_bf16_reference_and_eager(model_class):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # against fp32 eager: the error bf16 operands make
     assert (got - eager).abs().max().item() < 0.05 * eager.abs().max().item()
+
+
+class _Epilogues(torch.nn.Module):
+    """What the kernel's epilogue takes after a convolution: a ReLU alone (no bias), the bias and
+    a ReLU, a per-channel multiply and add (a batch norm as torch.export may decompose it)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.a = torch.nn.Conv2d(32, 64, 3, padding=1, bias=False)
+        self.b = torch.nn.Conv2d(64, 48, 1)
+        self.c = torch.nn.Conv2d(48, 64, 3, padding=1)
+        self.scale = torch.nn.Parameter(torch.rand(1, 64, 1, 1) + 0.5)
+        self.shift = torch.nn.Parameter(torch.randn(1, 64, 1, 1))
+
+    def forward(self, x):
+        y = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.c(y) * self.scale + self.shift
+
+
+@needs_amx
+def test_the_epilogue_forms_match_the_bf16_reference(monkeypatch):
+    model = _Epilogues().eval()
+    x = torch.randn(1, 32, 10, 12)
+    eo = export(model, args=(x,))
+    asm = compile_copy_asm(eo, _flags())
+    # a: ReLU only; b: bias and ReLU; c: bias, multiply and add folded into a scale and shift
+    assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_relu_", asm)
+    assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_ss_relu_", asm)
+    assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_ss_128", asm)
+    got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in ref.modules():
+            if isinstance(layer, torch.nn.Conv2d):
+                layer.weight.copy_(layer.weight.bfloat16().float())
+                layer.register_forward_pre_hook(
+                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
+                )
+        want = ref(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the same module with the epilogues left to IREE gives the same values
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
+    assert "_ss_" not in compile_copy_asm(eo, _flags())
+    kept = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    torch.testing.assert_close(got, kept, rtol=1e-6, atol=1e-6)

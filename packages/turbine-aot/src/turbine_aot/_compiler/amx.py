@@ -269,7 +269,7 @@ class AmxGemm:
             name,
             column_blocks=np_ // nb,
             rows_per_workgroup=mb,
-            bindings=["%a", "%b", "%c"],
+            bindings=self._bindings(),
             batch=True,
             constants=(0, 1, 16, 32),
         )
@@ -281,6 +281,7 @@ class AmxGemm:
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{a_dims}")
         e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}{b_dims}")
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%rows}}")
+        self._emit_extra_subspans(e)
         # Base addresses (i64): the aligned pointer plus the memref's element offset (IREE may
         # fold a binding offset into the subspan).
         for v, mem, t, elem, size, rank in (
@@ -428,6 +429,17 @@ class AmxGemm:
         e(f"{p}  %kb = arith.muli %k64, %k1024 : i64")
         return p + "  ", [f"{p}}}"]
 
+    def _bindings(self) -> list[str]:
+        """The executable's bindings, in the dispatch's order (operands, then the result)."""
+        return ["%a", "%b", "%c"]
+
+    def _emit_extra_subspans(self, e) -> None:
+        """Emits the subspans of the bindings besides A, B and C (none here)."""
+
+    def _emit_after_store(self, e, p: str) -> None:
+        """Emits, at indent ``p``, what follows the store of a register block of C (the block's
+        first column ``%ncol``, its rows ``%grow`` to ``%grow + %left``): nothing here."""
+
     def _strip(self, e, *, two: bool) -> None:
         """The columns of one 32-row strip (``two``) or of a strip of at most 16 rows."""
         p = "          "
@@ -479,6 +491,7 @@ class AmxGemm:
             e(f"{p}  %cp11 = arith.addi %cp10, %s64 : i64")
             store("%cp10", 2)
             store("%cp11", 3)
+        self._emit_after_store(e, p + "  ")
         e(f"{p}}}")
 
 

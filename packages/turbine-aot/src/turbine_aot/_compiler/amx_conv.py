@@ -20,8 +20,10 @@ Everything else is :class:`.amx.AmxGemm`'s: 32 x 32 register blocks of ``C`` in 
 weight packed once (by IREE's constant hoisting) in the tile order of ``B`` with ``k = (ky, kx,
 c)``, workgroups of 128 rows x 64 (or 32) columns, one batch entry each, the tile permission
 asked for by the kernel itself. ``C`` is ``[n * oh * wp, Np]`` f32; the caller slices the
-``ow`` real columns out and applies the bias and whatever follows (batch norm, residual, ReLU)
-with IREE's element-wise ops, fused with the transpose back to NCHW.
+``ow`` real columns out, fused with the transpose back to NCHW. The epilogue
+(:attr:`AmxConv.scale_shift`, :attr:`AmxConv.relu`: the bias, a batch norm or per-channel steps
+folded into a scale and shift, and a ReLU) runs over each 32-column block of ``C`` right after
+its tiles are stored, while it is in the cache; a residual add stays IREE's.
 
 Measured: docs/performance.md, section 8 ("Convolutions on AMX").
 """
@@ -154,6 +156,10 @@ class AmxConv(AmxGemm):
         oh: output rows.
         wp: the padded input's width (the output grid's width: ``ow + kw - 1``).
         n: images.
+        scale_shift: the epilogue ``C * scale + shift`` per output channel (two ``[np_]`` f32
+            operands after B: a batch norm, a bias), applied to each stored 32-column block
+            while it is in the cache.
+        relu: then ``max(C, 0)``.
     """
 
     c: int = field(default=_C_STEP, kw_only=True)
@@ -162,6 +168,8 @@ class AmxConv(AmxGemm):
     oh: int = field(default=1, kw_only=True)
     wp: int = field(default=1, kw_only=True)
     n: int = field(default=1, kw_only=True)
+    scale_shift: bool = field(default=False, kw_only=True)
+    relu: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -187,26 +195,72 @@ class AmxConv(AmxGemm):
     @property
     def name(self) -> str:
         perm = "" if self.request_permission else "_noperm"
+        epilogue = ("_ss" if self.scale_shift else "") + ("_relu" if self.relu else "")
         return (
             f"__turbine_amx_bf16_conv_{self.n}x{self.image_rows}x{self.wp}x{self.c}"
-            f"_k{self.kh}x{self.kw}_f{self.np_}{perm}"
+            f"_k{self.kh}x{self.kw}_f{self.np_}{epilogue}{perm}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}"
         )
 
-    def conv_dispatch(self, a: str, b: str) -> list[str]:
+    def conv_dispatch(
+        self, a: str, b: str, scale_shift: tuple[str, str] | None = None
+    ) -> list[str]:
         """Lines computing ``%cm`` (``tensor<{n * m}x{np_}xf32>``) from ``a`` (the input,
-        ``tensor<{input_size}xbf16>``) and ``b`` (the packed weight)."""
+        ``tensor<{input_size}xbf16>``), ``b`` (the packed weight) and, with
+        :attr:`scale_shift`, the ``tensor<{np_}xf32>`` scale and shift."""
+        if bool(scale_shift) != self.scale_shift:
+            raise ValueError(f"{self.name}: scale and shift operands {scale_shift!r}")
         rows = self.n * self.m
         b_elems = self.packed_b_size
+        vec_t = f"tensor<{self.np_}xf32>"
+        extra = "".join(f", {v}" for v in scale_shift or ())
+        extra_t = f", {vec_t}, {vec_t}" if scale_shift else ""
         return [
             f"  %amx_m = arith.constant {self.m} : index",
             f"  %amx_n = arith.constant {self.n} : index",
             f"  %amx_rows = arith.constant {rows} : index",
-            f"  %cmd = flow.dispatch @{self.name}::@{self.name}[%amx_m, %amx_n]({a}, {b}, "
-            f"%amx_m, %amx_n) : (tensor<{self.input_size}xbf16>, tensor<{b_elems}xbf16>, index, "
-            f"index) -> tensor<?x{self.np_}xf32>{{%amx_rows}}",
+            f"  %cmd = flow.dispatch @{self.name}::@{self.name}[%amx_m, %amx_n]({a}, {b}{extra}, "
+            f"%amx_m, %amx_n) : (tensor<{self.input_size}xbf16>, tensor<{b_elems}xbf16>{extra_t}, "
+            f"index, index) -> tensor<?x{self.np_}xf32>{{%amx_rows}}",
             f"  %cm = tensor.cast %cmd : tensor<?x{self.np_}xf32> to tensor<{rows}x{self.np_}xf32>",
         ]
+
+    # -- the epilogue: scale, shift and ReLU over each stored block of C ------------------------
+
+    def _bindings(self) -> list[str]:
+        return ["%a", "%b", "%esc", "%esh", "%c"] if self.scale_shift else ["%a", "%b", "%c"]
+
+    def _emit_extra_subspans(self, e) -> None:
+        if self.scale_shift:
+            v_t = f"memref<{self.np_}xf32>"
+            e(f"      %msc = stream.binding.subspan %esc[%c0] : !stream.binding -> {v_t}")
+            e(f"      %msh = stream.binding.subspan %esh[%c0] : !stream.binding -> {v_t}")
+
+    def _emit_after_store(self, e, p: str) -> None:
+        if not (self.scale_shift or self.relu):
+            return
+        v_t, c_t, vec = f"memref<{self.np_}xf32>", f"memref<?x{self.np_}xf32>", "vector<16xf32>"
+        e(f"{p}%ecol1 = arith.addi %ncol, %c16 : index")
+        cols = ("%ncol", "%ecol1")
+        if self.scale_shift:
+            for h, col in enumerate(cols):
+                e(f"{p}%esv{h} = vector.load %msc[{col}] : {v_t}, {vec}")
+                e(f"{p}%etv{h} = vector.load %msh[{col}] : {v_t}, {vec}")
+        if self.relu:
+            e(f"{p}%ezero = arith.constant dense<0.0> : {vec}")
+        e(f"{p}scf.for %er = %c0 to %left step %c1 {{")
+        e(f"{p}  %erow = arith.addi %grow, %er : index")
+        for h, col in enumerate(cols):
+            e(f"{p}  %ev{h} = vector.load %mc[%erow, {col}] : {c_t}, {vec}")
+            v = f"%ev{h}"
+            if self.scale_shift:
+                e(f"{p}  %ey{h} = vector.fma {v}, %esv{h}, %etv{h} : {vec}")
+                v = f"%ey{h}"
+            if self.relu:
+                e(f"{p}  %ez{h} = arith.maximumf {v}, %ezero : {vec}")
+                v = f"%ez{h}"
+            e(f"{p}  vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")
+        e(f"{p}}}")
 
     # -- A: the padded input, read in place -------------------------------------------------
 

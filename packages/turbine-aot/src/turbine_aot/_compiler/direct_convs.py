@@ -29,8 +29,9 @@ dispatch that writes it, the weight once. An odd channel count (an RGB stem) get
 channel on the input (in the same padding) and on the weight, so pairs never straddle two taps;
 no output is written pre-padded for a bf16 kernel (it reads bf16: a conversion pass stays).
 On a CPU with AMX (``amx``), every convolution that is not dilated goes to the AMX convolution
-kernel instead (:mod:`.amx_conv`; strided ones in space-to-depth form), its bias and whatever
-follows left to IREE's element-wise ops (docs/performance.md, section 8).
+kernel instead (:mod:`.amx_conv`; strided ones in space-to-depth form); its epilogue absorbs
+the bias, a batch norm or per-channel steps and a ReLU right after them, a residual add stays
+IREE's (docs/performance.md, section 8).
 """
 
 from __future__ import annotations
@@ -282,21 +283,36 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     e("}")
 
 
-def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str:
+def _amx_function(
+    name: str,
+    plan: AmxConvPlan,
+    kernel: AmxConv,
+    g: Conv,
+    bn_eps: float | None = None,
+    affine: list[tuple[str, list[Any]]] | None = None,
+) -> str:
     """The private function computing a convolution on the AMX kernel (:mod:`.amx_conv`):
     ``(%x NCHW, %w[, %b]) -> NCHW``. The input is written once, channels-last, zero-padded
     (channels to ``plan.c_pad``; rows and columns to the plan's size, which includes one more
     zero row at the bottom for the kernel's extra columns), in its space-to-depth form for a
     strided convolution, and in bf16; the weight packed once in the AMX tile order of ``B``
     with ``k = (a, b, py, px, c)``; the kernel's output grid is cut to ``ow`` columns in the
-    dispatch that adds the bias and transposes back to NCHW."""
+    dispatch that adds the bias and transposes back to NCHW. With the kernel's epilogue
+    (:attr:`.amx_conv.AmxConv.scale_shift`), the bias and a batch norm (``bn_eps``, arguments
+    ``%gamma``, ``%beta``, ``%mean``, ``%var``) or per-channel steps (``affine``, arguments
+    ``%p<i>``) are folded into its scale and shift, as for the AVX-512 kernel."""
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
     ph, pw = g.padding
     sh, sw, cp = plan.sh, plan.sw, plan.c_pad
     np_, k = kernel.np_, kernel.kp
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
-    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {_tensor(f)}" if g.bias else "")
+    f_t = _tensor(f)
+    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
+    if bn_eps is not None:
+        args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    affine = affine or []
+    args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
     lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
@@ -376,7 +392,17 @@ def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str
     dims = ", ".join(str(i) for i in range(len(perm)))
     e(f"  %bp32 = tensor.collapse_shape %wpan [[{dims}]] : {pan_t} into {_tensor(k * np_)}")
     e(_truncf_1d("%bp", "%bp32", k * np_))  # a weight: converted once, with the packing
-    for line in kernel.conv_dispatch("%a", "%bp"):
+    pair = None
+    if kernel.scale_shift:
+        scale, shift = _scale_shift(e, g, bn_eps, affine, bias=g.bias)
+        if scale is None:
+            e(f"  %ones = arith.constant dense<1.0> : {f_t}")
+            scale = "%ones"
+        if shift is None:
+            e(f"  %zeros = arith.constant dense<0.0> : {f_t}")
+            shift = "%zeros"
+        pair = (_padded_vector(e, scale, f, np_), _padded_vector(e, shift, f, np_))
+    for line in kernel.conv_dispatch("%a", "%bp", pair):
         e(line)
     grid_t, o_t = _tensor(n, g.oh, kernel.wp, np_), _tensor(n, g.oh, g.ow, f)
     e(
@@ -387,26 +413,70 @@ def _amx_function(name: str, plan: AmxConvPlan, kernel: AmxConv, g: Conv) -> str
         f"  %o = tensor.extract_slice %c4[0, 0, 0, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : "
         f"{grid_t} to {o_t}"
     )
-    _to_nchw(e, o_t, out_t, f, bias=g.bias)
+    _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.scale_shift)
     e(f"  return %out : {out_t}")
     e("}")
     return "\n".join(lines)
 
 
+def _absorbed_amx(
+    conv: Any, g: Conv
+) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], list[Any]]:
+    """What the AMX kernel's epilogue absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm,
+    per-channel steps, ops)``, and a ReLU right after them (or after the convolution); a
+    residual add stays IREE's."""
+    ops: list[Any] = []
+    value = conv.results[0]
+    bn = eval_batch_norm(value, g.f)
+    affine: list[tuple[Any, str, Any]] = []
+    if bn is not None:
+        ops.append(bn.op)
+        value = bn.op.results[0]
+    else:
+        affine = channel_affine(value, g.f)
+        ops += [step[0] for step in affine]
+        if affine:
+            value = affine[-1][0].results[0]
+    relu = only_user(value, "torch.aten.relu")
+    if relu is not None:
+        ops.append(relu)
+    return bn, affine, ops
+
+
 def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
-    """Replaces ``conv`` by a call of :func:`_amx_function` (the ops after it stay)."""
+    """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
+    by a call of :func:`_amx_function`."""
     assert g.n is not None
+    bn, affine, absorbed = _absorbed_amx(conv, g) if fusion_enabled() else (None, [], [])
+    relu = bool(absorbed) and absorbed[-1].name == "torch.aten.relu"
     plan, kernel = amx_conv_plan(g)
+    scale_shift = bn is not None or bool(affine) or (relu and g.bias)
+    kernel = replace(kernel, scale_shift=scale_shift, relu=relu)
     if kernel.name not in top:
         top.append(kernel.executable())
     name = top.unique(f"{_FUNC_PREFIX}_amx_{index}")
-    top.append(_amx_function(name, plan, kernel, g))
-    types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), _tensor(g.f)]
+    steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
+    eps = bn.eps if bn is not None else None
+    top.append(_amx_function(name, plan, kernel, g, eps, steps))
+    f_t = _tensor(g.f)
+    types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
     operands = list(conv.operands)[: 3 if g.bias else 2]
-    b = Builder(conv, location=conv.location)
+    types = types[: len(operands)]
+    if bn is not None:
+        operands += [bn.weight, bn.bias, bn.mean, bn.var]
+        types += [f_t] * 4
+    for _, _, param in affine:
+        operands.append(param)
+        types.append(_tensor(*TensorType.of(param).sizes))  # type: ignore[union-attr,arg-type]
+    anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
+    b = Builder(anchor, location=conv.location)
     builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
     call = b.call(name, builtin, [_tensor(g.n, g.f, g.oh, g.ow)])
     back = b.from_builtin(call.results[0], conv.results[0].type)
+    if absorbed:
+        absorbed[-1].results[0].replace_all_uses_with(back)
+    for fused in reversed(absorbed):
+        fused.erase()
     conv.results[0].replace_all_uses_with(back)
     conv.erase()
 
@@ -429,15 +499,14 @@ def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> 
     e(f"  }} -> {f_t}")
 
 
-def _epilogue_operands(
-    e: Any, kernel: Avx512Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]]
-) -> list[str]:
-    """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
-    ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
-    g = kernel.g
-    assert g.n is not None
-    f, np_ = g.f, kernel.np_
-    vectors: list[str] = []
+def _scale_shift(
+    e: Any, g: Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]], bias: bool
+) -> tuple[str | None, str | None]:
+    """Emits the ``[f]`` scale and shift (either None where not needed) that fold a batch norm
+    (``bn_eps`` given: the arguments ``%gamma``, ``%beta``, ``%mean``, ``%var``; with the bias)
+    or the per-channel steps ``affine`` (arguments ``%p<i>``; with the bias) into a kernel's
+    epilogue, else the bias ``%b`` alone as the shift (``bias``); returns their names."""
+    f = g.f
     if bn_eps is not None:  # y = (conv + b - mean) / sqrt(var + eps) * gamma + beta
         e(f"  %eps = arith.constant {bn_eps:.9e} : f32")
         _vector_op(
@@ -459,20 +528,33 @@ def _epilogue_operands(
             ins = ["%beta", "%mean", "%scale"]
             body = ["%ms = arith.mulf %i1, %i2 : f32", "%r = arith.subf %i0, %ms : f32"]
         _vector_op(e, "%shift", ins, body, f)
-        vectors = ["%scale", "%shift"]
-    elif affine:
-        vectors = _affine_vectors(e, affine, f, "%b" if g.bias else None)
-    elif kernel.shift:
-        vectors = ["%b"]
-    out: list[str] = []
-    for v in vectors:
-        if np_ != f:
-            e(f"  {v}_np = tensor.pad {v} low[0] high[{np_ - f}] {{")
-            e("  ^bb0(%pi: index):")
-            e("    tensor.yield %zero : f32")
-            e(f"  }} : {_tensor(f)} to {_tensor(np_)}")
-            v = f"{v}_np"
-        out.append(v)
+        return "%scale", "%shift"
+    if affine:
+        return _affine_vectors(e, affine, f, "%b" if g.bias else None)
+    return None, "%b" if bias else None
+
+
+def _padded_vector(e: Any, v: str, f: int, np_: int) -> str:
+    """``v`` (``[f]``) zero-padded to ``np_`` (the kernel's panels); its name."""
+    if np_ == f:
+        return v
+    e(f"  {v}_np = tensor.pad {v} low[0] high[{np_ - f}] {{")
+    e("  ^bb0(%pi: index):")
+    e("    tensor.yield %zero : f32")
+    e(f"  }} : {_tensor(f)} to {_tensor(np_)}")
+    return f"{v}_np"
+
+
+def _epilogue_operands(
+    e: Any, kernel: Avx512Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]]
+) -> list[str]:
+    """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
+    ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
+    g = kernel.g
+    assert g.n is not None
+    f, np_ = g.f, kernel.np_
+    pair = _scale_shift(e, g, bn_eps, affine, kernel.shift)
+    out = [_padded_vector(e, v, f, np_) for v in pair if v is not None]
     if kernel.residual:
         assert np_ == f, "a residual needs whole panels"
         nhwc = _tensor(g.n, g.oh, g.ow, f)
@@ -490,8 +572,8 @@ def _epilogue_operands(
 
 def _affine_vectors(
     e: Any, affine: list[tuple[str, list[Any]]], f: int, bias: str | None
-) -> list[str]:
-    """Emits the kernel's ``[f]`` scale and shift (those it has, in that order) folding the
+) -> tuple[str | None, str | None]:
+    """Emits the kernel's ``[f]`` scale and shift (None where there is none) folding the
     steps ``affine`` applied to ``conv + bias``: ``- p`` and ``+ p`` move the shift, ``* p``
     scales both."""
     scale, shift = None, bias
@@ -514,7 +596,7 @@ def _affine_vectors(
         elif kind == "sub":
             _vector_op(e, f"%sh{i}", [p], ["%r = arith.negf %i0 : f32"], f)
             shift = f"%sh{i}"
-    return [v for v in (scale, shift) if v is not None]
+    return scale, shift
 
 
 def _absorbed(

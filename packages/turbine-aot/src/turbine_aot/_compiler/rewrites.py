@@ -103,8 +103,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: grouped form (the keys and values not repeated); 24: the weight-only int4 kernel's
 #: ``nibble_shifts`` form at one row for groups of 128s; 25: torchao's activation scale
 #: ``max(-min(amin(x), 0), max(amax(x), 0))`` as ``amax(|x|)`` on CPUs; 26: ``precision="bf16"``
-#: stride-1 convolutions of 32k input channels on the AMX convolution kernel where there is AMX.
-REVISION = 26
+#: convolutions on the AMX convolution kernel where there is AMX; 27: its epilogue (bias, batch
+#: norm or per-channel steps, ReLU).
+REVISION = 27
 
 _log = logging.getLogger("turbine.aot")
 
@@ -175,8 +176,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
     bf16_convs = bf16 and not host_avx512_bf16_missing()
-    # ... and those of stride 1 and 32k input channels on the AMX kernel where there is AMX,
-    # unless TURBINE_CPU_AMX_CONV=off
+    # ... and those that are not dilated on the AMX kernel where there is AMX, unless
+    # TURBINE_CPU_AMX_CONV=off
     amx_convs = bf16_convs and bf16_kernel_kind() == "amx" and amx_conv_enabled()
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
     reform = conv_kernel and bool(convs_to_reform(op))
