@@ -70,6 +70,7 @@ from .quant_int8_matmuls import (
 )
 from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
 from .quant_w4a8_matmuls import rewritable_w4a8_matmuls, rewrite_w4a8_matmuls_vnni
+from .softmax import CPU_SOFTMAX_ENV, rewrite_softmaxes, softmax_enabled, softmaxes
 from .targets import flag_targets
 
 __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
@@ -104,8 +105,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: ``nibble_shifts`` form at one row for groups of 128s; 25: torchao's activation scale
 #: ``max(-min(amin(x), 0), max(amax(x), 0))`` as ``amax(|x|)`` on CPUs; 26: ``precision="bf16"``
 #: convolutions on the AMX convolution kernel where there is AMX; 27: its epilogue (bias, batch
-#: norm or per-channel steps, ReLU).
-REVISION = 27
+#: norm or per-channel steps, ReLU); 28: fp32 softmaxes as ``exp(x - max) * (1 / sum)`` on
+#: llvm-cpu (:mod:`.softmax`).
+REVISION = 28
 
 _log = logging.getLogger("turbine.aot")
 
@@ -120,6 +122,7 @@ _ENVIRONMENT = (
     CPU_POOLS_ENV,
     EPILOGUE_ENV,
     AMX_CONV_ENV,
+    CPU_SOFTMAX_ENV,
 )
 
 
@@ -127,7 +130,7 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``), for the compile cache's keys: a module
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -187,8 +190,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     pools = direct and not keep_pools and bool(max_pools(op))
     # torchao's activation scale as one reduction (exact) wherever the CPU compiles it
     absmax = targets_only_cpu(flags) and bool(abs_max_patterns(op))
+    # fp32 softmaxes (the model's, and those the attention rewrite writes) in a form IREE does
+    # not raise to its slow softmax op, unless TURBINE_CPU_SOFTMAX=keep
+    softmax = targets == {"llvm-cpu"} and softmax_enabled() and (attention or bool(softmaxes(op)))
     if not (
         attention
+        or softmax
         or casts
         or shared_globals
         or convs
@@ -240,6 +247,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if absmax:
         count = rewrite_abs_max(copy)
         _log.info("CPU target: %d activation scale(s) as one amax(|x|) reduction", count)
+    if softmax:  # after attention: its softmaxes are rewritten too
+        count = rewrite_softmaxes(copy)
+        _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
     if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
         if bf16:
             count = rewrite_matmuls_bf16(copy)

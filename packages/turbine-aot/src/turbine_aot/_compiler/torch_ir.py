@@ -294,6 +294,13 @@ class Builder:
             attr = BoolAttr.get(False)
         return self.op("torch.constant.bool", "!torch.bool", [], {"value": attr})
 
+    def true(self) -> Any:
+        from turbine_ir.ir import BoolAttr  # type: ignore[attr-defined]  # from the `*` import
+
+        with self.loc:
+            attr = BoolAttr.get(True)
+        return self.op("torch.constant.bool", "!torch.bool", [], {"value": attr})
+
     def int_list(self, values: list[builtins.int]) -> Any:  # `int` is the method above
         return self.op(
             "torch.prim.ListConstruct", "!torch.list<int>", [self.int(v) for v in values]

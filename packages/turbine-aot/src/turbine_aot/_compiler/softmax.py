@@ -1,0 +1,89 @@
+"""llvm-cpu: the compile copy's fp32 softmaxes written as ``exp(x - max) * (1 / sum)``, a form
+IREE 3.13 does not raise to its own softmax op.
+
+IREE 3.13 recognizes ``exp(x - amax(x)) / sum(exp(...))`` (and ``torch.aten.softmax`` /
+``_softmax``, which lower to it) as a softmax and compiles it for CPUs into one dispatch whose
+code is slow: measured on 4 x 128 x 128 (one BERT layer's attention probabilities, Intel Xeon,
+one thread) the softmax dispatch took 160 µs, and the mask add before it, now a dispatch of its
+own, 27 µs. Written as the maximum, the exponentials' sum, its reciprocal and a multiply, IREE
+keeps the element-wise ops and reductions as they are: four dispatches of 57 µs in all
+(docs/performance.md, "Softmax on CPUs"). The values differ from the division by at most one
+rounding of the reciprocal (a relative 1.2e-7); a row of all ``-inf`` gives NaN in both forms,
+as in eager.
+
+Rewritten: ``torch.aten.softmax.int`` without a dtype and ``torch.aten._softmax`` without
+``half_to_float``, of f32 tensors, over any dimension; among them the softmaxes that
+:mod:`.attention` writes for scaled-dot-product attention on CPUs. ``TURBINE_CPU_SOFTMAX=keep``
+leaves them to IREE (A/B measurements; part of the compile cache's key).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
+
+__all__ = ["CPU_SOFTMAX_ENV", "rewrite_softmaxes", "softmax_enabled", "softmaxes"]
+
+#: Environment variable: ``keep`` leaves fp32 softmaxes to IREE's own softmax.
+CPU_SOFTMAX_ENV = "TURBINE_CPU_SOFTMAX"
+
+_SOFTMAX_INT = "torch.aten.softmax.int"
+_SOFTMAX = "torch.aten._softmax"
+
+
+def softmax_enabled() -> bool:
+    """Whether :func:`rewrite_softmaxes` applies (unless ``TURBINE_CPU_SOFTMAX=keep``)."""
+    return os.environ.get(CPU_SOFTMAX_ENV, "").strip().lower() != "keep"
+
+
+def _dim(op: Any) -> int | None:
+    """The reduced dimension (non-negative) of a softmax this rewrite takes, else None."""
+    if op.name not in (_SOFTMAX_INT, _SOFTMAX) or len(op.operands) != 3:
+        return None
+    xt, out_t = TensorType.of(op.operands[0]), TensorType.of(op.result)
+    if xt is None or out_t is None or xt.dtype != "f32" or out_t.dtype != "f32":
+        return None
+    dim = constant(op.operands[1])
+    last = constant(op.operands[2])
+    if dim is NOT_CONSTANT or not isinstance(dim, int) or isinstance(dim, bool):
+        return None
+    if (op.name == _SOFTMAX_INT and last is not None) or (
+        op.name == _SOFTMAX and last is not False
+    ):
+        return None
+    rank = len(xt.sizes)
+    if not -rank <= dim < rank:
+        return None
+    return dim % rank
+
+
+def softmaxes(module_op: Any) -> list[Any]:
+    """The softmax ops of ``module_op`` that :func:`rewrite_softmaxes` rewrites."""
+    return [op for op in walk(getattr(module_op, "operation", module_op)) if _dim(op) is not None]
+
+
+def rewrite_softmaxes(module_op: Any) -> int:
+    """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)``; returns how
+    many."""
+    done = 0
+    for op in softmaxes(module_op):
+        dim = _dim(op)
+        assert dim is not None
+        x = op.operands[0]
+        xt = TensorType.of(x)
+        assert xt is not None
+        red_t = xt.with_sizes([1 if i == dim else s for i, s in enumerate(xt.sizes)]).asm()
+        b = Builder(op, location=op.location)
+        dims, keep = b.int_list([dim]), b.true()
+        peak = b.op("torch.aten.amax", red_t, [x, dims, keep])
+        shifted = b.op("torch.aten.sub.Tensor", xt.asm(), [x, peak, b.int(1)])
+        exps = b.op("torch.aten.exp", xt.asm(), [shifted])
+        total = b.op("torch.aten.sum.dim_IntList", red_t, [exps, dims, keep, b.none()])
+        inverse = b.op("torch.aten.reciprocal", red_t, [total])
+        out = b.op("torch.aten.mul.Tensor", xt.asm(), [exps, inverse])
+        op.result.replace_all_uses_with(out)
+        op.erase()
+        done += 1
+    return done

@@ -1,0 +1,91 @@
+"""fp32 softmaxes on llvm-cpu written as ``exp(x - max) * (1 / sum)`` in the compile copy
+(``_compiler.softmax``): which ones, that the results are eager's, and the switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import compile_copy_asm
+
+from turbine_aot import export
+from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.rewrites import environment_key
+from turbine_aot._compiler.softmax import CPU_SOFTMAX_ENV, softmaxes
+from turbine_aot.runtime import load_module
+
+
+@pytest.fixture(autouse=True)
+def _default_choice(monkeypatch):
+    monkeypatch.delenv(CPU_SOFTMAX_ENV, raising=False)
+
+
+def _cpu_flags() -> list[str]:
+    return default_compile_flags("llvm-cpu", use_env=False)
+
+
+class _Softmaxes(torch.nn.Module):
+    """Softmaxes over the last, a middle (negative index) and the first dimension, one after a
+    mask; and one in f16, which the rewrite leaves."""
+
+    def forward(self, x, mask):
+        a = torch.softmax(x + mask, dim=-1)
+        b = torch.nn.functional.softmax(x * 3.0, dim=-2)
+        c = torch.softmax(x, 0)
+        d = torch.softmax(x.half(), dim=-1).float()
+        return a, b, c, d
+
+
+def _inputs():
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 33)
+    mask = torch.zeros(1, 1, 33)
+    mask[..., 30:] = float("-inf")
+    return x, mask
+
+
+def test_the_compile_copy_writes_fp32_softmaxes_as_a_multiply_by_the_reciprocal():
+    eo = export(_Softmaxes(), args=_inputs())
+    assert len(softmaxes(eo.mlir_module)) == 3  # the f16 one is left
+    asm = compile_copy_asm(eo, _cpu_flags())
+    assert asm.count("torch.aten.reciprocal") == 3
+    assert asm.count("torch.aten.amax") == 3 and asm.count("torch.aten.sum.dim_IntList") == 3
+    assert asm.count("torch.aten._softmax") + asm.count("torch.aten.softmax.int") == 1  # f16
+    assert "torch.aten.reciprocal" not in str(eo.mlir_module)  # the export is left as it was
+
+
+def test_rewritten_softmaxes_give_eager_values_masked_positions_zero():
+    x, mask = _inputs()
+    got = load_module(export(_Softmaxes(), args=(x, mask)).compile(save_to=None)).main(x, mask)
+    want = _Softmaxes()(x, mask)
+    for g, w in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got[0][..., 30:], torch.zeros(3, 5, 3))
+    torch.testing.assert_close(got[3], want[3], rtol=2e-3, atol=1e-3)
+
+
+def test_a_row_of_minus_infinity_is_nan_as_in_eager():
+    class Row(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1)
+
+    x = torch.randn(2, 8)
+    x[1] = float("-inf")
+    got = load_module(export(Row(), args=(x,)).compile(save_to=None)).main(x)
+    want = Row()(x)
+    assert torch.isnan(want[1]).all() and torch.isnan(got[1]).all()
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+
+
+def test_keep_leaves_the_softmax_to_iree_and_the_cache_keys_on_it(monkeypatch):
+    eo = export(_Softmaxes(), args=_inputs())
+    before = environment_key()
+    monkeypatch.setenv(CPU_SOFTMAX_ENV, "keep")
+    assert environment_key() != before
+    asm = compile_copy_asm(eo, _cpu_flags())
+    assert "torch.aten.reciprocal" not in asm
+
+
+def test_other_targets_keep_the_softmax():
+    eo = export(_Softmaxes(), args=_inputs())
+    asm = compile_copy_asm(eo, default_compile_flags("vmvx", use_env=False))
+    assert "torch.aten.reciprocal" not in asm
