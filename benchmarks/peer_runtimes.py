@@ -158,7 +158,9 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
                     mkwargs,
                     threads,
                     workdir,
-                    compile_kw={"precision": args.baseline_precision},
+                    compile_kw=(
+                        {"precision": "bf16"} if args.baseline_precision == "bf16" else None
+                    ),
                     name="turbine-baseline",
                 )
             finally:
