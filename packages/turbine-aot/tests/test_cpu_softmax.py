@@ -89,3 +89,51 @@ def test_other_targets_keep_the_softmax():
     eo = export(_Softmaxes(), args=_inputs())
     asm = compile_copy_asm(eo, default_compile_flags("vmvx", use_env=False))
     assert "torch.aten.reciprocal" not in asm
+
+
+class _DynamicAttention(torch.nn.Module):
+    """Causal attention over a dynamic batch with its softmax spelled ``spelling``."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-1, -2)) * 0.125
+        keep = torch.ones(24, 24, dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+        if self.spelling == "reciprocal":
+            e = torch.exp(s - s.amax(-1, keepdim=True))
+            p = e * torch.reciprocal(e.sum(-1, keepdim=True))
+        else:
+            p = torch.softmax(s, -1)
+        return p @ v
+
+
+def _dynamic_attention_error(spelling: str) -> float:
+    model = _DynamicAttention(spelling)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    args = tuple(torch.randn(2, 2, 24, 32) for _ in range(3))
+    shapes = {name: {0: batch} for name in ("q", "k", "v")}
+    eo = export(model, args=args, dynamic_shapes=shapes)
+    m = load_module(eo.compile(save_to=None))
+    torch.manual_seed(1)
+    x = tuple(torch.randn(5, 2, 24, 32) for _ in range(3))
+    return (m.main(*x) - model(*x)).abs().max().item()
+
+
+def test_a_dynamic_softmax_is_left_to_iree_and_is_right():
+    eo = export(
+        _DynamicAttention("softmax"),
+        args=tuple(torch.randn(2, 2, 24, 32) for _ in range(3)),
+        dynamic_shapes={n: {0: torch.export.Dim("batch", min=1, max=16)} for n in "qkv"},
+    )
+    assert softmaxes(eo.mlir_module) == []
+    assert _dynamic_attention_error("softmax") < 1e-5
+
+
+def test_iree_miscompiles_the_reciprocal_form_over_a_dynamic_batch():
+    """IREE 3.13's bug that keeps the rewrite to static shapes: the same attention with its
+    softmax written as ``exp(s - max) * reciprocal(sum)`` is off by order 1. When this test
+    fails, IREE computes it right: let ``_compiler.softmax`` take dynamic shapes too."""
+    assert _dynamic_attention_error("reciprocal") > 0.1

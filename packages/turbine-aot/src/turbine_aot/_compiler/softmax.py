@@ -12,9 +12,17 @@ rounding of the reciprocal (a relative 1.2e-7); a row of all ``-inf`` gives NaN 
 as in eager.
 
 Rewritten: ``torch.aten.softmax.int`` without a dtype and ``torch.aten._softmax`` without
-``half_to_float``, of f32 tensors, over any dimension; among them the softmaxes that
-:mod:`.attention` writes for scaled-dot-product attention on CPUs. ``TURBINE_CPU_SOFTMAX=keep``
-leaves them to IREE (A/B measurements; part of the compile cache's key).
+``half_to_float``, of f32 tensors of static shape, over any dimension; among them the
+softmaxes that :mod:`.attention` writes for scaled-dot-product attention on CPUs.
+``TURBINE_CPU_SOFTMAX=keep`` leaves them to IREE (A/B measurements; part of the compile cache's
+key).
+
+**Static shapes only: IREE 3.13 computes this form wrongly with dynamic ones.** Between two
+batched matmuls (attention: ``softmax(mask(q @ k^T)) @ v``) with a dynamic batch, a program
+that writes its softmax as ``exp(s - amax(s)) * reciprocal(sum(...))`` gets results off by
+order 1 (whether turbine or the model wrote it), where IREE's own softmax op is right
+(``tests/test_cpu_softmax.py`` pins both, the wrong one so that it fails once IREE is fixed).
+A softmax over a dynamic shape therefore stays IREE's.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ def _dim(op: Any) -> int | None:
         return None
     xt, out_t = TensorType.of(op.operands[0]), TensorType.of(op.result)
     if xt is None or out_t is None or xt.dtype != "f32" or out_t.dtype != "f32":
+        return None
+    if None in xt.sizes:  # IREE 3.13 miscompiles this form with dynamic shapes (module doc)
         return None
     dim = constant(op.operands[1])
     last = constant(op.operands[2])
