@@ -134,15 +134,18 @@ def cpu_summary(cpuinfo: str = "/proc/cpuinfo") -> str:
     return f"cpu: {model}, {cores} logical core(s); kernel flags: {' '.join(have) or 'none'}"
 
 
-#: What IREE's drivers say when a device is gone for good (turbine_aot's runtime uses the same).
+#: What IREE's drivers say when a device is gone for good, and a queue fence that failed with
+#: DATA_LOSS (turbine_aot's runtime, ``_runtime.devices.device_lost``, uses the same rule).
 _DEVICE_LOST = ("DEVICE_LOST",)
+_FENCE_FAILED = ("DATA_LOSS", "hal.fence.await")
 
 
 def device_lost(error: BaseException | str) -> bool:
     """Whether an error (its message and what it was raised from) says the device was lost."""
     seen = 0
     while error is not None and seen < 8:
-        if any(marker in str(error) for marker in _DEVICE_LOST):
+        text = str(error)
+        if any(m in text for m in _DEVICE_LOST) or all(m in text for m in _FENCE_FAILED):
             return True
         error = getattr(error, "__cause__", None) or getattr(error, "__context__", None)
         seen += 1

@@ -39,11 +39,18 @@ _replacement_devices: dict[str, Any] = {}
 
 #: What IREE's drivers say when a device is gone for good (every later use fails the same way).
 _DEVICE_LOST = ("DEVICE_LOST",)
+#: A queue fence that failed: ``DATA_LOSS`` from ``hal.fence.await`` (with or without the
+#: driver's ``VK_ERROR_DEVICE_LOST``).
+_FENCE_FAILED = ("DATA_LOSS", "hal.fence.await")
 
 
 def device_lost(error: BaseException | str) -> bool:
-    """Whether an IREE error says the device was lost (``VK_ERROR_DEVICE_LOST``)."""
-    return any(marker in str(error) for marker in _DEVICE_LOST)
+    """Whether an IREE error says the device was lost: ``VK_ERROR_DEVICE_LOST``, or a call's
+    fence that failed with ``DATA_LOSS`` (the device's queue did not finish the work and its
+    timeline cannot be trusted again; on Mesa lavapipe IREE 3.13's semaphore race shows both
+    ways, the second without the Vulkan error in the message)."""
+    text = str(error)
+    return any(m in text for m in _DEVICE_LOST) or all(m in text for m in _FENCE_FAILED)
 
 
 def forget_lost_devices(devices: Sequence[Any], uris: Sequence[str]) -> None:
