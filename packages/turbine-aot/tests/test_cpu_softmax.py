@@ -10,7 +10,7 @@ from kernel_testing import compile_copy_asm
 from turbine_aot import export
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key
-from turbine_aot._compiler.softmax import CPU_SOFTMAX_ENV, softmaxes
+from turbine_aot._compiler.softmax import CPU_SOFTMAX_ENV, reciprocal_forms, softmaxes
 from turbine_aot.runtime import load_module
 
 
@@ -132,8 +132,27 @@ def test_a_dynamic_softmax_is_left_to_iree_and_is_right():
     assert _dynamic_attention_error("softmax") < 1e-5
 
 
-def test_iree_miscompiles_the_reciprocal_form_over_a_dynamic_batch():
-    """IREE 3.13's bug that keeps the rewrite to static shapes: the same attention with its
+def test_a_models_reciprocal_form_over_a_dynamic_batch_is_handed_to_iree_as_a_softmax():
+    """The workaround: a model's own ``exp(s - max) * reciprocal(sum)`` over a dynamic shape
+    becomes a softmax op in the compile copy, and the result is eager's."""
+    eo = export(
+        _DynamicAttention("reciprocal"),
+        args=tuple(torch.randn(2, 2, 24, 32) for _ in range(3)),
+        dynamic_shapes={n: {0: torch.export.Dim("batch", min=1, max=16)} for n in "qkv"},
+    )
+    assert len(reciprocal_forms(eo.mlir_module)) == 1
+    asm = compile_copy_asm(eo, _cpu_flags())
+    assert "torch.aten.softmax.int" in asm and "torch.aten.reciprocal" not in asm
+    assert _dynamic_attention_error("reciprocal") < 1e-5
+
+
+def test_iree_miscompiles_the_reciprocal_form_over_a_dynamic_batch(monkeypatch):
+    """IREE 3.13's bug behind both rules: without the workaround, the same attention with its
     softmax written as ``exp(s - max) * reciprocal(sum)`` is off by order 1. When this test
-    fails, IREE computes it right: let ``_compiler.softmax`` take dynamic shapes too."""
+    fails, IREE computes it right: drop ``rewrite_reciprocal_forms`` and let
+    ``rewrite_softmaxes`` take dynamic shapes too."""
+    from turbine_aot._compiler import rewrites
+
+    monkeypatch.setattr(rewrites, "reciprocal_forms", lambda op: [])
+    monkeypatch.setenv("TURBINE_COMPILE_CACHE", "0")
     assert _dynamic_attention_error("reciprocal") > 0.1

@@ -70,7 +70,14 @@ from .quant_int8_matmuls import (
 )
 from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
 from .quant_w4a8_matmuls import rewritable_w4a8_matmuls, rewrite_w4a8_matmuls_vnni
-from .softmax import CPU_SOFTMAX_ENV, rewrite_softmaxes, softmax_enabled, softmaxes
+from .softmax import (
+    CPU_SOFTMAX_ENV,
+    reciprocal_forms,
+    rewrite_reciprocal_forms,
+    rewrite_softmaxes,
+    softmax_enabled,
+    softmaxes,
+)
 from .targets import flag_targets
 
 __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
@@ -106,8 +113,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: ``max(-min(amin(x), 0), max(amax(x), 0))`` as ``amax(|x|)`` on CPUs; 26: ``precision="bf16"``
 #: convolutions on the AMX convolution kernel where there is AMX; 27: its epilogue (bias, batch
 #: norm or per-channel steps, ReLU); 28: fp32 softmaxes as ``exp(x - max) * (1 / sum)`` on
-#: llvm-cpu (:mod:`.softmax`).
-REVISION = 28
+#: llvm-cpu (:mod:`.softmax`); 29: and a model's own softmax spelled that way over a dynamic
+#: shape handed to IREE as a softmax (IREE 3.13 miscomputes it).
+REVISION = 29
 
 _log = logging.getLogger("turbine.aot")
 
@@ -193,9 +201,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # fp32 softmaxes (the model's, and those the attention rewrite writes) in a form IREE does
     # not raise to its slow softmax op, unless TURBINE_CPU_SOFTMAX=keep
     softmax = targets == {"llvm-cpu"} and softmax_enabled() and (attention or bool(softmaxes(op)))
+    # ... and a model's own softmax in that form over a dynamic shape, which IREE 3.13 computes
+    # wrongly, handed to IREE as a softmax (always: a correctness fix)
+    reciprocal = targets == {"llvm-cpu"} and bool(reciprocal_forms(op))
     if not (
         attention
         or softmax
+        or reciprocal
         or casts
         or shared_globals
         or convs
@@ -247,6 +259,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if absmax:
         count = rewrite_abs_max(copy)
         _log.info("CPU target: %d activation scale(s) as one amax(|x|) reduction", count)
+    if reciprocal:  # before the static softmaxes' rewrite, which writes this form
+        count = rewrite_reciprocal_forms(copy)
+        _log.info("llvm-cpu target: %d dynamic exp * reciprocal(sum) as softmax", count)
     if softmax:  # after attention: its softmaxes are rewritten too
         count = rewrite_softmaxes(copy)
         _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)

@@ -22,7 +22,9 @@ batched matmuls (attention: ``softmax(mask(q @ k^T)) @ v``) with a dynamic batch
 that writes its softmax as ``exp(s - amax(s)) * reciprocal(sum(...))`` gets results off by
 order 1 (whether turbine or the model wrote it), where IREE's own softmax op is right
 (``tests/test_cpu_softmax.py`` pins both, the wrong one so that it fails once IREE is fixed).
-A softmax over a dynamic shape therefore stays IREE's.
+A softmax over a dynamic shape therefore stays IREE's, and a model's own softmax spelled that
+way over a dynamic shape is handed to IREE as its softmax op (:func:`rewrite_reciprocal_forms`,
+applied whatever ``TURBINE_CPU_SOFTMAX`` says: it is a correctness fix).
 """
 
 from __future__ import annotations
@@ -30,9 +32,25 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, walk
+from .torch_ir import (
+    NOT_CONSTANT,
+    Builder,
+    TensorType,
+    constant,
+    constant_int_list,
+    erase_unused,
+    producer,
+    walk,
+)
 
-__all__ = ["CPU_SOFTMAX_ENV", "rewrite_softmaxes", "softmax_enabled", "softmaxes"]
+__all__ = [
+    "CPU_SOFTMAX_ENV",
+    "reciprocal_forms",
+    "rewrite_reciprocal_forms",
+    "rewrite_softmaxes",
+    "softmax_enabled",
+    "softmaxes",
+]
 
 #: Environment variable: ``keep`` leaves fp32 softmaxes to IREE's own softmax.
 CPU_SOFTMAX_ENV = "TURBINE_CPU_SOFTMAX"
@@ -95,5 +113,96 @@ def rewrite_softmaxes(module_op: Any) -> int:
         out = b.op("torch.aten.mul.Tensor", xt.asm(), [exps, inverse])
         op.result.replace_all_uses_with(out)
         op.erase()
+        done += 1
+    return done
+
+
+# ---------------------------------------------------------------------------------------------
+# A model's own exp(x - amax(x)) * reciprocal(sum(...)) over a dynamic shape, back to a softmax
+
+#: What the reciprocal form leaves unused once its result is a softmax (erased with it).
+_FORM_OPS = frozenset(
+    {
+        "torch.aten.reciprocal",
+        "torch.aten.sum.dim_IntList",
+        "torch.aten.exp",
+        "torch.aten.sub.Tensor",
+        "torch.aten.amax",
+    }
+)
+
+
+def _reduction(op: Any, name: str) -> tuple[Any, int] | None:
+    """``(input, dim)`` of ``op`` when it is ``name`` over one dimension with keepdim (and no
+    dtype for a sum), else None."""
+    if op is None or op.name != name:
+        return None
+    operands = list(op.operands)
+    dims = constant_int_list(operands[1]) if len(operands) > 2 else None
+    if dims is None or len(dims) != 1 or constant(operands[2]) is not True:
+        return None
+    if name == "torch.aten.sum.dim_IntList" and (
+        len(operands) != 4 or constant(operands[3]) is not None
+    ):
+        return None
+    xt = TensorType.of(operands[0])
+    if xt is None:
+        return None
+    return operands[0], dims[0] % len(xt.sizes)
+
+
+def _reciprocal_form(op: Any) -> tuple[Any, int] | None:
+    """``(x, dim)`` when ``op`` is ``e * reciprocal(sum(e, dim))`` (either order) with ``e =
+    exp(x - amax(x, dim))``, all f32, ``x`` of a dynamic shape; else None."""
+    if op.name != "torch.aten.mul.Tensor" or len(op.operands) != 2:
+        return None
+    for e, r in (tuple(op.operands), tuple(reversed(list(op.operands)))):
+        rec = producer(r)
+        if rec is None or rec.name != "torch.aten.reciprocal":
+            continue
+        summed = _reduction(producer(rec.operands[0]), "torch.aten.sum.dim_IntList")
+        exp = producer(e)
+        if summed is None or summed[0] != e or exp is None or exp.name != "torch.aten.exp":
+            continue
+        sub = producer(exp.operands[0])
+        if sub is None or sub.name != "torch.aten.sub.Tensor" or constant(sub.operands[2]) != 1:
+            continue
+        x, peak = sub.operands[0], producer(sub.operands[1])
+        top = _reduction(peak, "torch.aten.amax")
+        if top is None or top[0] != x or top[1] != summed[1]:
+            continue
+        xt, out_t = TensorType.of(x), TensorType.of(op.result)
+        if xt is None or out_t is None or xt.dtype != "f32" or out_t.dtype != "f32":
+            continue
+        if None not in xt.sizes or xt.sizes != out_t.sizes:
+            continue
+        return x, summed[1]
+    return None
+
+
+def reciprocal_forms(module_op: Any) -> list[Any]:
+    """The multiplies of ``module_op`` that :func:`rewrite_reciprocal_forms` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if _reciprocal_form(o) is not None]
+
+
+def rewrite_reciprocal_forms(module_op: Any) -> int:
+    """Rewrites each of :func:`reciprocal_forms` in place as ``softmax(x, dim)``, which IREE
+    3.13 computes right over dynamic shapes (module doc); returns how many."""
+    done = 0
+    for op in reciprocal_forms(module_op):
+        found = _reciprocal_form(op)  # matched again: an earlier rewrite may have erased parts
+        if found is None:
+            continue
+        x, dim = found
+        xt = TensorType.of(x)
+        assert xt is not None
+        b = Builder(op, location=op.location)
+        out = b.op("torch.aten.softmax.int", xt.asm(), [x, b.int(dim), b.none()])
+        old = list(op.operands)
+        op.result.replace_all_uses_with(out)
+        op.erase()
+        for v in old:
+            erase_unused(v, _FORM_OPS)
         done += 1
     return done
