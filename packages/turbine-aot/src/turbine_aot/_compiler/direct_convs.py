@@ -212,6 +212,30 @@ def _to_nchw(e: Any, o_t: str, out_t: str, f: int, bias: bool) -> None:
         )
 
 
+def _pack(
+    e: Any, wk: str, wk_t: str, layout: tuple[list[int], str, list[int]], size: int, bf16: bool
+) -> None:
+    """Emits ``%bp`` (``size`` elements, flat): ``wk`` expanded as ``layout`` (sizes,
+    reassociation, permutation) says, permuted into the kernel's panels and, with ``bf16``,
+    converted (a weight: once, by constant hoisting)."""
+    ex_sizes, reassoc, perm = layout
+    ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
+    e(
+        f"  %wex = tensor.expand_shape {wk} {reassoc} output_shape "
+        f"[{', '.join(map(str, ex_sizes))}] : {wk_t} into {ex_t}"
+    )
+    e(f"  %wpan_init = tensor.empty() : {pan_t}")
+    e(
+        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) "
+        f"permutation = [{', '.join(map(str, perm))}]"
+    )
+    all_dims = ", ".join(str(i) for i in range(len(perm)))
+    bp_name = "%bp32" if bf16 else "%bp"
+    e(f"  {bp_name} = tensor.collapse_shape %wpan [[{all_dims}]] : {pan_t} into {_tensor(size)}")
+    if bf16:
+        e(_truncf_1d("%bp", "%bp32", size))
+
+
 def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     """Emits the weight's packing, the dispatch and the function's results."""
     g = kernel.g
@@ -229,24 +253,10 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     wk, wk_t = _pad_columns(e, "%wk", k, f, np_)
     p = np_ // nr
     if kernel.bf16:  # panels of pairs: [K/2, 2, P, nr] -> [P, K/2, nr, 2]
-        ex_sizes, reassoc, perm = [k // 2, 2, p, nr], "[[0, 1], [2, 3]]", [2, 0, 3, 1]
+        layout = ([k // 2, 2, p, nr], "[[0, 1], [2, 3]]", [2, 0, 3, 1])
     else:  # panels: [K, P, nr] -> [P, K, nr]
-        ex_sizes, reassoc, perm = [k, p, nr], "[[0], [1, 2]]", [1, 0, 2]
-    ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
-    e(
-        f"  %wex = tensor.expand_shape {wk} {reassoc} output_shape "
-        f"[{', '.join(map(str, ex_sizes))}] : {wk_t} into {ex_t}"
-    )
-    e(f"  %wpan_init = tensor.empty() : {pan_t}")
-    e(
-        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) "
-        f"permutation = [{', '.join(map(str, perm))}]"
-    )
-    all_dims = ", ".join(str(i) for i in range(len(perm)))
-    bp_name = "%bp32" if kernel.bf16 else "%bp"
-    e(f"  {bp_name} = tensor.collapse_shape %wpan [[{all_dims}]] : {pan_t} into {_tensor(k * np_)}")
-    if kernel.bf16:  # a weight: converted once, with the packing (constant hoisting)
-        e(_truncf_1d("%bp", "%bp32", k * np_))
+        layout = ([k, p, nr], "[[0], [1, 2]]", [1, 0, 2])
+    _pack(e, wk, wk_t, layout, k * np_, kernel.bf16)
     e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
@@ -378,20 +388,7 @@ def _amx_function(
     )
     e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2, 3, 4], [5]] : {wt_t} into {kf_t}")
     wk, wk_t = _pad_columns(e, "%wk", k, f, np_)
-    ex_sizes, reassoc, perm = kernel.pack_layout("kn", 1)
-    ex_t, pan_t = _tensor(*ex_sizes), _tensor(*(ex_sizes[i] for i in perm))
-    e(
-        f"  %wex = tensor.expand_shape {wk} {reassoc} output_shape "
-        f"[{', '.join(map(str, ex_sizes))}] : {wk_t} into {ex_t}"
-    )
-    e(f"  %wpan_init = tensor.empty() : {pan_t}")
-    e(
-        f"  %wpan = linalg.transpose ins(%wex : {ex_t}) outs(%wpan_init : {pan_t}) "
-        f"permutation = [{', '.join(map(str, perm))}]"
-    )
-    dims = ", ".join(str(i) for i in range(len(perm)))
-    e(f"  %bp32 = tensor.collapse_shape %wpan [[{dims}]] : {pan_t} into {_tensor(k * np_)}")
-    e(_truncf_1d("%bp", "%bp32", k * np_))  # a weight: converted once, with the packing
+    _pack(e, wk, wk_t, kernel.pack_layout("kn", 1), k * np_, bf16=True)
     pair = None
     if kernel.scale_shift:
         scale, shift = _scale_shift(e, g, bn_eps, affine, bias=g.bias)
@@ -419,35 +416,65 @@ def _amx_function(
     return "\n".join(lines)
 
 
-def _absorbed_amx(
-    conv: Any, g: Conv
-) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], list[Any]]:
-    """What the AMX kernel's epilogue absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm,
-    per-channel steps, ops)``, and a ReLU right after them (or after the convolution); a
-    residual add stays IREE's."""
-    ops: list[Any] = []
-    value = conv.results[0]
-    bn = eval_batch_norm(value, g.f)
-    affine: list[tuple[Any, str, Any]] = []
+def _call_operands(
+    conv: Any, g: Conv, bn: BatchNorm | None, affine: list[tuple[Any, str, Any]], residual: Any
+) -> tuple[list[Any], list[str]]:
+    """The operands of a convolution function's call and their builtin types: the input, the
+    weight, the bias if any, then what the epilogue absorbed (a batch norm's parameters or the
+    per-channel steps' ones, the residual)."""
+    assert g.n is not None
+    f_t = _tensor(g.f)
+    types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
+    operands = list(conv.operands)[: 3 if g.bias else 2]
+    types = types[: len(operands)]
     if bn is not None:
-        ops.append(bn.op)
-        value = bn.op.results[0]
-    else:
-        affine = channel_affine(value, g.f)
-        ops += [step[0] for step in affine]
-        if affine:
-            value = affine[-1][0].results[0]
-    relu = only_user(value, "torch.aten.relu")
-    if relu is not None:
-        ops.append(relu)
-    return bn, affine, ops
+        operands += [bn.weight, bn.bias, bn.mean, bn.var]
+        types += [f_t] * 4
+    for _, _, param in affine:
+        operands.append(param)
+        sizes = TensorType.of(param).sizes  # type: ignore[union-attr]
+        types.append(_tensor(*sizes))  # type: ignore[arg-type]
+    if residual is not None:
+        operands.append(residual)
+        types.append(_tensor(g.n, g.f, g.oh, g.ow))
+    return operands, types
+
+
+def _replace_by_call(
+    conv: Any,
+    absorbed: list[Any],
+    name: str,
+    operands: list[Any],
+    types: list[str],
+    results: list[str],
+    first: Any = None,
+) -> Any:
+    """Replaces ``conv`` and the ops ``absorbed`` after it by a call of ``name`` (its first
+    result the last op's, in torch types) and returns the call; ``first``: a builtin value
+    standing for the first operand (a previous kernel's padded output)."""
+    anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
+    b = Builder(anchor, location=conv.location)
+    builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
+    if first is not None:
+        builtin[0] = first
+    call = b.call(name, builtin, results)
+    back = b.from_builtin(call.results[0], conv.results[0].type)
+    if absorbed:
+        absorbed[-1].results[0].replace_all_uses_with(back)
+    for fused in reversed(absorbed):
+        fused.erase()
+    conv.results[0].replace_all_uses_with(back)
+    conv.erase()
+    return call
 
 
 def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
     by a call of :func:`_amx_function`."""
     assert g.n is not None
-    bn, affine, absorbed = _absorbed_amx(conv, g) if fusion_enabled() else (None, [], [])
+    bn, affine, _, absorbed = (
+        _absorbed(conv, g, False) if fusion_enabled() else (None, [], None, [])
+    )
     relu = bool(absorbed) and absorbed[-1].name == "torch.aten.relu"
     plan, kernel = amx_conv_plan(g)
     scale_shift = bn is not None or bool(affine) or (relu and g.bias)
@@ -458,27 +485,8 @@ def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
     steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
     eps = bn.eps if bn is not None else None
     top.append(_amx_function(name, plan, kernel, g, eps, steps))
-    f_t = _tensor(g.f)
-    types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
-    operands = list(conv.operands)[: 3 if g.bias else 2]
-    types = types[: len(operands)]
-    if bn is not None:
-        operands += [bn.weight, bn.bias, bn.mean, bn.var]
-        types += [f_t] * 4
-    for _, _, param in affine:
-        operands.append(param)
-        types.append(_tensor(*TensorType.of(param).sizes))  # type: ignore[union-attr,arg-type]
-    anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
-    b = Builder(anchor, location=conv.location)
-    builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
-    call = b.call(name, builtin, [_tensor(g.n, g.f, g.oh, g.ow)])
-    back = b.from_builtin(call.results[0], conv.results[0].type)
-    if absorbed:
-        absorbed[-1].results[0].replace_all_uses_with(back)
-    for fused in reversed(absorbed):
-        fused.erase()
-    conv.results[0].replace_all_uses_with(back)
-    conv.erase()
+    operands, types = _call_operands(conv, g, bn, affine, None)
+    _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
 
 
 def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
@@ -600,11 +608,12 @@ def _affine_vectors(
 
 
 def _absorbed(
-    conv: Any, g: Conv, np_: int
+    conv: Any, g: Conv, residual_ok: bool
 ) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], Any, list[Any]]:
     """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
     steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
-    call's)."""
+    call's); a residual add only where ``residual_ok`` (the AVX-512 kernel with whole panels;
+    never the AMX kernel, whose rows are its wide output grid)."""
     ops: list[Any] = []
     value = conv.results[0]
     bn = eval_batch_norm(value, g.f)
@@ -618,7 +627,7 @@ def _absorbed(
         if affine:
             value = affine[-1][0].results[0]
     residual = None
-    add = same_shape_add(value) if np_ == g.f else None
+    add = same_shape_add(value) if residual_ok else None
     if add is not None:
         ops.append(add[0])
         residual, value = add[1], add[0].results[0]
@@ -674,12 +683,9 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
         pad_c = bf16 and g.c % 2 == 1
         kernel = conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
         any_bf16 = any_bf16 or kernel.bf16
-        f_t, out_t = _tensor(g.f), _tensor(g.n, g.f, g.oh, g.ow)
-        types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
-        operands = list(conv.operands)[: 3 if g.bias else 2]
-        types = types[: len(operands)]
+        out_t = _tensor(g.n, g.f, g.oh, g.ow)
         bn, affine, residual, absorbed = (
-            _absorbed(conv, g, kernel.np_) if fuse else (None, [], None, [])
+            _absorbed(conv, g, kernel.np_ == g.f) if fuse else (None, [], None, [])
         )
         kinds = [kind for _, kind, _ in affine]
         consumer = None
@@ -696,16 +702,7 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
                 relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
                 out_pad=consumer[1].padding if consumer is not None else (0, 0),
             )
-        if bn is not None:
-            operands += [bn.weight, bn.bias, bn.mean, bn.var]
-            types += [f_t] * 4
-        for _, _, param in affine:
-            operands.append(param)
-            sizes = TensorType.of(param).sizes  # type: ignore[union-attr]
-            types.append(_tensor(*sizes))  # type: ignore[arg-type]
-        if residual is not None:
-            operands.append(residual)
-            types.append(out_t)
+        operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)
         if kernel.name not in top:
             top.append(kernel.executable())
@@ -722,24 +719,13 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
                 affine=steps,
             )
         )
-        anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
-        b = Builder(anchor, location=conv.location)
-        builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
-        if padded is not None:  # the previous kernel's C, as this kernel reads it
-            builtin[0] = padded
         results = [out_t]
         if consumer is not None:
             results.append(_tensor(kernel.c_rows * g.f))
-        call = b.call(name, builtin, results)
-        back = b.from_builtin(call.results[0], conv.results[0].type)
+        # with ``padded``: the previous kernel's C, as this kernel reads it
+        call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
         if consumer is not None:
             padded_inputs[consumer[0]] = call.results[1]
-        if absorbed:
-            absorbed[-1].results[0].replace_all_uses_with(back)
-        for fused in reversed(absorbed):
-            fused.erase()
-        conv.results[0].replace_all_uses_with(back)
-        conv.erase()
     if any_avx512:
         mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
     if any_amx:
