@@ -1,6 +1,7 @@
 """Test helpers shared by the tests of turbine's own CPU kernels (the AVX-512 matmul, quantized,
 convolution and pooling rewrites): the skip mark for CPUs without AVX-512, the text of the
-module the compile path hands IREE, and the export of a quantized model with its archive."""
+module the compile path hands IREE, the export of a quantized model with its archive, and what
+a ``precision="bf16"`` module computes."""
 
 from __future__ import annotations
 
@@ -48,3 +49,23 @@ def export_with_archive(
     shapes = {"input": {0: torch.export.Dim("rows", min=1, max=64)}} if dynamic else None
     k = next(mod.in_features for mod in m.modules() if hasattr(mod, "in_features"))
     return export(m, args=(torch.randn(rows, k),), dynamic_shapes=shapes), parameters
+
+
+def bf16_reference(model, *args, layer: type | None = None):
+    """What a ``precision="bf16"`` module computes, in eager: each ``layer`` (default
+    ``torch.nn.Linear``; ``torch.nn.Conv2d`` for convolutions) on its input and weight rounded to
+    bf16, the products accumulated in fp32, everything else fp32 (a deep copy of ``model``)."""
+    import copy
+
+    import torch
+
+    layer = layer or torch.nn.Linear
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in ref.modules():
+            if isinstance(m, layer):
+                m.weight.copy_(m.weight.bfloat16().float())
+                m.register_forward_pre_hook(
+                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
+                )
+        return ref(*args)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from ir_check import check_ir
+from kernel_testing import bf16_reference
 
 from turbine_aot import export
 from turbine_aot._compiler import amx, bf16
@@ -83,29 +84,6 @@ class _Attention(torch.nn.Module):
         q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return y.transpose(1, 2).reshape(b, s, d)
-
-
-def _bf16_reference(model: torch.nn.Module, *args) -> torch.Tensor:
-    """What the bf16 module computes: each linear's input and weight rounded to bf16, the
-    products accumulated in fp32, everything else fp32."""
-    import copy
-
-    ref = copy.deepcopy(model)
-    hooks = []
-    with torch.no_grad():
-        for layer in ref.modules():
-            if isinstance(layer, torch.nn.Linear):
-                layer.weight.copy_(layer.weight.bfloat16().float())
-                hooks.append(
-                    layer.register_forward_pre_hook(
-                        lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
-                    )
-                )
-        try:
-            return ref(*args)
-        finally:
-            for h in hooks:
-                h.remove()
 
 
 # ------------------------------------------------------------------------------- flags, refusals
@@ -335,7 +313,7 @@ def test_linears_with_remainders_match_the_bf16_reference(rows):
     eo = export(model, args=(x,))
     got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
     # exactly the bf16-rounded operands with f32 accumulation (up to summation order) ...
-    torch.testing.assert_close(got, _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, bf16_reference(model, x), rtol=1e-4, atol=1e-4)
     # ... which is within bf16's rounding of fp32 eager
     torch.testing.assert_close(got, model(x), rtol=0.0, atol=2e-2)
 
@@ -348,7 +326,7 @@ def test_a_dynamic_batch_of_3d_inputs():
     m = load_module(eo.compile(save_to=None, precision="bf16"))
     for b in (1, 7):
         x = torch.randn(b, 5, 100)
-        torch.testing.assert_close(m.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(m.main(x), bf16_reference(model, x), rtol=1e-4, atol=1e-4)
 
 
 @needs_bf16
@@ -376,7 +354,7 @@ def test_load_module_with_the_flag_and_a_plain_iree_runtime(tmp_path):
     x = torch.randn(16, 100)
     eo = export(model, args=(x,))
     m = load_module(eo, compile_flags=_BF16, cache=False)
-    torch.testing.assert_close(m.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m.main(x), bf16_reference(model, x), rtol=1e-4, atol=1e-4)
     path = tmp_path / "m.vmfb"
     eo.compile(save_to=path, precision="bf16")
     # a process that never asked Linux for the tile state: the kernel asks itself
@@ -390,7 +368,7 @@ def test_load_module_with_the_flag_and_a_plain_iree_runtime(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    expected = _bf16_reference(model, torch.ones(16, 100)).sum().item()
+    expected = bf16_reference(model, torch.ones(16, 100)).sum().item()
     assert abs(float(proc.stdout.split()[-1]) - expected) < 1e-3 * max(1.0, abs(expected))
 
 
@@ -445,14 +423,14 @@ def test_external_parameters_are_packed_when_the_module_loads(tmp_path):
     eo = export(model, args=(x,))
     vmfb = bytes(eo.compile(save_to=None, precision="bf16").map_memory())
     m = load_module(vmfb, parameters=tmp_path / "w.irpa")
-    torch.testing.assert_close(m.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m.main(x), bf16_reference(model, x), rtol=1e-4, atol=1e-4)
     # other weights, same module: the packing runs at load time, from the archive
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(-0.5)
     save_module_parameters(tmp_path / "w2.irpa", model)
     m2 = load_module(vmfb, parameters=tmp_path / "w2.irpa")
-    torch.testing.assert_close(m2.main(x), _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m2.main(x), bf16_reference(model, x), rtol=1e-4, atol=1e-4)
 
 
 @needs_bf16
@@ -469,7 +447,7 @@ def test_an_odd_reduction_is_padded_with_one_zero():
     model = Odd().eval()
     x = torch.randn(3, 7)
     got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
-    torch.testing.assert_close(got, _bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, bf16_reference(model, x), rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------------- convolutions in bf16
@@ -488,22 +466,6 @@ class _Convs(torch.nn.Module):
     def forward(self, x):
         x = torch.relu(self.stem(x))
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-
-
-def _conv_bf16_reference(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """What the bf16 module computes: each convolution on bf16-rounded input and weight, f32
-    accumulation."""
-    import copy
-
-    ref = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer in ref.modules():
-            if isinstance(layer, torch.nn.Conv2d):
-                layer.weight.copy_(layer.weight.bfloat16().float())
-                layer.register_forward_pre_hook(
-                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
-                )
-        return ref(x)
 
 
 def test_convolutions_get_the_bf16_kernel_odd_channels_padded(monkeypatch):
@@ -544,5 +506,7 @@ def test_bf16_convolutions_match_the_bf16_reference():
     model = _Convs().eval()
     x = torch.randn(2, 3, 40, 36)
     got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
-    torch.testing.assert_close(got, _conv_bf16_reference(model, x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        got, bf16_reference(model, x, layer=torch.nn.Conv2d), rtol=1e-4, atol=1e-5
+    )
     torch.testing.assert_close(got, model(x), rtol=0.0, atol=5e-3)

@@ -5,13 +5,12 @@ takes, alone and inside a ResNet block (batch norm, residual add, ReLU after it)
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
 import torch
 from ir_check import check_ir
-from kernel_testing import compile_copy_asm
+from kernel_testing import bf16_reference, compile_copy_asm
 
 from turbine_aot import export
 from turbine_aot._compiler import rewrites
@@ -226,15 +225,9 @@ def test_resnet_blocks_on_amx_match_the_bf16_reference_and_eager(model_class):
     model = model_class().eval()
     x = torch.randn(2, 32 if model_class is _Downsample else 64, 14, 14)
     got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
-    ref = copy.deepcopy(model)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
     with torch.no_grad():
-        for layer in ref.modules():
-            if isinstance(layer, torch.nn.Conv2d):
-                layer.weight.copy_(layer.weight.bfloat16().float())
-                layer.register_forward_pre_hook(
-                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
-                )
-        want, eager = ref(x), model(x)
+        eager = model(x)
     # the same bf16 roundings as the reference (measured within 5e-7): a position the fusion
     # left unwritten or a wrong tap would be far outside
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -271,15 +264,7 @@ def test_the_epilogue_forms_match_the_bf16_reference(monkeypatch):
     assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_ss_relu_", asm)
     assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_ss_128", asm)
     got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
-    ref = copy.deepcopy(model)
-    with torch.no_grad():
-        for layer in ref.modules():
-            if isinstance(layer, torch.nn.Conv2d):
-                layer.weight.copy_(layer.weight.bfloat16().float())
-                layer.register_forward_pre_hook(
-                    lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
-                )
-        want = ref(x)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # the same module with the epilogues left to IREE gives the same values
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
