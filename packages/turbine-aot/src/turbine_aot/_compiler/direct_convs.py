@@ -51,6 +51,7 @@ from .epilogues import (
     fusion_enabled,
     only_user,
     padded_outputs_enabled,
+    replace_with_absorbed,
     same_shape_add,
 )
 from .matmuls import mark_cpu_requires
@@ -459,12 +460,7 @@ def _replace_by_call(
         builtin[0] = first
     call = b.call(name, builtin, results)
     back = b.from_builtin(call.results[0], conv.results[0].type)
-    if absorbed:
-        absorbed[-1].results[0].replace_all_uses_with(back)
-    for fused in reversed(absorbed):
-        fused.erase()
-    conv.results[0].replace_all_uses_with(back)
-    conv.erase()
+    replace_with_absorbed(conv, absorbed, back)
     return call
 
 

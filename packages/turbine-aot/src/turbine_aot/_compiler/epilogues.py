@@ -5,7 +5,8 @@ Without it every kernel dispatch (:mod:`.avx512`, :mod:`.avx512_conv`) is follow
 element-wise dispatch that re-reads and re-writes the whole output for a bias add or a ReLU, and
 at two threads every dispatch pays a wake-up of IREE's task workers. The rewrites ask here which
 ops after a kernel's result they may absorb: exactly the patterns below, on values with one use,
-else the ops stay as they are.
+else the ops stay as they are; :func:`replace_with_absorbed` then replaces the kernel's op and
+the absorbed ones by the call's result.
 
 - matmuls (:mod:`.matmuls`): ``+ bias`` (a ``[N]`` vector: a linear's or addmm's own bias, or
   a ``torch.aten.add.Tensor`` of one), then ``torch.aten.relu``.
@@ -42,6 +43,7 @@ __all__ = [
     "fusion_enabled",
     "only_user",
     "padded_outputs_enabled",
+    "replace_with_absorbed",
     "same_shape_add",
 ]
 
@@ -154,3 +156,14 @@ def channel_affine(value: Any, channels: int) -> list[tuple[Any, str, Any]]:
             return steps
         steps.append((op, kind, param))
         value = op.results[0]
+
+
+def replace_with_absorbed(op: Any, absorbed: list[Any], result: Any) -> None:
+    """Replaces ``op`` and the ops ``absorbed`` after it (in order: the last one's result is
+    what the rest of the program reads) by ``result``, and erases them."""
+    if absorbed:
+        absorbed[-1].results[0].replace_all_uses_with(result)
+    for fused in reversed(absorbed):
+        fused.erase()
+    op.results[0].replace_all_uses_with(result)
+    op.erase()

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from .amx import CPU_REQUIRES_KEY
 from .avx512 import AVX512_FEATURES, Avx512Gemm, host_avx512_missing
-from .epilogues import fusion_enabled, only_user
+from .epilogues import fusion_enabled, only_user, replace_with_absorbed
 from .targets import TargetError
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, constant, walk
 
@@ -450,12 +450,7 @@ def rewrite_matmuls(
         if spec.bias is not None and not fused_bias:
             add_t = str(mm.results[0].type)
             result = b.op("torch.aten.add.Tensor", add_t, [result, spec.bias, b.int(1)])
-        if absorbed:
-            absorbed[-1].results[0].replace_all_uses_with(result)
-        for fused in reversed(absorbed):
-            fused.erase()
-        mm.results[0].replace_all_uses_with(result)
-        mm.erase()
+        replace_with_absorbed(mm, absorbed, result)
     if found:
         mark_cpu_requires(op, cpu_requires)
     return len(found)
