@@ -31,6 +31,13 @@ tq = pytest.importorskip(
 from torchao.quantization.granularity import PerGroup  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _avx512_kernel_even_where_there_is_amx(monkeypatch):
+    """These tests are the AVX-512 kernel's: on a CPU with AMX-INT8 its one-row products would
+    go to the AMX kernel (test_quant_matmul_amx.py), so that is turned off here."""
+    monkeypatch.setenv("TURBINE_CPU_QUANT_AMX", "off")
+
+
 def _int4(group: int):
     return lambda: tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group))
 

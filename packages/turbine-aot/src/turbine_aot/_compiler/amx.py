@@ -37,7 +37,7 @@ import ctypes
 import functools
 import os
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .kernel_text import close_executable, open_executable, workgroup_block
@@ -48,10 +48,13 @@ __all__ = [
     "AmxGemm",
     "AmxUnavailableError",
     "cpu_flags",
+    "emit_permission_request",
+    "emit_tile_config",
     "host_amx_missing",
     "module_requires_amx",
     "padded",
     "request_amx_permission",
+    "tile_asm",
 ]
 
 #: The ``/proc/cpuinfo`` flags the kernel needs: the tile registers and the bf16 tile product.
@@ -323,28 +326,9 @@ class AmxGemm:
             e(f"      %{name} = arith.constant {value} : i64")
         # The tile configuration (64 bytes, palette 1): words 0-5 and 7 are fixed, word 6
         # (the rows of tiles 0-7) is written per 32-row strip.
-        e("      %cfg = memref.alloca() : memref<8xi64>")
-        for i, w in enumerate([1, 0, _COLSB, _COLSB, 0, 0, None, 0]):
-            if w is None:
-                continue
-            e(f"      %cfgw{i} = arith.constant {w} : i64")
-            e(f"      %cfgi{i} = arith.constant {i} : index")
-            e(f"      memref.store %cfgw{i}, %cfg[%cfgi{i}] : memref<8xi64>")
-        e("      %cfgi6 = arith.constant 6 : index")
-        e("      %cfgp = memref.extract_aligned_pointer_as_index %cfg : memref<8xi64> -> index")
-        e("      %cfgp64 = arith.index_cast %cfgp : index to i64")
+        emit_tile_config(e, [1, 0, _COLSB, _COLSB, 0, 0, None, 0])
         if self.request_permission:
-            # arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) as a raw system call (the
-            # executable has no libc); its result is not needed: without the permission the
-            # first tile instruction raises SIGILL whatever we do here.
-            e(f"      %sysnr = arith.constant {_SYS_ARCH_PRCTL} : i64")
-            e(f"      %sysop = arith.constant {_ARCH_REQ_XCOMP_PERM} : i64")
-            e(f"      %sysxf = arith.constant {_XFEATURE_XTILEDATA} : i64")
-            e(
-                '      %sysrc = llvm.inline_asm has_side_effects "syscall", '
-                '"={ax},{ax},{di},{si},~{rcx},~{r11},~{memory}" %sysnr, %sysop, %sysxf : '
-                "(i64, i64, i64) -> i64"
-            )
+            emit_permission_request(e)
         workgroup_block(
             e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%n0", batch=True
         )
@@ -379,7 +363,7 @@ class AmxGemm:
         e("        %wone = arith.ori %u1, %y32 : i64")
         e("        %w6 = arith.select %two, %wtwo, %wone : i64")
         e("        memref.store %w6, %cfg[%cfgi6] : memref<8xi64>")
-        e("        " + _asm("ldtilecfg ($0)", "r,~{memory}", ["%cfgp64"]))
+        e("        " + tile_asm("ldtilecfg ($0)", "r,~{memory}", ["%cfgp64"]))
         e("        %grow = arith.addi %zrow, %ms : index")
         self._emit_a_strip_base(e)
         e("        %arow0 = arith.index_cast %arow0i : index to i64")
@@ -395,7 +379,7 @@ class AmxGemm:
         self._strip(e, two=False)
         e("        }")
         e("      }")
-        e("      " + _asm("tilerelease", "", []))
+        e("      " + tile_asm("tilerelease", "", []))
         close_executable(e)
         return "\n".join(out)
 
@@ -456,17 +440,17 @@ class AmxGemm:
         e(f"{p}  %cp01 = arith.addi %cp00, %s64 : i64")
         tiles = (0, 1, 2, 3) if two else (0, 1)
         for t in tiles:
-            e(f"{p}  " + _asm(f"tilezero %tmm{t}", "", []))
+            e(f"{p}  " + tile_asm(f"tilezero %tmm{t}", "", []))
         q, closes = self._emit_k_loop(e, p + "  ")
         e(f"{q}%pa0 = arith.addi %arow0, %ka : i64")
         e(f"{q}%pb0 = arith.addi %bcol0, %kb : i64")
         e(f"{q}%pb1 = arith.addi %bcol1, %kb : i64")
 
         def load(ptr: str, stride: str, tile: int) -> None:
-            e(f"{q}" + _asm(f"tileloadd ($0,$1,1), %tmm{tile}", "r,r,~{memory}", [ptr, stride]))
+            e(f"{q}" + tile_asm(f"tileloadd ($0,$1,1), %tmm{tile}", "r,r,~{memory}", [ptr, stride]))
 
         def dot(c: int, a: int, b: int) -> None:
-            e(f"{q}" + _asm(f"tdpbf16ps %tmm{b}, %tmm{a}, %tmm{c}", "", []))
+            e(f"{q}" + tile_asm(f"tdpbf16ps %tmm{b}, %tmm{a}, %tmm{c}", "", []))
 
         load("%pa0", "%sa", 4)
         load("%pb0", "%s64", 6)
@@ -482,7 +466,10 @@ class AmxGemm:
             e(line)
 
         def store(ptr: str, tile: int) -> None:
-            e(f"{p}  " + _asm(f"tilestored %tmm{tile}, ($0,$1,1)", "r,r,~{memory}", [ptr, "%sc"]))
+            e(
+                f"{p}  "
+                + tile_asm(f"tilestored %tmm{tile}, ($0,$1,1)", "r,r,~{memory}", [ptr, "%sc"])
+            )
 
         store("%cp00", 0)
         store("%cp01", 1)
@@ -495,8 +482,44 @@ class AmxGemm:
         e(f"{p}}}")
 
 
-def _asm(text: str, constraints: str, operands: list[str]) -> str:
-    """An ``llvm.inline_asm`` with side effects over i64 operands (AT&T syntax)."""
+def emit_tile_config(e: Callable[[str], object], words: Sequence[int | None]) -> None:
+    """Emits ``%cfg`` (a ``memref<8xi64>`` on the stack: the 64-byte tile configuration that
+    ``ldtilecfg`` reads) with its fixed words stored (``None``: a word the kernel writes
+    later, at index ``%cfgi<i>``, also emitted), and ``%cfgp64``, its address as an i64.
+
+    The words: 0 the palette (1), 2-3 the bytes per row of tiles 0-3 and 4-7 (u16 each), 6 the
+    rows of tiles 0-7 (a byte each); the others 0."""
+    e("      %cfg = memref.alloca() : memref<8xi64>")
+    for i, w in enumerate(words):
+        if w is None:
+            continue
+        e(f"      %cfgw{i} = arith.constant {w} : i64")
+        e(f"      %cfgi{i} = arith.constant {i} : index")
+        e(f"      memref.store %cfgw{i}, %cfg[%cfgi{i}] : memref<8xi64>")
+    for i, w in enumerate(words):
+        if w is None:
+            e(f"      %cfgi{i} = arith.constant {i} : index")
+    e("      %cfgp = memref.extract_aligned_pointer_as_index %cfg : memref<8xi64> -> index")
+    e("      %cfgp64 = arith.index_cast %cfgp : index to i64")
+
+
+def emit_permission_request(e: Callable[[str], object]) -> None:
+    """Emits ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` as a raw system call (the
+    executable has no libc; see :func:`request_amx_permission`). Its result is not needed:
+    without the permission the first tile instruction raises SIGILL whatever the kernel does."""
+    e(f"      %sysnr = arith.constant {_SYS_ARCH_PRCTL} : i64")
+    e(f"      %sysop = arith.constant {_ARCH_REQ_XCOMP_PERM} : i64")
+    e(f"      %sysxf = arith.constant {_XFEATURE_XTILEDATA} : i64")
+    e(
+        '      %sysrc = llvm.inline_asm has_side_effects "syscall", '
+        '"={ax},{ax},{di},{si},~{rcx},~{r11},~{memory}" %sysnr, %sysop, %sysxf : '
+        "(i64, i64, i64) -> i64"
+    )
+
+
+def tile_asm(text: str, constraints: str, operands: list[str]) -> str:
+    """An ``llvm.inline_asm`` with side effects over i64 operands (AT&T syntax): how the AMX
+    kernels write tile instructions, which IREE's LLVM backend assembles."""
     types = ", ".join("i64" for _ in operands)
     return (
         f'llvm.inline_asm has_side_effects "{text}", "{constraints}" '

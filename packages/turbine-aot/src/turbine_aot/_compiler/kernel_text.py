@@ -2,7 +2,7 @@
 whose workgroups are ``(column blocks, ceil(M / rows per workgroup), batch or 1)``, a function
 taking the bindings and ``%m`` (and ``%batch``), the ``%c<v>`` index constants the body uses,
 and the workgroup's block of the output in that grid. The kernels (``avx512``, ``amx``,
-``avx512_quant``, ``avx512_vnni``, ``avx512_w4a8``) write only their bodies (docs/performance.md
+``amx_quant``, ``avx512_quant``, ``avx512_vnni``, ``avx512_w4a8``) write only their bodies (docs/performance.md
 section 9, docs/quantization.md)."""
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .amx_quant import AMX_INT8_FEATURES, AmxQuantGemm
 from .avx512 import AVX512_FEATURES
 from .avx512_quant import VARIANTS, Avx512QuantGemm
 from .matmuls import mark_cpu_requires
@@ -65,7 +66,13 @@ class _QuantMatmul:
     def bits(self) -> int:
         return 4 if self.q_i4 else 8
 
-    def kernel(self) -> Avx512QuantGemm:
+    def kernel(self, amx: bool = False) -> Avx512QuantGemm | AmxQuantGemm:
+        """The kernel for this product: the AMX one for one row where ``amx`` allows it and
+        it takes the shape, else the AVX-512 one."""
+        if amx and self.m == 1 and AmxQuantGemm.supports(self.k, self.n, self.bits, self.group):
+            return AmxQuantGemm.for_shape(
+                self.k, self.n, self.bits, self.group, self.zero_point is not None
+            )
         return Avx512QuantGemm.for_shape(
             self.k,
             self.n,
@@ -231,7 +238,7 @@ def rewritable_quant_matmuls(module_op: Any) -> list[Any]:
     return [o for o in walk(op) if o.name == "torch.aten.mm" and _spec(o) is not None]
 
 
-def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm) -> str:
+def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm | AmxQuantGemm) -> str:
     """The private function calling the kernel (builtin tensors)."""
     m = "?" if g.m is None else str(g.m)
     x_t, out_t = f"tensor<{m}x{g.k}xf32>", f"tensor<{m}x{g.n}xf32>"
@@ -302,10 +309,11 @@ def _erase_dead(value: Any) -> None:
     erase_unused(value, _PURE)
 
 
-def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
+def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
     """Rewrites, in place, each matmul :func:`rewritable_quant_matmuls` finds as a call of the
-    AVX-512 quantized kernel, and records ``avx512f`` in the module's public functions
-    (``turbine.cpu_requires``).
+    AVX-512 quantized kernel (with ``amx``, one-row products of the shapes it takes as calls
+    of the AMX-INT8 kernel, :mod:`.amx_quant`), and records the CPU features they need in the
+    module's public functions (``turbine.cpu_requires``).
 
     Returns:
         How many matmuls were rewritten.
@@ -313,13 +321,16 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = rewritable_quant_matmuls(op)
+    on_amx = False
     for index, mm in enumerate(found):
         spec = _spec(mm)  # now: the rewrites before it replaced values it refers to
         assert spec is not None
-        kernel = spec.kernel()
+        kernel = spec.kernel(amx)
+        on_amx = on_amx or isinstance(kernel, AmxQuantGemm)
         if kernel.name not in top:
             top.append(kernel.executable())
-        name = top.unique(f"__turbine_avx512_quant_matmul_{index}")
+        kind = "amx" if isinstance(kernel, AmxQuantGemm) else "avx512"
+        name = top.unique(f"__turbine_{kind}_quant_matmul_{index}")
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
         groups = spec.k // spec.group if spec.group else 0
@@ -339,5 +350,5 @@ def rewrite_quant_matmuls_avx512(module_op: Any) -> int:
         mm.erase()
         _erase_dead(weight)
     if found:
-        mark_cpu_requires(op, AVX512_FEATURES)
+        mark_cpu_requires(op, AMX_INT8_FEATURES if on_amx else AVX512_FEATURES)
     return len(found)

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .amx_conv import AMX_CONV_ENV, amx_conv_enabled
+from .amx_quant import QUANT_AMX_ENV, quant_amx_enabled
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm, host_avx512_bf16_missing
 from .avx512_conv import CONV_BLOCKING_ENV
@@ -114,8 +115,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: convolutions on the AMX convolution kernel where there is AMX; 27: its epilogue (bias, batch
 #: norm or per-channel steps, ReLU); 28: fp32 softmaxes as ``exp(x - max) * (1 / sum)`` on
 #: llvm-cpu (:mod:`.softmax`); 29: and a model's own softmax spelled that way over a dynamic
-#: shape handed to IREE as a softmax (IREE 3.13 miscomputes it).
-REVISION = 29
+#: shape handed to IREE as a softmax (IREE 3.13 miscomputes it); 30: one-row torchao
+#: weight-only int8 / int4 products on the AMX-INT8 kernel where there is AMX (:mod:`.amx_quant`).
+REVISION = 30
 
 _log = logging.getLogger("turbine.aot")
 
@@ -131,6 +133,7 @@ _ENVIRONMENT = (
     EPILOGUE_ENV,
     AMX_CONV_ENV,
     CPU_SOFTMAX_ENV,
+    QUANT_AMX_ENV,
 )
 
 
@@ -138,7 +141,8 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``), for the compile cache's keys: a module
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
+    ``TURBINE_CPU_QUANT_AMX``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -251,8 +255,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         count = rewrite_w4a8_matmuls_vnni(copy)
         _log.info("llvm-cpu target: %d int4 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
     if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
-        count = rewrite_quant_matmuls_avx512(copy)
-        _log.info("llvm-cpu target: %d quantized matmul(s) on the AVX-512 int8/int4 kernel", count)
+        amx = quant_amx_enabled()
+        count = rewrite_quant_matmuls_avx512(copy, amx=amx)
+        _log.info(
+            "llvm-cpu target: %d quantized matmul(s) on the %s int8/int4 kernel",
+            count,
+            "AMX (one row) / AVX-512" if amx else "AVX-512",
+        )
     if int8:
         count = rewrite_int8_matmuls_vnni(copy)
         _log.info("llvm-cpu target: %d int8 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
