@@ -166,15 +166,33 @@ def bench_peers(session: nox.Session) -> None:
     session.run(py, "benchmarks/peer_runtimes.py", *session.posargs, external=True)
 
 
+def _llama_cpp_cmake_args() -> str:
+    """llama.cpp's build for this CPU: ``-DGGML_NATIVE=ON``, except on a CPU with AMX, where
+    the native build's AMX matmul (llama-cpp-python 0.3.36) crashes the process on the first
+    Q8_0 / Q4_0 decode of the benchmark's 110M Llama (a segmentation fault in
+    ``ggml_backend_amx_mul_mat``, docs/quantization.md): there the AVX-512 build, every
+    AVX-512 extension llama.cpp uses (VNNI, BF16, VBMI) but not AMX."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        flags = ""
+    if "amx_int8" not in flags:
+        return "-DGGML_NATIVE=ON"
+    features = ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI")
+    features += ("AVX512_BF16", "AVX_VNNI")
+    return " ".join(["-DGGML_NATIVE=OFF", *(f"-DGGML_{f}=ON" for f in features)])
+
+
 @nox.session(name="bench-llm", python=False)
 def bench_llm(session: nox.Session) -> None:
     """Llama decode tokens/s: turbine fp32 / int8 / int4 next to llama.cpp F32 / Q8_0 / Q4_0.
 
     Installs tools/requirements-bench-llm.txt into the dev environment first (llama.cpp built
-    for this CPU: several minutes the first time); not part of ``-t ci``.
+    for this CPU: several minutes the first time; on a CPU with AMX without llama.cpp's AMX
+    path, which crashes there, see ``_llama_cpp_cmake_args``); not part of ``-t ci``.
     """
     py = _dev_python(session)
-    env = {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", "-DGGML_NATIVE=ON")}
+    env = {"CMAKE_ARGS": os.environ.get("CMAKE_ARGS", _llama_cpp_cmake_args())}
     req = str(ROOT / "tools" / "requirements-bench-llm.txt")
     session.run(py, "-m", "pip", "install", "-r", req, env=env, external=True)
     session.run(py, "benchmarks/llama_cpp_side_by_side.py", *session.posargs, external=True)
