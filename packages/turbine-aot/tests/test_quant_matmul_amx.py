@@ -132,9 +132,14 @@ def test_a_row_of_zeros_gives_zeros_and_nan_or_infinity_gives_nan(bits, group):
     nan, inf = zeros.copy(), np.ones(256, np.float32)
     nan[3] = np.nan
     inf[200] = -np.inf
-    (z, _), (a, _), (b, _) = _run_kernel(kernel, [zeros, nan, inf])
+    rng = np.random.default_rng(5)
+    small = (rng.standard_normal(256) * 1e-30).astype(np.float32)
+    tiny = (rng.standard_normal(256) * 1e-38).astype(np.float32)  # 127 / max overflows
+    (z, _), (a, _), (b, _), (sg, sw), (tg, _) = _run_kernel(kernel, [zeros, nan, inf, small, tiny])
     assert np.all(z == 0)
     assert np.all(np.isnan(a)) and np.all(np.isnan(b))
+    np.testing.assert_allclose(sg, sw, rtol=0, atol=2e-6 * np.abs(sw).max())
+    assert np.all(tg == 0)  # documented: zeros, an absolute error below 1e-33
 
 
 def test_shapes_the_kernel_takes():

@@ -282,8 +282,11 @@ class AmxQuantGemm:
     def _prepare(self, e, a_t: str) -> None:
         """The row's pieces in ``B``'s layout on the stack (``%xb``, address ``%xbaddr``), the
         factor ``%fac`` (``sigma / 254^2``), ``%nanfix`` (0, or NaN for a row with a NaN or an
-        infinity) and, int4, the per-group sums of the pieces (``%sp``: ``[groups, 3]`` i32)
-        and their combination (``%spc``: ``[groups]`` f32)."""
+        infinity) and, int4, the sums of the pieces per step (``%spk``) and per group (``%spg``,
+        ``[groups, 3]``) and their combination (``%spc``, ``[groups]``), all f32.
+
+        A row whose largest magnitude is below 3.7e-37 (where ``127 / max|x|`` overflows)
+        gives zeros: an absolute error below 1e-33 per output."""
         k, p = self.k, "      "
         v64 = "vector<64xf32>"
         xb_n = k // 64 * 48  # 48 dwords (16 rows x 3 pieces) per 64 k
@@ -311,7 +314,10 @@ class AmxQuantGemm:
         e(f"{p}%fin = arith.cmpf olt, %amax, %finf : f32")
         e(f"{p}%ok = arith.andi %pos, %fin : i1")
         e(f"{p}%inv0 = arith.divf %f127, %amax : f32")
-        e(f"{p}%inv = arith.select %ok, %inv0, %f0 : f32")
+        # max|x| below 127 / FLT_MAX (3.7e-37): 127 / max|x| overflows; such a row gives zeros
+        e(f"{p}%invfin = arith.cmpf olt, %inv0, %finf : f32")
+        e(f"{p}%ok2 = arith.andi %ok, %invfin : i1")
+        e(f"{p}%inv = arith.select %ok2, %inv0, %f0 : f32")
         e(f"{p}%invb = vector.broadcast %inv : f32 to {v64}")
         e(f"{p}%nanfix = arith.subf %amax, %amax : f32")
         e(f"{p}%fac = arith.divf %amax, %fsig : f32")

@@ -116,8 +116,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: norm or per-channel steps, ReLU); 28: fp32 softmaxes as ``exp(x - max) * (1 / sum)`` on
 #: llvm-cpu (:mod:`.softmax`); 29: and a model's own softmax spelled that way over a dynamic
 #: shape handed to IREE as a softmax (IREE 3.13 miscomputes it); 30: one-row torchao
-#: weight-only int8 / int4 products on the AMX-INT8 kernel where there is AMX (:mod:`.amx_quant`).
-REVISION = 30
+#: weight-only int8 / int4 products on the AMX-INT8 kernel where there is AMX (:mod:`.amx_quant`);
+#: 31: that kernel gives zeros, not garbage, for a row whose largest magnitude is below 3.7e-37.
+REVISION = 31
 
 _log = logging.getLogger("turbine.aot")
 
