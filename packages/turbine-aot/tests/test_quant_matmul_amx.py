@@ -1,10 +1,11 @@
 """torchao weight-only int8 / int4 products of one row on turbine's AMX-INT8 kernel
 (``_compiler.amx_quant``): which products the compile copy puts there (one row, int8 per channel
-or int4 in groups of 128s, on a CPU with AMX-INT8, unless ``TURBINE_CPU_QUANT_AMX=off``), the
+or int4 in groups of 128s, on a CPU with AMX-INT8, int4 where its weights fit the cache,
+unless ``TURBINE_CPU_QUANT_AMX=off``), the
 kernel's numerics against float64 (the activations as three int8 pieces: NaN and infinity rows,
 zero rows, scales from 1e-3 to 100), and torchao eager's results end to end on both drivers.
 
-The rewrite is checked on any machine (the host check patched); running needs AMX-INT8 (an
+The rewrite is checked on any machine (the host checks patched); running needs AMX-INT8 (an
 Intel Xeon of the Sapphire Rapids generation or later): elsewhere those tests skip and say so.
 torchao is a dev requirement; without it the end-to-end tests skip.
 """
@@ -191,9 +192,11 @@ def _export(config: str, tmp_path, rows: int = 1, external: bool = True):
 
 @pytest.fixture
 def amx_host(monkeypatch):
-    """The rewrite as on a host with AVX-512 and AMX-INT8 (whatever this one has)."""
+    """The rewrite as on a host with AVX-512, AMX-INT8 and 64 MiB of L3 (whatever this one
+    has)."""
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     monkeypatch.setattr(amx_quant, "host_amx_int8_missing", lambda: [])
+    monkeypatch.setattr(amx_quant, "host_l3_bytes", lambda: 64 << 20)
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.delenv(QUANT_AMX_ENV, raising=False)
 
@@ -237,12 +240,32 @@ def test_more_rows_small_groups_and_the_switch_keep_the_avx512_kernel(
     assert "__turbine_amx_" not in compile_copy_asm(eo, _flags())  # a CPU without AMX
 
 
+def test_int4_goes_to_amx_only_where_its_weights_fit_the_cache(amx_host, tmp_path, monkeypatch):
+    """Streamed from memory the AMX int4 kernel reads slower than the AVX-512 one: int4 goes to
+    AMX when the module's int4 weights (here 48 KiB) fit in half the L3, or when asked for;
+    int8 goes to AMX whatever the cache."""
+    _, eo4, _ = _export("int4-g128", tmp_path)
+    assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo4, _flags())
+    for l3 in (64 << 10, 0):  # 32 KiB of room, and a host whose L3 is unknown
+        monkeypatch.setattr(amx_quant, "host_l3_bytes", lambda l3=l3: l3)
+        asm = compile_copy_asm(eo4, _flags())
+        assert "__turbine_amx_" not in asm
+        assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
+        monkeypatch.setenv(QUANT_AMX_ENV, "on")
+        assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo4, _flags())
+        monkeypatch.delenv(QUANT_AMX_ENV)
+    _, eo8, _ = _export("int8", tmp_path)
+    assert compile_copy_asm(eo8, _flags()).count("func.func private @__turbine_amx_quant_") == 2
+    monkeypatch.setattr(amx_quant, "host_l3_bytes", lambda: 64 << 10)
+    assert amx_quant.int4_fits_cache(32 << 10) and not amx_quant.int4_fits_cache((32 << 10) + 1)
+
+
 @needs_amx_int8
 @pytest.mark.parametrize("driver", ["local-sync", "local-task"])
 @pytest.mark.parametrize("config", ["int8", "int4-g128"])
 def test_one_row_on_amx_matches_torchao_eager(tmp_path, monkeypatch, config, driver):
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
-    monkeypatch.delenv(QUANT_AMX_ENV, raising=False)
+    monkeypatch.setenv(QUANT_AMX_ENV, "on")  # int4 on AMX whatever this host's cache
     m, eo, parameters = _export(config, tmp_path)
     assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo, _flags())
     compiled = load_module(eo.compile(save_to=None), device=driver, parameters=parameters)
@@ -257,7 +280,7 @@ def test_one_row_on_amx_matches_torchao_eager(tmp_path, monkeypatch, config, dri
 def test_the_int4_module_holds_no_f32_weight(tmp_path, monkeypatch):
     """Four Linear(2048, 2048), int4 in groups of 128, one row: nothing hoisted (the kernel
     reads the archive's packed bytes), and eager's results."""
-    monkeypatch.delenv(QUANT_AMX_ENV, raising=False)
+    monkeypatch.setenv(QUANT_AMX_ENV, "on")
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(4)]).eval()
     tq.quantize_(m, CONFIGS["int4-g128"]())

@@ -33,13 +33,17 @@ steps ahead software-prefetched; int4 is software-pipelined over its groups (the
 tiles built while this step's products run, a group's sums combined while the next group's
 run). ``K`` is limited by IREE's 32 KiB of stack: 8192 (int8), 4096 (int4: also its A tiles'
 double buffer). Groups below 128, ``K`` beyond those and more than one row stay on the AVX-512
-kernel (:mod:`.avx512_quant`).
+kernel (:mod:`.avx512_quant`), and so does int4 where the module's int4 weights do not fit in
+half the host's L3 (:func:`int4_fits_cache`: streamed from memory, reading 64 bytes from each of
+32 rows a step, this kernel ran 0.79x the AVX-512 one, which reads two rows at a time).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from .amx import cpu_flags, emit_permission_request, emit_tile_config, tile_asm
 from .kernel_text import close_executable, open_executable, workgroup_block
@@ -49,6 +53,9 @@ __all__ = [
     "QUANT_AMX_ENV",
     "AmxQuantGemm",
     "host_amx_int8_missing",
+    "host_l3_bytes",
+    "int4_fits_cache",
+    "quant_amx_choice",
     "quant_amx_enabled",
 ]
 
@@ -73,12 +80,46 @@ def host_amx_int8_missing() -> list[str]:
     return [f for f in AMX_INT8_FEATURES if f not in flags]
 
 
+def quant_amx_choice() -> str:
+    """``TURBINE_CPU_QUANT_AMX``: ``"off"`` (the AVX-512 kernel for everything), ``"on"``
+    (int4 on AMX whatever its size, for A/B measurements) or ``"auto"`` (unset: int8 on AMX,
+    int4 where the module's int4 weights fit the cache, :func:`int4_fits_cache`)."""
+    value = os.environ.get(QUANT_AMX_ENV, "").strip().lower()
+    if value in ("off", "0", "no", "avx512"):
+        return "off"
+    return "on" if value in ("on", "1", "yes", "all") else "auto"
+
+
 def quant_amx_enabled() -> bool:
-    """Whether one-row weight-only products go to this kernel: the host has AMX-INT8 and
+    """Whether one-row weight-only products may go to this kernel: the host has AMX-INT8 and
     ``TURBINE_CPU_QUANT_AMX`` is not ``off``."""
-    if os.environ.get(QUANT_AMX_ENV, "").strip().lower() in ("off", "0", "no", "avx512"):
-        return False
-    return not host_amx_int8_missing()
+    return quant_amx_choice() != "off" and not host_amx_int8_missing()
+
+
+@functools.lru_cache(maxsize=1)
+def host_l3_bytes() -> int:
+    """The host's last-level (L3) cache in bytes, from Linux's sysfs (0 where unknown)."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(base.glob("index*")):
+            if (index / "level").read_text().strip() != "3":
+                continue
+            size = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            return int(size.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def int4_fits_cache(weight_bytes: int) -> bool:
+    """Whether a module's ``weight_bytes`` of int4 weights go to the AMX kernel by default: when
+    they fit in half the host's L3 (read from sysfs; unknown: no). Streamed from memory the
+    AMX int4 kernel's reads (64 bytes from each of 32 rows a step) ran 0.79x the AVX-512
+    kernel's (two rows at a time, sequential); from the cache 1.07-1.25x (docs/quantization.md).
+    int8 has no such split: its tiles load the weight rows directly, 1.41-1.47x either way."""
+    l3 = host_l3_bytes()
+    return l3 > 0 and weight_bytes <= l3 // 2
 
 
 @dataclass(frozen=True)

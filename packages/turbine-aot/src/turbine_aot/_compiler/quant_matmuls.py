@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .amx_quant import AMX_INT8_FEATURES, AmxQuantGemm
+from .amx_quant import AMX_INT8_FEATURES, AmxQuantGemm, int4_fits_cache, quant_amx_choice
 from .avx512 import AVX512_FEATURES
 from .avx512_quant import VARIANTS, Avx512QuantGemm
 from .matmuls import mark_cpu_requires
@@ -312,8 +312,9 @@ def _erase_dead(value: Any) -> None:
 def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
     """Rewrites, in place, each matmul :func:`rewritable_quant_matmuls` finds as a call of the
     AVX-512 quantized kernel (with ``amx``, one-row products of the shapes it takes as calls
-    of the AMX-INT8 kernel, :mod:`.amx_quant`), and records the CPU features they need in the
-    module's public functions (``turbine.cpu_requires``).
+    of the AMX-INT8 kernel, :mod:`.amx_quant`: int8 always, int4 where the module's int4
+    weights fit the cache, :func:`.amx_quant.int4_fits_cache`), and records the CPU features
+    they need in the module's public functions (``turbine.cpu_requires``).
 
     Returns:
         How many matmuls were rewritten.
@@ -321,11 +322,15 @@ def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
     found = rewritable_quant_matmuls(op)
+    # int4 on AMX where the module's int4 weights stay in the cache (or when asked for)
+    specs = [_spec(mm) for mm in found]
+    int4_bytes = sum(s.n * s.k // 2 for s in specs if s is not None and s.bits == 4)
+    amx4 = amx and (quant_amx_choice() == "on" or int4_fits_cache(int4_bytes))
     on_amx = False
     for index, mm in enumerate(found):
         spec = _spec(mm)  # now: the rewrites before it replaced values it refers to
         assert spec is not None
-        kernel = spec.kernel(amx)
+        kernel = spec.kernel(amx4 if spec.bits == 4 else amx)
         on_amx = on_amx or isinstance(kernel, AmxQuantGemm)
         if kernel.name not in top:
             top.append(kernel.executable())

@@ -117,8 +117,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: llvm-cpu (:mod:`.softmax`); 29: and a model's own softmax spelled that way over a dynamic
 #: shape handed to IREE as a softmax (IREE 3.13 miscomputes it); 30: one-row torchao
 #: weight-only int8 / int4 products on the AMX-INT8 kernel where there is AMX (:mod:`.amx_quant`);
-#: 31: that kernel gives zeros, not garbage, for a row whose largest magnitude is below 3.7e-37.
-REVISION = 31
+#: 31: that kernel gives zeros, not garbage, for a row whose largest magnitude is below 3.7e-37;
+#: 32: int4 on it only where the module's int4 weights fit in half the host's L3.
+REVISION = 32
 
 _log = logging.getLogger("turbine.aot")
 
