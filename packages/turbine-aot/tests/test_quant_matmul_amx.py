@@ -24,6 +24,7 @@ from turbine_aot._compiler import amx_quant, matmuls, rewrites
 from turbine_aot._compiler.amx import request_amx_permission
 from turbine_aot._compiler.amx_quant import QUANT_AMX_ENV, AmxQuantGemm, host_amx_int8_missing
 from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.quant_matmuls import rewritable_quant_matmuls
 from turbine_aot.runtime import load_module
 from turbine_params import externalize_module_parameters, save_module_parameters
 
@@ -303,3 +304,30 @@ def test_names_of_the_kernels_in_a_module_are_recognisable():
     name = AmxQuantGemm.for_shape(768, 2048, 4, 128, True).name
     assert re.fullmatch(r"__turbine_amx_i4_gemv_768x2048_g128z_1024", name)
     assert AmxQuantGemm(768, 2048, 8, prefetch=0, cols_per_workgroup=64).name.endswith("_64_pf0")
+
+
+def test_an_llm_counts_each_int4_weight_once():
+    """The prefill and decode functions of an exported LLM load the same globals: the cache
+    rule counts each weight once, not once per function."""
+    transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+    from turbine_aot import llm
+    from turbine_aot._compiler.quant_matmuls import _int4_weight_bytes, _spec
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=256,  # two groups of 128 in every K
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    eo = llm.export_causal_lm(model, max_seq_len=32, quantize="int4", group_size=128)
+    found = rewritable_quant_matmuls(eo.mlir_module)
+    sites = sum(s.n * s.k // 2 for s in map(_spec, found) if s is not None and s.bits == 4)
+    distinct = _int4_weight_bytes(found)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert distinct == sum(m.out_features * m.in_features // 2 for m in linears)
+    assert sites >= 2 * distinct  # every weight read by more than one function

@@ -309,6 +309,22 @@ def _erase_dead(value: Any) -> None:
     erase_unused(value, _PURE)
 
 
+def _int4_weight_bytes(found: list[Any]) -> int:
+    """The bytes of the distinct int4 weights the matmuls ``found`` read: a global that several
+    functions load (an LLM's prefill and decode steps) counts once."""
+    sizes: dict[Any, int] = {}
+    for mm in found:
+        spec = _spec(mm)
+        if spec is None or spec.bits != 4:
+            continue
+        load = _owner(spec.q)
+        key: Any = len(sizes)  # a weight that is not a global: its own
+        if load is not None and load.name == "util.global.load" and "global" in load.attributes:
+            key = str(load.attributes["global"])
+        sizes[key] = spec.n * spec.k // 2
+    return sum(sizes.values())
+
+
 def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
     """Rewrites, in place, each matmul :func:`rewritable_quant_matmuls` finds as a call of the
     AVX-512 quantized kernel (with ``amx``, one-row products of the shapes it takes as calls
@@ -323,9 +339,7 @@ def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
     top = TopLevel(op)
     found = rewritable_quant_matmuls(op)
     # int4 on AMX where the module's int4 weights stay in the cache (or when asked for)
-    specs = [_spec(mm) for mm in found]
-    int4_bytes = sum(s.n * s.k // 2 for s in specs if s is not None and s.bits == 4)
-    amx4 = amx and (quant_amx_choice() == "on" or int4_fits_cache(int4_bytes))
+    amx4 = amx and (quant_amx_choice() == "on" or int4_fits_cache(_int4_weight_bytes(found)))
     on_amx = False
     for index, mm in enumerate(found):
         spec = _spec(mm)  # now: the rewrites before it replaced values it refers to
