@@ -173,6 +173,9 @@ CONFIGS = {
     "int4-g128": lambda: tq.IntxWeightOnlyConfig(
         weight_dtype=torch.int4, granularity=PerGroup(128)
     ),
+    "int4-g256": lambda: tq.IntxWeightOnlyConfig(  # one group per channel at K = 256
+        weight_dtype=torch.int4, granularity=PerGroup(256)
+    ),
     "int4-g32": lambda: tq.IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)),
 }
 
@@ -263,7 +266,7 @@ def test_int4_goes_to_amx_only_where_its_weights_fit_the_cache(amx_host, tmp_pat
 
 @needs_amx_int8
 @pytest.mark.parametrize("driver", ["local-sync", "local-task"])
-@pytest.mark.parametrize("config", ["int8", "int4-g128"])
+@pytest.mark.parametrize("config", ["int8", "int4-g128", "int4-g256"])
 def test_one_row_on_amx_matches_torchao_eager(tmp_path, monkeypatch, config, driver):
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.setenv(QUANT_AMX_ENV, "on")  # int4 on AMX whatever this host's cache

@@ -270,3 +270,26 @@ def test_an_unknown_kernel_variant_warns_and_builds_the_current_kernel(
     assert "'v1'" in caplog.text
     with pytest.raises(ValueError, match="unknown variant"):
         Avx512QuantGemm.for_shape(256, 256, 4, 32, True, value)
+
+
+@needs_avx512
+@pytest.mark.parametrize("driver", ["local-sync", "local-task"])
+def test_one_group_per_channel_is_rewritten_and_matches_torchao_eager(tmp_path, driver):
+    """A group as wide as ``K`` (``PerGroup(K)``): torchao then has no group axis (its scales
+    and zero points are ``[N, 1]``); both products go to the kernel, with eager's results."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 128, bias=False), torch.nn.Linear(128, 64)).eval()
+    tq.quantize_(m[0], _int4(256)())
+    tq.quantize_(m[1], _int4(128)())
+    externalize_module_parameters(m)
+    save_module_parameters(tmp_path / "q.irpa", m)
+    x = torch.randn(1, 256)
+    eo = export(m, args=(x,))
+    asm = _copy_asm(eo, _flags())
+    assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
+    assert "torch.aten._to_copy" not in asm  # no f32 copy of a weight
+    compiled = load_module(eo.compile(save_to=None), device=driver, parameters=tmp_path / "q.irpa")
+    for xx in (x, torch.randn(1, 256) * 3):
+        with torch.no_grad():
+            want = m(xx)
+        torch.testing.assert_close(compiled.main(xx), want, rtol=1e-5, atol=1e-5)

@@ -12,7 +12,9 @@ builtin tensors (IREE inlines it) that dispatches the kernel on the weight's int
   ``Q`` ``[N, K]`` si8; the scale multiply that follows stays the program's.
 - ``IntxWeightOnlyConfig`` (``PerGroup(G)``, int4 or int8):
   ``mm(x, t(view_[N,K]((cast_f32(view_[N,K/G,G](Q)) - cast_f32(Z)) * S)))`` with ``S``
-  ``[N, K/G, 1]`` f32 and ``Z`` ``[N, K/G, 1]`` si8 (the subtraction may be absent). A ``Q``
+  ``[N, K/G, 1]`` f32 and ``Z`` ``[N, K/G, 1]`` si8 (the subtraction may be absent; with one
+  group per channel, ``G = K``, torchao has no group axis: the views are ``[N, K]`` and ``S``
+  and ``Z`` are ``[N, 1]``). A ``Q``
   that is an ``i4`` global sign-extended to i8 (``arith.extsi``: turbine's packed archives) is
   read as its bytes (``flow.tensor.bitcast`` to ``[N, K/2] x i8``): half a byte per weight.
 
@@ -61,6 +63,7 @@ class _QuantMatmul:
     k: int
     n: int
     group: int | None
+    flat: bool = False  # scales / zero points [N, 1] (one group per channel), not [N, K/G, 1]
 
     @property
     def bits(self) -> int:
@@ -156,15 +159,21 @@ def _grouped_weight(w: Any, n: int, k: int) -> tuple[Any, Any, Any, int] | None:
     if mul is None or _name(mul) != "torch.aten.mul.Tensor":
         return None
     mt = TensorType.of(mul)
-    if mt is None or len(mt.sizes) != 3 or mt.sizes[0] != n or None in mt.sizes:
+    if mt is None or mt.sizes[:1] != [n] or None in mt.sizes:
         return None
-    _, groups, g = mt.sizes
+    if len(mt.sizes) == 3:
+        _, groups, g = mt.sizes
+    elif len(mt.sizes) == 2 and mt.sizes[1] == k:  # one group per channel: no group axis
+        groups, g = 1, k
+    else:
+        return None
+    side = [n, groups, 1] if len(mt.sizes) == 3 else [n, 1]  # the scales' and zero points
     if groups * g != k:  # type: ignore[operator]
         return None
     a, b = _owner(mul).operands
     for d, s in ((a, b), (b, a)):
         st = TensorType.of(s)
-        if st is None or st.dtype != "f32" or st.sizes != [n, groups, 1]:
+        if st is None or st.dtype != "f32" or st.sizes != side:
             continue
         zp = None
         if _name(d) == "torch.aten.sub.Tensor":
@@ -174,7 +183,7 @@ def _grouped_weight(w: Any, n: int, k: int) -> tuple[Any, Any, Any, int] | None:
                 return None
             zp = _cast_f32_of(z, "si8")
             zt = None if zp is None else TensorType.of(zp)
-            if zt is None or zt.sizes != [n, groups, 1]:
+            if zt is None or zt.sizes != side:
                 return None
             d = c
         src = _cast_f32_of(d, "si8")
@@ -227,8 +236,10 @@ def _spec(op: Any) -> _QuantMatmul | None:
     bits = 4 if i4 is not None else 8
     if not Avx512QuantGemm.supports(k, n, bits, group):
         return None
+    st = None if scale is None else TensorType.of(scale)
+    flat = st is not None and len(st.sizes) == 2
     return _QuantMatmul(
-        x, i4 if i4 is not None else q, i4 is not None, scale, zp, xt.sizes[0], k, n, group
+        x, i4 if i4 is not None else q, i4 is not None, scale, zp, xt.sizes[0], k, n, group, flat
     )
 
 
@@ -238,14 +249,29 @@ def rewritable_quant_matmuls(module_op: Any) -> list[Any]:
     return [o for o in walk(op) if o.name == "torch.aten.mm" and _spec(o) is not None]
 
 
+def _side_type(g: _QuantMatmul, elem: str) -> str:
+    """The type of ``g``'s scales or zero points (``elem``) as imported: ``[N, K/G, 1]``, or
+    ``[N, 1]`` for one group per channel (torchao then has no group axis)."""
+    groups = g.k // g.group if g.group else 0
+    return f"tensor<{g.n}x1x{elem}>" if g.flat else f"tensor<{g.n}x{groups}x1x{elem}>"
+
+
+def _side_matrix(e, v: str, t: str, g: _QuantMatmul, elem: str) -> None:
+    """Emits ``{v}2``: the scales or zero points ``v`` (of type ``t``) as ``[N, K/G]``."""
+    if g.flat:  # already [N, 1]
+        e(f"  {v}2 = tensor.cast {v} : {t} to tensor<{g.n}x1x{elem}>")
+        return
+    groups = g.k // g.group if g.group else 0
+    e(f"  {v}2 = tensor.collapse_shape {v} [[0], [1, 2]] : {t} into tensor<{g.n}x{groups}x{elem}>")
+
+
 def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm | AmxQuantGemm) -> str:
     """The private function calling the kernel (builtin tensors)."""
     m = "?" if g.m is None else str(g.m)
     x_t, out_t = f"tensor<{m}x{g.k}xf32>", f"tensor<{m}x{g.n}xf32>"
     q_t = f"tensor<{g.n}x{g.k}x{'i4' if g.q_i4 else 'i8'}>"
     params = [f"%x: {x_t}", f"%q: {q_t}"]
-    groups = g.k // g.group if g.group else 0
-    s3_t, z3_t = f"tensor<{g.n}x{groups}x1xf32>", f"tensor<{g.n}x{groups}x1xi8>"
+    s3_t, z3_t = _side_type(g, "f32"), _side_type(g, "i8")
     if g.scale is not None:
         params.append(f"%s: {s3_t}")
     if g.zero_point is not None:
@@ -265,12 +291,10 @@ def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm | AmxQuantGemm
         e(f"  %qb = flow.tensor.bitcast %q : {q_t} -> tensor<{g.n}x{g.k // 2}xi8>")
         weights = ["%qb"]
     if g.scale is not None:
-        e(
-            f"  %s2 = tensor.collapse_shape %s [[0], [1, 2]] : {s3_t} into tensor<{g.n}x{groups}xf32>"
-        )
+        _side_matrix(e, "%s", s3_t, g, "f32")
         weights.append("%s2")
     if g.zero_point is not None:
-        e(f"  %z2 = tensor.collapse_shape %z [[0], [1, 2]] : {z3_t} into tensor<{g.n}x{groups}xi8>")
+        _side_matrix(e, "%z", z3_t, g, "i8")
         weights.append("%z2")
     e("  %c = " + kernel.dispatch(a, weights, "%m"))
     c = "%c"
@@ -352,15 +376,14 @@ def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
         name = top.unique(f"__turbine_{kind}_quant_matmul_{index}")
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
-        groups = spec.k // spec.group if spec.group else 0
         operands = [
             (spec.x, f"tensor<{m}x{spec.k}xf32>"),
             (spec.q, None if spec.q_i4 else f"tensor<{spec.n}x{spec.k}xi8>"),
         ]
         if spec.scale is not None:
-            operands.append((spec.scale, f"tensor<{spec.n}x{groups}x1xf32>"))
+            operands.append((spec.scale, _side_type(spec, "f32")))
         if spec.zero_point is not None:
-            operands.append((spec.zero_point, f"tensor<{spec.n}x{groups}x1xi8>"))
+            operands.append((spec.zero_point, _side_type(spec, "i8")))
         result = Builder(mm).call_on_builtins(
             name, operands, f"tensor<{m}x{spec.n}xf32>", mm.results[0].type
         )

@@ -118,8 +118,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: shape handed to IREE as a softmax (IREE 3.13 miscomputes it); 30: one-row torchao
 #: weight-only int8 / int4 products on the AMX-INT8 kernel where there is AMX (:mod:`.amx_quant`);
 #: 31: that kernel gives zeros, not garbage, for a row whose largest magnitude is below 3.7e-37;
-#: 32: int4 on it only where the module's int4 weights fit in half the host's L3.
-REVISION = 32
+#: 32: int4 on it only where the module's int4 weights fit in half the host's L3; 33: torchao
+#: weights with one group per channel (no group axis) on the quantized kernels too.
+REVISION = 33
 
 _log = logging.getLogger("turbine.aot")
 
