@@ -55,6 +55,34 @@ def test_key_depends_on_the_rewrites_revision(monkeypatch):
     assert R.CompileCache.key(b"ir", ["--a"], target="t", version="1") != old
 
 
+def test_a_cpu_build_is_not_served_to_another_cpu(tmp_path, monkeypatch):
+    """A cache shared by two machines (a home directory on a network disk, a copied container
+    image): a module built for one host CPU (``--iree-llvmcpu-target-cpu=host``, the default:
+    its AVX-512 / AMX code and the rewrites' host-dependent choices) must be a miss on a CPU
+    that differs, and a hit on the same one; GPU builds do not depend on the host CPU."""
+    from turbine_aot._compiler import cache as cache_mod
+    from turbine_aot._compiler import host
+
+    cpu = [*FLAGS[:1], "--iree-hal-local-target-device-backends=llvm-cpu"]
+    cpu.append("--iree-llvmcpu-target-cpu=host")
+    gpu = ["--iree-hal-target-device=cuda"]
+    flags = {"cpu": cpu, "gpu": gpu}
+    keys = {n: R.CompileCache.key(b"ir", f, version="1") for n, f in flags.items()}
+    cache = R.CompileCache(tmp_path)
+    vmfb = R.compile_mlir(MLIR, FLAGS, cache=cache)
+    cache.put(keys["cpu"], vmfb)
+
+    real = host.cpu_vendor()
+    other = "AuthenticAMD" if real == "GenuineIntel" else "GenuineIntel"
+    monkeypatch.setattr(host, "cpu_vendor", lambda: other)
+    assert R.CompileCache.key(b"ir", cpu, version="1") != keys["cpu"]
+    assert cache.get(R.CompileCache.key(b"ir", cpu, version="1")) is None  # another CPU: a miss
+    assert R.CompileCache.key(b"ir", gpu, version="1") == keys["gpu"]
+    monkeypatch.setattr(host, "cpu_vendor", lambda: real)
+    assert cache.get(R.CompileCache.key(b"ir", cpu, version="1")) == vmfb  # the same CPU: a hit
+    assert not cache_mod._host_tuned(FLAGS)  # vmvx bytecode is the same on every CPU
+
+
 def test_different_flags_miss(tmp_path):
     cache = R.CompileCache(tmp_path)
     R.compile_mlir(MLIR, FLAGS, cache=cache)

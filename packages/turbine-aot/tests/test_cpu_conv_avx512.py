@@ -13,6 +13,7 @@ from ir_check import check_ir
 from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
+from turbine_aot._compiler import avx512_conv
 from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.direct_convs import direct_convs
@@ -123,7 +124,15 @@ def test_the_blocking_knob(monkeypatch):
     (conv,) = direct_convs(eo.mlir_module.operation)
     g = conv_geometry(conv)
     assert g is not None
-    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)  # the default: reduction blocks of 256
+    # the default, measured per CPU vendor (docs/performance.md, section 10)
+    monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: "AuthenticAMD")
+    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)  # reduction blocks of 256
+    monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: "GenuineIntel")
+    intel = conv_kernel_for(g)  # 6 x 64 blocks, 96-row workgroups, blocks of 128, L2 prefetch
+    assert intel == Avx512Conv(g, mr=6, rows_per_workgroup=96, prefetch=1, prefetch_locality=2)
+    assert intel.name.endswith("_6x64x128_96x64_pf1l2")
+    monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: "")  # unknown: the AMD choice
+    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)
     key = environment_key()
     monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "fixed")
     assert conv_kernel_for(g) == Avx512Conv(g)  # the matmul kernel's 128
@@ -149,7 +158,13 @@ def test_another_blocking_gives_the_same_values_bit_for_bit(monkeypatch):
     eo = export(model, args=(x,))
     flags = ["--turbine-cpu-matmul=avx512"]
     default = load_module(eo.compile(None, extra_args=flags)).main(x)
-    for blocking in ("fixed", "mr=3,nr=32,kc=40,rows=20,cols=32"):
+    blockings = (
+        "kc=256",  # the AMD default
+        "mr=6,rows=96,pf=1,pfl=2",  # the Intel default (prefetch: no value changes either)
+        "fixed",
+        "mr=3,nr=32,kc=40,rows=20,cols=32,pf=2,pfl=3",
+    )
+    for blocking in blockings:
         monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", blocking)
         other = load_module(eo.compile(None, extra_args=flags)).main(x)
         assert torch.equal(default, other), blocking
@@ -174,8 +189,13 @@ _GEOMETRIES = {
 
 
 @needs_avx512
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
 @pytest.mark.parametrize("name", sorted(_GEOMETRIES))
-def test_the_kernel_matches_eager(name):
+def test_the_kernel_matches_eager(name, vendor, monkeypatch):
+    """Every geometry under each vendor's blocking (AMD: 4 x 64 blocks, 128-row workgroups;
+    Intel: 6 x 64 blocks and their 1-5-row tails, 96-row workgroups, the L2 prefetch clamped
+    at the weight's end)."""
+    monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: vendor)
     c, f, k, s, p, d, bias, n, h, w = _GEOMETRIES[name]
     model = _conv(c, f, k, s, p, d, bias).eval()
     x = torch.randn(n, c, h, w)

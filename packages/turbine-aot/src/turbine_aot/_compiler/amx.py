@@ -40,6 +40,7 @@ import platform
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [
@@ -80,18 +81,6 @@ class AmxUnavailableError(RuntimeError):
 def padded(size: int, multiple: int = _K_STEP) -> int:
     """``size`` rounded up to a multiple of ``multiple`` (32: the kernel's K and N units)."""
     return -(-size // multiple) * multiple
-
-
-def cpu_flags() -> set[str]:
-    """The host CPU's ``/proc/cpuinfo`` flags (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def host_amx_missing() -> list[str]:

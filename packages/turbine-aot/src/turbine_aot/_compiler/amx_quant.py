@@ -40,12 +40,11 @@ half the host's L3 (:func:`int4_fits_cache`: streamed from memory, reading 64 by
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from .amx import cpu_flags, emit_permission_request, emit_tile_config, tile_asm
+from .amx import emit_permission_request, emit_tile_config, tile_asm
+from .host import cpu_flags, host_l3_bytes
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [
@@ -94,22 +93,6 @@ def quant_amx_enabled() -> bool:
     """Whether one-row weight-only products may go to this kernel: the host has AMX-INT8 and
     ``TURBINE_CPU_QUANT_AMX`` is not ``off``."""
     return quant_amx_choice() != "off" and not host_amx_int8_missing()
-
-
-@functools.lru_cache(maxsize=1)
-def host_l3_bytes() -> int:
-    """The host's last-level (L3) cache in bytes, from Linux's sysfs (0 where unknown)."""
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for index in sorted(base.glob("index*")):
-            if (index / "level").read_text().strip() != "3":
-                continue
-            size = (index / "size").read_text().strip().upper()
-            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-            return int(size.rstrip("KMG")) * scale
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def int4_fits_cache(weight_bytes: int) -> bool:

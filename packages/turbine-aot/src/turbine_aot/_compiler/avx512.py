@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .amx import cpu_flags
+from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [

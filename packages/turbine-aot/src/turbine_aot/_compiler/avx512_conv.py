@@ -14,10 +14,13 @@ input per row and ``nr / 16`` loads of the weight panel), with the reduction wal
 - the weight ``w[f, c, ky, kx]`` is packed once (a weight: by IREE's constant hoisting) as
   ``[K, F]`` with ``k = (ky, kx, c)``, in :mod:`.avx512`'s ``nr``-column panels;
 - a reduction block is as many whole segments as fit in ``kc`` elements, or ``kc`` elements of
-  one segment (``kc`` 256 by default, :func:`conv_kernel_for`; 128 in the matmul kernel): the
-  panel block (64 KiB, in L2) is read by each of the workgroup's 128 rows, and each register
-  block's accumulators pass through C once per reduction block;
-- C is ``[N * OH * OW, Np]`` (channels-last); rows left over at the end use the 1-3 row kernels.
+  one segment: the panel block is read by each of the workgroup's rows, and each register
+  block's accumulators pass through C once per reduction block. :func:`conv_kernel_for`
+  chooses per CPU vendor: on AMD ``kc`` 256 (a 64 KiB block, in L2) over 128-row workgroups of
+  4 x 64 blocks; on Intel ``kc`` 128 (32 KiB, in L1) over 96-row workgroups of 6 x 64 blocks,
+  with the next block's panel prefetched into L2 as the row blocks go;
+- C is ``[N * OH * OW, Np]`` (channels-last); rows left over at the end use the smaller
+  register blocks (1 to ``mr - 1`` rows).
 
 The kernel's epilogue (:mod:`.epilogues`: per-channel scale and shift, a residual, ReLU) is
 applied in the last reduction block's store; with ``out_pad`` it writes C zero-padded as the
@@ -41,6 +44,7 @@ from .avx512 import (
     fma,
 )
 from .convs import Conv
+from .host import cpu_vendor
 
 __all__ = ["CONV_BLOCKING_ENV", "CONV_KC", "Avx512Conv", "conv_kernel_for"]
 
@@ -58,6 +62,8 @@ _BLOCKING_KEYS = {
     "kc": "kc",
     "rows": "rows_per_workgroup",
     "cols": "cols_per_workgroup",
+    "pf": "prefetch",
+    "pfl": "prefetch_locality",
 }
 
 
@@ -69,8 +75,11 @@ class Avx512Conv:
         g: the convolution (NCHW sizes, stride, padding, dilation).
         mr, nr, kc: the register block (rows, columns) and the reduction block (elements).
         rows_per_workgroup, cols_per_workgroup: the workgroup's block of C.
-        prefetch: cache lines of the next reduction block prefetched per step (0: none; 1-4
-            measured slower, docs/performance.md, section 10).
+        prefetch: cache lines of the next reduction block's panel prefetched per step (0:
+            none), at the step's position in that block; the register blocks take turns over
+            the step's ``nr / 16`` lines, so a workgroup's row blocks together fetch the whole
+            next block (docs/performance.md, section 10).
+        prefetch_locality: ``memref.prefetch``'s locality: 3 (L1, ``prefetcht0``), 2 (L2).
         scale, shift, residual, relu: the epilogue of the last reduction block's store
             (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an ``Np``-float operand),
             ``+ residual[m, f]`` (an ``M x Np`` operand), then ``max(., 0)``.
@@ -86,6 +95,7 @@ class Avx512Conv:
     rows_per_workgroup: int = 128
     cols_per_workgroup: int = 64
     prefetch: int = 0
+    prefetch_locality: int = 3
     scale: bool = False
     shift: bool = False
     residual: bool = False
@@ -178,6 +188,7 @@ class Avx512Conv:
             f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
             f"_d{g.dilation[0]}x{g.dilation[1]}_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}_pf{self.prefetch}"
+            + (f"l{self.prefetch_locality}" if self.prefetch else "")
             + "".join(f"_{e}" for e in self.epilogue)
             + (f"_opad{self.out_pad[0]}x{self.out_pad[1]}" if any(self.out_pad) else "")
         )
@@ -402,15 +413,23 @@ class Avx512Conv:
         )
         w = q + "  "
         e(f"{w}%boff = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {nr})>()[%tb, %k]")
-        if self.prefetch:  # the same position of the next reduction block (the panel is contiguous)
+        if self.prefetch:
+            # the same step of the next reduction block (the panel is contiguous); each register
+            # block prefetches other lines of the step's nr / 16 (rotating with its index), so
+            # the workgroup's row blocks together cover the whole next block
             last = self.k * self.np_ // u - 1
             dist = self.segments_per_block * self.block_length * nr // u
+            lines = nr // 16
             for j in range(self.prefetch):
                 e(
-                    f"{w}%pf{j} = affine.min affine_map<()[s0] -> (s0 + {dist + 16 * j}, {last})>()"
-                    "[%boff]"
+                    f"{w}%pf{j} = affine.min affine_map<()[s0, s1, s2] -> (s0 + {dist} + "
+                    f"((((s1 - s2) floordiv {self.mr}) * {self.prefetch} + {j}) mod {lines}) * 16,"
+                    f" {last})>()[%boff, %mi, %m0]"
                 )
-                e(f"{w}memref.prefetch %mb[%pf{j}], read, locality<3>, data : {b_t}")
+                e(
+                    f"{w}memref.prefetch %mb[%pf{j}], read, locality<{self.prefetch_locality}>,"
+                    f" data : {b_t}"
+                )
         for j in range(nv):
             e(f"{w}%bo{j} = arith.addi %boff, %c{16 * j} : index")
             e(f"{w}%bv{j} = vector.load %mb[%bo{j}] : {b_t}, {bt}")
@@ -472,8 +491,17 @@ def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
     if spec:
         fields: dict[str, Any] = _env_blocking(spec)
         return replace(Avx512Conv(g, bf16=bf16), **fields)
-    # reduction blocks of 256, not the matmul kernel's 128: half the passes of each register
-    # block over its accumulators in C, 4-19 % faster per ResNet layer on the AMD EPYC (Zen 4)
-    # of docs/performance.md, section 10 (192-512 alike there; the values are the same: each
-    # element's sum runs in the same order whatever the blocking)
+    # Measured per CPU vendor (docs/performance.md, section 10; the values are the same
+    # whatever the blocking: each element's sum runs in the same order).
+    if cpu_vendor() == "GenuineIntel":
+        # Xeon (Sapphire Rapids class): 6 x 64 register blocks in workgroups of 96 rows,
+        # reduction blocks of 128 (a 32 KiB panel block stays in the 48 KiB L1), and the next
+        # block's panel prefetched into L2 one line a step: ResNet-18 / -50 7-8 % faster at
+        # one thread, the 7 x 7 and 14 x 14 layers (whose weights stream from L3) 16-20 %
+        return Avx512Conv(
+            g, mr=6, rows_per_workgroup=96, prefetch=1, prefetch_locality=2, bf16=bf16
+        )
+    # AMD EPYC (Zen 4) and others: reduction blocks of 256, not the matmul kernel's 128: half
+    # the passes of each register block over its accumulators in C, 4-19 % faster per ResNet
+    # layer on Zen 4 (192-512 alike there)
     return Avx512Conv(g, kc=CONV_KC, bf16=bf16)

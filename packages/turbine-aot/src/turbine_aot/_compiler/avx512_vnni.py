@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .amx import cpu_flags
+from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = ["VNNI_FEATURES", "Avx512VnniGemm", "host_vnni_missing"]

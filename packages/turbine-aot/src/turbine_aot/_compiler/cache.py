@@ -36,6 +36,8 @@ from .._errors import CompileError as _AotCompileError
 from .._errors import Diagnostic
 from . import rewrites
 from .bf16 import strip_precision_flags
+from .host import host_fingerprint
+from .targets import flag_targets
 
 __all__ = [
     "CacheStats",
@@ -72,6 +74,15 @@ class CacheStats:
     corrupted: int = 0
     evicted: int = 0
     stores: int = 0
+
+
+def _host_tuned(flags: Sequence[str]) -> bool:
+    """Whether a compile with ``flags`` may depend on the CPU that runs it: an llvm-cpu build
+    (``--iree-llvmcpu-target-cpu=host`` by default; and the CPU rewrites read the host's
+    features, cache sizes and vendor whatever the target CPU)."""
+    return "llvm-cpu" in flag_targets(flags) or any(
+        f.startswith(("--iree-llvmcpu-", "--turbine-cpu-")) for f in flags
+    )
 
 
 def compiler_version() -> str:
@@ -131,6 +142,8 @@ class CompileCache:
         h.update((version or compiler_version()).encode() + b"\0")
         h.update(f"rewrites-{rewrites.REVISION}-{rewrites.environment_key()}".encode() + b"\0")
         h.update(json.dumps(list(flags)).encode() + b"\0")
+        if _host_tuned(flags):  # the build is this CPU's: another CPU must not be served it
+            h.update(f"host-{host_fingerprint()}".encode() + b"\0")
         h.update(target.encode() + b"\0")
         h.update(ir)
         return h.hexdigest()

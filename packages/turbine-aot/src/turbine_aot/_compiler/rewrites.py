@@ -119,8 +119,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: weight-only int8 / int4 products on the AMX-INT8 kernel where there is AMX (:mod:`.amx_quant`);
 #: 31: that kernel gives zeros, not garbage, for a row whose largest magnitude is below 3.7e-37;
 #: 32: int4 on it only where the module's int4 weights fit in half the host's L3; 33: torchao
-#: weights with one group per channel (no group axis) on the quantized kernels too.
-REVISION = 33
+#: weights with one group per channel (no group axis) on the quantized kernels too; 34: the
+#: direct-convolution kernel's blocking per CPU vendor (Intel: 6 x 64 blocks, 96-row
+#: workgroups, blocks of 128, the next block prefetched into L2).
+REVISION = 34
 
 _log = logging.getLogger("turbine.aot")
 

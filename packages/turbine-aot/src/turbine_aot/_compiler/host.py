@@ -1,0 +1,69 @@
+"""Facts about the CPU that compiles (read from Linux's ``/proc/cpuinfo`` and sysfs): its
+feature flags, vendor and last-level cache, which the CPU rewrites' choices depend on, and
+:func:`host_fingerprint`, which the compile cache keys host-tuned builds on.
+
+Each reader returns an empty value where the fact cannot be read (not Linux, no such file):
+the rewrites then keep IREE's own code, and the fingerprint still differs from any real host's.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+__all__ = ["cpu_flags", "cpu_vendor", "host_fingerprint", "host_l3_bytes"]
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first ``name : value`` of ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def cpu_flags() -> set[str]:
+    """The host CPU's ``/proc/cpuinfo`` flags (empty where there is none)."""
+    return set(_cpuinfo_field("flags").split())
+
+
+def cpu_vendor() -> str:
+    """The host CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``; empty where unknown)."""
+    return _cpuinfo_field("vendor_id")
+
+
+@functools.lru_cache(maxsize=1)
+def host_l3_bytes() -> int:
+    """The host's last-level (L3) cache in bytes, from Linux's sysfs (0 where unknown)."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in sorted(base.glob("index*")):
+            if (index / "level").read_text().strip() != "3":
+                continue
+            size = (index / "size").read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+            return int(size.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def host_fingerprint() -> str:
+    """A short digest of what host-tuned builds depend on: the vendor, model name, CPU flags and
+    L3 size. A module built with ``--iree-llvmcpu-target-cpu=host`` carries the host's
+    instructions (AMX, AVX-512) and the rewrites' host-dependent choices, so a compile cache
+    shared by two machines (a home directory on a network disk, a copied container) must not
+    serve one machine's build to the other (docs/development.md, "The compile cache")."""
+    parts = (
+        cpu_vendor(),
+        _cpuinfo_field("model name"),
+        " ".join(sorted(cpu_flags())),
+        str(host_l3_bytes()),
+    )
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
