@@ -66,8 +66,9 @@ def test_bias_and_relu_are_absorbed_into_the_matmul_kernel(monkeypatch):
         r"%\w+:16 = scf.if %\w+ -> \(vector<16xf32>",  # the last block's epilogue
         r"arith.addf %\w+#0, %\w+ : vector<16xf32>",  # + bias
         r"arith.maximumf %\w+, %cst : vector<16xf32>",  # ReLU
-        r"stream.executable private @__turbine_avx512_f32_gemm_96x64_4x64x128_128x64_relu",
-        r"stream.executable private @__turbine_avx512_f32_gemm_64x128_4x64x128_128x64_bias ",
+        # (8 rows: each kernel also prefetches the next K block, 2 lines a step: "_pf2")
+        r"stream.executable private @__turbine_avx512_f32_gemm_96x64_4x64x128_128x64_relu_pf2",
+        r"stream.executable private @__turbine_avx512_f32_gemm_64x128_4x64x128_128x64_bias_pf2 ",
     )
     check_ir(asm, r"tensor.pad %arg2 low\[0\] high\[58\]")  # c's bias: N 70 -> 128, zeros
     main = _main(asm)

@@ -3,6 +3,7 @@ compile copy uses it, and that it gives eager's values for any rows, reduction a
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -80,7 +81,8 @@ def test_the_compile_copy_calls_the_kernel_and_the_export_is_unchanged(monkeypat
         r"tensor<100x70xf32>, %\w+: tensor<70xf32>\)",  # the bias: added in the kernel
         r"tensor.pad %\w+ low\[0, 0\] high\[0, 58\]",  # the weight: N 70 -> 128, K as it is
         r"linalg.transpose .* permutation = \[1, 0, 2\]",
-        r"flow.dispatch @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64_bias_relu::",
+        # 8 rows: two register blocks, each prefetching 2 lines a step of the next K block
+        r"flow.dispatch @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64_bias_relu_pf2::",
         r"tensor.extract_slice %\w+\[0, 0\] \[%\w+, 70\]",
     )
     assert "arith.truncf" not in asm  # fp32 stays fp32
@@ -126,11 +128,18 @@ def _pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("k", "n", "batch_b", "mr"), [(100, 70, False, 4), (300, 128, True, 4), (64, 64, False, 1)]
+    ("k", "n", "batch_b", "mr", "prefetch"),
+    [
+        (100, 70, False, 4, 0),
+        (300, 128, True, 4, 0),
+        (64, 64, False, 1, 0),
+        (300, 200, False, 4, 4),  # the prefetch of one-row products, clamped at B's end
+        (300, 128, False, 4, 1),
+    ],
 )
-def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr):
+def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr, prefetch):
     # K = 100 / 300: blocks of 128 with a remainder; rows 1..130: the 1-3 row kernels too
-    g = Avx512Gemm(k, -(-n // 64) * 64, batch_b, mr=mr)
+    g = Avx512Gemm(k, -(-n // 64) * 64, batch_b, mr=mr, prefetch=prefetch)
     vmfb = compile_mlir(_kernel_module(g, batch_b), _flags(), cache=False)
     import iree.runtime as rt
 
@@ -145,6 +154,38 @@ def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr):
             out = ctx.modules.module.main(a.numpy(), packed.numpy())
             got = torch.from_numpy(np.asarray(out.to_host()))[..., :n]
             torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_few_rows_prefetch_the_next_block_once_between_them():
+    """``for_rows``: with at most 8 register blocks of static rows the blocks together prefetch
+    the next K block's four lines a step; more rows, unknown rows or B per batch entry: none."""
+    g = Avx512Gemm.for_shape(2048, 2048)
+    assert [g.for_rows(m).prefetch for m in (1, 4, 5, 8, 9, 16, 17, 32)] == [4, 4, 2, 2, 2, 1, 1, 1]
+    assert [g.for_rows(m).prefetch for m in (33, 128, None)] == [0, 0, 0]
+    assert Avx512Gemm.for_shape(64, 64, batch_b=True).for_rows(1).prefetch == 0
+    assert g.for_rows(1).name.endswith("_pf4") and "_pf" not in g.for_rows(128).name
+
+
+@needs_avx512
+def test_the_rewrite_prefetches_for_few_static_rows():
+    """The compile copy's kernels per linear: one row (a decode step) prefetches 4 lines a step,
+    eight rows 2, 128 rows none, and a dynamic row count none."""
+    model = _Linear2().eval()
+    for rows, suffix in ((1, "_pf4"), (8, "_pf2"), (128, "")):
+        asm = compile_copy_asm(export(model, args=(torch.randn(rows, 100),)), _flags())
+        names = set(re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", asm))
+        assert len(names) == 2, names  # the two linears' kernels
+        if suffix:
+            assert all(n.endswith(suffix) for n in names), (rows, names)
+        else:
+            assert not any("_pf" in n for n in names), (rows, names)
+    dyn = export(
+        model,
+        args=(torch.randn(4, 100),),
+        dynamic_shapes={"x": {0: torch.export.Dim("rows")}},
+    )
+    names = set(re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", compile_copy_asm(dyn, _flags())))
+    assert names and not any("_pf" in n for n in names), names
 
 
 # ---------------------------------------------------------------------------------- end to end

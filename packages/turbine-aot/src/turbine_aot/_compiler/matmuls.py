@@ -152,6 +152,12 @@ class _Matmul:
     def batched(self) -> bool:
         return bool(self.batch)
 
+    @property
+    def rows(self) -> int | None:
+        """``M``: the rows of one batch entry (``None`` where a size is dynamic)."""
+        m_sizes = self.x.sizes[len(self.batch) : -1]
+        return None if None in m_sizes else math.prod(m_sizes)  # type: ignore[arg-type]
+
 
 def _static(sizes: list[int | None]) -> bool:
     return all(s is not None for s in sizes)
@@ -422,6 +428,8 @@ def rewrite_matmuls(
     for index, (mm, spec) in enumerate(found):
         assert spec is not None
         kernel = kernel_for(spec.k, spec.n, spec.batched)
+        if isinstance(kernel, Avx512Gemm):  # few static rows: prefetch the weight's next block
+            kernel = kernel.for_rows(spec.rows)
         bias: Any = None  # the bias the kernel adds
         absorbed: list[Any] = []  # the ops after the matmul whose work it does
         if epilogues:

@@ -121,8 +121,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 32: int4 on it only where the module's int4 weights fit in half the host's L3; 33: torchao
 #: weights with one group per channel (no group axis) on the quantized kernels too; 34: the
 #: direct-convolution kernel's blocking per CPU vendor (Intel: 6 x 64 blocks, 96-row
-#: workgroups, blocks of 128, the next block prefetched into L2).
-REVISION = 34
+#: workgroups, blocks of 128, the next block prefetched into L2); 35: fp32 / bf16 matmuls of at
+#: most 8 register blocks of static rows prefetch their weight's next K block into L2.
+REVISION = 35
 
 _log = logging.getLogger("turbine.aot")
 
