@@ -35,6 +35,8 @@ Usage::
     python benchmarks/llama_cpp_side_by_side.py                       # both models, 1 and 2 threads
     python benchmarks/llama_cpp_side_by_side.py --models llama-2.5m --threads 2 --json out.json
     python benchmarks/llama_cpp_side_by_side.py --models llama-110m --max-seq-len 1024  # a real context
+    python benchmarks/llama_cpp_side_by_side.py --models llama-110m --weights fp32 \\
+        --baseline-env TURBINE_CPU_MATMUL_PREFETCH=off   # a compile choice A/B, same rounds
 """
 
 from __future__ import annotations
@@ -334,6 +336,26 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
             "greedy_equal_eager": tokens == eager if weights == "fp32" else None,
         }
         runners[f"turbine/{weights}"] = lm
+        if args.baseline_env:  # the same export compiled under the baseline's environment
+            key, _, value = args.baseline_env.partition("=")
+            old = os.environ.get(key)
+            os.environ[key] = value
+            try:
+                base = llm.load(eo, device=device)
+            finally:
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
+            base_tokens = base.generate(prompt, n)[0, args.prompt :].tolist()
+            res["variants"][f"turbine-baseline/{weights}"] = {
+                "file_mib": archive.stat().st_size / 2**20,
+                "env": args.baseline_env,
+                "greedy": base_tokens,
+                "greedy_equal_eager": base_tokens == eager if weights == "fp32" else None,
+                "greedy_equal_turbine": base_tokens == tokens,
+            }
+            runners[f"turbine-baseline/{weights}"] = base
         del eo
     ids = prompt[0].tolist()
     seq = ids + eager[:8]
@@ -355,7 +377,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     for r in range(args.rounds + 1):
         for k, run in runners.items():
-            if k.startswith("turbine/"):
+            if k.startswith(("turbine/", "turbine-baseline/")):
                 run.generate(prompt, n)
                 ms = statistics.fmean(run.timings.decode_ms)
             else:
@@ -392,6 +414,25 @@ def table(rows: list[dict]) -> str:
                 f"| {r['model']} | {r['threads']} | {weights} / {gt} | {tt:.1f} | {ct:.1f} | "
                 f"{tt / ct:.2f}x | {t['file_mib']:.1f} / {c['file_mib']:.1f} |"
             )
+    base = [
+        (r, w, r["variants"][f"turbine-baseline/{w}"], r["variants"][f"turbine/{w}"])
+        for r in rows
+        for w in WEIGHTS
+        if f"turbine-baseline/{w}" in r["variants"]
+    ]
+    if base:
+        lines += [
+            "",
+            "| model | threads | weights | baseline | turbine tok/s | baseline tok/s | "
+            "turbine / baseline | same greedy |",
+            "|" + "---|" * 8,
+        ]
+        for r, w, b, t in base:
+            tt, bt = t["decode_tokens_per_s"], b["decode_tokens_per_s"]
+            lines.append(
+                f"| {r['model']} | {r['threads']} | {w} | {b['env']} | {tt:.1f} | {bt:.1f} | "
+                f"{tt / bt:.2f}x | {b['greedy_equal_turbine']} |"
+            )
     return "\n".join(lines)
 
 
@@ -406,8 +447,17 @@ def main(argv: list[str] | None = None) -> int:
         help="KV cache positions on both sides (turbine max_seq_len, llama.cpp n_ctx; default: "
         "prompt + new tokens + 8)",
     )
+    p.add_argument(
+        "--baseline-env",
+        default=None,
+        metavar="KEY=VALUE",
+        help="also each turbine variant compiled with this environment variable set "
+        "('turbine-baseline', e.g. TURBINE_CPU_MATMUL_PREFETCH=off), timed in the same rounds",
+    )
     _harness.add_llm_run_arguments(p, prompt=8, timeout_s=900.0)
     args = p.parse_args(argv)
+    if args.baseline_env is not None and "=" not in args.baseline_env:
+        p.error(f"--baseline-env {args.baseline_env!r}: expected KEY=VALUE")
     why = missing_requirements()
     if why:
         print(f"[llama.cpp side-by-side] skipped: {why}", flush=True)
@@ -425,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 threads,
                 args,
                 ["--weights", *args.weights]
-                + (["--max-seq-len", str(args.max_seq_len)] if args.max_seq_len else []),
+                + (["--max-seq-len", str(args.max_seq_len)] if args.max_seq_len else [])
+                + (["--baseline-env", args.baseline_env] if args.baseline_env else []),
             )
             if child.result is None:
                 print(f"[llama.cpp side-by-side] {name}/{threads}: {child.error}", flush=True)

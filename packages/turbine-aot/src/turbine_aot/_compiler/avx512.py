@@ -25,6 +25,7 @@ left over at the end of ``M`` (any ``M``, dynamic too) use a kernel of fewer row
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +35,7 @@ from .kernel_text import close_executable, open_executable, workgroup_block
 __all__ = [
     "AVX512_BF16_FEATURES",
     "AVX512_FEATURES",
+    "MATMUL_PREFETCH_ENV",
     "Avx512Gemm",
     "emit_accumulator_init",
     "emit_epilogue",
@@ -44,6 +46,9 @@ __all__ = [
 
 #: The ``/proc/cpuinfo`` flag the kernel needs.
 AVX512_FEATURES = ("avx512f",)
+#: ``off``: no products prefetch their weight's next block (:meth:`Avx512Gemm.for_rows`), for
+#: measurements; unset or anything else: the default.
+MATMUL_PREFETCH_ENV = "TURBINE_CPU_MATMUL_PREFETCH"
 #: The flags its bf16 form needs (``vdpbf16ps``).
 AVX512_BF16_FEATURES = (*AVX512_FEATURES, "avx512_bf16")
 
@@ -198,7 +203,8 @@ class Avx512Gemm:
         interleaved, one thread: 8 x ``Linear(2048)`` at one row 0.88x, eight rows 0.83x, the
         MLP benchmark (3 x ``Linear(1024)``, batch 8) 0.85x; at 128 rows (the GPT shape)
         1.03x, hence none there (docs/performance.md, section 9)."""
-        if m is None or m <= 0 or self.batch_b or m > 8 * self.mr:
+        off = os.environ.get(MATMUL_PREFETCH_ENV, "").strip().lower() == "off"
+        if off or m is None or m <= 0 or self.batch_b or m > 8 * self.mr:
             return self
         blocks = -(-min(m, self.rows_per_workgroup) // self.mr)
         return replace(self, prefetch=-(-(self.nr // 16) // blocks))

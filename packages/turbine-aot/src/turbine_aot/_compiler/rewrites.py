@@ -46,7 +46,13 @@ from typing import Any
 from .amx_conv import AMX_CONV_ENV, amx_conv_enabled
 from .amx_quant import QUANT_AMX_ENV, quant_amx_enabled
 from .attention import decompose_attention, has_attention, targets_only_cpu
-from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES, Avx512Gemm, host_avx512_bf16_missing
+from .avx512 import (
+    AVX512_BF16_FEATURES,
+    AVX512_FEATURES,
+    MATMUL_PREFETCH_ENV,
+    Avx512Gemm,
+    host_avx512_bf16_missing,
+)
 from .avx512_conv import CONV_BLOCKING_ENV
 from .avx512_vnni import host_vnni_missing
 from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
@@ -140,6 +146,7 @@ _ENVIRONMENT = (
     AMX_CONV_ENV,
     CPU_SOFTMAX_ENV,
     QUANT_AMX_ENV,
+    MATMUL_PREFETCH_ENV,
 )
 
 
@@ -148,7 +155,7 @@ def environment_key() -> str:
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
     ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
-    ``TURBINE_CPU_QUANT_AMX``), for the compile cache's keys: a module
+    ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
