@@ -20,7 +20,8 @@ Register blocking: ``mr`` rows by ``nr`` columns of ``C`` in ``mr * nr / 16`` zm
 loads of ``B``. ``K`` is walked in blocks of ``kc`` (128: a block of a panel, 32 KiB, stays in
 L1 while the workgroup's rows go over it), ``C`` accumulating across blocks. A workgroup
 computes ``rows_per_workgroup`` rows by ``cols_per_workgroup`` columns of one batch entry; rows
-left over at the end of ``M`` (any ``M``, dynamic too) use a kernel of fewer rows.
+left over at the end of ``M`` (any ``M``, dynamic too) use a kernel of fewer rows. Products of
+few static rows also prefetch the next K block's panel into L2 (:meth:`Avx512Gemm.for_rows`).
 """
 
 from __future__ import annotations
