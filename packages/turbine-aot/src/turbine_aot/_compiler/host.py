@@ -15,17 +15,29 @@ from pathlib import Path
 __all__ = ["cpu_flags", "cpu_vendor", "host_fingerprint", "host_l3_bytes"]
 
 
-def _cpuinfo_field(name: str) -> str:
-    """The first ``name : value`` of ``/proc/cpuinfo`` (empty where there is none)."""
+@functools.lru_cache(maxsize=1)
+def _first_cpu() -> dict[str, str]:
+    """The first processor's ``name : value`` lines of ``/proc/cpuinfo`` (read once: they do
+    not change while the process runs; empty where there is no such file)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
+                if not line.strip():
+                    if fields:
+                        break  # the end of the first processor's block
+                    continue
                 key, sep, value = line.partition(":")
-                if sep and key.strip() == name:
-                    return value.strip()
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return ""
+    return fields
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first processor's ``name`` in ``/proc/cpuinfo`` (empty where there is none)."""
+    return _first_cpu().get(name, "")
 
 
 def cpu_flags() -> set[str]:
