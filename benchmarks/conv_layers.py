@@ -8,6 +8,7 @@ Usage::
     python benchmarks/conv_layers.py                              # ResNet-18's layers, batch 1
     python benchmarks/conv_layers.py --blockings "fixed;rows=32" --layers l4,l3
     python benchmarks/conv_layers.py --threads 2 --json out.json
+    python benchmarks/conv_layers.py --variants "TURBINE_CPU_WINOGRAD=off;TURBINE_CPU_WINOGRAD=2"
 
 It is a benchmark: nothing here asserts on time (docs/performance.md, section 10).
 """
@@ -49,11 +50,28 @@ def _gflop(c: int, f: int, k: int, s: int, p: int, h: int) -> float:
     return 2.0 * o * o * f * c * k * k / 1e9
 
 
+def _settings(variant: str) -> dict[str, str]:
+    """``KEY=VALUE KEY2=VALUE2`` as a dict (empty: the defaults)."""
+    out = {}
+    for part in variant.split():
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise SystemExit(f"--variants: expected KEY=VALUE, got {part!r}")
+        out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
     p.add_argument("--layers", default=",".join(LAYERS), help="comma list of " + ", ".join(LAYERS))
     p.add_argument(
         "--blockings", default="fixed;", help="';'-separated TURBINE_CPU_CONV_BLOCKING values"
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help="';'-separated candidates, each space-separated KEY=VALUE environment settings "
+        "(replaces --blockings)",
     )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=30)
@@ -67,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     from turbine_aot import runtime
 
     torch.set_num_threads(args.threads)
-    blockings = args.blockings.split(";")
+    if args.variants is not None:
+        variants = {v.strip(): _settings(v) for v in args.variants.split(";")}
+    else:
+        variants = {
+            b or "default": {"TURBINE_CPU_CONV_BLOCKING": b} for b in args.blockings.split(";")
+        }
     driver = "local-task" if args.threads > 1 else "local-sync"
     rt_flags = [f"--task_topology_max_group_count={args.threads}"] if args.threads > 1 else []
     rows = []
@@ -81,21 +104,22 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 want = conv(x)
             fns = {}
-            for b in blockings:
-                old = os.environ.get("TURBINE_CPU_CONV_BLOCKING")
-                os.environ["TURBINE_CPU_CONV_BLOCKING"] = b
+            for label, settings in variants.items():
+                old = {key: os.environ.get(key) for key in settings}
+                os.environ.update(settings)
                 try:
                     vmfb = Path(td, f"{name}-{len(fns)}.vmfb")
                     eo.compile(save_to=vmfb)
                 finally:
-                    if old is None:
-                        del os.environ["TURBINE_CPU_CONV_BLOCKING"]
-                    else:
-                        os.environ["TURBINE_CPU_CONV_BLOCKING"] = old
+                    for key, value in old.items():
+                        if value is None:
+                            os.environ.pop(key, None)
+                        else:
+                            os.environ[key] = value
                 m = runtime.load_module(vmfb, device=driver, runtime_flags=rt_flags)
                 got = m.main(x)
                 err = float((got - want).abs().max())
-                fns[b or "default"] = (lambda m=m, x=x: m.main(x), err)
+                fns[label] = (lambda m=m, x=x: m.main(x), err)
 
             def eager(conv=conv, x=x):
                 with torch.no_grad():

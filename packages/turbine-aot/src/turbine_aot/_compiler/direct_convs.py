@@ -24,6 +24,14 @@ a windowed ``linalg.generic``); ``tests/test_cpu_conv_avx512.py`` checks the sha
 case. Accepted: 2-D, fp32, groups 1, not transposed, static shapes (the batch too), any kernel
 size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' path.
 
+fp32 3x3 stride-1 convolutions that :func:`.winograd.winograd_choice` picks (many channels,
+outputs of at least 14 x 14; ``TURBINE_CPU_WINOGRAD``) run in Winograd form instead: the same
+padded input through an input transform, the AVX-512 matmul kernel over one transformed weight
+per tile position, an output transform with the same epilogues and padded outputs
+(:func:`_winograd_function`). Their transformed weight is a global of the compile copy that an
+initializer computes at load from the weight's global (:func:`_winograd_weight`); a weight the
+program computes keeps the direct kernel.
+
 ``precision="bf16"`` gives the kernel's bf16 form: the padded input is converted to bf16 in the
 dispatch that writes it, the weight once. An odd channel count (an RGB stem) gets one zero
 channel on the input (in the same padding) and on the weight, so pairs never straddle two taps;
@@ -55,7 +63,8 @@ from .epilogues import (
     same_shape_add,
 )
 from .matmuls import mark_cpu_requires
-from .torch_ir import Builder, TensorType, TopLevel, walk
+from .torch_ir import Builder, TensorType, TopLevel, producer, walk
+from .winograd import WinogradConv, winograd_choice
 
 __all__ = ["direct_convs", "rewrite_convs_avx512"]
 
@@ -152,7 +161,110 @@ def _function(
     return "\n".join(lines)
 
 
-def _input(e: Any, kernel: Avx512Conv, x_t: str, c0: int) -> None:
+def _winograd_weight(kernel: WinogradConv, weight: str, packed: str) -> str:
+    """The global ``packed`` (a new name) and the initializer that computes it from the
+    global ``weight`` (``[F, C, 3, 3]``) at load: the weight transform ``G w G^T`` per tile
+    position, its columns padded to the matmul kernel's panels and packed as that kernel reads
+    them (:mod:`.winograd`). turbine writes this initializer itself: IREE's constant hoisting
+    would not (the transformed weight is ``a^2 / 9`` times the weight's size, above its
+    ``--iree-opt-const-expr-max-size-increase-threshold``), and computing it per call would
+    cost more than the convolution saves."""
+    g, gemm = kernel.g, kernel.gemm
+    c, f, positions = g.c, g.f, kernel.positions
+    b_elems = positions * c * gemm.np_
+    lines = [f"util.global private @{packed} : {_tensor(b_elems)}", "util.initializer {"]
+    e = lines.append
+    e("  %zero = arith.constant 0.0 : f32")
+    e(f"  %w = util.global.load {weight} : {_tensor(f, c, 3, 3)}")
+    wu = kernel.weight_transform(e, "%w")  # [a^2, C, F]
+    wu_t = _tensor(positions, c, f)
+    if gemm.np_ != f:
+        e(f"  %wupad = tensor.pad {wu} low[0, 0, 0] high[0, 0, {gemm.np_ - f}] {{")
+        e("  ^bb0(%j0: index, %j1: index, %j2: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {wu_t} to {_tensor(positions, c, gemm.np_)}")
+        wu, wu_t = "%wupad", _tensor(positions, c, gemm.np_)
+    _pack(e, wu, wu_t, gemm.pack_layout("bkn", positions), b_elems, False)
+    e(f"  util.global.store %bp, @{packed} : {_tensor(b_elems)}")
+    e("  util.return")
+    e("}")
+    return "\n".join(lines)
+
+
+def _weight_global(module_body: Any, w: Any) -> str | None:
+    """The symbol (``@name``) of the immutable global the torch value ``w`` loads, else None."""
+    cast = producer(w)
+    if cast is None or cast.name != "torch_c.from_builtin_tensor":
+        return None
+    load = producer(cast.operands[0])
+    if load is None or load.name != "util.global.load" or "global" not in load.attributes:
+        return None
+    sym = str(load.attributes["global"])
+    for child in module_body.operations:
+        op = child.operation
+        if op.name == "util.global" and f"@{_sym(op)}" == sym.replace('"', ""):
+            return None if "is_mutable" in op.attributes else sym
+    return None
+
+
+def _sym(op: Any) -> str:
+    return str(op.attributes["sym_name"]).strip('"')
+
+
+def _winograd_function(
+    name: str,
+    kernel: WinogradConv,
+    packed: str,
+    bn_eps: float | None = None,
+    padded_input: bool = False,
+    affine: list[tuple[str, list[Any]]] | None = None,
+) -> str:
+    """The private function computing a 3x3 stride-1 convolution in Winograd form
+    (:mod:`.winograd`): the padded channels-last input (as :func:`_function` writes or
+    receives it) through the input transform, the per-position matmuls on the AVX-512 kernel
+    over the transformed weight (the global ``packed``, :func:`_winograd_weight`), the output
+    transform with the epilogue. Arguments and results as :func:`_function`'s."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
+    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, 3, 3), _tensor(n, f, g.oh, g.ow)
+    f_t = _tensor(f)
+    if padded_input:
+        x_t = _tensor(kernel.input_size)
+    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
+    if bn_eps is not None:
+        args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    affine = affine or []
+    args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
+    if kernel.residual:
+        args += f", %res: {out_t}"
+    padded_out = any(kernel.out_pad)
+    results_t = f"({out_t}, {_tensor(kernel.c_rows * f)})" if padded_out else out_t
+    lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
+    e = lines.append
+    e("  %zero = arith.constant 0.0 : f32")
+    extra = _epilogue_operands(e, kernel, bn_eps, affine)
+    if padded_input:
+        e(f"  %a = tensor.cast %x : {x_t} to {x_t}")
+    else:
+        _input(e, kernel, x_t, c)
+    gemm, positions, tiles = kernel.gemm, kernel.positions, kernel.tiles
+    b_elems = positions * c * gemm.np_
+    e(f"  %bp = util.global.load @{packed} : {_tensor(b_elems)}")
+    rows = positions * tiles
+    e("  %vin = " + kernel.input_dispatch("%a"))
+    e(f"  %vdyn = tensor.cast %vin : {_tensor(rows, c)} to tensor<?x{c}xf32>")
+    e(f"  %wn_m = arith.constant {tiles} : index")
+    e(f"  %wn_b = arith.constant {positions} : index")
+    e(f"  %wn_r = arith.constant {rows} : index")
+    e("  %mmd = " + gemm.dispatch("%vdyn", "%bp", "%wn_m", "%wn_b", "%wn_r", b_elems))
+    e(f"  %mms = tensor.cast %mmd : tensor<?x{gemm.np_}xf32> to {_tensor(rows, gemm.np_)}")
+    e("  %cm = " + kernel.output_dispatch("%mms", *extra))
+    _results(e, kernel, out_t)
+    return "\n".join(lines)
+
+
+def _input(e: Any, kernel: Avx512Conv | WinogradConv, x_t: str, c0: int) -> None:
     """Emits ``%a``: the NCHW ``%x`` (``c0`` channels) as the kernel reads it (NHWC,
     zero-padded, flat; in bf16 for the bf16 form)."""
     g = kernel.g
@@ -240,8 +352,7 @@ def _pack(
 def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     """Emits the weight's packing, the dispatch and the function's results."""
     g = kernel.g
-    assert g.n is not None
-    n, c, f = g.n, g.c, g.f
+    c, f = g.c, g.f
     np_, k, nr = kernel.np_, kernel.k, kernel.nr
     w_t = _tensor(f, c, g.kh, g.kw)
     wt_t, kf_t = _tensor(g.kh, g.kw, c, f), _tensor(k, f)
@@ -259,6 +370,16 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
         layout = ([k, p, nr], "[[0], [1, 2]]", [1, 0, 2])
     _pack(e, wk, wk_t, layout, k * np_, kernel.bf16)
     e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
+    _results(e, kernel, out_t)
+
+
+def _results(e: Any, kernel: Avx512Conv | WinogradConv, out_t: str) -> None:
+    """Emits the function's results from ``%cm`` (the kernel's C: ``c_rows x Np``): the NCHW
+    output (the bias added here where the kernel did not) and, with :attr:`out_pad`, C flat
+    as the next convolution reads it."""
+    g = kernel.g
+    assert g.n is not None
+    n, f, np_ = g.n, g.f, kernel.np_
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
     padded_out = any(kernel.out_pad)
@@ -550,7 +671,10 @@ def _padded_vector(e: Any, v: str, f: int, np_: int) -> str:
 
 
 def _epilogue_operands(
-    e: Any, kernel: Avx512Conv, bn_eps: float | None, affine: list[tuple[str, list[Any]]]
+    e: Any,
+    kernel: Avx512Conv | WinogradConv,
+    bn_eps: float | None,
+    affine: list[tuple[str, list[Any]]],
 ) -> list[str]:
     """Emits the kernel's epilogue operands (scale, shift: padded to ``Np``; the residual as
     ``M x Np``) from the function's arguments; returns their names, in the kernel's order."""
@@ -667,6 +791,9 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
     fuse = fusion_enabled()
     # convolutions (their index in found) whose input is an earlier kernel's padded output
     padded_inputs: dict[int, Any] = {}
+    # the Winograd-transformed weights: (weight global, tile) -> the packed global's name
+    packed_weights: dict[tuple[str, int], str] = {}
+    body = op.regions[0].blocks[0]
     any_bf16 = any_amx = any_avx512 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
@@ -677,7 +804,14 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
         any_avx512 = True
         # bf16 reads channel pairs: an odd channel count gets one zero channel (the stems)
         pad_c = bf16 and g.c % 2 == 1
-        kernel = conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
+        tile = 0 if bf16 else winograd_choice(g)
+        weight = _weight_global(body, conv.operands[1]) if tile else None
+        tile = tile if weight is not None else 0
+        kernel: Avx512Conv | WinogradConv = (
+            WinogradConv(g, tile)
+            if tile
+            else conv_kernel_for(replace(g, c=g.c + 1) if pad_c else g, bf16)
+        )
         any_bf16 = any_bf16 or kernel.bf16
         out_t = _tensor(g.n, g.f, g.oh, g.ow)
         bn, affine, residual, absorbed = (
@@ -700,13 +834,37 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
             )
         operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)
-        if kernel.name not in top:
-            top.append(kernel.executable())
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
         eps = bn.eps if bn is not None else None
         steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
-        top.append(
-            _function(
+        if isinstance(kernel, WinogradConv):
+            assert weight is not None
+            for exe_name, executable in (
+                (kernel.input_name, kernel.input_executable),
+                (kernel.gemm.name, kernel.gemm.executable),
+                (kernel.name, kernel.output_executable),
+            ):
+                if exe_name not in top:
+                    top.append(executable())
+            key = (weight, kernel.tile)
+            if key not in packed_weights:  # one transformed copy per weight
+                packed_weights[key] = top.unique(f"{_FUNC_PREFIX}_winograd_weight_{index}")
+                top.append(
+                    _winograd_weight(kernel, weight, packed_weights[key]),
+                    declarations=[f"util.global private {weight} : {_tensor(g.f, g.c, 3, 3)}"],
+                )
+            text = _winograd_function(
+                name,
+                kernel,
+                packed_weights[key],
+                eps,
+                padded_input=padded is not None,
+                affine=steps,
+            )
+        else:
+            if kernel.name not in top:
+                top.append(kernel.executable())
+            text = _function(
                 name,
                 kernel,
                 eps,
@@ -714,7 +872,12 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
                 channels=g.c if pad_c else None,
                 affine=steps,
             )
-        )
+        declarations = []
+        if isinstance(kernel, WinogradConv):
+            packed = packed_weights[(weight, kernel.tile)]  # type: ignore[index]
+            elems = kernel.positions * g.c * kernel.gemm.np_
+            declarations.append(f"util.global private @{packed} : {_tensor(elems)}")
+        top.append(text, declarations=declarations)
         results = [out_t]
         if consumer is not None:
             results.append(_tensor(kernel.c_rows * g.f))

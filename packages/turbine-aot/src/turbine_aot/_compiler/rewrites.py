@@ -11,7 +11,9 @@ flags:
   residual add and ReLU in the kernel's store (:mod:`.epilogues`). The others (and all of
   them with ``TURBINE_CPU_CONV_MATMUL=iree``): image stems (few input channels) and 1x1 convolutions as im2col + matmul (:mod:`.convs`;
   IREE 3.13's data-tiled convolution is slow on both; the matmul on the AVX-512 kernel where
-  it is the choice). ``TURBINE_CPU_CONV_MATMUL=keep`` skips both.
+  it is the choice). ``TURBINE_CPU_CONV_MATMUL=keep`` skips both. Among the direct ones, 3x3
+  stride-1 convolutions of many channels and large enough outputs run in Winograd form
+  (:mod:`.winograd`; ``TURBINE_CPU_WINOGRAD=off|2|4``).
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -86,6 +88,7 @@ from .softmax import (
     softmaxes,
 )
 from .targets import flag_targets
+from .winograd import WINOGRAD_ENV
 
 __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
 
@@ -128,8 +131,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: weights with one group per channel (no group axis) on the quantized kernels too; 34: the
 #: direct-convolution kernel's blocking per CPU vendor (Intel: 6 x 64 blocks, 96-row
 #: workgroups, blocks of 128, the next block prefetched into L2); 35: fp32 / bf16 matmuls of at
-#: most 8 register blocks of static rows prefetch their weight's next K block into L2.
-REVISION = 35
+#: most 8 register blocks of static rows prefetch their weight's next K block into L2; 36: 3x3
+#: stride-1 fp32 convolutions of at least 64 channels and 14 x 14 outputs in Winograd form
+#: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy.
+REVISION = 36
 
 _log = logging.getLogger("turbine.aot")
 
@@ -147,6 +152,7 @@ _ENVIRONMENT = (
     CPU_SOFTMAX_ENV,
     QUANT_AMX_ENV,
     MATMUL_PREFETCH_ENV,
+    WINOGRAD_ENV,
 )
 
 

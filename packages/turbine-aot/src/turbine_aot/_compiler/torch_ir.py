@@ -86,14 +86,16 @@ class TopLevel:
         self._names.add(name)
         return name
 
-    def append(self, *texts: str) -> None:
+    def append(self, *texts: str, declarations: Sequence[str] = ()) -> None:
         """Parses ``texts`` as one module (so a call verifies beside its callee) and moves its
-        operations to the end of this module's top level."""
+        operations to the end of this module's top level. ``declarations``: one top-level
+        operation each (e.g. ``util.global private @w : tensor<4xf32>``), standing for
+        symbols of this module the texts refer to; parsed before them, then dropped."""
         from turbine_ir.ir import Module
 
         with self._context:
-            parsed = Module.parse("\n".join(texts))
-        for child in list(parsed.body.operations):
+            parsed = Module.parse("\n".join([*declarations, *texts]))
+        for child in list(parsed.body.operations)[len(declarations) :]:
             op = child.operation
             op.detach_from_parent()
             self._body.append(op)
