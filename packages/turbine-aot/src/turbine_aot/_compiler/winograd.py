@@ -1,5 +1,5 @@
 """Winograd convolutions F(m x m, 3 x 3) for the AVX-512 fp32 path: 3x3, stride-1 convolutions
-as ``(m + 2)^2`` independent matmuls over transformed tiles (docs/performance.md, section 12).
+as ``(m + 2)^2`` independent matmuls over transformed tiles (docs/performance.md, section 13).
 
 A 3x3 convolution computes each ``m x m`` block of output pixels from an ``a x a`` tile of the
 padded input (``a = m + 2``). Winograd's minimal filtering algorithm writes that as
@@ -30,7 +30,7 @@ output transform) and a weight ``a^2 / 9`` times larger. Three dispatches:
 
 The transforms' coefficients are exact in binary for F(2, 3) (0, +-1, +-1/2); F(4, 3)'s
 include 1/6, 1/12, 1/24, whose rounding and the larger sums it adds make its error grow
-(measured in docs/performance.md, section 12).
+(measured in docs/performance.md, section 13).
 """
 
 from __future__ import annotations
@@ -618,7 +618,7 @@ class WinogradConv:
 def winograd_choice(g: Conv) -> int:
     """The F(m, 3) tile for ``g`` on the AVX-512 fp32 path (0: the direct kernel):
     ``$TURBINE_CPU_WINOGRAD`` (``off``, ``2``, ``4``) when set, else the measured choice
-    (docs/performance.md, section 12)."""
+    (docs/performance.md, section 13)."""
     if not WinogradConv.supports(g):
         return 0
     spec = os.environ.get(WINOGRAD_ENV, "").strip().lower()
@@ -628,10 +628,12 @@ def winograd_choice(g: Conv) -> int:
         return int(spec)
     if spec:
         raise ValueError(f"{WINOGRAD_ENV}={spec!r}: expected off, 2 or 4")
-    # Measured on the Xeon, one thread, ResNet's layers alone (benchmarks/conv_layers.py): the
-    # direct kernel 1.48 / 1.29 / 1.32 / 1.52 ms at 56 / 28 / 14 / 7 pixels a side (64 / 128 /
-    # 256 / 512 channels), F(2, 3) 1.32 / 0.92 / 0.82 / 1.56, F(4, 3) 0.90 / 0.65 / 0.82 /
-    # 1.95. Few channels leave the matmuls too little to do for the transforms' passes.
+    # Measured on the Xeon, one thread, ResNet's layers alone (benchmarks/conv_layers.py, JSON
+    # under benchmarks/results/winograd-2026-12-03/): the direct kernel 1.57 / 1.42 / 1.56 /
+    # 1.61 ms at 56 / 28 / 14 / 7 pixels a side (64 / 128 / 256 / 512 channels), F(2, 3)
+    # 1.41 / 1.01 / 0.90 / 1.90, F(4, 3) 0.95 / 0.73 / 0.89 / 2.40 (docs/performance.md,
+    # section 13). At 7 x 7 the transformed weight (16 / 9 of the weight) streams from memory
+    # for 16 tiles; few channels leave the matmuls too little to do for the transforms' passes.
     if g.c < 64 or g.f < 64:
         return 0
     pixels = g.oh * g.ow
