@@ -15,6 +15,7 @@ from ir_check import check_ir
 from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
+from turbine_aot._compiler import winograd
 from turbine_aot._compiler.convs import Conv
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key
@@ -66,11 +67,12 @@ def test_the_transforms_compute_the_correlation_exactly(m):
 
 # ---------------------------------------------------------------------------- when it applies
 def test_the_measured_choice_and_the_knob(monkeypatch):
-    # F(4, 3) from 28 x 28 outputs, F(2, 3) from 14 x 14, the direct kernel below (Xeon)
+    # F(4, 3) from 28 x 28 outputs, F(2, 3) from 7 x 7, the direct kernel below (Xeon)
     assert winograd_choice(_geometry(h=56, w=56)) == 4
     assert winograd_choice(_geometry(c=128, f=128, h=28, w=28)) == 4
     assert winograd_choice(_geometry(c=256, f=256, h=14, w=14)) == 2
-    assert winograd_choice(_geometry(c=512, f=512, h=7, w=7)) == 0
+    assert winograd_choice(_geometry(c=512, f=512, h=7, w=7)) == 2
+    assert winograd_choice(_geometry(c=512, f=512, h=6, w=6)) == 0
     assert winograd_choice(_geometry(c=32, f=64, h=56, w=56)) == 0  # few channels: direct
     strided = Conv(1, 64, 56, 56, 64, 3, 3, (2, 2), (1, 1), (1, 1), 28, 28, False)
     assert winograd_choice(strided) == 0  # not a Winograd form
@@ -227,8 +229,12 @@ def _block(c: int) -> torch.nn.Module:
 
 
 @needs_avx512
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
 @pytest.mark.parametrize("tile", ["2", "4"])
-def test_resnet_blocks_with_epilogues_and_padded_outputs_match_eager(tile, monkeypatch):
+def test_resnet_blocks_with_epilogues_and_padded_outputs_match_eager(tile, vendor, monkeypatch):
+    """Under each vendor's matmul blocking (Intel: 6 x 64 blocks, 96 rows, the next block
+    prefetched, clamped to each position's weight)."""
+    monkeypatch.setattr(winograd, "cpu_vendor", lambda: vendor)
     monkeypatch.setenv(WINOGRAD_ENV, tile)
     model = _block(32)
     x = torch.randn(2, 32, 11, 10)

@@ -170,7 +170,8 @@ class Avx512Gemm:
             (:mod:`.epilogues`): ``+ bias[n]`` (a third operand, ``Np`` floats), then
             ``max(., 0)``.
         prefetch: lines of the next K block's panel each step prefetches into L2 (0: none;
-            :meth:`for_rows`), the register blocks taking turns over a step's ``nr / 16``.
+            :meth:`for_rows`, and the Winograd matmuls on Intel), the register blocks taking
+            turns over a step's ``nr / 16``.
     """
 
     k: int
@@ -394,10 +395,11 @@ class Avx512Gemm:
             last = self.packed_b_size // (2 if self.bf16 else 1) - 1
             dist, lines = self.kc * self.nr, self.nr // 16
             for j in range(self.prefetch):
+                # clamped to the end of this batch entry's B (one B: of the only one)
                 e(
-                    f"{p}  %pf{j} = affine.min affine_map<()[s0, s1, s2] -> (s0 + {dist} + "
+                    f"{p}  %pf{j} = affine.min affine_map<()[s0, s1, s2, s3] -> (s0 + {dist} + "
                     f"((((s1 - s2) floordiv {self.mr}) * {self.prefetch} + {j}) mod {lines}) * 16,"
-                    f" {last})>()[%boff, %mi, %m0]"
+                    f" s3 + {last})>()[%boff, %mi, %m0, %bz]"
                 )
                 e(f"{p}  memref.prefetch %mb[%pf{j}], read, locality<2>, data : {b_t}")
         for j in range(nv):

@@ -36,12 +36,13 @@ include 1/6, 1/12, 1/24, whose rounding and the larger sums it adds make its err
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
 from .avx512 import Avx512Gemm
 from .convs import Conv
+from .host import cpu_vendor
 
 __all__ = [
     "WINOGRAD_ENV",
@@ -255,8 +256,15 @@ class WinogradConv:
 
     @property
     def gemm(self) -> Avx512Gemm:
-        """The matmul kernel: one packed ``C x F`` weight per tile position."""
-        return Avx512Gemm.for_shape(self.g.c, self.g.f, batch_b=True)
+        """The matmul kernel: one packed ``C x F`` weight per tile position. On Intel, the
+        direct kernel's blocking (6 x 64 register blocks in 96-row workgroups, the next
+        reduction block prefetched into L2): on the Xeon 3-10 % faster per layer than the
+        matmul kernel's default (4 x 64, 128 rows, no prefetch), which AMD keeps (not
+        measured there)."""
+        kernel = Avx512Gemm.for_shape(self.g.c, self.g.f, batch_b=True)
+        if cpu_vendor() == "GenuineIntel":
+            kernel = replace(kernel, mr=6, rows_per_workgroup=96, prefetch=1)
+        return kernel
 
     @property
     def name(self) -> str:
@@ -629,16 +637,16 @@ def winograd_choice(g: Conv) -> int:
     if spec:
         raise ValueError(f"{WINOGRAD_ENV}={spec!r}: expected off, 2 or 4")
     # Measured on the Xeon, one thread, ResNet's layers alone (benchmarks/conv_layers.py, JSON
-    # under benchmarks/results/winograd-2026-12-03/): the direct kernel 1.57 / 1.42 / 1.56 /
-    # 1.61 ms at 56 / 28 / 14 / 7 pixels a side (64 / 128 / 256 / 512 channels), F(2, 3)
-    # 1.41 / 1.01 / 0.90 / 1.90, F(4, 3) 0.95 / 0.73 / 0.89 / 2.40 (docs/performance.md,
-    # section 13). At 7 x 7 the transformed weight (16 / 9 of the weight) streams from memory
-    # for 16 tiles; few channels leave the matmuls too little to do for the transforms' passes.
+    # under benchmarks/results/winograd-2026-12-03/): the direct kernel 1.61 / 1.32 / 1.34 /
+    # 1.47 ms at 56 / 28 / 14 / 7 pixels a side (64 / 128 / 256 / 512 channels), F(2, 3)
+    # 1.46 / 0.96 / 0.80 / 1.10, F(4, 3) 0.95 / 0.67 / 0.73 / 1.87 (docs/performance.md,
+    # section 13). At 14 x 14 F(2, 3) is within 10 % of F(4, 3) with the smaller error and
+    # weight; few channels leave the matmuls too little to do for the transforms' passes.
     if g.c < 64 or g.f < 64:
         return 0
     pixels = g.oh * g.ow
     if pixels >= 28 * 28:
         return 4
-    if pixels >= 14 * 14:
+    if pixels >= 7 * 7:
         return 2
     return 0
