@@ -17,6 +17,7 @@ Usage::
     python benchmarks/peer_profile.py resnet18
     python benchmarks/peer_profile.py mlp --threads 2 --top 10
     python benchmarks/peer_profile.py resnet18 --flags "--iree-opt-data-tiling=false"
+    python benchmarks/peer_profile.py mobilenet-v3          # a model of the zoo
 
 A profile, not a test: nothing here asserts on time.
 """
@@ -166,7 +167,11 @@ def _print(title: str, rows: dict[str, float], kinds: dict[str, float], top: int
 
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
-    p.add_argument("model", choices=sorted(peer_runtimes.MODELS))
+    p.add_argument(
+        "model",
+        help=f"one of {', '.join(sorted(peer_runtimes.MODELS))}, or a model of zoo.py "
+        "(python benchmarks/zoo.py --list)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=20)
@@ -180,7 +185,15 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    module, margs, mkwargs, what = peer_runtimes.MODELS[args.model]()
+    if args.model in peer_runtimes.MODELS:
+        module, margs, mkwargs, what = peer_runtimes.MODELS[args.model]()
+    else:
+        import zoo
+
+        if args.model not in zoo.ZOO:
+            p.error(f"unknown model {args.model!r}: see --help")
+        case = zoo.ZOO[args.model]()
+        module, margs, mkwargs, what = case.module.eval(), case.args, case.kwargs, case.what
     result: dict[str, Any] = {"model": args.model, "what": what, "threads": args.threads}
     with tempfile.TemporaryDirectory(prefix="turbine-peer-profile-") as tdir:
         td = Path(tdir)

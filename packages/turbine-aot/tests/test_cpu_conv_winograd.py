@@ -170,6 +170,30 @@ def test_two_convolutions_of_one_weight_share_its_transformed_copy(monkeypatch):
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 
 
+@needs_avx512
+def test_weights_from_an_archive(monkeypatch, tmp_path):
+    """Weights externalized into an ``.irpa``: the initializer reads the parameter at load, and
+    the archive's values (not the export's) are what the module computes with."""
+    from turbine_params import externalize_module_parameters, save_module_parameters
+
+    monkeypatch.setenv(WINOGRAD_ENV, "4")
+    model = _block(16)
+    x = torch.randn(1, 16, 9, 9)
+    externalize_module_parameters(model)
+    archive = tmp_path / "block.irpa"
+    save_module_parameters(archive, model)
+    eo = export(model, args=(x,))
+    vmfb = tmp_path / "block.vmfb"
+    eo.compile(save_to=vmfb, extra_args=_AVX512)
+    with torch.no_grad():  # other weights in the archive than at export
+        for p in model.parameters():
+            p.mul_(0.5)
+        save_module_parameters(archive, model)
+        want = model(x)
+    got = load_module(vmfb, parameters=archive).main(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------------------------- numerics
 _GEOMETRIES = {
     # name: (C, F, padding, bias, batch, H, W)

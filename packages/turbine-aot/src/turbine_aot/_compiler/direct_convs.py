@@ -25,7 +25,7 @@ case. Accepted: 2-D, fp32, groups 1, not transposed, static shapes (the batch to
 size, channels, stride, padding and dilation; the rest stays on :mod:`.convs`' path.
 
 fp32 3x3 stride-1 convolutions that :func:`.winograd.winograd_choice` picks (many channels,
-outputs of at least 14 x 14; ``TURBINE_CPU_WINOGRAD``) run in Winograd form instead: the same
+outputs of at least 7 x 7; ``TURBINE_CPU_WINOGRAD``) run in Winograd form instead: the same
 padded input through an input transform, the AVX-512 matmul kernel over one transformed weight
 per tile position, an output transform with the same epilogues and padded outputs
 (:func:`_winograd_function`). Their transformed weight is a global of the compile copy that an

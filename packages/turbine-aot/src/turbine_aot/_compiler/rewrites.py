@@ -132,7 +132,7 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: direct-convolution kernel's blocking per CPU vendor (Intel: 6 x 64 blocks, 96-row
 #: workgroups, blocks of 128, the next block prefetched into L2); 35: fp32 / bf16 matmuls of at
 #: most 8 register blocks of static rows prefetch their weight's next K block into L2; 36: 3x3
-#: stride-1 fp32 convolutions of at least 64 channels and 14 x 14 outputs in Winograd form
+#: stride-1 fp32 convolutions of at least 64 channels and 7 x 7 outputs in Winograd form
 #: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy.
 REVISION = 36
 
