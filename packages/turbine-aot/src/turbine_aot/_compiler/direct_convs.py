@@ -192,7 +192,10 @@ def _winograd_weight(kernel: WinogradConv, weight: str, packed: str) -> str:
 
 
 def _weight_global(module_body: Any, w: Any) -> str | None:
-    """The symbol (``@name``) of the immutable global the torch value ``w`` loads, else None."""
+    """The symbol (``@name``) of the immutable global the torch value ``w`` loads, else None;
+    None too where a function comes before that global in the module (the transformed
+    weight's initializer goes after the global and before every function:
+    :meth:`.torch_ir.TopLevel.append`)."""
     cast = producer(w)
     if cast is None or cast.name != "torch_c.from_builtin_tensor":
         return None
@@ -202,6 +205,8 @@ def _weight_global(module_body: Any, w: Any) -> str | None:
     sym = str(load.attributes["global"])
     for child in module_body.operations:
         op = child.operation
+        if op.name in ("func.func", "util.func"):
+            return None
         if op.name == "util.global" and f"@{_sym(op)}" == sym.replace('"', ""):
             return None if "is_mutable" in op.attributes else sym
     return None
@@ -852,6 +857,7 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
                 top.append(
                     _winograd_weight(kernel, weight, packed_weights[key]),
                     declarations=[f"util.global private {weight} : {_tensor(g.f, g.c, 3, 3)}"],
+                    before_functions=True,
                 )
             text = _winograd_function(
                 name,

@@ -86,19 +86,37 @@ class TopLevel:
         self._names.add(name)
         return name
 
-    def append(self, *texts: str, declarations: Sequence[str] = ()) -> None:
+    def append(
+        self, *texts: str, declarations: Sequence[str] = (), before_functions: bool = False
+    ) -> None:
         """Parses ``texts`` as one module (so a call verifies beside its callee) and moves its
-        operations to the end of this module's top level. ``declarations``: one top-level
-        operation each (e.g. ``util.global private @w : tensor<4xf32>``), standing for
-        symbols of this module the texts refer to; parsed before them, then dropped."""
-        from turbine_ir.ir import Module
+        operations to the end of this module's top level (``before_functions``: before its
+        first function instead, after the globals the exporter declares; IREE 3.13 fails to
+        convert a tensor global that an initializer stores when a function using it comes
+        first: "failed to legalize unresolved target materialization"). ``declarations``: one
+        top-level operation each (e.g. ``util.global private @w : tensor<4xf32>``), standing
+        for symbols of this module the texts refer to; parsed before them, then dropped."""
+        from turbine_ir.ir import InsertionPoint, Module
 
         with self._context:
             parsed = Module.parse("\n".join([*declarations, *texts]))
+        anchor = None
+        if before_functions:
+            anchor = next(
+                (
+                    o.operation
+                    for o in self._body.operations
+                    if o.operation.name in ("func.func", "util.func")
+                ),
+                None,
+            )
         for child in list(parsed.body.operations)[len(declarations) :]:
             op = child.operation
             op.detach_from_parent()
-            self._body.append(op)
+            if anchor is None:
+                self._body.append(op)
+            else:
+                InsertionPoint(anchor).insert(op)
             name = _sym_name(op)
             if name is not None:
                 self._names.add(name)
