@@ -176,6 +176,7 @@ class _Affine(torch.nn.Module):
 def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    monkeypatch.setenv("TURBINE_CPU_WINOGRAD", "off")  # c2 on the direct kernel
     eo = export(_Affine().eval(), args=(torch.randn(1, 32, 9, 9),))
     asm = compile_copy_asm(eo, _flags())
     main = _main(asm)
@@ -183,11 +184,18 @@ def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):
         assert f"torch.aten.{op}" not in main
     check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_scale_shift_relu_opad1x1 ")
     check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_pf\w*_scale_shift ")
+    monkeypatch.delenv("TURBINE_CPU_WINOGRAD")  # c2 in Winograd form: the same epilogue
+    asm = compile_copy_asm(eo, _flags())
+    check_ir(asm, r"@__turbine_avx512_f32_conv_\w+_scale_shift_relu_opad1x1 ")
+    check_ir(asm, r"@__turbine_winograd_f2x3_n1_c64_h9_w9_f64_p1x1_scale_shift ")
 
 
 def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypatch):
+    """The direct kernel's epilogues (its 64-channel 3x3 convolutions would be Winograd's by
+    default: ``test_cpu_conv_winograd.py`` checks the same absorption there)."""
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    monkeypatch.setenv("TURBINE_CPU_WINOGRAD", "off")
     eo = export(_Block().eval(), args=(torch.randn(1, 64, 10, 10),))
     asm = compile_copy_asm(eo, _flags())
     check_ir(

@@ -15,8 +15,9 @@ GFLOP/s. Two rewrites of the torch-dialect op, before the kernel's rewrite match
   ``G`` times the multiply-adds, on zeros for all but one group's, and is still several times
   faster at small ``G``; the zero products add exact zeros, so the values are eager's up to the
   order of the additions. The dense weight is a function of the weight alone: IREE's constant
-  hoisting builds it once, at load. Depthwise and many-group convolutions (``G`` above
-  :data:`MAX_GROUPS`) keep IREE's code: the blow-up would outgrow the gain.
+  hoisting builds it once, at load. Convolutions of more groups (``G`` above
+  :data:`MAX_GROUPS`) are not made dense, the blow-up would outgrow the gain: depthwise ones
+  go to the depthwise kernel (:mod:`.depthwise`), the others keep IREE's code.
 
 Only fp32, not transposed, static shapes, where the direct-convolution kernel is the choice
 (``rewrites.module_for_compile``); the exported IR is not changed.

@@ -104,9 +104,11 @@ def _pair(values: list[int] | None) -> tuple[int, int] | None:
     return (values[0], values[-1])
 
 
-def conv_geometry(op: Any) -> Conv | None:
+def conv_geometry(op: Any, depthwise: bool = False) -> Conv | None:
     """The geometry of a 2-D fp32 NCHW convolution of groups 1, not transposed, with static
-    channels and spatial sizes (the batch may be dynamic), else ``None``."""
+    channels and spatial sizes (the batch may be dynamic), else ``None``. ``depthwise``: of a
+    depthwise one instead (groups = channels = filters, more than one: weight ``[C, 1, KH,
+    KW]``), whose ``f`` is ``c``."""
     operands = list(op.operands)
     if op.name == _CONV2D and len(operands) == 7:
         x, w, b, stride, padding, dilation, groups = operands
@@ -116,9 +118,13 @@ def conv_geometry(op: Any) -> Conv | None:
             return None
     else:
         return None
-    if constant(groups) != 1:
-        return None
     xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
+    channels = xt.sizes[1] if xt is not None and len(xt.sizes) == 4 else None
+    if depthwise:
+        if channels is None or channels < 2 or constant(groups) != channels:
+            return None
+    elif constant(groups) != 1:
+        return None
     if xt is None or wt is None or rt is None or not (xt.dtype == wt.dtype == rt.dtype == "f32"):
         return None
     if len(xt.sizes) != 4 or len(wt.sizes) != 4 or len(rt.sizes) != 4:
@@ -142,7 +148,7 @@ def conv_geometry(op: Any) -> Conv | None:
     n = xt.sizes[0]
     c, h, wi = (int(v) for v in xt.sizes[1:])  # type: ignore[arg-type]
     f, wc, kh, kw = (int(v) for v in wt.sizes)  # type: ignore[arg-type]
-    if wc != c:
+    if (wc, f) != ((1, c) if depthwise else (c, f)):
         return None
     oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
     ow = (wi + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1

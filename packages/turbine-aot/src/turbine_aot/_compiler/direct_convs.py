@@ -32,6 +32,10 @@ per tile position, an output transform with the same epilogues and padded output
 initializer computes at load from the weight's global (:func:`_winograd_weight`); a weight the
 program computes keeps the direct kernel.
 
+Depthwise convolutions (groups = channels = filters: MobileNet's, EfficientNet's, ConvNeXt's)
+go to :mod:`.depthwise`'s kernel (:func:`depthwise_convs`, :func:`_depthwise_function`), fp32
+whatever the precision, with a batch norm or per-channel steps and a ReLU in its store.
+
 ``precision="bf16"`` gives the kernel's bf16 form: the padded input is converted to bf16 in the
 dispatch that writes it, the weight once. An odd channel count (an RGB stem) gets one zero
 channel on the input (in the same padding) and on the weight, so pairs never straddle two taps;
@@ -52,6 +56,7 @@ from .amx_conv import AmxConv, AmxConvPlan, amx_conv_plan, amx_conv_supports
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES
 from .avx512_conv import Avx512Conv, conv_kernel_for
 from .convs import Conv, conv_geometry
+from .depthwise import DepthwiseConv
 from .epilogues import (
     BatchNorm,
     channel_affine,
@@ -66,7 +71,7 @@ from .matmuls import mark_cpu_requires
 from .torch_ir import Builder, TensorType, TopLevel, producer, walk
 from .winograd import WinogradConv, winograd_choice
 
-__all__ = ["direct_convs", "rewrite_convs_avx512"]
+__all__ = ["depthwise_convs", "direct_convs", "rewrite_convs_avx512"]
 
 _CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
 _FUNC_PREFIX = "__turbine_avx512_conv"
@@ -80,9 +85,21 @@ def _spec(op: Any) -> Conv | None:
 
 
 def direct_convs(module_op: Any) -> list[Any]:
-    """The convolutions of ``module_op`` that :func:`rewrite_convs_avx512` rewrites."""
+    """The (dense) convolutions of ``module_op`` that :func:`rewrite_convs_avx512` rewrites."""
     op = getattr(module_op, "operation", module_op)
     return [o for o in walk(op) if o.name in _CONV_OPS and _spec(o) is not None]
+
+
+def _depthwise_spec(op: Any) -> Conv | None:
+    g = conv_geometry(op, depthwise=True)
+    return g if g is not None and g.n is not None else None
+
+
+def depthwise_convs(module_op: Any) -> list[Any]:
+    """The depthwise convolutions of ``module_op`` that :func:`rewrite_convs_avx512` puts on
+    the depthwise kernel (fp32, static shapes; :mod:`.depthwise`)."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name in _CONV_OPS and _depthwise_spec(o) is not None]
 
 
 def _tensor(*dims: int) -> str:
@@ -269,6 +286,61 @@ def _winograd_function(
     return "\n".join(lines)
 
 
+def _depthwise_function(
+    name: str,
+    kernel: DepthwiseConv,
+    bn_eps: float | None = None,
+    affine: list[tuple[str, list[Any]]] | None = None,
+) -> str:
+    """The private function computing a depthwise convolution on :mod:`.depthwise`'s kernel:
+    ``(%x NCHW, %w [C, 1, KH, KW][, %b], epilogue parameters as :func:`_function`'s) -> NCHW``.
+    The input is written once channels-last, zero-padded (rows, columns, and channels to
+    whole vectors); the weight packed once (constant hoisting) as ``[KH * KW, Cp]``."""
+    g = kernel.g
+    assert g.n is not None
+    n, c, h, w = g.n, g.c, g.h, g.w
+    cp, (ph, pw) = kernel.np_, g.padding
+    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(c, 1, g.kh, g.kw), _tensor(n, c, g.oh, g.ow)
+    f_t = _tensor(c)
+    args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
+    if bn_eps is not None:
+        args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
+    affine = affine or []
+    args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
+    lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
+    e = lines.append
+    e("  %zero = arith.constant 0.0 : f32")
+    extra = _epilogue_operands(e, kernel, bn_eps, affine)
+    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, cp)
+    e(f"  %xt_init = tensor.empty() : {nhwc_t}")
+    e(
+        f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
+    )
+    src, src_t = "%xt", nhwc_t
+    if ph or pw or cp != c:
+        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, {cp - c}] {{")
+        e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {nhwc_t} to {xp_t}")
+        src, src_t = "%xp", xp_t
+    e(
+        f"  %a = tensor.collapse_shape {src} [[0, 1, 2, 3]] : {src_t} into {_tensor(kernel.input_size)}"
+    )
+    # the weight: [C, 1, KH, KW] -> [C, KH * KW] -> [KH * KW, C] -> pad C -> flat
+    taps = kernel.taps
+    e(f"  %wc = tensor.collapse_shape %w [[0], [1, 2, 3]] : {w_t} into {_tensor(c, taps)}")
+    e(f"  %wt_init = tensor.empty() : {_tensor(taps, c)}")
+    e(
+        f"  %wt = linalg.transpose ins(%wc : {_tensor(c, taps)}) outs(%wt_init : "
+        f"{_tensor(taps, c)}) permutation = [1, 0]"
+    )
+    wk, wk_t = _pad_columns(e, "%wt", taps, c, cp)
+    e(f"  %bp = tensor.collapse_shape {wk} [[0, 1]] : {wk_t} into {_tensor(taps * cp)}")
+    e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
+    _results(e, kernel, out_t)
+    return "\n".join(lines)
+
+
 def _input(e: Any, kernel: Avx512Conv | WinogradConv, x_t: str, c0: int) -> None:
     """Emits ``%a``: the NCHW ``%x`` (``c0`` channels) as the kernel reads it (NHWC,
     zero-padded, flat; in bf16 for the bf16 form)."""
@@ -378,7 +450,7 @@ def _rest(e: Any, kernel: Avx512Conv, out_t: str, extra: list[str]) -> None:
     _results(e, kernel, out_t)
 
 
-def _results(e: Any, kernel: Avx512Conv | WinogradConv, out_t: str) -> None:
+def _results(e: Any, kernel: Avx512Conv | WinogradConv | DepthwiseConv, out_t: str) -> None:
     """Emits the function's results from ``%cm`` (the kernel's C: ``c_rows x Np``): the NCHW
     output (the bias added here where the kernel did not) and, with :attr:`out_pad`, C flat
     as the next convolution reads it."""
@@ -544,14 +616,20 @@ def _amx_function(
 
 
 def _call_operands(
-    conv: Any, g: Conv, bn: BatchNorm | None, affine: list[tuple[Any, str, Any]], residual: Any
+    conv: Any,
+    g: Conv,
+    bn: BatchNorm | None,
+    affine: list[tuple[Any, str, Any]],
+    residual: Any,
+    depthwise: bool = False,
 ) -> tuple[list[Any], list[str]]:
     """The operands of a convolution function's call and their builtin types: the input, the
-    weight, the bias if any, then what the epilogue absorbed (a batch norm's parameters or the
-    per-channel steps' ones, the residual)."""
+    weight (``depthwise``: ``[C, 1, KH, KW]``), the bias if any, then what the epilogue
+    absorbed (a batch norm's parameters or the per-channel steps' ones, the residual)."""
     assert g.n is not None
     f_t = _tensor(g.f)
-    types = [_tensor(g.n, g.c, g.h, g.w), _tensor(g.f, g.c, g.kh, g.kw), f_t]
+    w_t = _tensor(g.f, 1 if depthwise else g.c, g.kh, g.kw)
+    types = [_tensor(g.n, g.c, g.h, g.w), w_t, f_t]
     operands = list(conv.operands)[: 3 if g.bias else 2]
     types = types[: len(operands)]
     if bn is not None:
@@ -608,6 +686,30 @@ def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
     eps = bn.eps if bn is not None else None
     top.append(_amx_function(name, plan, kernel, g, eps, steps))
     operands, types = _call_operands(conv, g, bn, affine, None)
+    _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
+
+
+def _rewrite_depthwise(top: TopLevel, conv: Any, g: Conv, index: int, fuse: bool) -> None:
+    """Replaces the depthwise ``conv`` (and the batch norm or per-channel steps and ReLU its
+    epilogue absorbs, with ``fuse``) by a call of :func:`_depthwise_function`."""
+    assert g.n is not None
+    bn, affine, _, absorbed = _absorbed(conv, g, False) if fuse else (None, [], None, [])
+    kinds = [kind for _, kind, _ in affine]
+    kernel = DepthwiseConv(
+        g,
+        scale=bn is not None or "mul" in kinds,
+        shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
+        relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
+    )
+    if not fuse:
+        kernel = DepthwiseConv(g)
+    if kernel.name not in top:
+        top.append(kernel.executable())
+    name = top.unique(f"{_FUNC_PREFIX}_depthwise_{index}")
+    steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
+    eps = bn.eps if bn is not None else None
+    top.append(_depthwise_function(name, kernel, eps, steps))
+    operands, types = _call_operands(conv, g, bn, affine, None, depthwise=True)
     _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
 
 
@@ -677,7 +779,7 @@ def _padded_vector(e: Any, v: str, f: int, np_: int) -> str:
 
 def _epilogue_operands(
     e: Any,
-    kernel: Avx512Conv | WinogradConv,
+    kernel: Avx512Conv | WinogradConv | DepthwiseConv,
     bn_eps: float | None,
     affine: list[tuple[str, list[Any]]],
 ) -> list[str]:
@@ -891,6 +993,11 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
         call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
         if consumer is not None:
             padded_inputs[consumer[0]] = call.results[1]
+    depthwise = [(o, _depthwise_spec(o)) for o in depthwise_convs(op)]
+    for index, (conv, g) in enumerate(depthwise):
+        assert g is not None
+        _rewrite_depthwise(top, conv, g, index, fuse)
+        any_avx512 = True
     if any_avx512:
         mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
     if any_amx:

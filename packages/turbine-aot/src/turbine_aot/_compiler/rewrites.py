@@ -13,7 +13,8 @@ flags:
   IREE 3.13's data-tiled convolution is slow on both; the matmul on the AVX-512 kernel where
   it is the choice). ``TURBINE_CPU_CONV_MATMUL=keep`` skips both. Among the direct ones, 3x3
   stride-1 convolutions of many channels and large enough outputs run in Winograd form
-  (:mod:`.winograd`; ``TURBINE_CPU_WINOGRAD=off|2|4``).
+  (:mod:`.winograd`; ``TURBINE_CPU_WINOGRAD=off|2|4``), and depthwise convolutions run on the
+  AVX-512 depthwise kernel (:mod:`.depthwise`).
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -61,7 +62,7 @@ from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmu
 from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
-from .direct_convs import direct_convs, rewrite_convs_avx512
+from .direct_convs import depthwise_convs, direct_convs, rewrite_convs_avx512
 from .epilogues import EPILOGUE_ENV
 from .globals import separate_shared_globals, shared_mutable_globals
 from .matmuls import (
@@ -133,8 +134,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: workgroups, blocks of 128, the next block prefetched into L2); 35: fp32 / bf16 matmuls of at
 #: most 8 register blocks of static rows prefetch their weight's next K block into L2; 36: 3x3
 #: stride-1 fp32 convolutions of at least 64 channels and 7 x 7 outputs in Winograd form
-#: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy.
-REVISION = 36
+#: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy;
+#: 37: depthwise fp32 convolutions on the AVX-512 depthwise kernel (:mod:`.depthwise`).
+REVISION = 37
 
 _log = logging.getLogger("turbine.aot")
 
@@ -215,7 +217,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     amx_convs = bf16_convs and bf16_kernel_kind() == "amx" and amx_conv_enabled()
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
     reform = conv_kernel and bool(convs_to_reform(op))
-    direct = conv_kernel and (reform or bool(direct_convs(op)))
+    direct = conv_kernel and (reform or bool(direct_convs(op)) or bool(depthwise_convs(op)))
     # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
     keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
     pools = direct and not keep_pools and bool(max_pools(op))

@@ -1,0 +1,202 @@
+"""The AVX-512 depthwise-convolution kernel (fp32, channels-last), for the AVX-512 path's
+depthwise convolutions (groups = channels = filters; MobileNet, EfficientNet, ConvNeXt, RegNet);
+:mod:`.direct_convs` rewrites them onto it (docs/performance.md, section 14).
+
+IREE 3.13 compiles a depthwise convolution for CPUs into a dispatch that ran MobileNetV3's at
+2-5 GFLOP/s (3.15 of the model's 5.9 ms a call, one thread, on the Xeon). A depthwise
+convolution is ``out[n, oy, ox, c] = sum_{ky, kx} x[n, oy*sh + ky*dh, ox*sw + kx*dw, c] *
+w[c, ky, kx]``: per channel, no reduction across channels, so it vectorizes over channels. This
+kernel reads the zero-padded channels-last input (channels padded to a multiple of 16 with
+zeros) and the weight packed once as ``[KH * KW, Cp]``:
+
+- one workgroup per output row; for each 16-channel block, four output pixels at a time in
+  four accumulators (a tap's weight vector loaded once for the four), the taps unrolled;
+  a row's last pixels recompute the row's last pixel (clamped index, same value stored);
+- the epilogue of :mod:`.epilogues` (per-channel scale and shift, ReLU) before the store;
+  C is ``[N * OH * OW, Cp]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .convs import Conv
+
+__all__ = ["DepthwiseConv"]
+
+#: output pixels a step computes (one accumulator each)
+_PIXELS = 4
+
+
+@dataclass(frozen=True)
+class DepthwiseConv:
+    """One depthwise-convolution executable for a static geometry ``g`` (``g.f == g.c``).
+
+    Attributes:
+        scale, shift, relu: the epilogue (:mod:`.epilogues`): ``* scale[c]``, ``+ shift[c]``
+            (each a ``Cp``-float operand), then ``max(., 0)``.
+    """
+
+    g: Conv
+    scale: bool = False
+    shift: bool = False
+    relu: bool = False
+    #: the fields the direct-convolution function's helpers read (never set here)
+    residual: bool = False
+    out_pad: tuple[int, int] = (0, 0)
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.g.n is None or self.g.f != self.g.c:
+            raise ValueError(f"depthwise kernel: static batch and F == C needed: {self.g}")
+
+    @property
+    def np_(self) -> int:
+        """The channels padded to whole vectors."""
+        return -(-self.g.c // 16) * 16
+
+    @property
+    def hp(self) -> int:
+        return self.g.h + 2 * self.g.padding[0]
+
+    @property
+    def wp(self) -> int:
+        return self.g.w + 2 * self.g.padding[1]
+
+    @property
+    def input_size(self) -> int:
+        assert self.g.n is not None
+        return self.g.n * self.hp * self.wp * self.np_
+
+    @property
+    def m(self) -> int:
+        assert self.g.n is not None
+        return self.g.n * self.g.oh * self.g.ow
+
+    @property
+    def c_rows(self) -> int:
+        return self.m
+
+    @property
+    def taps(self) -> int:
+        return self.g.kh * self.g.kw
+
+    @property
+    def epilogue(self) -> tuple[str, ...]:
+        return tuple(s for s in ("scale", "shift", "relu") if getattr(self, s))
+
+    @property
+    def name(self) -> str:
+        g = self.g
+        return (
+            f"__turbine_avx512_f32_dwconv_n{g.n}_c{self.np_}_h{g.h}_w{g.w}_k{g.kh}x{g.kw}"
+            f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
+            f"_d{g.dilation[0]}x{g.dilation[1]}" + "".join(f"_{s}" for s in self.epilogue)
+        )
+
+    def dispatch(self, a: str, w: str, *extra: str) -> str:
+        """The ``flow.dispatch``: ``a`` the padded channels-last input (1-D, ``Cp``
+        channels), ``w`` the packed weight (``KH * KW * Cp``), ``extra`` the scale and shift
+        (``Cp`` each, as the epilogue has them) -> ``tensor<M x Cp x f32>``."""
+        vec_t = f"tensor<{self.np_}xf32>"
+        wanted = [s for s in self.epilogue if s != "relu"]
+        if len(extra) != len(wanted):
+            raise ValueError(f"depthwise kernel: operands {extra} for {self.name}")
+        operands = ", ".join([a, w, *extra])
+        types = ", ".join(
+            [
+                f"tensor<{self.input_size}xf32>",
+                f"tensor<{self.taps * self.np_}xf32>",
+                *([vec_t] * len(extra)),
+            ]
+        )
+        return (
+            f"flow.dispatch @{self.name}::@{self.name}({operands}) : ({types}) -> "
+            f"tensor<{self.m}x{self.np_}xf32>"
+        )
+
+    def executable(self) -> str:
+        """The ``stream.executable`` (MLIR text) for a module's top level."""
+        g = self.g
+        assert g.n is not None
+        cp, oh, ow, hp, wp = self.np_, g.oh, g.ow, self.hp, self.wp
+        (sh, sw), (dh, dw) = g.stride, g.dilation
+        vt = "vector<16xf32>"
+        a_t = f"memref<{self.input_size}xf32>"
+        w_t = f"memref<{self.taps * cp}xf32>"
+        v_t = f"memref<{cp}xf32>"
+        c_t = f"memref<{self.m * cp}xf32>"
+        out: list[str] = []
+        e = out.append
+        name = self.name
+        e(f"stream.executable private @{name} {{")
+        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
+        e(f"    %x = arith.constant {g.n * oh} : index")
+        e("    %one = arith.constant 1 : index")
+        e("    stream.return %x, %one, %one : index, index, index")
+        e("  }")
+        e("  builtin.module {")
+        binds = ["%a", "%w", *(f"%{s}" for s in self.epilogue if s != "relu"), "%c"]
+        e(f"    func.func @{name}(" + ", ".join(f"{b}: !stream.binding" for b in binds) + ") {")
+        p = "      "
+        for const in sorted({0, 16, _PIXELS, cp, ow}):
+            e(f"{p}%c{const} = arith.constant {const} : index")
+        e(f"{p}%ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}")
+        e(f"{p}%mw = stream.binding.subspan %w[%c0] : !stream.binding -> {w_t}")
+        e(f"{p}%mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}")
+        if self.scale:
+            e(f"{p}%mscale = stream.binding.subspan %scale[%c0] : !stream.binding -> {v_t}")
+        if self.shift:
+            e(f"{p}%mshift = stream.binding.subspan %shift[%c0] : !stream.binding -> {v_t}")
+        e(f"{p}%zero = arith.constant dense<0.0> : {vt}")
+        e(f"{p}%wg = stream.dispatch.workgroup.id[0] : index")
+        e(f"{p}%oy = affine.apply affine_map<()[s0] -> (s0 mod {oh})>()[%wg]")
+        e(f"{p}%img = affine.apply affine_map<()[s0] -> (s0 floordiv {oh})>()[%wg]")
+        e(f"{p}scf.for %cb = %c0 to %c{cp} step %c16 {{")
+        q = p + "  "
+        if self.scale:
+            e(f"{q}%sv = vector.load %mscale[%cb] : {v_t}, {vt}")
+        if self.shift:
+            e(f"{q}%bv = vector.load %mshift[%cb] : {v_t}, {vt}")
+        e(f"{q}scf.for %oxb = %c0 to %c{ow} step %c{_PIXELS} {{")
+        r = q + "  "
+        for i in range(_PIXELS):  # the row's last pixels: the last one again
+            e(f"{r}%ox{i} = affine.min affine_map<()[s0] -> (s0 + {i}, {ow - 1})>()[%oxb]")
+        accs = ["%zero"] * _PIXELS
+        for ky in range(g.kh):
+            for kx in range(g.kw):
+                t = ky * g.kw + kx
+                e(f"{r}%wo{t} = affine.apply affine_map<()[s0] -> (s0 + {t * cp})>()[%cb]")
+                e(f"{r}%wv{t} = vector.load %mw[%wo{t}] : {w_t}, {vt}")
+                for i in range(_PIXELS):
+                    e(
+                        f"{r}%xo{t}_{i} = affine.apply affine_map<()[s0, s1, s2, s3] -> "
+                        f"(((s0 * {hp} + s1 * {sh} + {ky * dh}) * {wp} + s2 * {sw} + {kx * dw})"
+                        f" * {cp} + s3)>()[%img, %oy, %ox{i}, %cb]"
+                    )
+                    e(f"{r}%xv{t}_{i} = vector.load %ma[%xo{t}_{i}] : {a_t}, {vt}")
+                    e(f"{r}%acc{t}_{i} = vector.fma %xv{t}_{i}, %wv{t}, {accs[i]} : {vt}")
+                    accs[i] = f"%acc{t}_{i}"
+        for i in range(_PIXELS):
+            v = accs[i]
+            if self.scale:
+                e(f"{r}%ys{i} = arith.mulf {v}, %sv : {vt}")
+                v = f"%ys{i}"
+            if self.shift:
+                e(f"{r}%yb{i} = arith.addf {v}, %bv : {vt}")
+                v = f"%yb{i}"
+            if self.relu:
+                e(f"{r}%yr{i} = arith.maximumf {v}, %zero : {vt}")
+                v = f"%yr{i}"
+            e(
+                f"{r}%co{i} = affine.apply affine_map<()[s0, s1, s2] -> ((s0 * {ow} + s1) * {cp} + s2)>"
+                f"()[%wg, %ox{i}, %cb]"
+            )
+            e(f"{r}vector.store {v}, %mc[%co{i}] : {c_t}, {vt}")
+        e(f"{q}}}")
+        e(f"{p}}}")
+        e(f"{p}return")
+        e("    }")
+        e("  }")
+        e("}")
+        return "\n".join(out)
