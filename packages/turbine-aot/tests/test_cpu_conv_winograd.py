@@ -194,6 +194,39 @@ def test_weights_from_an_archive(monkeypatch, tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+_GLOBAL_AFTER_ITS_USE = """
+module {
+  util.global private @p = #flow.parameter.named<"model"::"w"> : tensor<16xf32>
+  %(function)s
+  util.global private @g : tensor<16xf32>
+  util.initializer {
+    %%w = util.global.load @p : tensor<16xf32>
+    %%w2 = arith.mulf %%w, %%w : tensor<16xf32>
+    util.global.store %%w2, @g : tensor<16xf32>
+    util.return
+  }
+  %(after)s
+}
+"""
+_USE = """func.func @main(%x: tensor<16xf32>) -> tensor<16xf32> {
+    %g = util.global.load @g : tensor<16xf32>
+    %r = arith.addf %x, %g : tensor<16xf32>
+    return %r : tensor<16xf32>
+  }"""
+
+
+def test_iree_fails_a_global_an_initializer_stores_where_a_function_using_it_comes_first():
+    """Pins the IREE 3.13 bug that the transformed weights' placement works around (before
+    the module's functions: ``TopLevel.append(before_functions=True)``): this test fails once
+    IREE compiles the first order, and the workaround can go."""
+    from iree.compiler import CompilerToolError, compile_str
+
+    flags = dict(target_backends=["llvm-cpu"])
+    with pytest.raises(CompilerToolError, match="failed to legalize unresolved target"):
+        compile_str(_GLOBAL_AFTER_ITS_USE % {"function": _USE, "after": ""}, **flags)
+    assert compile_str(_GLOBAL_AFTER_ITS_USE % {"function": "", "after": _USE}, **flags)
+
+
 # ---------------------------------------------------------------------------------- numerics
 _GEOMETRIES = {
     # name: (C, F, padding, bias, batch, H, W)
