@@ -17,7 +17,8 @@ GFLOP/s. Two rewrites of the torch-dialect op, before the kernel's rewrite match
   order of the additions. The dense weight is a function of the weight alone: IREE's constant
   hoisting builds it once, at load. Convolutions of more groups (``G`` above
   :data:`MAX_GROUPS`) are not made dense, the blow-up would outgrow the gain: depthwise ones
-  go to the depthwise kernel (:mod:`.depthwise`), the others keep IREE's code.
+  and those of up to 16 channels a group go to the depthwise kernel (:mod:`.depthwise`), the
+  others keep IREE's code.
 
 Only fp32, not transposed, static shapes, where the direct-convolution kernel is the choice
 (``rewrites.module_for_compile``); the exported IR is not changed.

@@ -104,11 +104,11 @@ def _pair(values: list[int] | None) -> tuple[int, int] | None:
     return (values[0], values[-1])
 
 
-def conv_geometry(op: Any, depthwise: bool = False) -> Conv | None:
+def conv_geometry(op: Any, grouped: bool = False) -> Conv | None:
     """The geometry of a 2-D fp32 NCHW convolution of groups 1, not transposed, with static
-    channels and spatial sizes (the batch may be dynamic), else ``None``. ``depthwise``: of a
-    depthwise one instead (groups = channels = filters, more than one: weight ``[C, 1, KH,
-    KW]``), whose ``f`` is ``c``."""
+    channels and spatial sizes (the batch may be dynamic), else ``None``. ``grouped``: of a
+    grouped one instead, more than one group and as many filters as channels (weight ``[C,
+    C / G, KH, KW]``; depthwise: ``[C, 1, KH, KW]``), whose ``f`` is ``c``."""
     operands = list(op.operands)
     if op.name == _CONV2D and len(operands) == 7:
         x, w, b, stride, padding, dilation, groups = operands
@@ -120,10 +120,11 @@ def conv_geometry(op: Any, depthwise: bool = False) -> Conv | None:
         return None
     xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
     channels = xt.sizes[1] if xt is not None and len(xt.sizes) == 4 else None
-    if depthwise:
-        if channels is None or channels < 2 or constant(groups) != channels:
+    g = constant(groups)
+    if grouped:
+        if not isinstance(g, int) or channels is None or g < 2 or channels % g:
             return None
-    elif constant(groups) != 1:
+    elif g != 1:
         return None
     if xt is None or wt is None or rt is None or not (xt.dtype == wt.dtype == rt.dtype == "f32"):
         return None
@@ -148,7 +149,7 @@ def conv_geometry(op: Any, depthwise: bool = False) -> Conv | None:
     n = xt.sizes[0]
     c, h, wi = (int(v) for v in xt.sizes[1:])  # type: ignore[arg-type]
     f, wc, kh, kw = (int(v) for v in wt.sizes)  # type: ignore[arg-type]
-    if (wc, f) != ((1, c) if depthwise else (c, f)):
+    if (wc, f) != ((c // g, c) if grouped else (c, f)):
         return None
     oh = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
     ow = (wi + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1

@@ -1,5 +1,6 @@
 """The AVX-512 depthwise-convolution kernel (fp32, channels-last), for the AVX-512 path's
-depthwise convolutions (groups = channels = filters; MobileNet, EfficientNet, ConvNeXt, RegNet);
+depthwise convolutions (groups = channels = filters; MobileNet, EfficientNet, ConvNeXt) and
+grouped ones of up to 16 channels a group with as many filters as channels (RegNet's);
 :mod:`.direct_convs` rewrites them onto it (docs/performance.md, section 14).
 
 IREE 3.13 compiles a depthwise convolution for CPUs into a dispatch that ran MobileNetV3's at
@@ -30,14 +31,19 @@ _PIXELS = 4
 
 @dataclass(frozen=True)
 class DepthwiseConv:
-    """One depthwise-convolution executable for a static geometry ``g`` (``g.f == g.c``).
+    """One depthwise (or grouped) convolution executable for a static geometry ``g``
+    (``g.f == g.c``).
 
     Attributes:
+        group_width: channels per group, in and out (1: depthwise; a divisor of 16, so that
+            no group straddles two vectors: the input vector is shuffled so that each output
+            lane sees its group's ``j``-th input channel, one FMA per ``j``).
         scale, shift, relu: the epilogue (:mod:`.epilogues`): ``* scale[c]``, ``+ shift[c]``
             (each a ``Cp``-float operand), then ``max(., 0)``.
     """
 
     g: Conv
+    group_width: int = 1
     scale: bool = False
     shift: bool = False
     relu: bool = False
@@ -49,6 +55,8 @@ class DepthwiseConv:
     def __post_init__(self) -> None:
         if self.g.n is None or self.g.f != self.g.c:
             raise ValueError(f"depthwise kernel: static batch and F == C needed: {self.g}")
+        if 16 % self.group_width or self.g.c % self.group_width:
+            raise ValueError(f"depthwise kernel: group width {self.group_width} for {self.g}")
 
     @property
     def np_(self) -> int:
@@ -91,13 +99,16 @@ class DepthwiseConv:
         return (
             f"__turbine_avx512_f32_dwconv_n{g.n}_c{self.np_}_h{g.h}_w{g.w}_k{g.kh}x{g.kw}"
             f"_s{g.stride[0]}x{g.stride[1]}_p{g.padding[0]}x{g.padding[1]}"
-            f"_d{g.dilation[0]}x{g.dilation[1]}" + "".join(f"_{s}" for s in self.epilogue)
+            f"_d{g.dilation[0]}x{g.dilation[1]}"
+            + (f"_gw{self.group_width}" if self.group_width > 1 else "")
+            + "".join(f"_{s}" for s in self.epilogue)
         )
 
     def dispatch(self, a: str, w: str, *extra: str) -> str:
         """The ``flow.dispatch``: ``a`` the padded channels-last input (1-D, ``Cp``
         channels), ``w`` the packed weight (``KH * KW * Cp``), ``extra`` the scale and shift
-        (``Cp`` each, as the epilogue has them) -> ``tensor<M x Cp x f32>``."""
+        (``Cp`` each, as the epilogue has them) -> ``tensor<M x Cp x f32>``. The weight is
+        ``[KH * KW, group_width, Cp]``: tap, input channel within the group, output channel."""
         vec_t = f"tensor<{self.np_}xf32>"
         wanted = [s for s in self.epilogue if s != "relu"]
         if len(extra) != len(wanted):
@@ -106,7 +117,7 @@ class DepthwiseConv:
         types = ", ".join(
             [
                 f"tensor<{self.input_size}xf32>",
-                f"tensor<{self.taps * self.np_}xf32>",
+                f"tensor<{self.taps * self.group_width * self.np_}xf32>",
                 *([vec_t] * len(extra)),
             ]
         )
@@ -123,7 +134,8 @@ class DepthwiseConv:
         (sh, sw), (dh, dw) = g.stride, g.dilation
         vt = "vector<16xf32>"
         a_t = f"memref<{self.input_size}xf32>"
-        w_t = f"memref<{self.taps * cp}xf32>"
+        gw = self.group_width
+        w_t = f"memref<{self.taps * gw * cp}xf32>"
         v_t = f"memref<{cp}xf32>"
         c_t = f"memref<{self.m * cp}xf32>"
         out: list[str] = []
@@ -166,8 +178,7 @@ class DepthwiseConv:
         for ky in range(g.kh):
             for kx in range(g.kw):
                 t = ky * g.kw + kx
-                e(f"{r}%wo{t} = affine.apply affine_map<()[s0] -> (s0 + {t * cp})>()[%cb]")
-                e(f"{r}%wv{t} = vector.load %mw[%wo{t}] : {w_t}, {vt}")
+                xs = []
                 for i in range(_PIXELS):
                     e(
                         f"{r}%xo{t}_{i} = affine.apply affine_map<()[s0, s1, s2, s3] -> "
@@ -175,8 +186,22 @@ class DepthwiseConv:
                         f" * {cp} + s3)>()[%img, %oy, %ox{i}, %cb]"
                     )
                     e(f"{r}%xv{t}_{i} = vector.load %ma[%xo{t}_{i}] : {a_t}, {vt}")
-                    e(f"{r}%acc{t}_{i} = vector.fma %xv{t}_{i}, %wv{t}, {accs[i]} : {vt}")
-                    accs[i] = f"%acc{t}_{i}"
+                    xs.append(f"%xv{t}_{i}")
+                for j in range(gw):
+                    e(
+                        f"{r}%wo{t}_{j} = affine.apply affine_map<()[s0] -> "
+                        f"(s0 + {(t * gw + j) * cp})>()[%cb]"
+                    )
+                    e(f"{r}%wv{t}_{j} = vector.load %mw[%wo{t}_{j}] : {w_t}, {vt}")
+                    # lane l: its group's j-th input channel, (l - l mod gw) + j
+                    mask = ", ".join(str(lane - lane % gw + j) for lane in range(16))
+                    for i in range(_PIXELS):
+                        x = xs[i]
+                        if gw > 1:
+                            e(f"{r}%xs{t}_{j}_{i} = vector.shuffle {x}, {x} [{mask}] : {vt}, {vt}")
+                            x = f"%xs{t}_{j}_{i}"
+                        e(f"{r}%acc{t}_{j}_{i} = vector.fma {x}, %wv{t}_{j}, {accs[i]} : {vt}")
+                        accs[i] = f"%acc{t}_{j}_{i}"
         for i in range(_PIXELS):
             v = accs[i]
             if self.scale:

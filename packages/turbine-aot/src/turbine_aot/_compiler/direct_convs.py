@@ -32,8 +32,10 @@ per tile position, an output transform with the same epilogues and padded output
 initializer computes at load from the weight's global (:func:`_winograd_weight`); a weight the
 program computes keeps the direct kernel.
 
-Depthwise convolutions (groups = channels = filters: MobileNet's, EfficientNet's, ConvNeXt's)
-go to :mod:`.depthwise`'s kernel (:func:`depthwise_convs`, :func:`_depthwise_function`), fp32
+Depthwise convolutions (groups = channels = filters: MobileNet's, EfficientNet's, ConvNeXt's),
+and grouped ones with as many filters as channels and up to 16 channels a group (RegNet's; those
+of at most 8 groups are made dense before, by :mod:`.conv_forms`), go to :mod:`.depthwise`'s
+kernel (:func:`depthwise_convs`, :func:`_depthwise_function`), fp32
 whatever the precision, with a batch norm or per-channel steps and a ReLU in its store.
 
 ``precision="bf16"`` gives the kernel's bf16 form: the padded input is converted to bf16 in the
@@ -68,7 +70,7 @@ from .epilogues import (
     same_shape_add,
 )
 from .matmuls import mark_cpu_requires
-from .torch_ir import Builder, TensorType, TopLevel, producer, walk
+from .torch_ir import Builder, TensorType, TopLevel, constant, producer, walk
 from .winograd import WinogradConv, winograd_choice
 
 __all__ = ["depthwise_convs", "direct_convs", "rewrite_convs_avx512"]
@@ -90,14 +92,20 @@ def direct_convs(module_op: Any) -> list[Any]:
     return [o for o in walk(op) if o.name in _CONV_OPS and _spec(o) is not None]
 
 
-def _depthwise_spec(op: Any) -> Conv | None:
-    g = conv_geometry(op, depthwise=True)
-    return g if g is not None and g.n is not None else None
+def _depthwise_spec(op: Any) -> tuple[Conv, int] | None:
+    """``(geometry, channels per group)`` of a depthwise convolution, or a grouped one with as
+    many filters as channels and a group width dividing 16, else None."""
+    g = conv_geometry(op, grouped=True)
+    if g is None or g.n is None:
+        return None
+    width = g.c // int(constant(list(op.operands)[-1]))
+    return (g, width) if 16 % width == 0 else None
 
 
 def depthwise_convs(module_op: Any) -> list[Any]:
-    """The depthwise convolutions of ``module_op`` that :func:`rewrite_convs_avx512` puts on
-    the depthwise kernel (fp32, static shapes; :mod:`.depthwise`)."""
+    """The depthwise (and narrow grouped) convolutions of ``module_op`` that
+    :func:`rewrite_convs_avx512` puts on the depthwise kernel (fp32, static shapes;
+    :mod:`.depthwise`)."""
     op = getattr(module_op, "operation", module_op)
     return [o for o in walk(op) if o.name in _CONV_OPS and _depthwise_spec(o) is not None]
 
@@ -292,15 +300,17 @@ def _depthwise_function(
     bn_eps: float | None = None,
     affine: list[tuple[str, list[Any]]] | None = None,
 ) -> str:
-    """The private function computing a depthwise convolution on :mod:`.depthwise`'s kernel:
-    ``(%x NCHW, %w [C, 1, KH, KW][, %b], epilogue parameters as :func:`_function`'s) -> NCHW``.
-    The input is written once channels-last, zero-padded (rows, columns, and channels to
-    whole vectors); the weight packed once (constant hoisting) as ``[KH * KW, Cp]``."""
+    """The private function computing a depthwise (or grouped) convolution on
+    :mod:`.depthwise`'s kernel: ``(%x NCHW, %w [C, gw, KH, KW][, %b], epilogue parameters as
+    :func:`_function`'s) -> NCHW``. The input is written once channels-last, zero-padded
+    (rows, columns, and channels to whole vectors); the weight packed once (constant
+    hoisting) as ``[KH * KW * gw, Cp]``."""
     g = kernel.g
     assert g.n is not None
     n, c, h, w = g.n, g.c, g.h, g.w
     cp, (ph, pw) = kernel.np_, g.padding
-    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(c, 1, g.kh, g.kw), _tensor(n, c, g.oh, g.ow)
+    gw = kernel.group_width
+    x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(c, gw, g.kh, g.kw), _tensor(n, c, g.oh, g.ow)
     f_t = _tensor(c)
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
     if bn_eps is not None:
@@ -326,16 +336,17 @@ def _depthwise_function(
     e(
         f"  %a = tensor.collapse_shape {src} [[0, 1, 2, 3]] : {src_t} into {_tensor(kernel.input_size)}"
     )
-    # the weight: [C, 1, KH, KW] -> [C, KH * KW] -> [KH * KW, C] -> pad C -> flat
-    taps = kernel.taps
-    e(f"  %wc = tensor.collapse_shape %w [[0], [1, 2, 3]] : {w_t} into {_tensor(c, taps)}")
-    e(f"  %wt_init = tensor.empty() : {_tensor(taps, c)}")
+    # the weight: [C, gw, KH, KW] -> [KH, KW, gw, C] -> [KH * KW * gw, C] -> pad C -> flat
+    rows = kernel.taps * gw
+    wt_t = _tensor(g.kh, g.kw, gw, c)
+    e(f"  %wt_init = tensor.empty() : {wt_t}")
     e(
-        f"  %wt = linalg.transpose ins(%wc : {_tensor(c, taps)}) outs(%wt_init : "
-        f"{_tensor(taps, c)}) permutation = [1, 0]"
+        f"  %wt = linalg.transpose ins(%w : {w_t}) outs(%wt_init : {wt_t}) "
+        "permutation = [2, 3, 1, 0]"
     )
-    wk, wk_t = _pad_columns(e, "%wt", taps, c, cp)
-    e(f"  %bp = tensor.collapse_shape {wk} [[0, 1]] : {wk_t} into {_tensor(taps * cp)}")
+    e(f"  %wr = tensor.collapse_shape %wt [[0, 1, 2], [3]] : {wt_t} into {_tensor(rows, c)}")
+    wk, wk_t = _pad_columns(e, "%wr", rows, c, cp)
+    e(f"  %bp = tensor.collapse_shape {wk} [[0, 1]] : {wk_t} into {_tensor(rows * cp)}")
     e("  %cm = " + kernel.dispatch("%a", "%bp", *extra))
     _results(e, kernel, out_t)
     return "\n".join(lines)
@@ -621,14 +632,15 @@ def _call_operands(
     bn: BatchNorm | None,
     affine: list[tuple[Any, str, Any]],
     residual: Any,
-    depthwise: bool = False,
+    width: int | None = None,
 ) -> tuple[list[Any], list[str]]:
     """The operands of a convolution function's call and their builtin types: the input, the
-    weight (``depthwise``: ``[C, 1, KH, KW]``), the bias if any, then what the epilogue
-    absorbed (a batch norm's parameters or the per-channel steps' ones, the residual)."""
+    weight (``width`` channels a group: ``[C, width, KH, KW]``), the bias if any, then what
+    the epilogue absorbed (a batch norm's parameters or the per-channel steps' ones, the
+    residual)."""
     assert g.n is not None
     f_t = _tensor(g.f)
-    w_t = _tensor(g.f, 1 if depthwise else g.c, g.kh, g.kw)
+    w_t = _tensor(g.f, g.c if width is None else width, g.kh, g.kw)
     types = [_tensor(g.n, g.c, g.h, g.w), w_t, f_t]
     operands = list(conv.operands)[: 3 if g.bias else 2]
     types = types[: len(operands)]
@@ -689,27 +701,31 @@ def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
     _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
 
 
-def _rewrite_depthwise(top: TopLevel, conv: Any, g: Conv, index: int, fuse: bool) -> None:
-    """Replaces the depthwise ``conv`` (and the batch norm or per-channel steps and ReLU its
-    epilogue absorbs, with ``fuse``) by a call of :func:`_depthwise_function`."""
+def _rewrite_depthwise(
+    top: TopLevel, conv: Any, g: Conv, width: int, index: int, fuse: bool
+) -> None:
+    """Replaces the depthwise (``width`` 1) or grouped ``conv`` (and the batch norm or
+    per-channel steps and ReLU its epilogue absorbs, with ``fuse``) by a call of
+    :func:`_depthwise_function`."""
     assert g.n is not None
     bn, affine, _, absorbed = _absorbed(conv, g, False) if fuse else (None, [], None, [])
     kinds = [kind for _, kind, _ in affine]
     kernel = DepthwiseConv(
         g,
+        width,
         scale=bn is not None or "mul" in kinds,
         shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
         relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
     )
-    if not fuse:
-        kernel = DepthwiseConv(g)
+    if not fuse:  # TURBINE_CPU_EPILOGUES=keep: even the bias as IREE's op
+        kernel = DepthwiseConv(g, width)
     if kernel.name not in top:
         top.append(kernel.executable())
     name = top.unique(f"{_FUNC_PREFIX}_depthwise_{index}")
     steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
     eps = bn.eps if bn is not None else None
     top.append(_depthwise_function(name, kernel, eps, steps))
-    operands, types = _call_operands(conv, g, bn, affine, None, depthwise=True)
+    operands, types = _call_operands(conv, g, bn, affine, None, width=width)
     _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
 
 
@@ -993,10 +1009,10 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
         call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
         if consumer is not None:
             padded_inputs[consumer[0]] = call.results[1]
-    depthwise = [(o, _depthwise_spec(o)) for o in depthwise_convs(op)]
-    for index, (conv, g) in enumerate(depthwise):
-        assert g is not None
-        _rewrite_depthwise(top, conv, g, index, fuse)
+    for index, conv in enumerate(depthwise_convs(op)):
+        spec = _depthwise_spec(conv)
+        assert spec is not None
+        _rewrite_depthwise(top, conv, spec[0], spec[1], index, fuse)
         any_avx512 = True
     if any_avx512:
         mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)

@@ -135,7 +135,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: most 8 register blocks of static rows prefetch their weight's next K block into L2; 36: 3x3
 #: stride-1 fp32 convolutions of at least 64 channels and 7 x 7 outputs in Winograd form
 #: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy;
-#: 37: depthwise fp32 convolutions on the AVX-512 depthwise kernel (:mod:`.depthwise`).
+#: 37: depthwise fp32 convolutions, and grouped ones of up to 16 channels a group, on the
+#: AVX-512 depthwise kernel (:mod:`.depthwise`).
 REVISION = 37
 
 _log = logging.getLogger("turbine.aot")
