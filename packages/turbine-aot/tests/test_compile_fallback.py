@@ -1,5 +1,6 @@
 """A speed-only default never turns a working compile into a failure (``_compiler.fallback``
-``compile_with_fallback``): every compile path retries without the speed-only groups and warns.
+``compile_with_fallback``): every compile path retries, first without IREE's data tiling only
+(turbine's kernel choice kept), then without every speed-only group, and warns.
 
 The forced cases make the compiler fail whenever a speed-only flag is present (the retry is a real
 compile); the real case is a program IREE 3.13 fails to compile with turbine's defaults only.
@@ -15,8 +16,15 @@ from torch import nn
 
 import turbine_aot
 from turbine_aot import runtime
-from turbine_aot._compiler.fallback import compile_with_fallback, fallback_flags
-from turbine_aot._compiler.flags import COMPILE_FLAGS_ENV, SPEED_ONLY_GROUPS, default_compile_flags
+from turbine_aot._compiler.avx512 import host_avx512_missing
+from turbine_aot._compiler.fallback import compile_with_fallback, fallback_flags, fallback_stages
+from turbine_aot._compiler.flags import (
+    COMPILE_FLAGS_ENV,
+    DATA_TILING_GROUP,
+    SPEED_ONLY_GROUPS,
+    default_compile_flags,
+)
+from turbine_aot._compiler.matmuls import cpu_matmul_kernel
 
 DATA_TILING = "--iree-opt-data-tiling=true"
 SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
@@ -59,6 +67,33 @@ def test_fallback_flags_drop_every_speed_only_group_per_target():
     assert fallback_flags(default_compile_flags("cuda", use_env=False)) is None
 
 
+def test_the_first_retry_drops_data_tiling_only_and_keeps_the_kernel_choice():
+    cpu = default_compile_flags("llvm-cpu", dynamic_shapes=True, use_env=False)
+    (first, dropped), (last, dropped_all) = fallback_stages(cpu)
+    assert dropped == [DATA_TILING_GROUP] and len(dropped_all) == 3
+    assert not set(DATA_TILING_GROUP.flags) & set(first)
+    others = [f for g in SPEED_ONLY_GROUPS[1:] for f in g.flags if f in cpu]
+    assert others and all(f in first for f in others)  # peeling, channels-last stay
+    # turbine's kernel as the first compile chose it: its default follows the ukernel flag
+    # dropped with data tiling, so the retry names it
+    assert cpu_matmul_kernel(first) == cpu_matmul_kernel(cpu)
+    pinned = [f for f in first if f.startswith("--turbine-cpu-matmul=")]
+    assert pinned == ([] if host_avx512_missing() else ["--turbine-cpu-matmul=avx512"])
+    assert last == fallback_flags(cpu)[0]  # type: ignore[index]
+    # a kernel the user chose is kept as it is
+    iree = [*cpu, "--turbine-cpu-matmul=iree"]
+    assert cpu_matmul_kernel(fallback_stages(iree)[0][0]) == "iree"
+    # the user's data tiling flag stays in the first retry as in the last
+    (first, _), (last, _) = fallback_stages(cpu, [DATA_TILING])
+    assert DATA_TILING in first and DATA_TILING in last
+    # only data tiling to drop, no kernel to pin: one retry
+    portable = default_compile_flags("llvm-cpu", host=False, use_env=False)
+    assert len(fallback_stages(portable)) == 1
+    cuda = default_compile_flags("cuda", fp32_only=True, use_env=False)
+    assert [[g.name for g in d] for _, d in fallback_stages(cuda)] == [["split-K fp32 matmuls"]]
+    assert fallback_stages(default_compile_flags("vmvx", use_env=False)) == []
+
+
 def test_compile_with_fallback_warns_and_raises_the_first_error(caplog):
     flags = default_compile_flags("llvm-cpu", use_env=False)
     calls: list[list[str]] = []
@@ -72,9 +107,25 @@ def test_compile_with_fallback_warns_and_raises_the_first_error(caplog):
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         result, used = compile_with_fallback(fails_with_tiling, flags)
     assert result == "vmfb" and used == calls[1] and DATA_TILING not in used
+    assert _speed_only(used)  # the first retry: channels-last stays
     (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert "data tiling + ukernels, channels-last convolutions" in record.getMessage()
+    assert "speed-only defaults data tiling + ukernels (" in record.getMessage()
     assert "exceeded stack allocation limit" in record.getMessage()
+
+    def fails_with_any(f):
+        calls.append(f)
+        if _speed_only(f):
+            raise RuntimeError(f"error: failed with {len(f)} flags")
+        return "vmfb"
+
+    calls.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        result, used = compile_with_fallback(fails_with_any, flags)
+    assert len(calls) == 3 and used == calls[2] and _speed_only(used) == []
+    first, second = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "kept" in first and "data tiling + ukernels, channels-last convolutions" in second
+    assert f"failed with {len(calls[1])} flags" in second  # each warning: the last failure
 
     def always_fails(f):
         raise RuntimeError(f"error: failed with {len(f)} flags")
@@ -115,8 +166,8 @@ def test_export_output_compile_falls_back(monkeypatch, caplog, tmp_path):
     model, x, eo = _export()
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         eo.compile(save_to=tmp_path / "m.vmfb")
-    assert len(forced.seen) == 2 and _speed_only(forced.seen[1]) == []
-    assert eo._last_compile_flags == forced.seen[1]
+    assert len(forced.seen) == 3 and _speed_only(forced.seen[2]) == []
+    assert eo._last_compile_flags == forced.seen[2]
     assert any("speed-only defaults" in r.getMessage() for r in caplog.records)
     m = runtime.load_module(tmp_path / "m.vmfb")
     torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
@@ -127,7 +178,7 @@ def test_user_flags_are_kept_in_the_retry(monkeypatch):
     _, _, eo = _export()
     with pytest.raises(turbine_aot.CompileError):  # the user asked for data tiling: it stays
         eo.compile(save_to=None, extra_args=[DATA_TILING])
-    assert len(forced.seen) == 2 and DATA_TILING in forced.seen[1]
+    assert len(forced.seen) == 3 and all(DATA_TILING in f for f in forced.seen)
 
 
 def test_compile_cache_and_bundle_fall_back(monkeypatch, tmp_path):
@@ -135,7 +186,7 @@ def test_compile_cache_and_bundle_fall_back(monkeypatch, tmp_path):
     model, x, eo = _export()
     cache = runtime.CompileCache(tmp_path / "cache")
     vmfb = runtime.compile_export_output(eo, cache=cache)
-    assert len(forced.seen) == 2
+    assert len(forced.seen) == 3
     m = runtime.load_module(vmfb)
     torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
     # The bundle records the flags it was compiled with.
@@ -165,7 +216,7 @@ def test_cli_compile_falls_back(monkeypatch, tmp_path, capsys, caplog):
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         rc = main(["compile", str(src), "-o", str(out), "--input-type", "torch", "--no-cache"])
     assert rc == 0 and out.is_file()
-    assert len(seen) == 2 and _speed_only(seen[1]) == []
+    assert len(seen) == 3 and _speed_only(seen[2]) == []
     assert any("speed-only defaults" in r.getMessage() for r in caplog.records)
 
 
@@ -205,8 +256,12 @@ def test_real_failure_of_the_defaults_falls_back(caplog, tmp_path, monkeypatch):
         eo.compile(save_to=tmp_path / "head.vmfb")
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "exceeded stack allocation limit" in warning
-    assert "data tiling + ukernels, channels-last convolutions" in warning
-    assert _speed_only(eo._last_compile_flags) == []
+    assert "speed-only defaults data tiling + ukernels (" in warning  # the first retry compiles
+    assert _speed_only(eo._last_compile_flags) == [
+        f
+        for f in _speed_only(default_compile_flags("llvm-cpu", use_env=False))
+        if f not in DATA_TILING_GROUP.flags
+    ]
     m = runtime.load_module(tmp_path / "head.vmfb")
     torch.testing.assert_close(m.main(x), model(x), rtol=1e-4, atol=1e-4)
 
@@ -221,3 +276,51 @@ def test_the_lraspp_head_compiles_with_the_defaults_once_its_1x1_convs_are_matmu
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
     assert DATA_TILING in eo._last_compile_flags  # no fallback
     torch.testing.assert_close(runtime.load_module(vmfb).main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+class _DynamicAttention(nn.Module):
+    """Attention as transformers' BERT writes it (separate q / k / v projections viewed as
+    heads and transposed, an additive padding mask, ``scaled_dot_product_attention``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(128, 128) for _ in range(3))
+
+    def forward(self, x, mask):
+        b, t, _ = x.shape
+        q, k, v = (p(x).view(b, t, 4, 32).transpose(1, 2) for p in (self.q, self.k, self.v))
+        m = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        return y.transpose(1, 2).reshape(b, t, 128)
+
+
+def _inputs(t: int):
+    x = torch.randn(2, t, 128)
+    mask = torch.ones(2, t, dtype=torch.int64)
+    mask[1, t - 3 :] = 0
+    return x, mask
+
+
+def test_dynamic_attention_keeps_the_kernels_and_peeling_when_data_tiling_fails(caplog, tmp_path):
+    # IREE 3.13 fails the defaults on attention over a dynamic sequence: data tiling the
+    # transposed K of the scores' batch matmul gives "'affine.delinearize_index' op no basis
+    # element may be statically non-positive" (basis 8, 0, 1). The first retry drops data
+    # tiling only: the projections stay on turbine's kernel and the loops peeled (the whole
+    # fallback made the zoo's bert-dyn-seq 2.6x slower). The warning's text pins the IREE
+    # failure: this fails once IREE compiles it, then the defaults need no retry here.
+    torch.manual_seed(0)
+    model = _DynamicAttention().eval()
+    seq = torch.export.Dim("seq", min=2, max=512)
+    eo = turbine_aot.export(model, args=_inputs(12), dynamic_shapes=({1: seq}, {1: seq}))
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        eo.compile(save_to=tmp_path / "attn.vmfb")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "delinearize_index' op no basis element may be statically non-positive" in warning
+    assert "speed-only defaults data tiling + ukernels (" in warning
+    flags = eo._last_compile_flags
+    assert "--iree-llvmcpu-vector-pproc-strategy=peel" in flags and DATA_TILING not in flags
+    assert cpu_matmul_kernel(flags) == cpu_matmul_kernel(default_compile_flags("llvm-cpu"))
+    m = runtime.load_module(tmp_path / "attn.vmfb")
+    for t in (12, 19, 64):
+        x, mask = _inputs(t)
+        torch.testing.assert_close(m.main(x, mask), model(x, mask), rtol=1e-4, atol=1e-5)

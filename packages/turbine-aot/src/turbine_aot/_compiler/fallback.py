@@ -1,6 +1,15 @@
 """The compile-with-fallback rule: a default that only buys speed must never turn a working
-compile into a failure, so a compile that fails with turbine's defaults is tried once more
-without the speed-only ones (:data:`.flags.SPEED_ONLY_GROUPS`)."""
+compile into a failure, so a compile that fails with turbine's defaults is tried again without
+the speed-only ones (:data:`.flags.SPEED_ONLY_GROUPS`), in two steps (docs/performance.md, "When
+a default makes the compile fail"):
+
+1. without IREE's data tiling and ukernels only (:data:`.flags.DATA_TILING_GROUP`: what IREE
+   3.13 fails on most), keeping the other groups and turbine's own CPU kernels as the first
+   compile chose them (``--turbine-cpu-matmul=avx512`` pins them: their default follows the
+   ukernel flag);
+2. then without every speed-only group, with the kernels the flags then choose.
+
+Step 1 is skipped where it would be step 2."""
 
 from __future__ import annotations
 
@@ -8,10 +17,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .flags import SPEED_ONLY_GROUPS, SpeedOnlyGroup, flag_key
+from .flags import DATA_TILING_GROUP, SPEED_ONLY_GROUPS, SpeedOnlyGroup, flag_key
 from .targets import flag_targets
 
-__all__ = ["compile_with_fallback", "fallback_flags", "retry_flags"]
+__all__ = ["compile_with_fallback", "fallback_flags", "fallback_stages", "retry_flags"]
 
 T = TypeVar("T")
 
@@ -45,10 +54,34 @@ def fallback_flags(
 
 
 def retry_flags(flags: Sequence[str], user_flags: Sequence[str]) -> list[str] | None:
-    """The flags to compile with again after ``flags`` failed, or ``None``
-    (:func:`fallback_flags` without the dropped groups)."""
+    """The flags of the last retry after ``flags`` failed (every speed-only group dropped), or
+    ``None`` (:func:`fallback_flags` without the dropped groups)."""
     fb = fallback_flags(flags, user_flags)
     return None if fb is None else fb[0]
+
+
+def fallback_stages(
+    flags: Sequence[str], user_flags: Sequence[str] = ()
+) -> list[tuple[list[str], list[SpeedOnlyGroup]]]:
+    """The retries after ``flags`` failed, in order: ``(flags, groups dropped)`` each (the
+    module docstring's two steps; empty when nothing can be dropped)."""
+    from .matmuls import CPU_MATMUL_FLAG, cpu_matmul_kernel
+
+    full = fallback_flags(flags, user_flags)
+    if full is None:
+        return []
+    stages: list[tuple[list[str], list[SpeedOnlyGroup]]] = []
+    if DATA_TILING_GROUP in full[1]:
+        user_keys = {flag_key(f) for f in user_flags}
+        drop = {f for f in DATA_TILING_GROUP.flags if flag_key(f) not in user_keys}
+        first = [f for f in flags if f not in drop]
+        kernel = cpu_matmul_kernel(flags)
+        if cpu_matmul_kernel(first) != kernel:
+            first.append(f"{CPU_MATMUL_FLAG}={kernel}")
+        if first != full[0]:
+            stages.append((first, [DATA_TILING_GROUP]))
+    stages.append(full)
+    return stages
 
 
 def compile_with_fallback(
@@ -59,12 +92,14 @@ def compile_with_fallback(
     errors: tuple[type[BaseException], ...] = (Exception,),
     logger: logging.Logger | None = None,
 ) -> tuple[T, list[str]]:
-    """Calls ``compile_fn(flags)``; if it fails, once more without the speed-only defaults.
+    """Calls ``compile_fn(flags)``; if it fails, again without speed-only defaults
+    (:func:`fallback_stages`: first without data tiling, then without every group).
 
     The rule for every compile path (``ExportOutput.compile``, ``turbine-aot compile``/``bundle``,
     the compile cache): a speed-only default (:data:`SPEED_ONLY_GROUPS`) must never turn a
-    working compile into a failure. The retry logs a warning naming the groups and flags dropped.
-    When the retry fails too, the first error is raised (it is the one for the flags asked for).
+    working compile into a failure. Each retry logs a warning naming the groups and flags
+    dropped. When every retry fails too, the first error is raised (it is the one for the flags
+    asked for).
 
     Args:
         compile_fn: compiles with the given flags; raises one of ``errors`` on failure.
@@ -77,25 +112,29 @@ def compile_with_fallback(
         ``(result, the flags it was compiled with)``.
     """
     flags = list(flags)
+    log = logger or logging.getLogger("turbine.aot")
     try:
         return compile_fn(flags), flags
     except errors as first:
-        fb = fallback_flags(flags, user_flags)
-        if fb is None:
+        stages = fallback_stages(flags, user_flags)
+        if not stages:
             raise
-        retry, dropped = fb
-        (logger or logging.getLogger("turbine.aot")).warning(
-            "compiling with turbine's default flags failed (%s); compiling again without the "
-            "speed-only defaults %s (%s). The module works but may be slower; pass those flags "
-            "yourself to see the failure.",
-            _first_line(first),
-            ", ".join(g.name for g in dropped),
-            " ".join(f for f in flags if f not in retry),
-        )
-        try:
-            return compile_fn(retry), retry
-        except errors:
-            raise first from None
+        error: BaseException = first
+        for i, (retry, dropped) in enumerate(stages):
+            log.warning(
+                "compiling with turbine's default flags failed (%s); compiling again without "
+                "the speed-only defaults %s (%s)%s. The module works but may be slower; pass "
+                "those flags yourself to see the failure.",
+                _first_line(error),
+                ", ".join(g.name for g in dropped),
+                " ".join(f for f in flags if f not in retry),
+                "" if i == len(stages) - 1 else "; the others and turbine's kernel choice kept",
+            )
+            try:
+                return compile_fn(retry), retry
+            except errors as e:
+                error = e
+        raise first from None
 
 
 def _first_line(error: BaseException) -> str:

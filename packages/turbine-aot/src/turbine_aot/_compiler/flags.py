@@ -27,6 +27,7 @@ from .traits import NO_TRAITS, ProgramTraits
 __all__ = [
     "COMPILE_FLAGS_ENV",
     "CUDA_FP32_SPLIT_K_FLAG",
+    "DATA_TILING_GROUP",
     "KEEP_FLOAT64_FLAG",
     "SPEED_ONLY_GROUPS",
     "SpeedOnlyGroup",
@@ -276,12 +277,14 @@ class SpeedOnlyGroup:
 #: compiled again without every group it holds (unless the user named the flags): a default that
 #: is only a speed-up must never turn a working compile into a failure. Target selection
 #: (device, ``--iree-llvmcpu-target-cpu``, ``--iree-cuda-target``) is not speed only and stays.
+#: IREE's data tiling and ukernels, the group a failed compile drops first (:mod:`.fallback`).
+DATA_TILING_GROUP = SpeedOnlyGroup(
+    "data tiling + ukernels",
+    _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS,
+    ("llvm-cpu",),
+)
 SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
-    SpeedOnlyGroup(
-        "data tiling + ukernels",
-        _CPU_FAST_MATMUL_FLAGS + _CPU_CONV_DATA_TILING_FLAGS,
-        ("llvm-cpu",),
-    ),
+    DATA_TILING_GROUP,
     SpeedOnlyGroup("channels-last convolutions", (_CHANNELS_LAST_FLAG,), ("llvm-cpu",)),
     SpeedOnlyGroup("peeled dynamic vector loops", _CPU_DYNAMIC_SHAPE_FLAGS, ("llvm-cpu",)),
     SpeedOnlyGroup("split-K fp32 matmuls", (CUDA_FP32_SPLIT_K_FLAG,), ("cuda",)),
