@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from .flags import DATA_TILING_GROUP, SPEED_ONLY_GROUPS, SpeedOnlyGroup, flag_key
+from .matmuls import CPU_MATMUL_FLAG, cpu_matmul_kernel
 from .targets import flag_targets
 
 __all__ = ["compile_with_fallback", "fallback_flags", "fallback_stages", "retry_flags"]
@@ -65,8 +66,6 @@ def fallback_stages(
 ) -> list[tuple[list[str], list[SpeedOnlyGroup]]]:
     """The retries after ``flags`` failed, in order: ``(flags, groups dropped)`` each (the
     module docstring's two steps; empty when nothing can be dropped)."""
-    from .matmuls import CPU_MATMUL_FLAG, cpu_matmul_kernel
-
     full = fallback_flags(flags, user_flags)
     if full is None:
         return []

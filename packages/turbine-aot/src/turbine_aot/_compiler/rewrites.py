@@ -71,7 +71,13 @@ from .matmuls import (
     rewritable_matmuls,
     rewrite_matmuls_avx512,
 )
-from .pools import CPU_POOLS_ENV, max_pools, rewrite_max_pools_nhwc
+from .pools import (
+    CPU_POOLS_ENV,
+    global_avg_pools,
+    max_pools,
+    rewrite_global_avg_pools,
+    rewrite_max_pools_nhwc,
+)
 from .quant_absmax import abs_max_patterns, rewrite_abs_max
 from .quant_int8_matmuls import (
     CPU_INT8_MATMUL_ENV,
@@ -136,8 +142,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: stride-1 fp32 convolutions of at least 64 channels and 7 x 7 outputs in Winograd form
 #: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy;
 #: 37: depthwise fp32 convolutions, and grouped ones of up to 16 channels a group, on the
-#: AVX-512 depthwise kernel (:mod:`.depthwise`).
-REVISION = 37
+#: AVX-512 depthwise kernel (:mod:`.depthwise`); 38: global average poolings as means
+#: (:mod:`.pools`).
+REVISION = 38
 
 _log = logging.getLogger("turbine.aot")
 
@@ -222,6 +229,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
     keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
     pools = direct and not keep_pools and bool(max_pools(op))
+    # global average poolings as means (torch-mlir's adaptive pooling gathers every element)
+    means = targets == {"llvm-cpu"} and not keep_pools and bool(global_avg_pools(op))
     # torchao's activation scale as one reduction (exact) wherever the CPU compiles it
     absmax = targets_only_cpu(flags) and bool(abs_max_patterns(op))
     # fp32 softmaxes (the model's, and those the attention rewrite writes) in a form IREE does
@@ -242,6 +251,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or int8
         or w4a8
         or direct
+        or means
         or absmax
     ):
         return module_op, False
@@ -255,6 +265,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if shared_globals:
         count = separate_shared_globals(copy)
         _log.info("%d mutable global(s) sharing an initial value given their own storage", count)
+    if means:
+        count = rewrite_global_avg_pools(copy)
+        _log.info("llvm-cpu target: %d global average pooling(s) as means", count)
     if reform:
         count = reform_convs(copy)
         _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
