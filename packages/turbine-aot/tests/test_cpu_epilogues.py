@@ -173,6 +173,79 @@ class _Affine(torch.nn.Module):
         return self.c2(y) * self.invstd + self.shift
 
 
+class _Activated(torch.nn.Module):
+    """MobileNetV3's (hardswish) or EfficientNet's (SiLU) activations: a strided convolution +
+    batch norm + activation read only by a padded strided 3x3 convolution + batch norm +
+    activation (not Winograd's), then a depthwise one + batch norm + activation, then a 1x1
+    projection (no activation)."""
+
+    def __init__(self, act: str = "hardswish"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.act = getattr(torch.nn.functional, act)
+        self.c1, self.b1 = torch.nn.Conv2d(16, 64, 3, 2, 1, bias=False), _bn(64)
+        self.c2, self.b2 = torch.nn.Conv2d(64, 64, 3, 2, 1, bias=False), _bn(64)
+        self.dw, self.b3 = torch.nn.Conv2d(64, 64, 3, 1, 1, groups=64, bias=False), _bn(64)
+        self.proj = torch.nn.Conv2d(64, 24, 1)
+
+    def forward(self, x):
+        y = self.act(self.b2(self.c2(self.act(self.b1(self.c1(x))))))
+        return self.proj(self.act(self.b3(self.dw(y))))
+
+
+def test_hardswish_is_absorbed_into_the_direct_and_depthwise_kernels(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_Activated().eval(), args=(torch.randn(1, 16, 16, 16),))
+    asm = compile_copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        # c1: its output read only by c2 (padding 1), so written padded, hardswish'd
+        r"stream.executable private @__turbine_avx512_f32_conv_n1_c16_h16_w16_f64_k3x3_\w+"
+        r"_scale_shift_hardswish_opad1x1 ",
+        # torch's hardswish in the order IREE computes it: min(max(x + 3, 0), 6) / 6 * x
+        r"arith.addf %\w+, %\w+ : vector<16xf32>",
+        r"arith.maximumf %\w+, %\w+ : vector<16xf32>",
+        r"arith.minimumf %\w+, %\w+ : vector<16xf32>",
+        r"arith.divf %\w+, %\w+ : vector<16xf32>",
+        r"arith.mulf %\w+, %\w+ : vector<16xf32>",
+        r"stream.executable private @__turbine_avx512_f32_conv_n1_c64_h8_w8_f64_k3x3_\w+"
+        r"_scale_shift_hardswish ",
+    )
+    assert (
+        "@__turbine_avx512_f32_dwconv_n1_c64_h4_w4_k3x3_s1x1_p1x1_d1x1_scale_shift_hardswish" in asm
+    )
+    main = _main(asm)
+    assert "torch.aten.hardswish" not in main and "torch.aten.batch_norm" not in main
+    monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
+    assert _main(compile_copy_asm(eo, _flags())).count("torch.aten.hardswish") == 3
+    # the Winograd form takes no hardswish: it stays IREE's after that kernel
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES")
+    wide = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, 1, 1), torch.nn.Hardswish()).eval()
+    main = _main(compile_copy_asm(export(wide, args=(torch.randn(1, 64, 14, 14),)), _flags()))
+    assert "call @__turbine_avx512_conv_0(" in main and "torch.aten.hardswish" in main
+
+
+def test_silu_is_absorbed_as_iree_computes_it(monkeypatch):
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+    eo = export(_Activated("silu").eval(), args=(torch.randn(1, 16, 16, 16),))
+    asm = compile_copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        r"stream.executable private @__turbine_avx512_f32_conv_n1_c16_h16_w16_f64_k3x3_\w+"
+        r"_scale_shift_silu_opad1x1 ",
+        # 1 / (1 + exp(-x)) * x, as IREE compiles torch-mlir's SiLU
+        r"arith.negf %\w+ : vector<16xf32>",
+        r"math.exp %\w+ : vector<16xf32>",
+        r"arith.addf %\w+, %\w+ : vector<16xf32>",
+        r"arith.divf %\w+, %\w+ : vector<16xf32>",
+        r"arith.mulf %\w+, %\w+ : vector<16xf32>",
+    )
+    assert "_dwconv_n1_c64_h4_w4_k3x3_s1x1_p1x1_d1x1_scale_shift_silu" in asm
+    assert "torch.aten.silu" not in _main(asm)
+
+
 def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
@@ -254,8 +327,24 @@ def test_a_conv_output_used_twice_is_not_absorbed(monkeypatch):
         (_ConvUsedTwice, (1, 16, 8, 8)),  # nothing absorbed
         (_Affine, (1, 32, 9, 9)),  # a decomposed batch norm, a scale and shift alone
         (lambda: _Affine(bias=True), (2, 32, 5, 7)),
+        (_Activated, (1, 16, 16, 16)),  # hardswish in the direct and depthwise kernels
+        (_Activated, (2, 16, 11, 9)),
+        (lambda: _Activated("silu"), (1, 16, 16, 16)),  # SiLU
+        (lambda: _Activated("silu"), (2, 16, 11, 9)),
     ],
-    ids=["block", "bias", "downsample", "padded-channels", "used-twice", "affine", "affine-bias"],
+    ids=[
+        "block",
+        "bias",
+        "downsample",
+        "padded-channels",
+        "used-twice",
+        "affine",
+        "affine-bias",
+        "hardswish",
+        "hardswish-odd",
+        "silu",
+        "silu-odd",
+    ],
 )
 def test_fused_convolutions_match_eager(model, x, monkeypatch):
     module = model().eval()

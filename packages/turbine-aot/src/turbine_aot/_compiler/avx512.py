@@ -34,11 +34,14 @@ from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [
+    "ACTIVATIONS",
     "AVX512_BF16_FEATURES",
     "AVX512_FEATURES",
     "MATMUL_PREFETCH_ENV",
     "Avx512Gemm",
     "emit_accumulator_init",
+    "emit_activation",
+    "emit_activation_constants",
     "emit_epilogue",
     "fma",
     "host_avx512_bf16_missing",
@@ -97,17 +100,21 @@ def emit_epilogue(
     bias: str | None = None,
     residual: str | None = None,
     relu: bool = False,
+    activation: str | None = None,
 ) -> list[str]:
     """Emits ``%out``: the ``rows`` x ``nv`` accumulators ``values`` to store: on the last
     reduction block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type),
     plus ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]``
     (``residual``), then at least zero (``relu``: ``arith.maximumf``, as torch's ReLU: NaN
-    stays NaN, -0.0 becomes 0.0); on the others as they are. Returns the names of the stored
-    values. Shared by the matmul and the direct-convolution kernels (:mod:`.epilogues`)."""
+    stays NaN, -0.0 becomes 0.0) or ``activation`` (:func:`emit_activation`); on the others
+    as they are. Returns the names of the stored values. Shared by the matmul and the
+    direct-convolution kernels (:mod:`.epilogues`)."""
     vt = "vector<16xf32>"
     n = rows * nv
     types = ", ".join([vt] * n)
     e(f"{p}%out:{n} = scf.if %last -> ({types}) {{")
+    if activation:
+        emit_activation_constants(e, p + "  ")
     outs = []
     for j in range(nv):
         if scale:
@@ -130,12 +137,50 @@ def emit_epilogue(
             if relu:
                 e(f"{p}  %er{r}_{j} = arith.maximumf {v}, %zero : {vt}")
                 v = f"%er{r}_{j}"
+            if activation:
+                v = emit_activation(e, p + "  ", v, f"{r}_{j}", activation)
             outs.append(v)
     e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
     e(f"{p}}} else {{")
     e(f"{p}  scf.yield " + ", ".join(values) + f" : {types}")
     e(f"{p}}}")
     return [f"%out#{i}" for i in range(n)]
+
+
+#: The epilogue steps that take no operand: the activations a kernel's store may apply.
+ACTIVATIONS = ("relu", "hardswish", "silu")
+
+
+def emit_activation_constants(e: Any, p: str) -> None:
+    """Emits the vectors :func:`emit_activation` uses (``%act_zero``, ``%act_one``,
+    ``%act_three``, ``%act_six``), in the region where it is called."""
+    vt = "vector<16xf32>"
+    for name, value in (("zero", 0.0), ("one", 1.0), ("three", 3.0), ("six", 6.0)):
+        e(f"{p}%act_{name} = arith.constant dense<{value}> : {vt}")
+
+
+def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
+    """Emits torch's ``kind`` activation (``hardswish`` or ``silu``) of ``v``
+    (``vector<16xf32>``) in the order and rounding of the ops IREE compiles from
+    ``torch.aten.hardswish`` (``min(max(x + 3, 0), 6) / 6 * x``) and ``torch.aten.silu``
+    (``1 / (1 + exp(-x)) * x``), so that the values are IREE's own; returns the result's name.
+    Needs :func:`emit_activation_constants` in the same region."""
+    vt = "vector<16xf32>"
+    if kind == "hardswish":
+        e(f"{p}%hsa{tag} = arith.addf {v}, %act_three : {vt}")
+        e(f"{p}%hsb{tag} = arith.maximumf %hsa{tag}, %act_zero : {vt}")
+        e(f"{p}%hsc{tag} = arith.minimumf %hsb{tag}, %act_six : {vt}")
+        e(f"{p}%hsd{tag} = arith.divf %hsc{tag}, %act_six : {vt}")
+        e(f"{p}%hse{tag} = arith.mulf %hsd{tag}, {v} : {vt}")
+        return f"%hse{tag}"
+    if kind == "silu":
+        e(f"{p}%sia{tag} = arith.negf {v} : {vt}")
+        e(f"{p}%sib{tag} = math.exp %sia{tag} : {vt}")
+        e(f"{p}%sic{tag} = arith.addf %sib{tag}, %act_one : {vt}")
+        e(f"{p}%sid{tag} = arith.divf %act_one, %sic{tag} : {vt}")
+        e(f"{p}%sie{tag} = arith.mulf %sid{tag}, {v} : {vt}")
+        return f"%sie{tag}"
+    raise ValueError(f"no activation {kind!r}")
 
 
 def fma(a: str, b: str, acc: str, bf16: bool) -> str:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .avx512 import (
+    ACTIVATIONS,
     emit_accumulator_init,
     emit_epilogue,
     fma,
@@ -80,9 +81,10 @@ class Avx512Conv:
             the step's ``nr / 16`` lines, so a workgroup's row blocks together fetch the whole
             next block (docs/performance.md, section 10).
         prefetch_locality: ``memref.prefetch``'s locality: 3 (L1, ``prefetcht0``), 2 (L2).
-        scale, shift, residual, relu: the epilogue of the last reduction block's store
-            (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an ``Np``-float operand),
-            ``+ residual[m, f]`` (an ``M x Np`` operand), then ``max(., 0)``.
+        scale, shift, residual, relu, hardswish, silu: the epilogue of the last reduction
+            block's store (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an
+            ``Np``-float operand), ``+ residual[m, f]`` (an ``M x Np`` operand), then
+            ``max(., 0)``, torch's hardswish or its SiLU (one at most).
         out_pad: C written zero-padded by ``(rows, columns)`` on each side, as the next
             convolution reads it (``[N, OH + 2 * ph, OW + 2 * pw, Np]``: the border zeros, the
             interior the output); ``(0, 0)``: C is ``[M, Np]``.
@@ -100,6 +102,8 @@ class Avx512Conv:
     shift: bool = False
     residual: bool = False
     relu: bool = False
+    hardswish: bool = False
+    silu: bool = False
     out_pad: tuple[int, int] = (0, 0)
     bf16: bool = False
 
@@ -194,9 +198,14 @@ class Avx512Conv:
         )
 
     @property
+    def activation(self) -> str | None:
+        """The activation of the store other than ReLU (``hardswish``, ``silu``), if any."""
+        return "hardswish" if self.hardswish else "silu" if self.silu else None
+
+    @property
     def epilogue(self) -> tuple[str, ...]:
         """The epilogue's steps, in order (empty: the kernel stores its sums)."""
-        steps = ("scale", "shift", "residual", "relu")
+        steps = ("scale", "shift", "residual", *ACTIVATIONS)
         return tuple(s for s in steps if getattr(self, s))
 
     def dispatch(self, a: str, b: str, *extra: str) -> str:
@@ -245,7 +254,9 @@ class Avx512Conv:
         e("    stream.return %x, %y, %z : index, index, index")
         e("  }")
         e("  builtin.module {")
-        bindings = "".join(f"%{s}: !stream.binding, " for s in self.epilogue if s != "relu")
+        bindings = "".join(
+            f"%{s}: !stream.binding, " for s in self.epilogue if s not in ACTIVATIONS
+        )
         e(
             f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, {bindings}"
             "%c: !stream.binding) {"
@@ -458,6 +469,7 @@ class Avx512Conv:
                 bias=v_t if self.shift else None,
                 residual=r_t if self.residual else None,
                 relu=self.relu,
+                activation=self.activation,
             )
         for r in range(rows):
             for j in range(nv):

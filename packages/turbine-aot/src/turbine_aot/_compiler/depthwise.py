@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .avx512 import ACTIVATIONS, emit_activation, emit_activation_constants
 from .convs import Conv
 
 __all__ = ["DepthwiseConv"]
@@ -38,8 +39,9 @@ class DepthwiseConv:
         group_width: channels per group, in and out (1: depthwise; a divisor of 16, so that
             no group straddles two vectors: the input vector is shuffled so that each output
             lane sees its group's ``j``-th input channel, one FMA per ``j``).
-        scale, shift, relu: the epilogue (:mod:`.epilogues`): ``* scale[c]``, ``+ shift[c]``
-            (each a ``Cp``-float operand), then ``max(., 0)``.
+        scale, shift, relu, hardswish, silu: the epilogue (:mod:`.epilogues`): ``* scale[c]``,
+            ``+ shift[c]`` (each a ``Cp``-float operand), then ``max(., 0)``, torch's hardswish
+            or its SiLU (one at most).
     """
 
     g: Conv
@@ -47,6 +49,8 @@ class DepthwiseConv:
     scale: bool = False
     shift: bool = False
     relu: bool = False
+    hardswish: bool = False
+    silu: bool = False
     #: the fields the direct-convolution function's helpers read (never set here)
     residual: bool = False
     out_pad: tuple[int, int] = (0, 0)
@@ -91,7 +95,12 @@ class DepthwiseConv:
 
     @property
     def epilogue(self) -> tuple[str, ...]:
-        return tuple(s for s in ("scale", "shift", "relu") if getattr(self, s))
+        return tuple(s for s in ("scale", "shift", *ACTIVATIONS) if getattr(self, s))
+
+    @property
+    def activation(self) -> str | None:
+        """The activation of the store other than ReLU (``hardswish``, ``silu``), if any."""
+        return "hardswish" if self.hardswish else "silu" if self.silu else None
 
     @property
     def name(self) -> str:
@@ -110,7 +119,7 @@ class DepthwiseConv:
         (``Cp`` each, as the epilogue has them) -> ``tensor<M x Cp x f32>``. The weight is
         ``[KH * KW, group_width, Cp]``: tap, input channel within the group, output channel."""
         vec_t = f"tensor<{self.np_}xf32>"
-        wanted = [s for s in self.epilogue if s != "relu"]
+        wanted = [s for s in self.epilogue if s not in ACTIVATIONS]
         if len(extra) != len(wanted):
             raise ValueError(f"depthwise kernel: operands {extra} for {self.name}")
         operands = ", ".join([a, w, *extra])
@@ -148,7 +157,7 @@ class DepthwiseConv:
         e("    stream.return %x, %one, %one : index, index, index")
         e("  }")
         e("  builtin.module {")
-        binds = ["%a", "%w", *(f"%{s}" for s in self.epilogue if s != "relu"), "%c"]
+        binds = ["%a", "%w", *(f"%{s}" for s in self.epilogue if s not in ACTIVATIONS), "%c"]
         e(f"    func.func @{name}(" + ", ".join(f"{b}: !stream.binding" for b in binds) + ") {")
         p = "      "
         for const in sorted({0, 16, _PIXELS, cp, ow}):
@@ -161,6 +170,8 @@ class DepthwiseConv:
         if self.shift:
             e(f"{p}%mshift = stream.binding.subspan %shift[%c0] : !stream.binding -> {v_t}")
         e(f"{p}%zero = arith.constant dense<0.0> : {vt}")
+        if self.activation:
+            emit_activation_constants(e, p)
         e(f"{p}%wg = stream.dispatch.workgroup.id[0] : index")
         e(f"{p}%oy = affine.apply affine_map<()[s0] -> (s0 mod {oh})>()[%wg]")
         e(f"{p}%img = affine.apply affine_map<()[s0] -> (s0 floordiv {oh})>()[%wg]")
@@ -213,6 +224,8 @@ class DepthwiseConv:
             if self.relu:
                 e(f"{r}%yr{i} = arith.maximumf {v}, %zero : {vt}")
                 v = f"%yr{i}"
+            if self.activation:
+                v = emit_activation(e, r, v, str(i), self.activation)
             e(
                 f"{r}%co{i} = affine.apply affine_map<()[s0, s1, s2] -> ((s0 * {ow} + s1) * {cp} + s2)>"
                 f"()[%wg, %ox{i}, %cb]"

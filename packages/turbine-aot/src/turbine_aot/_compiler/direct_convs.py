@@ -77,6 +77,8 @@ __all__ = ["depthwise_convs", "direct_convs", "rewrite_convs_avx512"]
 
 _CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
 _FUNC_PREFIX = "__turbine_avx512_conv"
+#: The activations the direct and depthwise kernels apply in their store besides ReLU.
+_ACTIVATIONS = {"torch.aten.hardswish": "hardswish", "torch.aten.silu": "silu"}
 
 
 def _spec(op: Any) -> Conv | None:
@@ -708,14 +710,19 @@ def _rewrite_depthwise(
     per-channel steps and ReLU its epilogue absorbs, with ``fuse``) by a call of
     :func:`_depthwise_function`."""
     assert g.n is not None
-    bn, affine, _, absorbed = _absorbed(conv, g, False) if fuse else (None, [], None, [])
+    bn, affine, _, absorbed = (
+        _absorbed(conv, g, False, activations_ok=True) if fuse else (None, [], None, [])
+    )
     kinds = [kind for _, kind, _ in affine]
+    last = absorbed[-1].name if absorbed else None
     kernel = DepthwiseConv(
         g,
         width,
         scale=bn is not None or "mul" in kinds,
         shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
-        relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
+        relu=last == "torch.aten.relu",
+        hardswish=_ACTIVATIONS.get(last or "") == "hardswish",
+        silu=_ACTIVATIONS.get(last or "") == "silu",
     )
     if not fuse:  # TURBINE_CPU_EPILOGUES=keep: even the bias as IREE's op
         kernel = DepthwiseConv(g, width)
@@ -851,12 +858,13 @@ def _affine_vectors(
 
 
 def _absorbed(
-    conv: Any, g: Conv, residual_ok: bool
+    conv: Any, g: Conv, residual_ok: bool, activations_ok: bool = False
 ) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], Any, list[Any]]:
     """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
     steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
     call's); a residual add only where ``residual_ok`` (the AVX-512 kernel with whole panels;
-    never the AMX kernel, whose rows are its wide output grid)."""
+    never the AMX kernel, whose rows are its wide output grid); a hardswish or SiLU instead of
+    a ReLU only where ``activations_ok`` (the direct and depthwise AVX-512 kernels)."""
     ops: list[Any] = []
     value = conv.results[0]
     bn = eval_batch_norm(value, g.f)
@@ -874,9 +882,12 @@ def _absorbed(
     if add is not None:
         ops.append(add[0])
         residual, value = add[1], add[0].results[0]
-    relu = only_user(value, "torch.aten.relu")
-    if relu is not None:
-        ops.append(relu)
+    act = only_user(value, "torch.aten.relu")
+    for name in _ACTIVATIONS if activations_ok else ():
+        if act is None:
+            act = only_user(value, name)
+    if act is not None:
+        ops.append(act)
     return bn, affine, residual, ops
 
 
@@ -937,8 +948,11 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
         )
         any_bf16 = any_bf16 or kernel.bf16
         out_t = _tensor(g.n, g.f, g.oh, g.ow)
+        direct = isinstance(kernel, Avx512Conv)
         bn, affine, residual, absorbed = (
-            _absorbed(conv, g, kernel.np_ == g.f) if fuse else (None, [], None, [])
+            _absorbed(conv, g, kernel.np_ == g.f, activations_ok=direct)
+            if fuse
+            else (None, [], None, [])
         )
         kinds = [kind for _, kind, _ in affine]
         consumer = None
@@ -955,6 +969,9 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
                 relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
                 out_pad=consumer[1].padding if consumer is not None else (0, 0),
             )
+            act = _ACTIVATIONS.get(absorbed[-1].name) if absorbed else None
+            if direct and act is not None:
+                kernel = replace(kernel, **{act: True})
         operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)
         name = top.unique(f"{_FUNC_PREFIX}_{index}")

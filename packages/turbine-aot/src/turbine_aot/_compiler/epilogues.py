@@ -17,7 +17,10 @@ the absorbed ones by the call's result.
   per-channel ``sub`` / ``mul`` / ``add`` (a batch norm as ``torch.export`` decomposes it:
   torchvision's ResNet-50; folded the same way), a residual
   ``torch.aten.add.Tensor`` of a same-shape tensor, then ``torch.aten.relu``, each only after
-  the ones before it.
+  the ones before it. The direct (not its Winograd form) and the depthwise kernels also take
+  ``torch.aten.hardswish`` or ``torch.aten.silu`` in the ReLU's place (MobileNetV3's and
+  EfficientNet's), computed in the order of IREE's own code for them
+  (:func:`.avx512.emit_activation`).
 
 A direct convolution whose (absorbed) output is read only by another direct convolution with
 padding writes it zero-padded as that one reads it, so IREE copies nothing between the two
