@@ -970,8 +970,8 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
                 out_pad=consumer[1].padding if consumer is not None else (0, 0),
             )
             act = _ACTIVATIONS.get(absorbed[-1].name) if absorbed else None
-            if direct and act is not None:
-                kernel = replace(kernel, **{act: True})
+            if isinstance(kernel, Avx512Conv) and act is not None:
+                kernel = replace(kernel, hardswish=act == "hardswish", silu=act == "silu")
         operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
