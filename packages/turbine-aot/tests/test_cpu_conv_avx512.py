@@ -6,6 +6,7 @@ stems and 1x1 convolutions left to ``_compiler.convs`` call the AVX-512 matmul k
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import avx512_conv
-from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for
+from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, panel_width
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.direct_convs import direct_convs
 from turbine_aot._compiler.flags import default_compile_flags
@@ -58,16 +59,17 @@ def test_the_compile_copy_calls_the_conv_kernel_and_the_export_is_unchanged():
         asm,
         r"call @__turbine_avx512_conv_0\(%\w+, %\w+, %\w+\) : \(tensor<2x16x9x11xf32>, "
         r"tensor<70x16x3x3xf32>, tensor<70xf32>\) -> tensor<2x70x9x11xf32>",
-        r"stream.executable private @__turbine_avx512_f32_conv_n2_c16_h9_w11_f128_k3x3",
+        # 70 filters: panels of 32, padded to 96 (not 64's 128)
+        r"stream.executable private @__turbine_avx512_f32_conv_n2_c16_h9_w11_f96_k3x3",
         r"func.func private @__turbine_avx512_conv_0",
         # channels-last, zero-padded input, read in place by the kernel
         r"linalg.transpose ins\(%\w+ : tensor<2x16x9x11xf32>\) .* permutation = \[0, 2, 3, 1\]",
         r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 1, 1, 0\]",
         r"tensor.collapse_shape .* into tensor<4576xf32>",
-        # the bias, zero-padded to 128, is added by the kernel (its epilogue)
+        # the bias, zero-padded to 96, is added by the kernel (its epilogue)
         r"flow.dispatch @__turbine_avx512_f32_conv_\w+_shift::@__turbine_avx512_f32_conv_\w+\(%\w+, "
-        r"%\w+, %\w+\) : \(tensor<4576xf32>, tensor<18432xf32>, tensor<128xf32>\) -> "
-        r"tensor<198x128xf32>",
+        r"%\w+, %\w+\) : \(tensor<4576xf32>, tensor<13824xf32>, tensor<96xf32>\) -> "
+        r"tensor<198x96xf32>",
     )
     assert "torch.aten.conv2d" not in asm and "avx512f" in asm  # turbine.cpu_requires
     assert str(eo.mlir_module) == exported  # the exported module is the reference's
@@ -124,15 +126,21 @@ def test_the_blocking_knob(monkeypatch):
     (conv,) = direct_convs(eo.mlir_module.operation)
     g = conv_geometry(conv)
     assert g is not None
-    # the default, measured per CPU vendor (docs/performance.md, section 10)
+    # the default, measured per CPU vendor (docs/performance.md, section 10), for 128 filters
+    wide = replace(g, f=128)
     monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: "AuthenticAMD")
-    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)  # reduction blocks of 256
+    assert conv_kernel_for(wide) == Avx512Conv(wide, kc=256)  # reduction blocks of 256
     monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: "GenuineIntel")
-    intel = conv_kernel_for(g)  # 6 x 64 blocks, 96-row workgroups, blocks of 128, L2 prefetch
-    assert intel == Avx512Conv(g, mr=6, rows_per_workgroup=96, prefetch=1, prefetch_locality=2)
+    intel = conv_kernel_for(wide)  # 6 x 64 blocks, 96-row workgroups, blocks of 128, prefetch
+    assert intel == Avx512Conv(wide, mr=6, rows_per_workgroup=96, prefetch=1, prefetch_locality=2)
     assert intel.name.endswith("_6x64x128_96x64_pf1l2")
+    # this one's 70 filters: panels of 32 (96 columns, not 128) in 12-row register blocks
+    narrow = conv_kernel_for(g)
+    assert (narrow.nr, narrow.mr, narrow.cols_per_workgroup, narrow.np_) == (32, 12, 32, 96)
+    assert narrow.name.endswith("_12x32x128_96x32_pf1l2")
     monkeypatch.setattr(avx512_conv, "cpu_vendor", lambda: "")  # unknown: the AMD choice
-    assert conv_kernel_for(g) == Avx512Conv(g, kc=256)
+    assert conv_kernel_for(wide) == Avx512Conv(wide, kc=256)
+    assert conv_kernel_for(g) == Avx512Conv(g, kc=256, nr=32, mr=12, cols_per_workgroup=32)
     key = environment_key()
     monkeypatch.setenv("TURBINE_CPU_CONV_BLOCKING", "fixed")
     assert conv_kernel_for(g) == Avx512Conv(g)  # the matmul kernel's 128
@@ -147,6 +155,22 @@ def test_the_blocking_knob(monkeypatch):
             ValueError, match=r"AVX-512 convolution kernel|TURBINE_CPU_CONV_BLOCKING"
         ):
             conv_kernel_for(g)
+
+
+def test_the_panel_width_follows_the_output_channels():
+    """Few output channels get narrower panels: the share of useful columns times the
+    measured rate of each width (64: 1, 32: 0.85, 16: 0.5; docs/performance.md, section 17)."""
+    widths = {f: panel_width(f) for f in (3, 16, 24, 32, 40, 64, 70, 80, 112, 120, 160, 184, 960)}
+    assert widths == {
+        3: 16, 16: 16,  # 64 would compute 4x (and more) the outputs
+        24: 32, 32: 32, 70: 32, 80: 32, 160: 32,
+        40: 64, 64: 64, 112: 64, 120: 64, 184: 64, 960: 64,
+    }  # fmt: skip
+    eo = export(_conv(16, 16).eval(), args=(torch.randn(1, 16, 9, 9),))
+    g = conv_geometry(direct_convs(eo.mlir_module.operation)[0])
+    assert g is not None
+    k = conv_kernel_for(g)
+    assert (k.nr, k.mr, k.np_) == (16, 12, 16)  # 16 filters: no padded columns at all
 
 
 @needs_avx512
@@ -185,6 +209,8 @@ _GEOMETRIES = {
     "long-rows": (130, 20, 3, 1, 1, 1, False, 1, 5, 5),  # a segment of 390: 256 + 134
     "no-padding": (24, 40, 3, 1, 0, 1, True, 3, 6, 7),
     "many-rows": (8, 24, 3, 1, 1, 1, True, 1, 23, 23),  # 529 rows: 4 workgroups of 128 + 17
+    "16-filters": (3, 16, 3, 2, 1, 1, False, 1, 33, 31),  # panels of 16: MobileNetV3's stem
+    "80-filters": (240, 80, 1, 1, 0, 1, True, 2, 5, 7),  # panels of 32, 12-row tails
 }
 
 

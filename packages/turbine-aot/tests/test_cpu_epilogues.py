@@ -324,6 +324,8 @@ def test_a_conv_output_used_twice_is_not_absorbed(monkeypatch):
         (lambda: _Block(bias=True), (2, 64, 7, 9)),  # the convolutions' biases folded too
         (lambda: _Block(32, 64, stride=2), (1, 32, 12, 12)),  # a downsample: conv + bn alone
         (lambda: _Block(64, 70), (1, 64, 6, 6)),  # 70 channels: the residual add stays apart
+        (lambda: _Block(16, 16), (1, 16, 10, 10)),  # panels of 16: padded output, residual
+        (lambda: _Block(32, 32, stride=2), (2, 32, 9, 9)),  # panels of 32
         (_ConvUsedTwice, (1, 16, 8, 8)),  # nothing absorbed
         (_Affine, (1, 32, 9, 9)),  # a decomposed batch norm, a scale and shift alone
         (lambda: _Affine(bias=True), (2, 32, 5, 7)),
@@ -337,6 +339,8 @@ def test_a_conv_output_used_twice_is_not_absorbed(monkeypatch):
         "bias",
         "downsample",
         "padded-channels",
+        "narrow-16",
+        "narrow-32",
         "used-twice",
         "affine",
         "affine-bias",

@@ -47,7 +47,7 @@ from .avx512 import (
 from .convs import Conv
 from .host import cpu_vendor
 
-__all__ = ["CONV_BLOCKING_ENV", "CONV_KC", "Avx512Conv", "conv_kernel_for"]
+__all__ = ["CONV_BLOCKING_ENV", "CONV_KC", "Avx512Conv", "conv_kernel_for", "panel_width"]
 
 #: Environment variable replacing the kernel's blocking for every convolution, for measurements:
 #: ``fixed`` (the matmul kernel's 4 x 64 registers, reduction blocks of 128, 128 x 64
@@ -505,6 +505,33 @@ def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
         return replace(Avx512Conv(g, bf16=bf16), **fields)
     # Measured per CPU vendor (docs/performance.md, section 10; the values are the same
     # whatever the blocking: each element's sum runs in the same order).
+    kernel = _vendor_blocking(g, bf16)
+    nr = panel_width(g.f) if not bf16 else kernel.nr
+    if nr != kernel.nr:  # few output channels: narrower panels, more rows (section 17)
+        kernel = replace(kernel, nr=nr, mr=_NARROW_MR, cols_per_workgroup=nr)
+    return kernel
+
+
+#: The register block's rows for panels narrower than 64 (12 x 32 or 12 x 16 accumulators).
+_NARROW_MR = 12
+#: The relative FMA rate of the kernel's register blocks by panel width, measured on the
+#: Intel Xeon (docs/performance.md, section 17): a 64-wide panel loads 4 weight vectors for 6
+#: broadcasts, a 16-wide one 1 for 12, so its FMAs wait on loads.
+_PANEL_RATE = {64: 1.0, 32: 0.85, 16: 0.5}
+
+
+def panel_width(f: int) -> int:
+    """The panel width (``nr``) for ``f`` output channels: the one whose useful share of the
+    padded columns, times its rate, is highest (64 on a tie): 16 channels 16 (64 would
+    compute 4x the outputs), 24 or 80 channels 32, 40, 112 or 120 channels 64."""
+
+    def value(nr: int) -> tuple[float, int]:
+        return (f / (-(-f // nr) * nr) * _PANEL_RATE[nr], nr)
+
+    return max(_PANEL_RATE, key=value)
+
+
+def _vendor_blocking(g: Conv, bf16: bool) -> Avx512Conv:
     if cpu_vendor() == "GenuineIntel":
         # Xeon (Sapphire Rapids class): 6 x 64 register blocks in workgroups of 96 rows,
         # reduction blocks of 128 (a 32 KiB panel block stays in the 48 KiB L1), and the next

@@ -143,8 +143,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: (:mod:`.winograd`), the transformed weight computed by an initializer of the compile copy;
 #: 37: depthwise fp32 convolutions, and grouped ones of up to 16 channels a group, on the
 #: AVX-512 depthwise kernel (:mod:`.depthwise`); 38: global average poolings as means
-#: (:mod:`.pools`); 39: hardswish and SiLU in the direct and depthwise kernels' stores.
-REVISION = 39
+#: (:mod:`.pools`); 39: hardswish and SiLU in the direct and depthwise kernels' stores; 40:
+#: the direct kernel's panels 16 or 32 wide for few output channels (:mod:`.avx512_conv`).
+REVISION = 40
 
 _log = logging.getLogger("turbine.aot")
 
