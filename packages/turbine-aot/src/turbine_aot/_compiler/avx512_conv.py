@@ -150,18 +150,10 @@ class Avx512Conv:
         return self.g.n * (self.g.oh + 2 * qh) * (self.g.ow + 2 * qw)
 
     @property
-    def hp(self) -> int:
-        return self.g.h + 2 * self.g.padding[0]
-
-    @property
-    def wp(self) -> int:
-        return self.g.w + 2 * self.g.padding[1]
-
-    @property
     def input_size(self) -> int:
         """Elements of the padded channels-last input the kernel reads."""
         assert self.g.n is not None
-        return self.g.n * self.hp * self.wp * self.g.c
+        return self.g.n * self.g.hp * self.g.wp * self.g.c
 
     @property
     def segments(self) -> int:
@@ -376,7 +368,7 @@ class Avx512Conv:
         bt = f"vector<16x{word}>"
         ohw, ow, c = g.oh * g.ow, g.ow, g.c // u
         (sh, sw), (dh, dw) = g.stride, g.dilation
-        hp, wp = self.hp, self.wp
+        hp, wp = self.g.hp, self.g.wp
         accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nv)]
         types = ", ".join([vt] * len(accs))
         # the element offset of row m's window origin: ((n * Hp + oh * sh) * Wp + ow * sw) * C

@@ -97,6 +97,16 @@ class Conv:
     ow: int
     bias: bool
 
+    @property
+    def hp(self) -> int:
+        """Rows of the input with its padding."""
+        return self.h + 2 * self.padding[0]
+
+    @property
+    def wp(self) -> int:
+        """Columns of the input with its padding."""
+        return self.w + 2 * self.padding[1]
+
 
 def _pair(values: list[int] | None) -> tuple[int, int] | None:
     if values is None or len(values) not in (1, 2):

@@ -68,17 +68,9 @@ class DepthwiseConv:
         return -(-self.g.c // 16) * 16
 
     @property
-    def hp(self) -> int:
-        return self.g.h + 2 * self.g.padding[0]
-
-    @property
-    def wp(self) -> int:
-        return self.g.w + 2 * self.g.padding[1]
-
-    @property
     def input_size(self) -> int:
         assert self.g.n is not None
-        return self.g.n * self.hp * self.wp * self.np_
+        return self.g.n * self.g.hp * self.g.wp * self.np_
 
     @property
     def m(self) -> int:
@@ -139,7 +131,7 @@ class DepthwiseConv:
         """The ``stream.executable`` (MLIR text) for a module's top level."""
         g = self.g
         assert g.n is not None
-        cp, oh, ow, hp, wp = self.np_, g.oh, g.ow, self.hp, self.wp
+        cp, oh, ow, hp, wp = self.np_, g.oh, g.ow, g.hp, g.wp
         (sh, sw), (dh, dw) = g.stride, g.dilation
         vt = "vector<16xf32>"
         a_t = f"memref<{self.input_size}xf32>"

@@ -310,8 +310,7 @@ def _depthwise_function(
     g = kernel.g
     assert g.n is not None
     n, c, h, w = g.n, g.c, g.h, g.w
-    cp, (ph, pw) = kernel.np_, g.padding
-    gw = kernel.group_width
+    cp, gw = kernel.np_, kernel.group_width
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(c, gw, g.kh, g.kw), _tensor(n, c, g.oh, g.ow)
     f_t = _tensor(c)
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
@@ -323,21 +322,7 @@ def _depthwise_function(
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
     extra = _epilogue_operands(e, kernel, bn_eps, affine)
-    nhwc_t, xp_t = _tensor(n, h, w, c), _tensor(n, kernel.hp, kernel.wp, cp)
-    e(f"  %xt_init = tensor.empty() : {nhwc_t}")
-    e(
-        f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"
-    )
-    src, src_t = "%xt", nhwc_t
-    if ph or pw or cp != c:
-        e(f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, {cp - c}] {{")
-        e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
-        e("    tensor.yield %zero : f32")
-        e(f"  }} : {nhwc_t} to {xp_t}")
-        src, src_t = "%xp", xp_t
-    e(
-        f"  %a = tensor.collapse_shape {src} [[0, 1, 2, 3]] : {src_t} into {_tensor(kernel.input_size)}"
-    )
+    _input(e, kernel, x_t, c, channels=cp)
     # the weight: [C, gw, KH, KW] -> [KH, KW, gw, C] -> [KH * KW * gw, C] -> pad C -> flat
     rows = kernel.taps * gw
     wt_t = _tensor(g.kh, g.kw, gw, c)
@@ -354,14 +339,21 @@ def _depthwise_function(
     return "\n".join(lines)
 
 
-def _input(e: Any, kernel: Avx512Conv | WinogradConv, x_t: str, c0: int) -> None:
+def _input(
+    e: Any,
+    kernel: Avx512Conv | WinogradConv | DepthwiseConv,
+    x_t: str,
+    c0: int,
+    channels: int | None = None,
+) -> None:
     """Emits ``%a``: the NCHW ``%x`` (``c0`` channels) as the kernel reads it (NHWC,
-    zero-padded, flat; in bf16 for the bf16 form)."""
+    zero-padded to ``channels``, by default the geometry's, flat; in bf16 for the bf16 form)."""
     g = kernel.g
     assert g.n is not None
-    n, c, h, w = g.n, g.c, g.h, g.w
+    n, h, w = g.n, g.h, g.w
+    c = g.c if channels is None else channels
     (ph, pw) = g.padding
-    nhwc_t, xp_t = _tensor(n, h, w, c0), _tensor(n, kernel.hp, kernel.wp, c)
+    nhwc_t, xp_t = _tensor(n, h, w, c0), _tensor(n, g.hp, g.wp, c)
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
         f"  %xt = linalg.transpose ins(%x : {x_t}) outs(%xt_init : {nhwc_t}) permutation = [0, 2, 3, 1]"

@@ -219,18 +219,10 @@ class WinogradConv:
         return self.g.n * self.th * self.tw
 
     @property
-    def hp(self) -> int:
-        return self.g.h + 2 * self.g.padding[0]
-
-    @property
-    def wp(self) -> int:
-        return self.g.w + 2 * self.g.padding[1]
-
-    @property
     def input_size(self) -> int:
         """Elements of the padded channels-last input (the direct kernel's layout)."""
         assert self.g.n is not None
-        return self.g.n * self.hp * self.wp * self.g.c
+        return self.g.n * self.g.hp * self.g.wp * self.g.c
 
     @property
     def m(self) -> int:
@@ -359,7 +351,7 @@ class WinogradConv:
         g, a, m = self.g, self.alpha, self.tile
         assert g.n is not None
         bt, _, _ = winograd_matrices(m)
-        c, hp, wp, th, tw, tiles = g.c, self.hp, self.wp, self.th, self.tw, self.tiles
+        c, hp, wp, th, tw, tiles = g.c, g.hp, g.wp, self.th, self.tw, self.tiles
         vt = "vector<16xf32>"
         a_t = f"memref<{self.input_size}xf32>"
         v_t = f"memref<{self.positions * tiles * c}xf32>"
