@@ -120,17 +120,21 @@ def ort_node_times(onnx_path: Path, args: tuple, kwargs: dict, threads: int, cal
     return dict(nodes), dict(kinds)
 
 
-def openvino_layer_times(module, args: tuple, kwargs: dict, onnx_path, threads: int, calls: int):
-    """(layer description -> ms per call, layer type -> ms per call), OpenVINO f32."""
+def openvino_layer_times(
+    module, args: tuple, kwargs: dict, onnx_path, threads: int, calls: int, f32: bool = True
+):
+    """(layer description -> ms per call, layer type -> ms per call), OpenVINO f32 (or, with
+    ``f32=False``, its default precision: bf16 on CPUs that have it)."""
     import openvino as ov
 
     model, _, _ = _peers.convert_openvino(module, args, kwargs, onnx_path)
-    config = {
+    config: dict[str, Any] = {
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_NUM_THREADS": threads,
-        "INFERENCE_PRECISION_HINT": "f32",
         "PERF_COUNT": True,
     }
+    if f32:
+        config["INFERENCE_PRECISION_HINT"] = "f32"
     compiled = ov.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
     names = [next(iter(p.get_names()), f"arg{i}") for i, p in enumerate(compiled.inputs)]
@@ -176,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--flags", default="", help="extra iree-compile flags for turbine's module")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="bf16: turbine compiled with precision='bf16' against OpenVINO's default precision "
+        "(bf16 where the CPU has it); ONNX Runtime (fp32 only) is left out",
+    )
     p.add_argument("--json", default=None, help="write the per-op rows here")
     args = p.parse_args(argv)
 
@@ -199,22 +210,27 @@ def main(argv: list[str] | None = None) -> int:
         td = Path(tdir)
         eo = turbine_aot.export(module, args=margs, kwargs=mkwargs)
         vmfb = td / "m.vmfb"
-        eo.compile(save_to=vmfb, extra_args=shlex.split(args.flags))
+        precision = {"precision": "bf16"} if args.precision == "bf16" else {}
+        eo.compile(save_to=vmfb, extra_args=shlex.split(args.flags), **precision)
         rows = iree_dispatch_times(vmfb, [*margs, *mkwargs.values()], args.threads, args.calls, td)
         kinds: dict[str, float] = collections.defaultdict(float)
         for k, v in rows.items():
             kinds[_iree_kind(k)] += v
-        _print(f"turbine ({what}, {args.threads} thread(s))", rows, kinds, args.top)
-        result["turbine"] = rows
-        onnx_path, _ = _peers.export_onnx(module, margs, mkwargs, td)
-        rows, kinds = ort_node_times(onnx_path, margs, mkwargs, args.threads, args.calls, td)
-        _print("ONNX Runtime", rows, kinds, args.top)
-        result["ort"] = rows
-        rows, kinds = openvino_layer_times(
-            module, margs, mkwargs, onnx_path, args.threads, args.calls
+        _print(
+            f"turbine {args.precision} ({what}, {args.threads} thread(s))", rows, kinds, args.top
         )
-        _print("OpenVINO f32", rows, kinds, args.top)
-        result["openvino-f32"] = rows
+        result["turbine" if args.precision == "fp32" else "turbine-bf16"] = rows
+        onnx_path, _ = _peers.export_onnx(module, margs, mkwargs, td)
+        f32 = args.precision == "fp32"
+        if f32:
+            rows, kinds = ort_node_times(onnx_path, margs, mkwargs, args.threads, args.calls, td)
+            _print("ONNX Runtime", rows, kinds, args.top)
+            result["ort"] = rows
+        rows, kinds = openvino_layer_times(
+            module, margs, mkwargs, onnx_path, args.threads, args.calls, f32=f32
+        )
+        _print("OpenVINO f32" if f32 else "OpenVINO default", rows, kinds, args.top)
+        result["openvino-f32" if f32 else "openvino"] = rows
     if args.json:
         _harness.write_json(args.json, result)
     return 0

@@ -79,18 +79,30 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         asm,
         # each convolution: its kernel's executable, then the function calling it
         # the stem: 8 channels (3 padded) x 2 x 2 phases = 32, a 4x4 kernel; 16 + 4 rows of a
-        # grid 16 + 3 wide; its bias and the ReLU after it in the kernel's epilogue
-        r"stream.executable private @__turbine_amx_bf16_conv_1x20x19x32_k4x4_f32_ss_relu_128x32",
+        # grid 16 + 3 wide; its bias and the ReLU after it in the kernel's epilogue, which also
+        # writes the result in bf16 as a's kernel reads its input (19 x 18, the pixels at 1, 1),
+        # and only so (a is its one reader)
+        r"stream.executable private "
+        r"@__turbine_amx_bf16_conv_1x20x19x32_k4x4_f32_ss_relu_to19x18p1x1_nof32_128x32",
+        # the workgroups of the first row block write the zeros around the pixels
+        r"scf.if ",
+        r"vector.store %\w+, %\w+\[%\w+\] : memref<10944xbf16>, vector<16xbf16>",
         # the reduction over the taps (ky, kx) and blocks of 32 channels, A tiles read in place
         r"scf.for ",
         r"scf.for ",
         r"scf.for ",
         r"tileloadd",
         r"tdpbf16ps",
-        r"vector.fma",  # the epilogue, over each stored block
+        r"tilestored",  # to the scratch block on the stack
+        r"vector.load %\w+\[%\w+, %\w+\] : memref<32x48xf32>, vector<16xf32>",
+        r"vector.fma",  # the epilogue, over each stored block's pixels
         r"arith.maximumf",
-        # the stem's input: zero-padded (channels 3 -> 8), then in space-to-depth order
-        r"func.func private @__turbine_avx512_conv_amx_0\(%\w+: tensor<1x3x32x32xf32>",
+        r"arith.truncf %\w+ : vector<16xf32> to vector<16xbf16>",
+        r"vector.store %\w+, %\w+\[%\w+\] : memref<10944xbf16>, vector<16xbf16>",
+        # the stem's input: zero-padded (channels 3 -> 8), then in space-to-depth order; it
+        # returns the NCHW output (for any other reader) and a's input
+        r"func.func private @__turbine_avx512_conv_amx_0\(%\w+: tensor<1x3x32x32xf32>.*\) -> "
+        r"\(tensor<1x32x16x16xf32>, tensor<10944xbf16>\)",
         r"tensor.pad %\w+ low\[0, 3, 3, 0\] high\[0, 5, 3, 5\]",
         r"permutation = \[0, 1, 3, 2, 4, 5\]",
         r"arith.truncf %\w+ : f32 to bf16",
@@ -98,15 +110,20 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         r"tensor.pad %\w+ low\[0, 0, 0, 0\] high\[0, 5, 1, 1\]",
         r"permutation = \[2, 4, 3, 5, 1, 0\]",
         r"permutation = \[3, 0, 1, 4, 2\]",
-        # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image
-        r"stream.executable private @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_ss_relu_128x64",
-        r"func.func private @__turbine_avx512_conv_amx_1\(%\w+: tensor<1x32x16x16xf32>, "
-        r"%\w+: tensor<64x32x3x3xf32>, %\w+: tensor<64xf32>\) -> tensor<1x64x16x16xf32>",
-        r"tensor.pad %\w+ low\[0, 1, 1, 0\] high\[0, 2, 1, 0\]",
-        r"arith.truncf %\w+ : f32 to bf16",  # the padded input, in bf16
-        r"flow.dispatch @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_ss_relu_128x64::",
+        # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image,
+        # taken as the stem's kernel wrote it (no padding, no conversion); b's input likewise
+        r"stream.executable private "
+        r"@__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_ss_relu_to19x18p1x1_nof32_128x64",
+        r"func.func private @__turbine_avx512_conv_amx_1\(%\w+: tensor<10944xbf16>, "
+        r"%\w+: tensor<64x32x3x3xf32>, %\w+: tensor<64xf32>\) -> "
+        r"\(tensor<1x64x16x16xf32>, tensor<21888xbf16>\)",
+        r"flow.dispatch @__turbine_amx_bf16_conv_1x19x18x32_k3x3_f64_ss_relu_to19x18p1x1_nof32_",
         # the kernel's 18-wide output grid cut to the 16 real columns
         r"tensor.extract_slice %\w+\[0, 0, 0, 0\] \[1, 16, 16, 64\]",
+        # b: 40 filters (padded to 64): not whole panels, so c pads and converts its input
+        r"func.func private @__turbine_avx512_conv_amx_2\(%\w+: tensor<21888xbf16>, ",
+        r"func.func private @__turbine_avx512_conv_amx_3\(%\w+: tensor<1x40x16x16xf32>, ",
+        r"tensor.pad %\w+ low\[0, 0, 0, 0\] high\[0, 1, 0, 24\]",
         # f: every other row and column of its input, as a 1x1 of stride 1
         r"tensor.extract_slice %\w+\[0, 0, 0, 0\] \[1, 5, 4, 96\] \[1, 2, 2, 1\]",
     )
@@ -271,3 +288,68 @@ def test_the_epilogue_forms_match_the_bf16_reference(monkeypatch):
     assert "_ss_" not in compile_copy_asm(eo, _flags())
     kept = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
     torch.testing.assert_close(got, kept, rtol=1e-6, atol=1e-6)
+
+
+class _Bottleneck(torch.nn.Module):
+    """Two ResNet-50 bottleneck blocks (1x1, 3x3, 1x1 and the residual add): each kernel writes
+    its result in bf16 as the next one reads it (1x1 -> 3x3: zero-padded by one; 3x3 -> 1x1 and
+    the first block's output -> the second's 1x1: one zero row below), the last 1x1 of each
+    block adds the residual in its epilogue, and the first block's output is read twice (the
+    next 1x1 and the residual)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        layers = []
+        for _ in range(2):
+            layers += [
+                torch.nn.Conv2d(128, 32, 1, bias=False),
+                torch.nn.BatchNorm2d(32),
+                torch.nn.Conv2d(32, 32, 3, padding=1, bias=False),
+                torch.nn.BatchNorm2d(32),
+                torch.nn.Conv2d(32, 128, 1),  # a bias: folded into the shift before the add
+                torch.nn.BatchNorm2d(128),
+            ]
+        self.layers = torch.nn.ModuleList(layers)
+        for bn in self.layers[1::2]:
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        for b in range(2):
+            conv1, bn1, conv2, bn2, conv3, bn3 = self.layers[6 * b : 6 * b + 6]
+            y = torch.relu(bn1(conv1(x)))
+            y = torch.relu(bn2(conv2(y)))
+            x = torch.relu(bn3(conv3(y)) + x)
+        return x
+
+
+@needs_amx
+def test_bottleneck_blocks_hand_their_inputs_over_in_bf16():
+    model = _Bottleneck().eval()
+    x = torch.randn(2, 128, 9, 13)  # two images: the kernels' writes per batch entry
+    eo = export(model, args=(x,))
+    asm = compile_copy_asm(eo, _flags())
+    names = set(re.findall(r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{", asm))
+    # 1x1 -> 3x3 (grid 9 + 3 rows, 13 + 2 wide: the pixels at 1, 1); 3x3 -> 1x1 and the first
+    # block's output -> the next 1x1 (9 + 1 rows, 13 wide: at 0, 0); the residual in the
+    # 1x1's epilogue; the second block's output goes to no convolution; only that and the
+    # first block's output (the second's residual) are written in f32
+    assert names == {
+        "__turbine_amx_bf16_conv_2x10x13x128_k1x1_f32_ss_relu_to12x15p1x1_nof32_128x32",
+        "__turbine_amx_bf16_conv_2x12x15x32_k3x3_f32_ss_relu_to10x13p0x0_nof32_128x32",
+        "__turbine_amx_bf16_conv_2x10x13x32_k1x1_f128_ss_res_relu_to10x13p0x0_128x64",
+        "__turbine_amx_bf16_conv_2x10x13x32_k1x1_f128_ss_res_relu_128x64",
+    }
+    # every convolution but the first takes its input as the previous kernel wrote it
+    taken = r"func.func private @__turbine_avx512_conv_amx_\d+\(%\w+: tensor<\d+xbf16>"
+    assert len(re.findall(taken, asm)) == 5
+    got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_refuses_an_output_that_does_not_fit_the_next_input():
+    # 8 x 9 pixels (a 3x3 over a grid 11 wide) cannot sit at (1, 1) of an input 8 rows high
+    with pytest.raises(ValueError, match="does not fit"):
+        AmxConv(288, 32, False, 128, 32, c=32, kh=3, kw=3, oh=8, wp=11, n=1, out_next=(8, 11, 1, 1))

@@ -321,6 +321,7 @@ class AmxGemm:
         workgroup_block(
             e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%n0", batch=True
         )
+        self._emit_workgroup_prologue(e)
         # batch entry z: A and C rows start at z * M; B at z * (one packed matrix) if batched
         e("      %zrow = arith.muli %wgz, %m : index")
         if self.batch_b:
@@ -409,6 +410,10 @@ class AmxGemm:
     def _emit_extra_subspans(self, e) -> None:
         """Emits the subspans of the bindings besides A, B and C (none here)."""
 
+    def _emit_workgroup_prologue(self, e) -> None:
+        """Emits what a workgroup does before its strips (its block: ``%n0``, ``%m0``,
+        ``%wgy``, ``%wgz``): nothing here."""
+
     def _emit_after_store(self, e, p: str) -> None:
         """Emits, at indent ``p``, what follows the store of a register block of C (the block's
         first column ``%ncol``, its rows ``%grow`` to ``%grow + %left``): nothing here."""
@@ -426,7 +431,6 @@ class AmxGemm:
         e(f"{p}  %ncol64 = arith.index_cast %ncol : index to i64")
         e(f"{p}  %cn = arith.muli %ncol64, %four : i64")
         e(f"{p}  %cp00 = arith.addi %crow0, %cn : i64")
-        e(f"{p}  %cp01 = arith.addi %cp00, %s64 : i64")
         tiles = (0, 1, 2, 3) if two else (0, 1)
         for t in tiles:
             e(f"{p}  " + tile_asm(f"tilezero %tmm{t}", "", []))
@@ -454,21 +458,30 @@ class AmxGemm:
         for line in closes:
             e(line)
 
+        c00, stride, rows16 = self._c_block(e, p + "  ")
+
         def store(ptr: str, tile: int) -> None:
             e(
                 f"{p}  "
-                + tile_asm(f"tilestored %tmm{tile}, ($0,$1,1)", "r,r,~{memory}", [ptr, "%sc"])
+                + tile_asm(f"tilestored %tmm{tile}, ($0,$1,1)", "r,r,~{memory}", [ptr, stride])
             )
 
-        store("%cp00", 0)
-        store("%cp01", 1)
+        e(f"{p}  %cq01 = arith.addi {c00}, %s64 : i64")
+        store(c00, 0)
+        store("%cq01", 1)
         if two:
-            e(f"{p}  %cp10 = arith.addi %cp00, %crows16 : i64")
-            e(f"{p}  %cp11 = arith.addi %cp10, %s64 : i64")
-            store("%cp10", 2)
-            store("%cp11", 3)
+            e(f"{p}  %cq10 = arith.addi {c00}, {rows16} : i64")
+            e(f"{p}  %cq11 = arith.addi %cq10, %s64 : i64")
+            store("%cq10", 2)
+            store("%cq11", 3)
         self._emit_after_store(e, p + "  ")
         e(f"{p}}}")
+
+    def _c_block(self, e, p: str) -> tuple[str, str, str]:
+        """Emits, at indent ``p``, where the register block's tiles are stored: returns the
+        address of its first tile (i64), the stride of its rows and the offset of its second
+        16 rows (i64 values): here ``C`` itself."""
+        return "%cp00", "%sc", "%crows16"
 
 
 def emit_tile_config(e: Callable[[str], object], words: Sequence[int | None]) -> None:

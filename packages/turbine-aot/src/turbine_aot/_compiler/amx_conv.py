@@ -24,9 +24,14 @@ asked for by the kernel itself. ``C`` is ``[n * oh * wp, Np]`` f32; the caller s
 ``ow`` real columns out, fused with the transpose back to NCHW. The epilogue
 (:attr:`AmxConv.scale_shift`, :attr:`AmxConv.relu`: the bias, a batch norm or per-channel steps
 folded into a scale and shift, and a ReLU) runs over each 32-column block of ``C`` right after
-its tiles are stored, while it is in the cache; a residual add stays IREE's.
+its tiles are stored, while it is in the cache. With whole panels it also adds a residual
+(:attr:`AmxConv.residual`, read channels-last) before the ReLU, and, where the next
+convolution is an AMX one at stride 1 over the result, writes that convolution's input itself:
+bf16, zero-padded, in the layout its kernel reads (:attr:`AmxConv.out_next`), so that IREE runs
+no copy, padding or conversion pass between the two; where nothing else reads the result the
+f32 ``C`` is then not written at all (:attr:`AmxConv.f32_out`).
 
-Measured: docs/performance.md, section 8 ("Convolutions on AMX").
+Measured: docs/performance.md, section 8 ("Convolutions on AMX") and section 18.
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ AMX_CONV_ENV = "TURBINE_CPU_AMX_CONV"
 
 #: Input channels per reduction step (one 64-byte tile row of bf16).
 _C_STEP = 32
+#: The stack's scratch block of a per-pixel epilogue: 32 rows of C's 32 columns, each row
+#: padded to 48 floats (192 bytes, not a power of two: its rows spread over the L1 sets).
+_SCRATCH_COLS = 48
+_SCRATCH_T = f"memref<32x{_SCRATCH_COLS}xf32>"
 
 
 def amx_conv_enabled() -> bool:
@@ -163,6 +172,20 @@ class AmxConv(AmxGemm):
             operands after B: a batch norm, a bias), applied to each stored 32-column block
             while it is in the cache.
         relu: then ``max(C, 0)``.
+        residual: then ``+ res`` (an operand after the scale and shift: ``[n * oh * ow, np_]``
+            f32, the output's pixels channels-last), before the ReLU.
+        out_next: ``(rows, cols, ph, pw)``: the kernel also writes its result in bf16 as the
+            next convolution's kernel reads its input (a second result, ``[n, rows, cols,
+            np_]`` flat: the ``oh x ow`` pixels at ``(ph, pw)``, zeros around them), so that
+            no copy or conversion pass runs in between (docs/performance.md, section 18).
+        f32_out: with :attr:`out_next`, whether the f32 result is written too (``False``
+            where nothing else reads it: the kernel's first result is then left unwritten).
+
+    With :attr:`residual` or :attr:`out_next` the register block's tiles are stored to a
+    scratch block on the workgroup's stack (32 rows of 48 floats) rather than to ``C``, and the
+    epilogue reads them there: rows of ``C`` are ``4 np_`` bytes apart, a power of two for
+    most layers, so a block's 32 rows, the residual's and the bf16 result's fall into the same
+    few sets of the L1 cache and evict each other (docs/performance.md, section 18).
     """
 
     c: int = field(default=_C_STEP, kw_only=True)
@@ -173,11 +196,38 @@ class AmxConv(AmxGemm):
     n: int = field(default=1, kw_only=True)
     scale_shift: bool = field(default=False, kw_only=True)
     relu: bool = field(default=False, kw_only=True)
+    residual: bool = field(default=False, kw_only=True)
+    out_next: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
+    f32_out: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.c % _C_STEP or self.kp != self.kh * self.kw * self.c or self.batch_b:
             raise ValueError(f"AMX convolution: channels must be a multiple of 32: {self}")
+        if self.out_next is not None:
+            rows, cols, ph, pw = self.out_next
+            if ph < 0 or pw < 0 or ph + self.oh > rows or pw + self.ow > cols:
+                raise ValueError(f"AMX convolution: the output does not fit {self.out_next}")
+        elif not self.f32_out:
+            raise ValueError(f"AMX convolution: no result to write: {self}")
+
+    @property
+    def _per_pixel(self) -> bool:
+        """Whether the epilogue works pixel by pixel (a residual, a bf16 result) from the
+        stack's scratch block."""
+        return self.residual or self.out_next is not None
+
+    @property
+    def ow(self) -> int:
+        """Output columns (the grid's first ``ow`` of its ``wp``)."""
+        return self.wp - self.kw + 1
+
+    @property
+    def out_next_size(self) -> int:
+        """Elements of the :attr:`out_next` result (bf16)."""
+        assert self.out_next is not None
+        rows, cols, _, _ = self.out_next
+        return self.n * rows * cols * self.np_
 
     @property
     def image_rows(self) -> int:
@@ -198,7 +248,15 @@ class AmxConv(AmxGemm):
     @property
     def name(self) -> str:
         perm = "" if self.request_permission else "_noperm"
-        epilogue = ("_ss" if self.scale_shift else "") + ("_relu" if self.relu else "")
+        epilogue = (
+            ("_ss" if self.scale_shift else "")
+            + ("_res" if self.residual else "")
+            + ("_relu" if self.relu else "")
+        )
+        if self.out_next is not None:
+            epilogue += "_to{}x{}p{}x{}".format(*self.out_next)
+        if not self.f32_out:
+            epilogue += "_nof32"
         return (
             f"__turbine_amx_bf16_conv_{self.n}x{self.image_rows}x{self.wp}x{self.c}"
             f"_k{self.kh}x{self.kw}_f{self.np_}{epilogue}{perm}"
@@ -206,41 +264,127 @@ class AmxConv(AmxGemm):
         )
 
     def conv_dispatch(
-        self, a: str, b: str, scale_shift: tuple[str, str] | None = None
+        self,
+        a: str,
+        b: str,
+        scale_shift: tuple[str, str] | None = None,
+        residual: str | None = None,
     ) -> list[str]:
         """Lines computing ``%cm`` (``tensor<{n * m}x{np_}xf32>``) from ``a`` (the input,
-        ``tensor<{input_size}xbf16>``), ``b`` (the packed weight) and, with
-        :attr:`scale_shift`, the ``tensor<{np_}xf32>`` scale and shift."""
+        ``tensor<{input_size}xbf16>``), ``b`` (the packed weight), with :attr:`scale_shift`
+        the ``tensor<{np_}xf32>`` scale and shift, with :attr:`residual` the residual
+        (``tensor<{n * oh * ow}x{np_}xf32>``); with :attr:`out_next` also ``%cnext``
+        (``tensor<{out_next_size}xbf16>``)."""
         if bool(scale_shift) != self.scale_shift:
             raise ValueError(f"{self.name}: scale and shift operands {scale_shift!r}")
+        if bool(residual) != self.residual:
+            raise ValueError(f"{self.name}: residual operand {residual!r}")
         rows = self.n * self.m
         b_elems = self.packed_b_size
         vec_t = f"tensor<{self.np_}xf32>"
         extra = "".join(f", {v}" for v in scale_shift or ())
         extra_t = f", {vec_t}, {vec_t}" if scale_shift else ""
-        return [
+        if residual:
+            extra += f", {residual}"
+            extra_t += f", tensor<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+        c_t = f"tensor<?x{self.np_}xf32>{{%amx_rows}}"
+        lines = [
             f"  %amx_m = arith.constant {self.m} : index",
             f"  %amx_n = arith.constant {self.n} : index",
             f"  %amx_rows = arith.constant {rows} : index",
-            f"  %cmd = flow.dispatch @{self.name}::@{self.name}[%amx_m, %amx_n]({a}, {b}{extra}, "
-            f"%amx_m, %amx_n) : (tensor<{self.input_size}xbf16>, tensor<{b_elems}xbf16>{extra_t}, "
-            f"index, index) -> tensor<?x{self.np_}xf32>{{%amx_rows}}",
-            f"  %cm = tensor.cast %cmd : tensor<?x{self.np_}xf32> to tensor<{rows}x{self.np_}xf32>",
         ]
+        call = (
+            f"flow.dispatch @{self.name}::@{self.name}[%amx_m, %amx_n]({a}, {b}{extra}, "
+            f"%amx_m, %amx_n) : (tensor<{self.input_size}xbf16>, tensor<{b_elems}xbf16>{extra_t}, "
+            "index, index) -> "
+        )
+        cast = f" : tensor<?x{self.np_}xf32> to tensor<{rows}x{self.np_}xf32>"
+        if self.out_next is None:
+            lines.append(f"  %cmd = {call}{c_t}")
+            lines.append(f"  %cm = tensor.cast %cmd{cast}")
+        else:
+            next_t = f"tensor<{self.out_next_size}xbf16>"
+            lines.append(f"  %cmd:2 = {call}({c_t}, {next_t})")
+            lines.append(f"  %cm = tensor.cast %cmd#0{cast}")
+            lines.append(f"  %cnext = tensor.cast %cmd#1 : {next_t} to {next_t}")
+        return lines
 
     # -- the epilogue: scale, shift and ReLU over each stored block of C ------------------------
 
     def _bindings(self) -> list[str]:
-        return ["%a", "%b", "%esc", "%esh", "%c"] if self.scale_shift else ["%a", "%b", "%c"]
+        operands = ["%a", "%b"] + (["%esc", "%esh"] if self.scale_shift else [])
+        operands += ["%resid"] if self.residual else []
+        return operands + ["%c"] + (["%onext"] if self.out_next is not None else [])
 
     def _emit_extra_subspans(self, e) -> None:
         if self.scale_shift:
             v_t = f"memref<{self.np_}xf32>"
             e(f"      %msc = stream.binding.subspan %esc[%c0] : !stream.binding -> {v_t}")
             e(f"      %msh = stream.binding.subspan %esh[%c0] : !stream.binding -> {v_t}")
+        if self.residual:
+            r_t = f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+            e(f"      %mres = stream.binding.subspan %resid[%c0] : !stream.binding -> {r_t}")
+        if self.out_next is not None:
+            o_t = f"memref<{self.out_next_size}xbf16>"
+            e(f"      %mnext = stream.binding.subspan %onext[%c0] : !stream.binding -> {o_t}")
+
+    def _emit_workgroup_prologue(self, e) -> None:
+        """The scratch block (see the class doc); with :attr:`out_next`, the workgroups of the
+        first row block write the zeros around the pixels of their batch entry and columns (the
+        rows above and below them, the columns left and right of them); the others write only
+        pixels."""
+        if self._per_pixel:
+            p = "      "
+            e(f"{p}%scr = memref.alloca() : {_SCRATCH_T}")
+            e(f"{p}%scrp = memref.extract_aligned_pointer_as_index %scr : {_SCRATCH_T} -> index")
+            e(f"{p}%scrp64 = arith.index_cast %scrp : index to i64")
+            e(f"{p}%scrs = arith.constant {_SCRATCH_COLS * 4} : i64")
+            e(f"{p}%scr16 = arith.constant {16 * _SCRATCH_COLS * 4} : i64")
+        if self.out_next is None:
+            return
+        rows, cols, ph, pw = self.out_next
+        nv = self.cols_per_workgroup // 16
+        p = "      "
+        e(f"{p}%zb_first = arith.cmpi eq, %wgy, %c0 : index")
+        e(f"{p}scf.if %zb_first {{")
+        e(f"{p}  %zb_zero = arith.constant dense<0.0> : vector<16xbf16>")
+        bands = []  # (first row, end row, first column, end column)
+        if ph:
+            bands.append((0, ph, 0, cols))
+        if ph + self.oh < rows:
+            bands.append((ph + self.oh, rows, 0, cols))
+        if pw:
+            bands.append((ph, ph + self.oh, 0, pw))
+        if pw + self.ow < cols:
+            bands.append((ph, ph + self.oh, pw + self.ow, cols))
+        o_t = f"memref<{self.out_next_size}xbf16>"
+        for i, (r0, r1, x0, x1) in enumerate(bands):
+            for name, v in (("r0", r0), ("r1", r1), ("x0", x0), ("x1", x1)):
+                e(f"{p}  %zb{i}{name} = arith.constant {v} : index")
+            e(f"{p}  scf.for %zr{i} = %zb{i}r0 to %zb{i}r1 step %c1 {{")
+            e(f"{p}    scf.for %zx{i} = %zb{i}x0 to %zb{i}x1 step %c1 {{")
+            e(
+                f"{p}      %zo{i} = affine.apply affine_map<()[s0, s1, s2, s3] -> "
+                f"(((s0 * {rows} + s1) * {cols} + s2) * {self.np_} + s3)>()"
+                f"[%wgz, %zr{i}, %zx{i}, %n0]"
+            )
+            for j in range(nv):
+                e(
+                    f"{p}      %zo{i}_{j} = affine.apply affine_map<()[s0] -> (s0 + {16 * j})>()"
+                    f"[%zo{i}]"
+                )
+                e(f"{p}      vector.store %zb_zero, %mnext[%zo{i}_{j}] : {o_t}, vector<16xbf16>")
+            e(f"{p}    }}")
+            e(f"{p}  }}")
+        e(f"{p}}}")
+
+    def _c_block(self, e, p: str) -> tuple[str, str, str]:
+        if self._per_pixel:
+            return "%scrp64", "%scrs", "%scr16"
+        return super()._c_block(e, p)
 
     def _emit_after_store(self, e, p: str) -> None:
-        if not (self.scale_shift or self.relu):
+        if not (self.scale_shift or self.relu or self._per_pixel):
             return
         v_t, c_t, vec = f"memref<{self.np_}xf32>", f"memref<?x{self.np_}xf32>", "vector<16xf32>"
         e(f"{p}%ecol1 = arith.addi %ncol, %c16 : index")
@@ -253,16 +397,55 @@ class AmxConv(AmxGemm):
             e(f"{p}%ezero = arith.constant dense<0.0> : {vec}")
         e(f"{p}scf.for %er = %c0 to %left step %c1 {{")
         e(f"{p}  %erow = arith.addi %grow, %er : index")
+        q = p + "  "
+        per_pixel = self._per_pixel
+        if per_pixel:  # only the grid's first ow columns are pixels
+            e(f"{q}%err = arith.addi %ms, %er : index")
+            e(f"{q}%eox = affine.apply affine_map<()[s0] -> (s0 mod {self.wp})>()[%err]")
+            e(f"{q}%eow = arith.constant {self.ow} : index")
+            e(f"{q}%epix = arith.cmpi ult, %eox, %eow : index")
+            e(f"{q}scf.if %epix {{")
+            q += "  "
+            e(f"{q}%eoy = affine.apply affine_map<()[s0] -> (s0 floordiv {self.wp})>()[%err]")
+            if self.residual:
+                e(
+                    f"{q}%eres = affine.apply affine_map<()[s0, s1, s2] -> "
+                    f"(s0 * {self.oh * self.ow} + s1 * {self.ow} + s2)>()[%wgz, %eoy, %eox]"
+                )
+            if self.out_next is not None:
+                rows, cols_next, ph, pw = self.out_next
+                e(
+                    f"{q}%enx = affine.apply affine_map<()[s0, s1, s2, s3] -> "
+                    f"(((s0 * {rows} + s1 + {ph}) * {cols_next} + s2 + {pw}) * {self.np_} + s3)>()"
+                    "[%wgz, %eoy, %eox, %ncol]"
+                )
+                e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
+        r_t = f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+        o_t = f"memref<{self.out_next_size if self.out_next else 0}xbf16>"
         for h, col in enumerate(cols):
-            e(f"{p}  %ev{h} = vector.load %mc[%erow, {col}] : {c_t}, {vec}")
+            if per_pixel:  # the block's row er, columns 16 h ... from the scratch block
+                e(f"{q}%ev{h} = vector.load %scr[%er, %c{16 * h}] : {_SCRATCH_T}, {vec}")
+            else:
+                e(f"{q}%ev{h} = vector.load %mc[%erow, {col}] : {c_t}, {vec}")
             v = f"%ev{h}"
             if self.scale_shift:
-                e(f"{p}  %ey{h} = vector.fma {v}, %esv{h}, %etv{h} : {vec}")
+                e(f"{q}%ey{h} = vector.fma {v}, %esv{h}, %etv{h} : {vec}")
                 v = f"%ey{h}"
+            if self.residual:
+                e(f"{q}%erv{h} = vector.load %mres[%eres, {col}] : {r_t}, {vec}")
+                e(f"{q}%era{h} = arith.addf {v}, %erv{h} : {vec}")
+                v = f"%era{h}"
             if self.relu:
-                e(f"{p}  %ez{h} = arith.maximumf {v}, %ezero : {vec}")
+                e(f"{q}%ez{h} = arith.maximumf {v}, %ezero : {vec}")
                 v = f"%ez{h}"
-            e(f"{p}  vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")
+            if self.f32_out:
+                e(f"{q}vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")
+            if self.out_next is not None:
+                e(f"{q}%ebf{h} = arith.truncf {v} : {vec} to vector<16xbf16>")
+                idx = "%enx" if h == 0 else "%enx1"
+                e(f"{q}vector.store %ebf{h}, %mnext[{idx}] : {o_t}, vector<16xbf16>")
+        if per_pixel:
+            e(f"{p}  }}")
         e(f"{p}}}")
 
     # -- A: the padded input, read in place -------------------------------------------------

@@ -44,8 +44,11 @@ channel on the input (in the same padding) and on the weight, so pairs never str
 no output is written pre-padded for a bf16 kernel (it reads bf16: a conversion pass stays).
 On a CPU with AMX (``amx``), every convolution that is not dilated goes to the AMX convolution
 kernel instead (:mod:`.amx_conv`; strided ones in space-to-depth form); its epilogue absorbs
-the bias, a batch norm or per-channel steps and a ReLU right after them, a residual add stays
-IREE's (docs/performance.md, section 8).
+the bias, a batch norm or per-channel steps, a residual add (whole panels) and a ReLU right
+after them, and where the result is read by another AMX convolution at stride 1 (no
+space-to-depth form, whole channel blocks) the kernel writes that one's padded bf16 input as a
+second result, which the next call takes in place of its NCHW input (:func:`_amx_consumer`;
+docs/performance.md, sections 8 and 18).
 """
 
 from __future__ import annotations
@@ -504,6 +507,7 @@ def _amx_function(
     g: Conv,
     bn_eps: float | None = None,
     affine: list[tuple[str, list[Any]]] | None = None,
+    padded_input: bool = False,
 ) -> str:
     """The private function computing a convolution on the AMX kernel (:mod:`.amx_conv`):
     ``(%x NCHW, %w[, %b]) -> NCHW``. The input is written once, channels-last, zero-padded
@@ -514,22 +518,109 @@ def _amx_function(
     dispatch that adds the bias and transposes back to NCHW. With the kernel's epilogue
     (:attr:`.amx_conv.AmxConv.scale_shift`), the bias and a batch norm (``bn_eps``, arguments
     ``%gamma``, ``%beta``, ``%mean``, ``%var``) or per-channel steps (``affine``, arguments
-    ``%p<i>``) are folded into its scale and shift, as for the AVX-512 kernel."""
+    ``%p<i>``) are folded into its scale and shift, as for the AVX-512 kernel; with
+    :attr:`.amx_conv.AmxConv.residual` the residual ``%res`` (NCHW) is the last argument. With
+    ``padded_input``, ``%x`` is the input as the kernel reads it (the previous AMX kernel's
+    :attr:`.amx_conv.AmxConv.out_next` result); with :attr:`.amx_conv.AmxConv.out_next`, the
+    function returns that result of its own after the NCHW output."""
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
-    ph, pw = g.padding
     sh, sw, cp = plan.sh, plan.sw, plan.c_pad
     np_, k = kernel.np_, kernel.kp
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(f, c, g.kh, g.kw), _tensor(n, f, g.oh, g.ow)
     f_t = _tensor(f)
+    if padded_input:
+        x_t = f"tensor<{kernel.input_size}xbf16>"
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
     if bn_eps is not None:
         args += "".join(f", %{v}: {f_t}" for v in ("gamma", "beta", "mean", "var"))
     affine = affine or []
     args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
-    lines = [f"func.func private @{name}({args}) -> {out_t} {{"]
+    if kernel.residual:
+        args += f", %res: {out_t}"
+    results_t = out_t
+    if kernel.out_next is not None:
+        results_t = f"({out_t}, tensor<{kernel.out_next_size}xbf16>)"
+    lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
+    if padded_input:
+        e(f"  %a = tensor.cast %x : {x_t} to {x_t}")
+    else:
+        _amx_input(e, plan, kernel, g, x_t)
+    # the weight: [F, C, KH, KW] -> zero-padded [F, c_pad, sh * kh2, sw * kw2] -> [F, c_pad,
+    # kh2, sh, kw2, sw] -> [kh2, kw2, sh, sw, c_pad, F] -> [K, F] -> pad F -> AMX's tiles of B
+    kh4, kw4 = sh * plan.kh2, sw * plan.kw2
+    w4_t = _tensor(f, cp, kh4, kw4)
+    wsrc, wsrc_t = "%w", w_t
+    if (cp, kh4, kw4) != (c, g.kh, g.kw):
+        e(f"  %w4 = tensor.pad %w low[0, 0, 0, 0] high[0, {cp - c}, {kh4 - g.kh}, {kw4 - g.kw}] {{")
+        e("  ^bb0(%q0: index, %q1: index, %q2: index, %q3: index):")
+        e("    tensor.yield %zero : f32")
+        e(f"  }} : {w_t} to {w4_t}")
+        wsrc, wsrc_t = "%w4", w4_t
+    w6_t = _tensor(f, cp, plan.kh2, sh, plan.kw2, sw)
+    e(
+        f"  %w6 = tensor.expand_shape {wsrc} [[0], [1], [2, 3], [4, 5]] output_shape "
+        f"[{f}, {cp}, {plan.kh2}, {sh}, {plan.kw2}, {sw}] : {wsrc_t} into {w6_t}"
+    )
+    wt_t, kf_t = _tensor(plan.kh2, plan.kw2, sh, sw, cp, f), _tensor(k, f)
+    e(f"  %wt_init = tensor.empty() : {wt_t}")
+    e(
+        f"  %wt = linalg.transpose ins(%w6 : {w6_t}) outs(%wt_init : {wt_t}) "
+        "permutation = [2, 4, 3, 5, 1, 0]"
+    )
+    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2, 3, 4], [5]] : {wt_t} into {kf_t}")
+    wk, wk_t = _pad_columns(e, "%wk", k, f, np_)
+    _pack(e, wk, wk_t, kernel.pack_layout("kn", 1), k * np_, bf16=True)
+    pair = None
+    if kernel.scale_shift:
+        scale, shift = _scale_shift(e, g, bn_eps, affine, bias=g.bias)
+        if scale is None:
+            e(f"  %ones = arith.constant dense<1.0> : {f_t}")
+            scale = "%ones"
+        if shift is None:
+            e(f"  %zeros = arith.constant dense<0.0> : {f_t}")
+            shift = "%zeros"
+        pair = (_padded_vector(e, scale, f, np_), _padded_vector(e, shift, f, np_))
+    residual = None
+    if kernel.residual:
+        assert np_ == f, "a residual needs whole panels"
+        nhwc = _tensor(n, g.oh, g.ow, f)
+        e(f"  %rt_init = tensor.empty() : {nhwc}")
+        e(
+            f"  %rt = linalg.transpose ins(%res : {out_t}) outs(%rt_init : {nhwc}) "
+            "permutation = [0, 2, 3, 1]"
+        )
+        rm_t = _tensor(n * g.oh * g.ow, f)
+        e(f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {rm_t}")
+        residual = "%rm"
+    for line in kernel.conv_dispatch("%a", "%bp", pair, residual):
+        e(line)
+    grid_t, o_t = _tensor(n, g.oh, kernel.wp, np_), _tensor(n, g.oh, g.ow, f)
+    e(
+        f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, "
+        f"{kernel.wp}, {np_}] : {_tensor(n * kernel.m, np_)} into {grid_t}"
+    )
+    e(
+        f"  %o = tensor.extract_slice %c4[0, 0, 0, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : "
+        f"{grid_t} to {o_t}"
+    )
+    _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.scale_shift)
+    if kernel.out_next is not None:
+        e(f"  return %out, %cnext : {out_t}, tensor<{kernel.out_next_size}xbf16>")
+    else:
+        e(f"  return %out : {out_t}")
+    e("}")
+    return "\n".join(lines)
+
+
+def _amx_input(e: Any, plan: AmxConvPlan, kernel: AmxConv, g: Conv, x_t: str) -> None:
+    """Emits ``%a``: the NCHW ``%x`` as :func:`_amx_function`'s kernel reads it (see there)."""
+    assert g.n is not None
+    n, c, h, w = g.n, g.c, g.h, g.w
+    ph, pw = g.padding
+    sh, sw, cp = plan.sh, plan.sw, plan.c_pad
     nhwc_t = _tensor(n, h, w, c)
     e(f"  %xt_init = tensor.empty() : {nhwc_t}")
     e(
@@ -568,56 +659,6 @@ def _amx_function(
     dims = ", ".join(str(i) for i in range(rank))
     e(f"  %a32 = tensor.collapse_shape {xs} [[{dims}]] : {xp_t} into {_tensor(size)}")
     e(_truncf_1d("%a", "%a32", size))
-    # the weight: [F, C, KH, KW] -> zero-padded [F, c_pad, sh * kh2, sw * kw2] -> [F, c_pad,
-    # kh2, sh, kw2, sw] -> [kh2, kw2, sh, sw, c_pad, F] -> [K, F] -> pad F -> AMX's tiles of B
-    kh4, kw4 = sh * plan.kh2, sw * plan.kw2
-    w4_t = _tensor(f, cp, kh4, kw4)
-    wsrc, wsrc_t = "%w", w_t
-    if (cp, kh4, kw4) != (c, g.kh, g.kw):
-        e(f"  %w4 = tensor.pad %w low[0, 0, 0, 0] high[0, {cp - c}, {kh4 - g.kh}, {kw4 - g.kw}] {{")
-        e("  ^bb0(%q0: index, %q1: index, %q2: index, %q3: index):")
-        e("    tensor.yield %zero : f32")
-        e(f"  }} : {w_t} to {w4_t}")
-        wsrc, wsrc_t = "%w4", w4_t
-    w6_t = _tensor(f, cp, plan.kh2, sh, plan.kw2, sw)
-    e(
-        f"  %w6 = tensor.expand_shape {wsrc} [[0], [1], [2, 3], [4, 5]] output_shape "
-        f"[{f}, {cp}, {plan.kh2}, {sh}, {plan.kw2}, {sw}] : {wsrc_t} into {w6_t}"
-    )
-    wt_t, kf_t = _tensor(plan.kh2, plan.kw2, sh, sw, cp, f), _tensor(k, f)
-    e(f"  %wt_init = tensor.empty() : {wt_t}")
-    e(
-        f"  %wt = linalg.transpose ins(%w6 : {w6_t}) outs(%wt_init : {wt_t}) "
-        "permutation = [2, 4, 3, 5, 1, 0]"
-    )
-    e(f"  %wk = tensor.collapse_shape %wt [[0, 1, 2, 3, 4], [5]] : {wt_t} into {kf_t}")
-    wk, wk_t = _pad_columns(e, "%wk", k, f, np_)
-    _pack(e, wk, wk_t, kernel.pack_layout("kn", 1), k * np_, bf16=True)
-    pair = None
-    if kernel.scale_shift:
-        scale, shift = _scale_shift(e, g, bn_eps, affine, bias=g.bias)
-        if scale is None:
-            e(f"  %ones = arith.constant dense<1.0> : {f_t}")
-            scale = "%ones"
-        if shift is None:
-            e(f"  %zeros = arith.constant dense<0.0> : {f_t}")
-            shift = "%zeros"
-        pair = (_padded_vector(e, scale, f, np_), _padded_vector(e, shift, f, np_))
-    for line in kernel.conv_dispatch("%a", "%bp", pair):
-        e(line)
-    grid_t, o_t = _tensor(n, g.oh, kernel.wp, np_), _tensor(n, g.oh, g.ow, f)
-    e(
-        f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {g.oh}, "
-        f"{kernel.wp}, {np_}] : {_tensor(n * kernel.m, np_)} into {grid_t}"
-    )
-    e(
-        f"  %o = tensor.extract_slice %c4[0, 0, 0, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : "
-        f"{grid_t} to {o_t}"
-    )
-    _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.scale_shift)
-    e(f"  return %out : {out_t}")
-    e("}")
-    return "\n".join(lines)
 
 
 def _call_operands(
@@ -674,25 +715,81 @@ def _replace_by_call(
     return call
 
 
-def _rewrite_amx(top: TopLevel, conv: Any, g: Conv, index: int) -> None:
+def _rewrite_amx(
+    top: TopLevel,
+    conv: Any,
+    g: Conv,
+    index: int,
+    found: list[tuple[Any, Conv | None]],
+    padded: Any = None,
+) -> tuple[Any, int | None]:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
-    by a call of :func:`_amx_function`."""
+    by a call of :func:`_amx_function`; ``padded``: its input as the kernel reads it (an
+    earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result). Returns the call and the
+    index in ``found`` of the convolution that reads this one's :attr:`.amx_conv.AmxConv.out_next`
+    result (None if none does)."""
     assert g.n is not None
-    bn, affine, _, absorbed = (
-        _absorbed(conv, g, False) if fusion_enabled() else (None, [], None, [])
+    plan, kernel = amx_conv_plan(g)
+    whole = kernel.np_ == g.f
+    bn, affine, residual, absorbed = (
+        _absorbed(conv, g, whole) if fusion_enabled() else (None, [], None, [])
     )
     relu = bool(absorbed) and absorbed[-1].name == "torch.aten.relu"
-    plan, kernel = amx_conv_plan(g)
-    scale_shift = bn is not None or bool(affine) or (relu and g.bias)
-    kernel = replace(kernel, scale_shift=scale_shift, relu=relu)
+    scale_shift = bn is not None or bool(affine) or (g.bias and (relu or residual is not None))
+    consumer = None
+    final = absorbed[-1].results[0] if absorbed else conv.results[0]
+    if padded_outputs_enabled() and whole:
+        consumer = _amx_consumer(final, g, found, index + 1)
+    out_next = None
+    if consumer is not None:
+        nplan, _ = amx_conv_plan(consumer[1])
+        cph, cpw = consumer[1].padding
+        out_next = (nplan.rows, nplan.cols, cph, cpw)
+    kernel = replace(
+        kernel,
+        scale_shift=scale_shift,
+        relu=relu,
+        residual=residual is not None,
+        out_next=out_next,
+        # the next convolution its one reader: the NCHW result is left unwritten (and unread)
+        f32_out=out_next is None or len(list(final.uses)) > 1,
+    )
     if kernel.name not in top:
         top.append(kernel.executable())
     name = top.unique(f"{_FUNC_PREFIX}_amx_{index}")
     steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
     eps = bn.eps if bn is not None else None
-    top.append(_amx_function(name, plan, kernel, g, eps, steps))
-    operands, types = _call_operands(conv, g, bn, affine, None)
-    _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
+    top.append(_amx_function(name, plan, kernel, g, eps, steps, padded_input=padded is not None))
+    operands, types = _call_operands(conv, g, bn, affine, residual)
+    results = [_tensor(g.n, g.f, g.oh, g.ow)]
+    if out_next is not None:
+        results.append(f"tensor<{kernel.out_next_size}xbf16>")
+    call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
+    return call, consumer[0] if consumer is not None else None
+
+
+def _amx_consumer(
+    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int
+) -> tuple[int, Conv] | None:
+    """``(index, geometry)`` of a convolution of ``found[start:]`` that reads ``value`` (the
+    result of the convolution ``g``, whole panels) as its input and that the AMX kernel computes
+    at stride 1 over it as it is (no space-to-depth form, no strided reads, no channels to
+    pad): the kernel computing ``g`` can then write its input (:attr:`.amx_conv.AmxConv.out_next`).
+    Other uses of ``value`` may remain (they read the NCHW output)."""
+    for use in value.uses:
+        if use.operand_number != 0:
+            continue
+        user = use.owner
+        for i in range(start, len(found)):
+            o, g2 = found[i]
+            if o.operation != user.operation or g2 is None or not amx_conv_supports(g2):
+                continue
+            plan2, _ = amx_conv_plan(g2)
+            if (plan2.sh, plan2.sw, plan2.th, plan2.tw) == (1, 1, 1, 1) and (
+                g2.c == g.f == plan2.c_pad and g2.n == g.n
+            ):
+                return i, g2
+    return None
 
 
 def _rewrite_depthwise(
@@ -854,8 +951,8 @@ def _absorbed(
 ) -> tuple[BatchNorm | None, list[tuple[Any, str, Any]], Any, list[Any]]:
     """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
     steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
-    call's); a residual add only where ``residual_ok`` (the AVX-512 kernel with whole panels;
-    never the AMX kernel, whose rows are its wide output grid); a hardswish or SiLU instead of
+    call's); a residual add only where ``residual_ok`` (the AVX-512 and AMX kernels with whole
+    panels); a hardswish or SiLU instead of
     a ReLU only where ``activations_ok`` (the direct and depthwise AVX-512 kernels)."""
     ops: list[Any] = []
     value = conv.results[0]
@@ -924,7 +1021,11 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         if bf16 and amx and amx_conv_supports(g):
-            _rewrite_amx(top, conv, g, index)
+            call, next_index = _rewrite_amx(
+                top, conv, g, index, found, padded_inputs.pop(index, None)
+            )
+            if next_index is not None:
+                padded_inputs[next_index] = call.results[1]
             any_amx = True
             continue
         any_avx512 = True

@@ -144,8 +144,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 37: depthwise fp32 convolutions, and grouped ones of up to 16 channels a group, on the
 #: AVX-512 depthwise kernel (:mod:`.depthwise`); 38: global average poolings as means
 #: (:mod:`.pools`); 39: hardswish and SiLU in the direct and depthwise kernels' stores; 40:
-#: the direct kernel's panels 16 or 32 wide for few output channels (:mod:`.avx512_conv`).
-REVISION = 40
+#: the direct kernel's panels 16 or 32 wide for few output channels (:mod:`.avx512_conv`); 41:
+#: the AMX convolution kernel adds a residual in its epilogue and writes the next stride-1 AMX
+#: convolution's padded bf16 input itself (:mod:`.amx_conv`).
+REVISION = 41
 
 _log = logging.getLogger("turbine.aot")
 
