@@ -353,3 +353,48 @@ def test_the_kernel_refuses_an_output_that_does_not_fit_the_next_input():
     # 8 x 9 pixels (a 3x3 over a grid 11 wide) cannot sit at (1, 1) of an input 8 rows high
     with pytest.raises(ValueError, match="does not fit"):
         AmxConv(288, 32, False, 128, 32, c=32, kh=3, kw=3, oh=8, wp=11, n=1, out_next=(8, 11, 1, 1))
+
+
+class _StemAndPool(torch.nn.Module):
+    """A ResNet stem: 7x7 stride-2 convolution, batch norm, ReLU, then a 3x3 stride-2 max
+    pooling padded by one, and a first 3x3 convolution after it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(8)
+        self.stem = torch.nn.Conv2d(3, 32, 7, stride=2, padding=3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(32)
+        self.bn.running_mean.uniform_(-0.5, 0.5)
+        self.conv = torch.nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.stem(x))), 3, 2, 1)
+        return self.conv(y)
+
+
+@needs_amx
+def test_a_max_pooling_after_an_amx_convolution_reads_its_padded_result(monkeypatch):
+    model = _StemAndPool().eval()
+    x = torch.randn(2, 3, 30, 34)
+    eo = export(model, args=(x,))
+    asm = compile_copy_asm(eo, _flags())
+    # the stem's kernel writes its ReLU'd result in f32, zero-padded by one as the pooling
+    # reads it (15 x 17 pixels in 17 x 19), and nothing else; the pooling takes it as it is
+    check_ir(
+        asm,
+        r"stream.executable private @__turbine_amx_bf16_conv_2x\w+_f32_ss_relu_to17x19p1x1f32"
+        r"_nof32_128x32",
+        r"vector.store %\w+, %\w+\[%\w+\] : memref<20672xf32>, vector<16xf32>",
+        r"func.func private @__turbine_max_pool_nhwc_amx_0\(%\w+: tensor<20672xf32>\) -> "
+        r"tensor<2x32x8x9xf32>",
+        r"tensor.expand_shape %\w+ \[\[0, 1, 2, 3\]\] output_shape \[2, 17, 19, 32\]",
+    )
+    assert "tensor.pad" not in asm.split("@__turbine_max_pool_nhwc_amx_0")[2].split("func.func")[0]
+    got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # with the poolings left to torch-mlir the stem's kernel writes its plain result
+    monkeypatch.setenv("TURBINE_CPU_POOLS", "keep")
+    assert "f32_nof32" not in compile_copy_asm(eo, _flags())
+    kept = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    torch.testing.assert_close(got, kept, rtol=0, atol=0)

@@ -178,6 +178,8 @@ class AmxConv(AmxGemm):
             next convolution's kernel reads its input (a second result, ``[n, rows, cols,
             np_]`` flat: the ``oh x ow`` pixels at ``(ph, pw)``, zeros around them), so that
             no copy or conversion pass runs in between (docs/performance.md, section 18).
+        out_next_f32: the :attr:`out_next` result in f32, for a max pooling rather than a
+            convolution (:func:`.pools.max_pool_function` with ``padded_input``).
         f32_out: with :attr:`out_next`, whether the f32 result is written too (``False``
             where nothing else reads it: the kernel's first result is then left unwritten).
 
@@ -198,6 +200,7 @@ class AmxConv(AmxGemm):
     relu: bool = field(default=False, kw_only=True)
     residual: bool = field(default=False, kw_only=True)
     out_next: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
+    out_next_f32: bool = field(default=False, kw_only=True)
     f32_out: bool = field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -212,6 +215,11 @@ class AmxConv(AmxGemm):
             raise ValueError(f"AMX convolution: no result to write: {self}")
 
     @property
+    def out_next_dtype(self) -> str:
+        """The element type of the :attr:`out_next` result."""
+        return "f32" if self.out_next_f32 else "bf16"
+
+    @property
     def _per_pixel(self) -> bool:
         """Whether the epilogue works pixel by pixel (a residual, a bf16 result) from the
         stack's scratch block."""
@@ -224,7 +232,7 @@ class AmxConv(AmxGemm):
 
     @property
     def out_next_size(self) -> int:
-        """Elements of the :attr:`out_next` result (bf16)."""
+        """Elements of the :attr:`out_next` result (:attr:`out_next_dtype`)."""
         assert self.out_next is not None
         rows, cols, _, _ = self.out_next
         return self.n * rows * cols * self.np_
@@ -255,6 +263,7 @@ class AmxConv(AmxGemm):
         )
         if self.out_next is not None:
             epilogue += "_to{}x{}p{}x{}".format(*self.out_next)
+            epilogue += "f32" if self.out_next_f32 else ""
         if not self.f32_out:
             epilogue += "_nof32"
         return (
@@ -274,7 +283,7 @@ class AmxConv(AmxGemm):
         ``tensor<{input_size}xbf16>``), ``b`` (the packed weight), with :attr:`scale_shift`
         the ``tensor<{np_}xf32>`` scale and shift, with :attr:`residual` the residual
         (``tensor<{n * oh * ow}x{np_}xf32>``); with :attr:`out_next` also ``%cnext``
-        (``tensor<{out_next_size}xbf16>``)."""
+        (``tensor<{out_next_size}x{out_next_dtype}>``)."""
         if bool(scale_shift) != self.scale_shift:
             raise ValueError(f"{self.name}: scale and shift operands {scale_shift!r}")
         if bool(residual) != self.residual:
@@ -303,7 +312,7 @@ class AmxConv(AmxGemm):
             lines.append(f"  %cmd = {call}{c_t}")
             lines.append(f"  %cm = tensor.cast %cmd{cast}")
         else:
-            next_t = f"tensor<{self.out_next_size}xbf16>"
+            next_t = f"tensor<{self.out_next_size}x{self.out_next_dtype}>"
             lines.append(f"  %cmd:2 = {call}({c_t}, {next_t})")
             lines.append(f"  %cm = tensor.cast %cmd#0{cast}")
             lines.append(f"  %cnext = tensor.cast %cmd#1 : {next_t} to {next_t}")
@@ -325,7 +334,7 @@ class AmxConv(AmxGemm):
             r_t = f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
             e(f"      %mres = stream.binding.subspan %resid[%c0] : !stream.binding -> {r_t}")
         if self.out_next is not None:
-            o_t = f"memref<{self.out_next_size}xbf16>"
+            o_t = f"memref<{self.out_next_size}x{self.out_next_dtype}>"
             e(f"      %mnext = stream.binding.subspan %onext[%c0] : !stream.binding -> {o_t}")
 
     def _emit_workgroup_prologue(self, e) -> None:
@@ -347,7 +356,8 @@ class AmxConv(AmxGemm):
         p = "      "
         e(f"{p}%zb_first = arith.cmpi eq, %wgy, %c0 : index")
         e(f"{p}scf.if %zb_first {{")
-        e(f"{p}  %zb_zero = arith.constant dense<0.0> : vector<16xbf16>")
+        nvec = f"vector<16x{self.out_next_dtype}>"
+        e(f"{p}  %zb_zero = arith.constant dense<0.0> : {nvec}")
         bands = []  # (first row, end row, first column, end column)
         if ph:
             bands.append((0, ph, 0, cols))
@@ -357,7 +367,7 @@ class AmxConv(AmxGemm):
             bands.append((ph, ph + self.oh, 0, pw))
         if pw + self.ow < cols:
             bands.append((ph, ph + self.oh, pw + self.ow, cols))
-        o_t = f"memref<{self.out_next_size}xbf16>"
+        o_t = f"memref<{self.out_next_size}x{self.out_next_dtype}>"
         for i, (r0, r1, x0, x1) in enumerate(bands):
             for name, v in (("r0", r0), ("r1", r1), ("x0", x0), ("x1", x1)):
                 e(f"{p}  %zb{i}{name} = arith.constant {v} : index")
@@ -373,7 +383,7 @@ class AmxConv(AmxGemm):
                     f"{p}      %zo{i}_{j} = affine.apply affine_map<()[s0] -> (s0 + {16 * j})>()"
                     f"[%zo{i}]"
                 )
-                e(f"{p}      vector.store %zb_zero, %mnext[%zo{i}_{j}] : {o_t}, vector<16xbf16>")
+                e(f"{p}      vector.store %zb_zero, %mnext[%zo{i}_{j}] : {o_t}, {nvec}")
             e(f"{p}    }}")
             e(f"{p}  }}")
         e(f"{p}}}")
@@ -421,7 +431,7 @@ class AmxConv(AmxGemm):
                 )
                 e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
         r_t = f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
-        o_t = f"memref<{self.out_next_size if self.out_next else 0}xbf16>"
+        o_t = f"memref<{self.out_next_size if self.out_next else 0}x{self.out_next_dtype}>"
         for h, col in enumerate(cols):
             if per_pixel:  # the block's row er, columns 16 h ... from the scratch block
                 e(f"{q}%ev{h} = vector.load %scr[%er, %c{16 * h}] : {_SCRATCH_T}, {vec}")
@@ -440,7 +450,10 @@ class AmxConv(AmxGemm):
                 v = f"%ez{h}"
             if self.f32_out:
                 e(f"{q}vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")
-            if self.out_next is not None:
+            if self.out_next is not None and self.out_next_f32:
+                idx = "%enx" if h == 0 else "%enx1"
+                e(f"{q}vector.store {v}, %mnext[{idx}] : {o_t}, {vec}")
+            elif self.out_next is not None:
                 e(f"{q}%ebf{h} = arith.truncf {v} : {vec} to vector<16xbf16>")
                 idx = "%enx" if h == 0 else "%enx1"
                 e(f"{q}vector.store %ebf{h}, %mnext[{idx}] : {o_t}, vector<16xbf16>")

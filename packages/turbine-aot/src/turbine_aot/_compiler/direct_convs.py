@@ -73,6 +73,7 @@ from .epilogues import (
     same_shape_add,
 )
 from .matmuls import mark_cpu_requires
+from .pools import POOL_FUNC_PREFIX, MaxPool, max_pool_function, max_pool_geometry
 from .torch_ir import Builder, TensorType, TopLevel, constant, producer, walk
 from .winograd import WinogradConv, winograd_choice
 
@@ -540,7 +541,7 @@ def _amx_function(
         args += f", %res: {out_t}"
     results_t = out_t
     if kernel.out_next is not None:
-        results_t = f"({out_t}, tensor<{kernel.out_next_size}xbf16>)"
+        results_t = f"({out_t}, tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>)"
     lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
@@ -608,7 +609,9 @@ def _amx_function(
     )
     _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.scale_shift)
     if kernel.out_next is not None:
-        e(f"  return %out, %cnext : {out_t}, tensor<{kernel.out_next_size}xbf16>")
+        e(
+            f"  return %out, %cnext : {out_t}, tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>"
+        )
     else:
         e(f"  return %out : {out_t}")
     e("}")
@@ -722,12 +725,15 @@ def _rewrite_amx(
     index: int,
     found: list[tuple[Any, Conv | None]],
     padded: Any = None,
+    pools: bool = False,
 ) -> tuple[Any, int | None]:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
     by a call of :func:`_amx_function`; ``padded``: its input as the kernel reads it (an
-    earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result). Returns the call and the
-    index in ``found`` of the convolution that reads this one's :attr:`.amx_conv.AmxConv.out_next`
-    result (None if none does)."""
+    earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result); ``pools``: a max pooling
+    that is the one reader of the result after a ReLU may be rewritten here too, reading the
+    kernel's f32 :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`). Returns
+    the call and the index in ``found`` of the convolution that reads this one's
+    :attr:`.amx_conv.AmxConv.out_next` result (None if none does)."""
     assert g.n is not None
     plan, kernel = amx_conv_plan(g)
     whole = kernel.np_ == g.f
@@ -745,12 +751,18 @@ def _rewrite_amx(
         nplan, _ = amx_conv_plan(consumer[1])
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
+    pool = _pool_consumer(final, g) if pools and relu and whole and consumer is None else None
+    if pool is not None:
+        gp = pool[1]
+        pph, ppw = gp.padding
+        out_next = (gp.h + 2 * pph, gp.w + 2 * ppw, pph, ppw)
     kernel = replace(
         kernel,
         scale_shift=scale_shift,
         relu=relu,
         residual=residual is not None,
         out_next=out_next,
+        out_next_f32=pool is not None,
         # the next convolution its one reader: the NCHW result is left unwritten (and unread)
         f32_out=out_next is None or len(list(final.uses)) > 1,
     )
@@ -763,9 +775,33 @@ def _rewrite_amx(
     operands, types = _call_operands(conv, g, bn, affine, residual)
     results = [_tensor(g.n, g.f, g.oh, g.ow)]
     if out_next is not None:
-        results.append(f"tensor<{kernel.out_next_size}xbf16>")
+        results.append(f"tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>")
     call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
+    if pool is not None:  # the pooling reads the kernel's padded f32 result
+        pool_op, gp = pool
+        pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
+        top.append(max_pool_function(pool_name, gp, padded_input=True))
+        b = Builder(pool_op, location=pool_op.location)
+        pooled = b.call(pool_name, [call.results[1]], [_tensor(gp.n, gp.c, gp.oh, gp.ow)])
+        pool_op.results[0].replace_all_uses_with(
+            b.from_builtin(pooled.results[0], pool_op.results[0].type)
+        )
+        pool_op.erase()
     return call, consumer[0] if consumer is not None else None
+
+
+def _pool_consumer(value: Any, g: Conv) -> tuple[Any, MaxPool] | None:
+    """``(op, geometry)`` of the max pooling that is ``value``'s one reader (``value``: a ReLU's
+    result, never below zero, of the convolution ``g``), if :func:`.pools.max_pool_geometry`
+    accepts it, else None."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].operand_number != 0:
+        return None
+    owner = uses[0].owner
+    gp = max_pool_geometry(owner)
+    if gp is None or gp.c != g.f or gp.n != g.n:
+        return None
+    return owner, gp
 
 
 def _amx_consumer(
@@ -998,12 +1034,16 @@ def _padded_consumer(
     return None
 
 
-def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) -> int:
+def rewrite_convs_avx512(
+    module_op: Any, bf16: bool = False, amx: bool = False, pools: bool = False
+) -> int:
     """Rewrites, in place, each convolution :func:`direct_convs` finds as a call of the AVX-512
     direct-convolution kernel (see the module doc); ``bf16``: its bf16 form
     (``precision="bf16"``), the module then marked as needing AVX512-BF16; ``bf16`` and
     ``amx``: the convolutions the AMX kernel takes (:func:`.amx_conv.amx_conv_supports`) on it
-    instead, the module then marked as needing AMX too.
+    instead, the module then marked as needing AMX too; ``pools`` (max poolings channels-last,
+    :mod:`.pools`): an AMX kernel may hand its result to a max pooling after it, padded
+    (:func:`_rewrite_amx`).
 
     Returns:
         How many convolutions were rewritten.
@@ -1022,7 +1062,7 @@ def rewrite_convs_avx512(module_op: Any, bf16: bool = False, amx: bool = False) 
         assert g is not None and g.n is not None
         if bf16 and amx and amx_conv_supports(g):
             call, next_index = _rewrite_amx(
-                top, conv, g, index, found, padded_inputs.pop(index, None)
+                top, conv, g, index, found, padded_inputs.pop(index, None), pools
             )
             if next_index is not None:
                 padded_inputs[next_index] = call.results[1]

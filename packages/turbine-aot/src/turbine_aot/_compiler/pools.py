@@ -45,9 +45,13 @@ from .torch_ir import Builder, TensorType, TopLevel, constant, constant_int_list
 
 __all__ = [
     "CPU_POOLS_ENV",
+    "POOL_FUNC_PREFIX",
     "MaxPool",
     "global_avg_pools",
+    "max_pool_function",
+    "max_pool_geometry",
     "max_pools",
+    "padded_input_size",
     "rewrite_global_avg_pools",
     "rewrite_max_pools_nhwc",
 ]
@@ -57,7 +61,8 @@ CPU_POOLS_ENV = "TURBINE_CPU_POOLS"
 _MAX_POOL = "torch.aten.max_pool2d"
 _ADAPTIVE_AVG_POOL = "torch.aten.adaptive_avg_pool2d"
 _FLOATS = ("f32", "f16", "bf16", "f64")
-_FUNC_PREFIX = "__turbine_max_pool_nhwc"
+#: The prefix of the pooling functions' names.
+POOL_FUNC_PREFIX = "__turbine_max_pool_nhwc"
 
 
 @dataclass(frozen=True)
@@ -117,12 +122,32 @@ def _tensor(*dims: int) -> str:
     return "tensor<" + "x".join(str(d) for d in dims) + "xf32>"
 
 
-def _function(name: str, g: MaxPool) -> str:
-    """The private function computing the max pooling ``g`` channels-last (builtin tensors)."""
-    (kh, kw), (sh, sw), (ph, pw) = g.kernel, g.stride, g.padding
+def padded_input_size(g: MaxPool) -> int:
+    """Elements of the pooling's input zero-padded channels-last (``[n, h + 2 ph, w + 2 pw,
+    c]``), as :func:`max_pool_function` takes it with ``padded_input``."""
+    (ph, pw) = g.padding
+    return g.n * (g.h + 2 * ph) * (g.w + 2 * pw) * g.c
+
+
+def max_pool_function(name: str, g: MaxPool, padded_input: bool = False) -> str:
+    """The private function computing the max pooling ``g`` channels-last (builtin tensors):
+    ``(%x NCHW) -> NCHW``; with ``padded_input``, ``%x`` is the input already channels-last and
+    padded, flat (:func:`padded_input_size`): a convolution kernel's result written so
+    (:mod:`.direct_convs`), its border zeros rather than -inf, which gives the same maxima
+    where no input is below zero (a ReLU's output) and every window holds an input pixel (a
+    padding of at most half the window, as :func:`max_pool_geometry` requires)."""
+    (ph, pw) = g.padding
     x_t, out_t = _tensor(g.n, g.c, g.h, g.w), _tensor(g.n, g.c, g.oh, g.ow)
     nhwc_t, xp_t = _tensor(g.n, g.h, g.w, g.c), _tensor(g.n, g.h + 2 * ph, g.w + 2 * pw, g.c)
-    o_t = _tensor(g.n, g.oh, g.ow, g.c)
+    if padded_input:
+        flat_t = _tensor(padded_input_size(g))
+        lines = [f"func.func private @{name}(%x: {flat_t}) -> {out_t} {{"]
+        e = lines.append
+        e(
+            f"  %xp = tensor.expand_shape %x [[0, 1, 2, 3]] output_shape "
+            f"[{g.n}, {g.h + 2 * ph}, {g.w + 2 * pw}, {g.c}] : {flat_t} into {xp_t}"
+        )
+        return _pooled(lines, g, "%xp", xp_t)
     lines = [f"func.func private @{name}(%x: {x_t}) -> {out_t} {{"]
     e = lines.append
     e("  %ninf = arith.constant 0xFF800000 : f32")
@@ -138,6 +163,14 @@ def _function(name: str, g: MaxPool) -> str:
         e("    tensor.yield %ninf : f32")
         e(f"  }} : {nhwc_t} to {xp_t}")
         src, src_t = "%xp", xp_t
+    return _pooled(lines, g, src, src_t)
+
+
+def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
+    """The rest of :func:`max_pool_function` from the padded channels-last input ``src``."""
+    e = lines.append
+    (kh, kw), (sh, sw) = g.kernel, g.stride
+    out_t, o_t = _tensor(g.n, g.c, g.oh, g.ow), _tensor(g.n, g.oh, g.ow, g.c)
     # each tap of the window a strided slice of the padded input, their maximum one
     # element-wise op over channels-last vectors (a pooling op would be data-tiled like a
     # convolution, behind a copy of its input; a windowed read map is not vectorized); read
@@ -188,8 +221,8 @@ def rewrite_max_pools_nhwc(module_op: Any) -> int:
     found = [(o, max_pool_geometry(o)) for o in max_pools(op)]
     for index, (pool, g) in enumerate(found):
         assert g is not None
-        name = top.unique(f"{_FUNC_PREFIX}_{index}")
-        top.append(_function(name, g))
+        name = top.unique(f"{POOL_FUNC_PREFIX}_{index}")
+        top.append(max_pool_function(name, g))
         back = Builder(pool).call_on_builtins(
             name,
             [(pool.operands[0], _tensor(g.n, g.c, g.h, g.w))],

@@ -146,8 +146,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: (:mod:`.pools`); 39: hardswish and SiLU in the direct and depthwise kernels' stores; 40:
 #: the direct kernel's panels 16 or 32 wide for few output channels (:mod:`.avx512_conv`); 41:
 #: the AMX convolution kernel adds a residual in its epilogue and writes the next stride-1 AMX
-#: convolution's padded bf16 input itself (:mod:`.amx_conv`).
-REVISION = 41
+#: convolution's padded bf16 input itself (:mod:`.amx_conv`); 42: and a max pooling's padded
+#: f32 input (:mod:`.pools`).
+REVISION = 42
 
 _log = logging.getLogger("turbine.aot")
 
@@ -275,7 +276,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         count = reform_convs(copy)
         _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
     if direct:
-        count = rewrite_convs_avx512(copy, bf16=bf16_convs, amx=bf16_convs and amx_convs)
+        count = rewrite_convs_avx512(
+            copy, bf16=bf16_convs, amx=bf16_convs and amx_convs, pools=pools
+        )
         _log.info(
             "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
             count,
