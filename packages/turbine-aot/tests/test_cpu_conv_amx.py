@@ -78,19 +78,19 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
     check_ir(
         asm,
         # each convolution: its kernel's executable, then the function calling it
-        # the stem: 8 channels (3 padded) x 2 x 2 phases = 32, a 4x4 kernel; 16 + 4 rows of a
-        # grid 16 + 3 wide; its bias and the ReLU after it in the kernel's epilogue, which also
+        # the stem: 4 channels (3 padded) x 2 x 2 phases = 16, a 4x4 kernel (each tile row two
+        # neighbouring taps); 16 + 4 rows of a grid 16 + 3 wide; its bias and the ReLU after it in the kernel's epilogue, which also
         # writes the result in bf16 as a's kernel reads its input (19 x 18, the pixels at 1, 1),
         # and only so (a is its one reader)
         r"stream.executable private "
-        r"@__turbine_amx_bf16_conv_1x20x19x32_k4x4_f32_ss_relu_to19x18p1x1_nof32_128x32",
+        r"@__turbine_amx_bf16_conv_1x20x19x16_k4x4_f32_ss_relu_to19x18p1x1_nof32_128x32",
         # the workgroups of the first row block write the zeros around the pixels
         r"scf.if ",
         r"vector.store %\w+, %\w+\[%\w+\] : memref<10944xbf16>, vector<16xbf16>",
-        # the reduction over the taps (ky, kx) and blocks of 32 channels, A tiles read in place
+        # the reduction over the rows of taps and pairs of taps, A tiles read in place (rows 32
+        # bytes apart)
         r"scf.for ",
-        r"scf.for ",
-        r"scf.for ",
+        r"scf.for %\w+ = %\w+ to %\w+ step %c2",
         r"tileloadd",
         r"tdpbf16ps",
         r"tilestored",  # to the scratch block on the stack
@@ -99,15 +99,15 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         r"arith.maximumf",
         r"arith.truncf %\w+ : vector<16xf32> to vector<16xbf16>",
         r"vector.store %\w+, %\w+\[%\w+\] : memref<10944xbf16>, vector<16xbf16>",
-        # the stem's input: zero-padded (channels 3 -> 8), then in space-to-depth order; it
+        # the stem's input: zero-padded (channels 3 -> 4), then in space-to-depth order; it
         # returns the NCHW output (for any other reader) and a's input
         r"func.func private @__turbine_avx512_conv_amx_0\(%\w+: tensor<1x3x32x32xf32>.*\) -> "
         r"\(tensor<1x32x16x16xf32>, tensor<10944xbf16>\)",
-        r"tensor.pad %\w+ low\[0, 3, 3, 0\] high\[0, 5, 3, 5\]",
+        r"tensor.pad %\w+ low\[0, 3, 3, 0\] high\[0, 5, 3, 1\]",
         r"permutation = \[0, 1, 3, 2, 4, 5\]",
         r"arith.truncf %\w+ : f32 to bf16",
         # its weight: 7x7 padded to 8x8, taps regrouped (a, b, py, px, c), in AMX's tile order
-        r"tensor.pad %\w+ low\[0, 0, 0, 0\] high\[0, 5, 1, 1\]",
+        r"tensor.pad %\w+ low\[0, 0, 0, 0\] high\[0, 1, 1, 1\]",
         r"permutation = \[2, 4, 3, 5, 1, 0\]",
         r"permutation = \[3, 0, 1, 4, 2\]",
         # a: 16x16 input padded by 1 (one more zero row at the bottom): 19 x 18 x 32 per image,
@@ -177,6 +177,10 @@ def _exact_bf16(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
         (1, 64, 15, 13, 128, 1, 0, 2, True),  # its strided 1x1 (downsample)
         (1, 32, 8, 9, 32, 1, 1, 2, True),  # a strided 1x1 with padding
         (1, 16, 11, 12, 32, 5, 1, 3, True),  # stride 3
+        # 16 channels and an even kernel width: tile rows of two taps
+        (1, 16, 9, 10, 32, 4, 1, 1, True),
+        (2, 5, 12, 12, 64, 2, 0, 1, False),  # 5 channels padded to 16
+        (1, 3, 15, 17, 32, 3, 1, 2, True),  # stride 2 over RGB: 4 x 2 x 2 channels, 2x2 taps
     ],
 )
 def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, stride, bias):

@@ -57,6 +57,8 @@ AMX_CONV_ENV = "TURBINE_CPU_AMX_CONV"
 
 #: Input channels per reduction step (one 64-byte tile row of bf16).
 _C_STEP = 32
+#: Input channels of a convolution whose tile rows hold two taps of 16 channels each.
+_HALF_STEP = 16
 #: The stack's scratch block of a per-pixel epilogue: 32 rows of C's 32 columns, each row
 #: padded to 48 floats (192 bytes, not a power of two: its rows spread over the L1 sets).
 _SCRATCH_COLS = 48
@@ -137,7 +139,10 @@ def amx_conv_plan(g: Conv) -> tuple[AmxConvPlan, AmxConv]:
         sh, sw, th, tw = 1, 1, sh, sw
     kh2, kw2 = -(-g.kh // sh), -(-g.kw // sw)
     c_pad = g.c
-    while (sh * sw * c_pad) % _C_STEP:
+    # 16 channels where a whole tile row can hold two taps (an even kernel width): the RGB
+    # stems' space-to-depth form (3 -> 4 channels x 2 x 2), half the products of 32
+    step = _HALF_STEP if sh * sw * c_pad <= _HALF_STEP and kw2 % 2 == 0 else _C_STEP
+    while (sh * sw * c_pad) % step:
         c_pad += 1
     plan = AmxConvPlan(sh, sw, th, tw, c_pad, kh2, kw2, g.oh + kh2, g.ow + kw2 - 1)
     c2 = sh * sw * c_pad
@@ -205,8 +210,14 @@ class AmxConv(AmxGemm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.c % _C_STEP or self.kp != self.kh * self.kw * self.c or self.batch_b:
-            raise ValueError(f"AMX convolution: channels must be a multiple of 32: {self}")
+        half = self.c == _HALF_STEP and self.kw % 2 == 0
+        if (self.c % _C_STEP and not half) or self.kp != self.kh * self.kw * self.c:
+            raise ValueError(
+                f"AMX convolution: channels must be a multiple of 32 (or 16, with an even "
+                f"kernel width): {self}"
+            )
+        if self.batch_b:
+            raise ValueError(f"AMX convolution: one weight for every image: {self}")
         if self.out_next is not None:
             rows, cols, ph, pw = self.out_next
             if ph < 0 or pw < 0 or ph + self.oh > rows or pw + self.ow > cols:
@@ -477,6 +488,8 @@ class AmxConv(AmxGemm):
         )
 
     def _emit_k_loop(self, e, p: str) -> tuple[str, list[str]]:
+        if self.c == _HALF_STEP:
+            return self._emit_k_loop_pairs(e, p)
         blocks = self.c // _C_STEP
         e(f"{p}%kyn = arith.constant {self.kh} : index")
         e(f"{p}%kxn = arith.constant {self.kw} : index")
@@ -497,3 +510,26 @@ class AmxConv(AmxGemm):
         e(f"{q}%ka = arith.index_cast %kai : index to i64")
         e(f"{q}%kb = arith.index_cast %kbi : index to i64")
         return q, [f"{p}    }}", f"{p}  }}", f"{p}}}"]
+
+    def _emit_k_loop_pairs(self, e, p: str) -> tuple[str, list[str]]:
+        """The reduction of a 16-channel input: each step's A tile rows are the 64 bytes of
+        two neighbouring pixels, taps ``(ky, kx)`` and ``(ky, kx + 1)`` (the rows 32 bytes apart,
+        overlapping), against the B tile of ``k = (ky, kx, c)`` to ``(ky, kx + 1, c)``: the
+        layout of ``k = (ky, kx, c)`` in steps of 32, as for 32 channels."""
+        e(f"{p}%kyn = arith.constant {self.kh} : index")
+        e(f"{p}%kxn = arith.constant {self.kw} : index")
+        e(f"{p}%c2 = arith.constant 2 : index")
+        e(f"{p}scf.for %ky = %c0 to %kyn step %c1 {{")
+        e(f"{p}  scf.for %kx = %c0 to %kxn step %c2 {{")
+        q = p + "    "
+        e(
+            f"{q}%kai = affine.apply affine_map<()[s0, s1] -> (s0 * {self.wp * self.c * 2} "
+            f"+ s1 * {self.c * 2})>()[%ky, %kx]"
+        )
+        e(
+            f"{q}%kbi = affine.apply affine_map<()[s0, s1] -> (s0 * {self.kw * 512} "
+            f"+ s1 * 512)>()[%ky, %kx]"
+        )
+        e(f"{q}%ka = arith.index_cast %kai : index to i64")
+        e(f"{q}%kb = arith.index_cast %kbi : index to i64")
+        return q, [f"{p}  }}", f"{p}}}"]

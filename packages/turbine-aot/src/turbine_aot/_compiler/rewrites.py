@@ -147,8 +147,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: the direct kernel's panels 16 or 32 wide for few output channels (:mod:`.avx512_conv`); 41:
 #: the AMX convolution kernel adds a residual in its epilogue and writes the next stride-1 AMX
 #: convolution's padded bf16 input itself (:mod:`.amx_conv`); 42: and a max pooling's padded
-#: f32 input (:mod:`.pools`).
-REVISION = 42
+#: f32 input (:mod:`.pools`); 43: AMX convolutions of 16 input channels (RGB stems in
+#: space-to-depth form) read two taps a tile row.
+REVISION = 43
 
 _log = logging.getLogger("turbine.aot")
 
