@@ -751,7 +751,8 @@ def _rewrite_amx(
         nplan, _ = amx_conv_plan(consumer[1])
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
-    pool = _pool_consumer(final, g) if pools and relu and whole and consumer is None else None
+    handoff = pools and padded_outputs_enabled() and relu and whole and consumer is None
+    pool = _pool_consumer(final, g) if handoff else None
     if pool is not None:
         gp = pool[1]
         pph, ppw = gp.padding
