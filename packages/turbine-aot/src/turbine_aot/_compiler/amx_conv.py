@@ -179,6 +179,9 @@ class AmxConv(AmxGemm):
         relu: then ``max(C, 0)``.
         residual: then ``+ res`` (an operand after the scale and shift: ``[n * oh * ow, np_]``
             f32, the output's pixels channels-last), before the ReLU.
+        residual_layout: ``(rows, cols, ph, pw)``: the residual is bf16 instead, laid out as
+            an earlier AMX kernel's :attr:`out_next` result (``[n, rows, cols, np_]`` flat, the
+            pixels at ``(ph, pw)``): that kernel's result read in place.
         out_next: ``(rows, cols, ph, pw)``: the kernel also writes its result in bf16 as the
             next convolution's kernel reads its input (a second result, ``[n, rows, cols,
             np_]`` flat: the ``oh x ow`` pixels at ``(ph, pw)``, zeros around them), so that
@@ -204,6 +207,7 @@ class AmxConv(AmxGemm):
     scale_shift: bool = field(default=False, kw_only=True)
     relu: bool = field(default=False, kw_only=True)
     residual: bool = field(default=False, kw_only=True)
+    residual_layout: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     out_next: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     out_next_f32: bool = field(default=False, kw_only=True)
     f32_out: bool = field(default=True, kw_only=True)
@@ -224,6 +228,14 @@ class AmxConv(AmxGemm):
                 raise ValueError(f"AMX convolution: the output does not fit {self.out_next}")
         elif not self.f32_out:
             raise ValueError(f"AMX convolution: no result to write: {self}")
+
+    @property
+    def residual_type(self) -> str:
+        """The residual operand's tensor type (:attr:`residual`, :attr:`residual_layout`)."""
+        if self.residual_layout is None:
+            return f"tensor<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+        rows, cols, _, _ = self.residual_layout
+        return f"tensor<{self.n * rows * cols * self.np_}xbf16>"
 
     @property
     def out_next_dtype(self) -> str:
@@ -270,6 +282,7 @@ class AmxConv(AmxGemm):
         epilogue = (
             ("_ss" if self.scale_shift else "")
             + ("_res" if self.residual else "")
+            + ("b{}x{}p{}x{}".format(*self.residual_layout) if self.residual_layout else "")
             + ("_relu" if self.relu else "")
         )
         if self.out_next is not None:
@@ -306,7 +319,7 @@ class AmxConv(AmxGemm):
         extra_t = f", {vec_t}, {vec_t}" if scale_shift else ""
         if residual:
             extra += f", {residual}"
-            extra_t += f", tensor<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+            extra_t += f", {self.residual_type}"
         c_t = f"tensor<?x{self.np_}xf32>{{%amx_rows}}"
         lines = [
             f"  %amx_m = arith.constant {self.m} : index",
@@ -342,11 +355,17 @@ class AmxConv(AmxGemm):
             e(f"      %msc = stream.binding.subspan %esc[%c0] : !stream.binding -> {v_t}")
             e(f"      %msh = stream.binding.subspan %esh[%c0] : !stream.binding -> {v_t}")
         if self.residual:
-            r_t = f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+            r_t = self._residual_memref()
             e(f"      %mres = stream.binding.subspan %resid[%c0] : !stream.binding -> {r_t}")
         if self.out_next is not None:
             o_t = f"memref<{self.out_next_size}x{self.out_next_dtype}>"
             e(f"      %mnext = stream.binding.subspan %onext[%c0] : !stream.binding -> {o_t}")
+
+    def _residual_memref(self) -> str:
+        if self.residual_layout is None:
+            return f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+        rows, cols, _, _ = self.residual_layout
+        return f"memref<{self.n * rows * cols * self.np_}xbf16>"
 
     def _emit_workgroup_prologue(self, e) -> None:
         """The scratch block (see the class doc); with :attr:`out_next`, the workgroups of the
@@ -428,11 +447,19 @@ class AmxConv(AmxGemm):
             e(f"{q}scf.if %epix {{")
             q += "  "
             e(f"{q}%eoy = affine.apply affine_map<()[s0] -> (s0 floordiv {self.wp})>()[%err]")
-            if self.residual:
+            if self.residual and self.residual_layout is None:
                 e(
                     f"{q}%eres = affine.apply affine_map<()[s0, s1, s2] -> "
                     f"(s0 * {self.oh * self.ow} + s1 * {self.ow} + s2)>()[%wgz, %eoy, %eox]"
                 )
+            elif self.residual:  # bf16, flat, as its producer's out_next result
+                rrows, rcols, rph, rpw = self.residual_layout  # type: ignore[misc]
+                e(
+                    f"{q}%eres = affine.apply affine_map<()[s0, s1, s2, s3] -> "
+                    f"(((s0 * {rrows} + s1 + {rph}) * {rcols} + s2 + {rpw}) * {self.np_} + s3)>()"
+                    "[%wgz, %eoy, %eox, %ncol]"
+                )
+                e(f"{q}%eres1 = arith.addi %eres, %c16 : index")
             if self.out_next is not None:
                 rows, cols_next, ph, pw = self.out_next
                 e(
@@ -441,7 +468,7 @@ class AmxConv(AmxGemm):
                     "[%wgz, %eoy, %eox, %ncol]"
                 )
                 e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
-        r_t = f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+        r_t = self._residual_memref()
         o_t = f"memref<{self.out_next_size if self.out_next else 0}x{self.out_next_dtype}>"
         for h, col in enumerate(cols):
             if per_pixel:  # the block's row er, columns 16 h ... from the scratch block
@@ -452,8 +479,13 @@ class AmxConv(AmxGemm):
             if self.scale_shift:
                 e(f"{q}%ey{h} = vector.fma {v}, %esv{h}, %etv{h} : {vec}")
                 v = f"%ey{h}"
-            if self.residual:
+            if self.residual and self.residual_layout is None:
                 e(f"{q}%erv{h} = vector.load %mres[%eres, {col}] : {r_t}, {vec}")
+            elif self.residual:
+                idx = "%eres" if h == 0 else "%eres1"
+                e(f"{q}%erb{h} = vector.load %mres[{idx}] : {r_t}, vector<16xbf16>")
+                e(f"{q}%erv{h} = arith.extf %erb{h} : vector<16xbf16> to {vec}")
+            if self.residual:
                 e(f"{q}%era{h} = arith.addf {v}, %erv{h} : {vec}")
                 v = f"%era{h}"
             if self.relu:

@@ -57,6 +57,7 @@ from dataclasses import replace
 from typing import Any
 
 from .amx import AMX_FEATURES
+from .amx import padded as amx_padded
 from .amx_conv import AmxConv, AmxConvPlan, amx_conv_plan, amx_conv_supports
 from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES
 from .avx512_conv import Avx512Conv, conv_kernel_for
@@ -538,7 +539,7 @@ def _amx_function(
     affine = affine or []
     args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
     if kernel.residual:
-        args += f", %res: {out_t}"
+        args += f", %res: {out_t if kernel.residual_layout is None else kernel.residual_type}"
     results_t = out_t
     if kernel.out_next is not None:
         results_t = f"({out_t}, tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>)"
@@ -585,7 +586,9 @@ def _amx_function(
             shift = "%zeros"
         pair = (_padded_vector(e, scale, f, np_), _padded_vector(e, shift, f, np_))
     residual = None
-    if kernel.residual:
+    if kernel.residual_layout is not None:  # bf16, read in place
+        residual = "%res"
+    elif kernel.residual:
         assert np_ == f, "a residual needs whole panels"
         nhwc = _tensor(n, g.oh, g.ow, f)
         e(f"  %rt_init = tensor.empty() : {nhwc}")
@@ -703,15 +706,19 @@ def _replace_by_call(
     types: list[str],
     results: list[str],
     first: Any = None,
+    last: Any = None,
 ) -> Any:
     """Replaces ``conv`` and the ops ``absorbed`` after it by a call of ``name`` (its first
     result the last op's, in torch types) and returns the call; ``first``: a builtin value
-    standing for the first operand (a previous kernel's padded output)."""
+    standing for the first operand (a previous kernel's padded output); ``last``: a builtin
+    value appended to the operands (a residual an earlier kernel kept in bf16)."""
     anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
     b = Builder(anchor, location=conv.location)
     builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
     if first is not None:
         builtin[0] = first
+    if last is not None:
+        builtin.append(last)
     call = b.call(name, builtin, results)
     back = b.from_builtin(call.results[0], conv.results[0].type)
     replace_with_absorbed(conv, absorbed, back)
@@ -726,15 +733,24 @@ def _rewrite_amx(
     found: list[tuple[Any, Conv | None]],
     padded: Any = None,
     pools: bool = False,
+    bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]] | None = None,
 ) -> tuple[Any, int | None]:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
     by a call of :func:`_amx_function`; ``padded``: its input as the kernel reads it (an
     earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result); ``pools``: a max pooling
     that is the one reader of the result after a ReLU may be rewritten here too, reading the
-    kernel's f32 :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`). Returns
-    the call and the index in ``found`` of the convolution that reads this one's
+    kernel's f32 :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`).
+
+    ``bf16_results``: ``(torch value, bf16 result, layout)`` of the earlier AMX kernels whose
+    results are kept in bf16 for the residual adds that read them; a residual found there is
+    read in bf16 (:attr:`.amx_conv.AmxConv.residual_layout`), and this kernel's own result is
+    added to it when later AMX kernels add it as their residual (:func:`_residual_readers`;
+    its f32 result then only written where something else reads it).
+
+    Returns the call and the index in ``found`` of the convolution that reads this one's
     :attr:`.amx_conv.AmxConv.out_next` result (None if none does)."""
     assert g.n is not None
+    bf16_results = [] if bf16_results is None else bf16_results
     plan, kernel = amx_conv_plan(g)
     whole = kernel.np_ == g.f
     bn, affine, residual, absorbed = (
@@ -742,30 +758,45 @@ def _rewrite_amx(
     )
     relu = bool(absorbed) and absorbed[-1].name == "torch.aten.relu"
     scale_shift = bn is not None or bool(affine) or (g.bias and (relu or residual is not None))
+    residual_bf16 = None  # (bf16 value, layout) of a residual an earlier kernel kept in bf16
+    if residual is not None:
+        residual_bf16 = next(((b, lay) for v, b, lay in bf16_results if v == residual), None)
     consumer = None
     final = absorbed[-1].results[0] if absorbed else conv.results[0]
-    if padded_outputs_enabled() and whole:
+    handoffs = padded_outputs_enabled() and whole
+    if handoffs:
         consumer = _amx_consumer(final, g, found, index + 1)
     out_next = None
     if consumer is not None:
         nplan, _ = amx_conv_plan(consumer[1])
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
-    handoff = pools and padded_outputs_enabled() and relu and whole and consumer is None
-    pool = _pool_consumer(final, g) if handoff else None
+    pool = _pool_consumer(final, g) if pools and handoffs and relu and consumer is None else None
     if pool is not None:
         gp = pool[1]
         pph, ppw = gp.padding
         out_next = (gp.h + 2 * pph, gp.w + 2 * ppw, pph, ppw)
+    readers = _residual_readers(final, g, found, index + 1) if handoffs and pool is None else []
+    if readers and out_next is None:  # a bf16 copy for the residual adds alone
+        out_next = (g.oh, g.ow, 0, 0)
+    # what reads the f32 result: the uses besides the next convolution's input and the
+    # residual adds that read the bf16 one
+    others = [
+        u
+        for u in final.uses
+        if u.owner.operation not in readers
+        and not (consumer is not None and u.owner.operation == found[consumer[0]][0].operation)
+        and not (pool is not None and u.owner.operation == pool[0].operation)
+    ]
     kernel = replace(
         kernel,
         scale_shift=scale_shift,
         relu=relu,
         residual=residual is not None,
+        residual_layout=residual_bf16[1] if residual_bf16 is not None else None,
         out_next=out_next,
         out_next_f32=pool is not None,
-        # the next convolution its one reader: the NCHW result is left unwritten (and unread)
-        f32_out=out_next is None or len(list(final.uses)) > 1,
+        f32_out=out_next is None or bool(others),
     )
     if kernel.name not in top:
         top.append(kernel.executable())
@@ -773,11 +804,18 @@ def _rewrite_amx(
     steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
     eps = bn.eps if bn is not None else None
     top.append(_amx_function(name, plan, kernel, g, eps, steps, padded_input=padded is not None))
-    operands, types = _call_operands(conv, g, bn, affine, residual)
+    operands, types = _call_operands(
+        conv, g, bn, affine, residual if residual_bf16 is None else None
+    )
     results = [_tensor(g.n, g.f, g.oh, g.ow)]
     if out_next is not None:
         results.append(f"tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>")
-    call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
+    last = residual_bf16[0] if residual_bf16 is not None else None
+    call = _replace_by_call(conv, absorbed, name, operands, types, results, padded, last)
+    if readers:
+        back = next(iter(call.results[0].uses)).owner.results[0]  # the torch value for final
+        assert out_next is not None
+        bf16_results.append((back, call.results[1], out_next))
     if pool is not None:  # the pooling reads the kernel's padded f32 result
         pool_op, gp = pool
         pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
@@ -789,6 +827,27 @@ def _rewrite_amx(
         )
         pool_op.erase()
     return call, consumer[0] if consumer is not None else None
+
+
+def _residual_readers(
+    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int
+) -> list[Any]:
+    """The residual adds reading ``value`` (the result of the convolution ``g``) that later AMX
+    kernels of ``found[start:]`` absorb (whole panels, the same output): those can read a bf16
+    copy of it (:attr:`.amx_conv.AmxConv.residual_layout`). Their operations, in use order."""
+    adds = {u.owner.operation for u in value.uses if u.owner.name == "torch.aten.add.Tensor"}
+    readers = []
+    for o, g2 in found[start:]:
+        if not adds or g2 is None or not amx_conv_supports(g2) or amx_padded(g2.f) != g2.f:
+            continue
+        if (g2.n, g2.f, g2.oh, g2.ow) != (g.n, g.f, g.oh, g.ow):
+            continue
+        _, _, residual, absorbed = _absorbed(o, g2, True)
+        if residual is not None and residual == value:
+            add = next(a.operation for a in absorbed if a.operation in adds)
+            readers.append(add)
+            adds.discard(add)
+    return readers
 
 
 def _pool_consumer(value: Any, g: Conv) -> tuple[Any, MaxPool] | None:
@@ -1057,13 +1116,15 @@ def rewrite_convs_avx512(
     padded_inputs: dict[int, Any] = {}
     # the Winograd-transformed weights: (weight global, tile) -> the packed global's name
     packed_weights: dict[tuple[str, int], str] = {}
+    # the AMX kernels' results kept in bf16 for the residual adds of later ones
+    bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]] = []
     body = op.regions[0].blocks[0]
     any_bf16 = any_amx = any_avx512 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         if bf16 and amx and amx_conv_supports(g):
             call, next_index = _rewrite_amx(
-                top, conv, g, index, found, padded_inputs.pop(index, None), pools
+                top, conv, g, index, found, padded_inputs.pop(index, None), pools, bf16_results
             )
             if next_index is not None:
                 padded_inputs[next_index] = call.results[1]
