@@ -424,3 +424,39 @@ def test_a_max_pooling_after_an_amx_convolution_reads_its_padded_result(monkeypa
     assert "f32_nof32" not in compile_copy_asm(eo, _flags())
     kept = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
     torch.testing.assert_close(got, kept, rtol=0, atol=0)
+
+
+class _TwoReaders(torch.nn.Module):
+    """A result read by the next convolution and by an add no kernel absorbs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(9)
+        self.a = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.b = torch.nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x, z):
+        y = torch.relu(self.a(x))
+        return self.b(y), y + z
+
+
+def test_a_result_left_unwritten_in_f32_cannot_be_read(monkeypatch):
+    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
+    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    x, z = torch.randn(1, 32, 8, 8), torch.randn(1, 32, 8, 8)
+    eo = export(_TwoReaders(), args=(x, z))
+    # the add reads the f32 result: a writes it (and b's input)
+    names = re.findall(
+        r"stream.executable private @(__turbine_amx_\w+) \{", compile_copy_asm(eo, _flags())
+    )
+    assert any("_to11x10p1x1_128" in n for n in names) and not any("nof32" in n for n in names)
+    # a wrong claim that a kernel absorbs that add would leave it reading memory no kernel
+    # wrote: the rewrite refuses instead of computing garbage
+    from turbine_aot._compiler import direct_convs
+
+    def claims(value, *args):
+        return [u.owner.operation for u in value.uses if u.owner.name == "torch.aten.add.Tensor"]
+
+    monkeypatch.setattr(direct_convs, "_residual_readers", claims)
+    with pytest.raises(Exception, match="left unwritten"):
+        compile_copy_asm(eo, _flags())

@@ -714,9 +714,10 @@ def _replace_by_call(
     value appended to the operands (a residual an earlier kernel kept in bf16)."""
     anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
     b = Builder(anchor, location=conv.location)
-    builtin = [b.to_builtin(v, t) for v, t in zip(operands, types)]
-    if first is not None:
-        builtin[0] = first
+    builtin = [
+        first if i == 0 and first is not None else b.to_builtin(v, t)
+        for i, (v, t) in enumerate(zip(operands, types))
+    ]
     if last is not None:
         builtin.append(last)
     call = b.call(name, builtin, results)
@@ -734,6 +735,7 @@ def _rewrite_amx(
     padded: Any = None,
     pools: bool = False,
     bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]] | None = None,
+    unwritten: list[Any] | None = None,
 ) -> tuple[Any, int | None]:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
     by a call of :func:`_amx_function`; ``padded``: its input as the kernel reads it (an
@@ -745,7 +747,9 @@ def _rewrite_amx(
     results are kept in bf16 for the residual adds that read them; a residual found there is
     read in bf16 (:attr:`.amx_conv.AmxConv.residual_layout`), and this kernel's own result is
     added to it when later AMX kernels add it as their residual (:func:`_residual_readers`;
-    its f32 result then only written where something else reads it).
+    its f32 result then only written where something else reads it). ``unwritten`` collects
+    the torch values of the results whose f32 copy the kernel does not write: once every
+    convolution is rewritten nothing may read them (:func:`rewrite_convs_avx512` checks).
 
     Returns the call and the index in ``found`` of the convolution that reads this one's
     :attr:`.amx_conv.AmxConv.out_next` result (None if none does)."""
@@ -812,10 +816,12 @@ def _rewrite_amx(
         results.append(f"tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>")
     last = residual_bf16[0] if residual_bf16 is not None else None
     call = _replace_by_call(conv, absorbed, name, operands, types, results, padded, last)
+    back = next(iter(call.results[0].uses)).owner.results[0]  # the torch value for final
     if readers:
-        back = next(iter(call.results[0].uses)).owner.results[0]  # the torch value for final
         assert out_next is not None
         bf16_results.append((back, call.results[1], out_next))
+    if not kernel.f32_out and unwritten is not None:
+        unwritten.append(back)
     if pool is not None:  # the pooling reads the kernel's padded f32 result
         pool_op, gp = pool
         pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
@@ -1118,13 +1124,22 @@ def rewrite_convs_avx512(
     packed_weights: dict[tuple[str, int], str] = {}
     # the AMX kernels' results kept in bf16 for the residual adds of later ones
     bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]] = []
+    unwritten: list[Any] = []  # results whose f32 copy no kernel writes
     body = op.regions[0].blocks[0]
     any_bf16 = any_amx = any_avx512 = False
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         if bf16 and amx and amx_conv_supports(g):
             call, next_index = _rewrite_amx(
-                top, conv, g, index, found, padded_inputs.pop(index, None), pools, bf16_results
+                top,
+                conv,
+                g,
+                index,
+                found,
+                padded_inputs.pop(index, None),
+                pools,
+                bf16_results,
+                unwritten,
             )
             if next_index is not None:
                 padded_inputs[next_index] = call.results[1]
@@ -1226,6 +1241,13 @@ def rewrite_convs_avx512(
         assert spec is not None
         _rewrite_depthwise(top, conv, spec[0], spec[1], index, fuse)
         any_avx512 = True
+    for value in unwritten:  # a reader left would read memory no kernel wrote
+        if list(value.uses):
+            raise AssertionError(
+                "internal error: a convolution's f32 result was left unwritten but is read "
+                f"by {next(iter(value.uses)).owner.name}; set TURBINE_CPU_EPILOGUES=nopad "
+                "and report the model"
+            )
     if any_avx512:
         mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
     if any_amx:
