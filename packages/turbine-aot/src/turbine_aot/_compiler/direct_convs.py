@@ -47,8 +47,11 @@ kernel instead (:mod:`.amx_conv`; strided ones in space-to-depth form); its epil
 the bias, a batch norm or per-channel steps, a residual add (whole panels) and a ReLU right
 after them, and where the result is read by another AMX convolution at stride 1 (no
 space-to-depth form, whole channel blocks) the kernel writes that one's padded bf16 input as a
-second result, which the next call takes in place of its NCHW input (:func:`_amx_consumer`;
-docs/performance.md, sections 8 and 18).
+second result, which the next call takes in place of its NCHW input (:func:`_amx_consumer`; a
+max pooling after a ReLU likewise gets its padded f32 input, :func:`_pool_consumer`). A result
+read only by AMX convolutions and residual adds that AMX kernels absorb is kept in bf16 only,
+the adds reading it there (:func:`_residual_readers`: those residuals are rounded to bf16, as
+the convolutions' inputs are; docs/performance.md, sections 8 and 18).
 """
 
 from __future__ import annotations
@@ -521,7 +524,8 @@ def _amx_function(
     (:attr:`.amx_conv.AmxConv.scale_shift`), the bias and a batch norm (``bn_eps``, arguments
     ``%gamma``, ``%beta``, ``%mean``, ``%var``) or per-channel steps (``affine``, arguments
     ``%p<i>``) are folded into its scale and shift, as for the AVX-512 kernel; with
-    :attr:`.amx_conv.AmxConv.residual` the residual ``%res`` (NCHW) is the last argument. With
+    :attr:`.amx_conv.AmxConv.residual` the residual ``%res`` is the last argument (NCHW f32, or
+    with :attr:`.amx_conv.AmxConv.residual_layout` an earlier kernel's bf16 result). With
     ``padded_input``, ``%x`` is the input as the kernel reads it (the previous AMX kernel's
     :attr:`.amx_conv.AmxConv.out_next` result); with :attr:`.amx_conv.AmxConv.out_next`, the
     function returns that result of its own after the NCHW output."""
