@@ -36,6 +36,11 @@ def _default_choices(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+def _run_bf16(eo, *args):
+    """The exported program compiled with ``precision="bf16"`` (the host's defaults), called."""
+    return load_module(eo.compile(save_to=None, precision="bf16")).main(*args)
+
+
 def _flags() -> list[str]:
     return [
         *default_compile_flags("llvm-cpu", use_env=False),
@@ -188,7 +193,7 @@ def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, stride,
     torch.manual_seed(n * 1000 + c + h + f)
     conv = torch.nn.Conv2d(c, f, k, padding=pad, stride=stride, bias=bias).eval()
     x = torch.randn(n, c, h, w)
-    got = load_module(export(conv, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
+    got = _run_bf16(export(conv, args=(x,)), x)
     want = _exact_bf16(conv, x)
     # exact products, f32 sums: within a few f32 roundings of the float64 result
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -251,7 +256,7 @@ class _Downsample(torch.nn.Module):
 def test_resnet_blocks_on_amx_match_the_bf16_reference_and_eager(model_class):
     model = model_class().eval()
     x = torch.randn(2, 32 if model_class is _Downsample else 64, 14, 14)
-    got = load_module(export(model, args=(x,)).compile(save_to=None, precision="bf16")).main(x)
+    got = _run_bf16(export(model, args=(x,)), x)
     want = bf16_reference(_rounding_residuals(model), x, layer=torch.nn.Conv2d)
     with torch.no_grad():
         eager = model(x)
@@ -290,13 +295,13 @@ def test_the_epilogue_forms_match_the_bf16_reference(monkeypatch):
     assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_relu_", asm)
     assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_ss_relu_", asm)
     assert re.search(r"stream.executable private @__turbine_amx_bf16_conv_\w+_f64_ss_128", asm)
-    got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    got = _run_bf16(eo, x)
     want = bf16_reference(model, x, layer=torch.nn.Conv2d)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # the same module with the epilogues left to IREE gives the same values
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
     assert "_ss_" not in compile_copy_asm(eo, _flags())
-    kept = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    kept = _run_bf16(eo, x)
     torch.testing.assert_close(got, kept, rtol=1e-6, atol=1e-6)
 
 
@@ -357,13 +362,13 @@ def test_bottleneck_blocks_hand_their_inputs_over_in_bf16(monkeypatch):
     # every convolution but the first takes its input as the previous kernel wrote it
     taken = r"func.func private @__turbine_avx512_conv_amx_\d+\(%\w+: tensor<\d+xbf16>"
     assert len(re.findall(taken, asm)) == 5
-    got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    got = _run_bf16(eo, x)
     want = bf16_reference(_rounding_residuals(model), x, layer=torch.nn.Conv2d)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # the residual kept in bf16 is what the f32 one rounds to: the same result within the
     # error bf16 operands make anyway
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "nopad")
-    f32_residuals = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    f32_residuals = _run_bf16(eo, x)
     torch.testing.assert_close(f32_residuals, bf16_reference(model, x, layer=torch.nn.Conv2d))
     assert (got - f32_residuals).abs().max().item() < 1e-2 * f32_residuals.abs().max().item()
 
@@ -416,13 +421,13 @@ def test_a_max_pooling_after_an_amx_convolution_reads_its_padded_result(monkeypa
         r"tensor.expand_shape %\w+ \[\[0, 1, 2, 3\]\] output_shape \[2, 17, 19, 32\]",
     )
     assert "tensor.pad" not in asm.split("@__turbine_max_pool_nhwc_amx_0")[2].split("func.func")[0]
-    got = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    got = _run_bf16(eo, x)
     want = bf16_reference(model, x, layer=torch.nn.Conv2d)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # with the poolings left to torch-mlir the stem's kernel writes its plain result
     monkeypatch.setenv("TURBINE_CPU_POOLS", "keep")
     assert "f32_nof32" not in compile_copy_asm(eo, _flags())
-    kept = load_module(eo.compile(save_to=None, precision="bf16")).main(x)
+    kept = _run_bf16(eo, x)
     torch.testing.assert_close(got, kept, rtol=0, atol=0)
 
 

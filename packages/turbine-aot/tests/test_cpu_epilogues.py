@@ -15,6 +15,12 @@ from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot.runtime import load_module
 
 
+@pytest.fixture(autouse=True)
+def _default_epilogues(monkeypatch):
+    """Every test starts from the default epilogues (``TURBINE_CPU_EPILOGUES`` unset)."""
+    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
+
+
 def _flags() -> list[str]:
     return [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx512"]
 
@@ -56,7 +62,6 @@ class _UsedTwice(torch.nn.Module):
 # ------------------------------------------------------------------------------------- matmuls
 def test_bias_and_relu_are_absorbed_into_the_matmul_kernel(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     eo = export(_Mlp(), args=(torch.randn(8, 100),))
     asm = compile_copy_asm(eo, _flags())
     check_ir(
@@ -84,7 +89,6 @@ def test_bias_and_relu_are_absorbed_into_the_matmul_kernel(monkeypatch):
 
 def test_a_value_used_twice_is_not_absorbed(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     eo = export(_UsedTwice(), args=(torch.randn(8, 64),))
     main = _main(compile_copy_asm(eo, _flags()))
     # the bias add is the mm's one use and absorbed; its result has two uses: the ReLU stays
@@ -101,7 +105,6 @@ def test_fused_matmuls_match_eager_and_the_unfused_module(model, rows, monkeypat
     k = 100 if model is _Mlp else 64
     x = torch.randn(rows, k)
     eo = export(module, args=(x,))
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     fused = load_module(eo.compile(save_to=None)).main(x)
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "keep")
     kept = load_module(eo.compile(save_to=None)).main(x)
@@ -195,7 +198,6 @@ class _Activated(torch.nn.Module):
 
 def test_hardswish_is_absorbed_into_the_direct_and_depthwise_kernels(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     eo = export(_Activated().eval(), args=(torch.randn(1, 16, 16, 16),))
     asm = compile_copy_asm(eo, _flags())
     check_ir(
@@ -228,7 +230,6 @@ def test_hardswish_is_absorbed_into_the_direct_and_depthwise_kernels(monkeypatch
 
 def test_silu_is_absorbed_as_iree_computes_it(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     eo = export(_Activated("silu").eval(), args=(torch.randn(1, 16, 16, 16),))
     asm = compile_copy_asm(eo, _flags())
     check_ir(
@@ -248,7 +249,6 @@ def test_silu_is_absorbed_as_iree_computes_it(monkeypatch):
 
 def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     monkeypatch.setenv("TURBINE_CPU_WINOGRAD", "off")  # c2 on the direct kernel
     eo = export(_Affine().eval(), args=(torch.randn(1, 32, 9, 9),))
     asm = compile_copy_asm(eo, _flags())
@@ -267,7 +267,6 @@ def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypa
     """The direct kernel's epilogues (its 64-channel 3x3 convolutions would be Winograd's by
     default: ``test_cpu_conv_winograd.py`` checks the same absorption there)."""
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     monkeypatch.setenv("TURBINE_CPU_WINOGRAD", "off")
     eo = export(_Block().eval(), args=(torch.randn(1, 64, 10, 10),))
     asm = compile_copy_asm(eo, _flags())
@@ -309,7 +308,6 @@ def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypa
 
 def test_a_conv_output_used_twice_is_not_absorbed(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     eo = export(_ConvUsedTwice().eval(), args=(torch.randn(1, 16, 8, 8),))
     main = _main(compile_copy_asm(eo, _flags()))
     assert "torch.aten.batch_norm" in main and "torch.aten.relu" in main
@@ -355,7 +353,6 @@ def test_fused_convolutions_match_eager(model, x, monkeypatch):
     torch.manual_seed(1)
     inp = torch.randn(*x)
     eo = export(module, args=(inp,))
-    monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
     fused = load_module(eo.compile(save_to=None)).main(inp)
     monkeypatch.setenv("TURBINE_CPU_EPILOGUES", "nopad")
     nopad = load_module(eo.compile(save_to=None)).main(inp)

@@ -230,12 +230,23 @@ class AmxConv(AmxGemm):
             raise ValueError(f"AMX convolution: no result to write: {self}")
 
     @property
-    def residual_type(self) -> str:
-        """The residual operand's tensor type (:attr:`residual`, :attr:`residual_layout`)."""
+    def _residual_shape(self) -> str:
+        """The residual operand's shape and element type (:attr:`residual`,
+        :attr:`residual_layout`), as a tensor or memref type spells them."""
         if self.residual_layout is None:
-            return f"tensor<{self.n * self.oh * self.ow}x{self.np_}xf32>"
+            return f"{self.n * self.oh * self.ow}x{self.np_}xf32"
         rows, cols, _, _ = self.residual_layout
-        return f"tensor<{self.n * rows * cols * self.np_}xbf16>"
+        return f"{self.n * rows * cols * self.np_}xbf16"
+
+    @property
+    def residual_type(self) -> str:
+        """The residual operand's tensor type."""
+        return f"tensor<{self._residual_shape}>"
+
+    @property
+    def out_next_type(self) -> str:
+        """The tensor type of the :attr:`out_next` result."""
+        return f"tensor<{self.out_next_size}x{self.out_next_dtype}>"
 
     @property
     def out_next_dtype(self) -> str:
@@ -336,7 +347,7 @@ class AmxConv(AmxGemm):
             lines.append(f"  %cmd = {call}{c_t}")
             lines.append(f"  %cm = tensor.cast %cmd{cast}")
         else:
-            next_t = f"tensor<{self.out_next_size}x{self.out_next_dtype}>"
+            next_t = self.out_next_type
             lines.append(f"  %cmd:2 = {call}({c_t}, {next_t})")
             lines.append(f"  %cm = tensor.cast %cmd#0{cast}")
             lines.append(f"  %cnext = tensor.cast %cmd#1 : {next_t} to {next_t}")
@@ -358,14 +369,14 @@ class AmxConv(AmxGemm):
             r_t = self._residual_memref()
             e(f"      %mres = stream.binding.subspan %resid[%c0] : !stream.binding -> {r_t}")
         if self.out_next is not None:
-            o_t = f"memref<{self.out_next_size}x{self.out_next_dtype}>"
+            o_t = self._out_next_memref()
             e(f"      %mnext = stream.binding.subspan %onext[%c0] : !stream.binding -> {o_t}")
 
     def _residual_memref(self) -> str:
-        if self.residual_layout is None:
-            return f"memref<{self.n * self.oh * self.ow}x{self.np_}xf32>"
-        rows, cols, _, _ = self.residual_layout
-        return f"memref<{self.n * rows * cols * self.np_}xbf16>"
+        return f"memref<{self._residual_shape}>"
+
+    def _out_next_memref(self) -> str:
+        return f"memref<{self.out_next_size}x{self.out_next_dtype}>"
 
     def _emit_workgroup_prologue(self, e) -> None:
         """The scratch block (see the class doc); with :attr:`out_next`, the workgroups of the
@@ -397,7 +408,7 @@ class AmxConv(AmxGemm):
             bands.append((ph, ph + self.oh, 0, pw))
         if pw + self.ow < cols:
             bands.append((ph, ph + self.oh, pw + self.ow, cols))
-        o_t = f"memref<{self.out_next_size}x{self.out_next_dtype}>"
+        o_t = self._out_next_memref()
         for i, (r0, r1, x0, x1) in enumerate(bands):
             for name, v in (("r0", r0), ("r1", r1), ("x0", x0), ("x1", x1)):
                 e(f"{p}  %zb{i}{name} = arith.constant {v} : index")
@@ -469,7 +480,7 @@ class AmxConv(AmxGemm):
                 )
                 e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
         r_t = self._residual_memref()
-        o_t = f"memref<{self.out_next_size if self.out_next else 0}x{self.out_next_dtype}>"
+        o_t = self._out_next_memref() if self.out_next is not None else ""
         for h, col in enumerate(cols):
             if per_pixel:  # the block's row er, columns 16 h ... from the scratch block
                 e(f"{q}%ev{h} = vector.load %scr[%er, %c{16 * h}] : {_SCRATCH_T}, {vec}")

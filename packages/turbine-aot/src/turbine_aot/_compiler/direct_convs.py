@@ -546,7 +546,7 @@ def _amx_function(
         args += f", %res: {out_t if kernel.residual_layout is None else kernel.residual_type}"
     results_t = out_t
     if kernel.out_next is not None:
-        results_t = f"({out_t}, tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>)"
+        results_t = f"({out_t}, {kernel.out_next_type})"
     lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
@@ -594,15 +594,7 @@ def _amx_function(
         residual = "%res"
     elif kernel.residual:
         assert np_ == f, "a residual needs whole panels"
-        nhwc = _tensor(n, g.oh, g.ow, f)
-        e(f"  %rt_init = tensor.empty() : {nhwc}")
-        e(
-            f"  %rt = linalg.transpose ins(%res : {out_t}) outs(%rt_init : {nhwc}) "
-            "permutation = [0, 2, 3, 1]"
-        )
-        rm_t = _tensor(n * g.oh * g.ow, f)
-        e(f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {rm_t}")
-        residual = "%rm"
+        residual = _residual_rows(e, g)
     for line in kernel.conv_dispatch("%a", "%bp", pair, residual):
         e(line)
     grid_t, o_t = _tensor(n, g.oh, kernel.wp, np_), _tensor(n, g.oh, g.ow, f)
@@ -616,9 +608,7 @@ def _amx_function(
     )
     _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.scale_shift)
     if kernel.out_next is not None:
-        e(
-            f"  return %out, %cnext : {out_t}, tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>"
-        )
+        e(f"  return %out, %cnext : {out_t}, {kernel.out_next_type}")
     else:
         e(f"  return %out : {out_t}")
     e("}")
@@ -711,9 +701,9 @@ def _replace_by_call(
     results: list[str],
     first: Any = None,
     last: Any = None,
-) -> Any:
+) -> tuple[Any, Any]:
     """Replaces ``conv`` and the ops ``absorbed`` after it by a call of ``name`` (its first
-    result the last op's, in torch types) and returns the call; ``first``: a builtin value
+    result the last op's, in torch types) and returns the call and that torch value; ``first``: a builtin value
     standing for the first operand (a previous kernel's padded output); ``last``: a builtin
     value appended to the operands (a residual an earlier kernel kept in bf16)."""
     anchor = absorbed[-1] if absorbed else conv  # operands of absorbed ops may come later
@@ -727,7 +717,7 @@ def _replace_by_call(
     call = b.call(name, builtin, results)
     back = b.from_builtin(call.results[0], conv.results[0].type)
     replace_with_absorbed(conv, absorbed, back)
-    return call
+    return call, back
 
 
 def _rewrite_amx(
@@ -817,10 +807,9 @@ def _rewrite_amx(
     )
     results = [_tensor(g.n, g.f, g.oh, g.ow)]
     if out_next is not None:
-        results.append(f"tensor<{kernel.out_next_size}x{kernel.out_next_dtype}>")
+        results.append(kernel.out_next_type)
     last = residual_bf16[0] if residual_bf16 is not None else None
-    call = _replace_by_call(conv, absorbed, name, operands, types, results, padded, last)
-    back = next(iter(call.results[0].uses)).owner.results[0]  # the torch value for final
+    call, back = _replace_by_call(conv, absorbed, name, operands, types, results, padded, last)
     if readers:
         assert out_next is not None
         bf16_results.append((back, call.results[1], out_next))
@@ -848,7 +837,9 @@ def _residual_readers(
     adds = {u.owner.operation for u in value.uses if u.owner.name == "torch.aten.add.Tensor"}
     readers = []
     for o, g2 in found[start:]:
-        if not adds or g2 is None or not amx_conv_supports(g2) or amx_padded(g2.f) != g2.f:
+        if not adds:  # each add found its kernel
+            break
+        if g2 is None or not amx_conv_supports(g2) or amx_padded(g2.f) != g2.f:
             continue
         if (g2.n, g2.f, g2.oh, g2.ow) != (g.n, g.f, g.oh, g.ow):
             continue
@@ -1010,17 +1001,23 @@ def _epilogue_operands(
     out = [_padded_vector(e, v, f, np_) for v in pair if v is not None]
     if kernel.residual:
         assert np_ == f, "a residual needs whole panels"
-        nhwc = _tensor(g.n, g.oh, g.ow, f)
-        e(f"  %rt_init = tensor.empty() : {nhwc}")
-        e(
-            f"  %rt = linalg.transpose ins(%res : {_tensor(g.n, f, g.oh, g.ow)}) "
-            f"outs(%rt_init : {nhwc}) permutation = [0, 2, 3, 1]"
-        )
-        e(
-            f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {_tensor(kernel.m, f)}"
-        )
-        out.append("%rm")
+        out.append(_residual_rows(e, g))
     return out
+
+
+def _residual_rows(e: Any, g: Conv) -> str:
+    """Emits ``%rm``, the NCHW residual ``%res`` of the convolution ``g``'s output as
+    channels-last rows (``[n * oh * ow, f]``), as the kernels' epilogues read it; its name."""
+    assert g.n is not None
+    nhwc = _tensor(g.n, g.oh, g.ow, g.f)
+    e(f"  %rt_init = tensor.empty() : {nhwc}")
+    e(
+        f"  %rt = linalg.transpose ins(%res : {_tensor(g.n, g.f, g.oh, g.ow)}) "
+        f"outs(%rt_init : {nhwc}) permutation = [0, 2, 3, 1]"
+    )
+    rows_t = _tensor(g.n * g.oh * g.ow, g.f)
+    e(f"  %rm = tensor.collapse_shape %rt [[0, 1, 2], [3]] : {nhwc} into {rows_t}")
+    return "%rm"
 
 
 def _affine_vectors(
@@ -1184,7 +1181,9 @@ def rewrite_convs_avx512(
                 out_pad=consumer[1].padding if consumer is not None else (0, 0),
             )
             act = _ACTIVATIONS.get(absorbed[-1].name) if absorbed else None
-            if isinstance(kernel, Avx512Conv) and act is not None:
+            if (
+                isinstance(kernel, Avx512Conv) and act is not None
+            ):  # (not `direct`: narrows for replace)
                 kernel = replace(kernel, hardswish=act == "hardswish", silu=act == "silu")
         operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)
@@ -1237,7 +1236,7 @@ def rewrite_convs_avx512(
         if consumer is not None:
             results.append(_tensor(kernel.c_rows * g.f))
         # with ``padded``: the previous kernel's C, as this kernel reads it
-        call = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
+        call, _ = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
         if consumer is not None:
             padded_inputs[consumer[0]] = call.results[1]
     for index, conv in enumerate(depthwise_convs(op)):
