@@ -16,7 +16,6 @@ from torch import nn
 
 import turbine_aot
 from turbine_aot import runtime
-from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.fallback import compile_with_fallback, fallback_flags, fallback_stages
 from turbine_aot._compiler.flags import (
     COMPILE_FLAGS_ENV,
@@ -24,6 +23,7 @@ from turbine_aot._compiler.flags import (
     SPEED_ONLY_GROUPS,
     default_compile_flags,
 )
+from turbine_aot._compiler.isa import host_isa
 from turbine_aot._compiler.matmuls import cpu_matmul_kernel
 
 DATA_TILING = "--iree-opt-data-tiling=true"
@@ -78,7 +78,7 @@ def test_the_first_retry_drops_data_tiling_only_and_keeps_the_kernel_choice():
     # dropped with data tiling, so the retry names it
     assert cpu_matmul_kernel(first) == cpu_matmul_kernel(cpu)
     pinned = [f for f in first if f.startswith("--turbine-cpu-matmul=")]
-    assert pinned == ([] if host_avx512_missing() else ["--turbine-cpu-matmul=avx512"])
+    assert pinned == ([f"--turbine-cpu-matmul={host_isa()}"] if host_isa() else [])
     assert last == fallback_flags(cpu)[0]  # type: ignore[index]
     # a kernel the user chose is kept as it is
     iree = [*cpu, "--turbine-cpu-matmul=iree"]

@@ -14,7 +14,7 @@ from ir_check import check_ir
 from kernel_testing import bf16_reference, compile_copy_asm
 
 from turbine_aot import export
-from turbine_aot._compiler import rewrites
+from turbine_aot._compiler import bf16, rewrites
 from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.amx_conv import AMX_CONV_ENV, AmxConv, amx_conv_supports
 from turbine_aot._compiler.bf16 import PRECISION_FLAG
@@ -34,6 +34,14 @@ needs_amx = pytest.mark.skipif(
 def _default_choices(monkeypatch):
     for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL", AMX_CONV_ENV):
         monkeypatch.delenv(name, raising=False)
+
+
+def _as_on_amx(monkeypatch) -> None:
+    """The host checks of the rewrite and of ``precision="bf16"`` answered as on a CPU with AMX
+    (for the compile copy only: nothing runs)."""
+    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
+    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    monkeypatch.setattr(bf16, "bf16_kernel_kind", lambda: "amx")
 
 
 def _run_bf16(eo, *args):
@@ -73,8 +81,7 @@ class _Mixed(torch.nn.Module):
 
 def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
     # the host checks of the rewrite, answered as on a CPU with AMX (no compile here)
-    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
-    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    _as_on_amx(monkeypatch)
     eo = export(_Mixed(), args=(torch.randn(1, 3, 32, 32),))
     taken = [amx_conv_supports(conv_geometry(o)) for o in direct_convs(eo.mlir_module)]
     assert taken == [True, True, True, True, True, False, True]
@@ -137,8 +144,7 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
 
 
 def test_the_amx_convolutions_can_be_turned_off_and_the_cache_keys_on_it(monkeypatch):
-    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
-    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    _as_on_amx(monkeypatch)
     eo = export(_Mixed(), args=(torch.randn(1, 3, 32, 32),))
     before = environment_key()
     monkeypatch.setenv(AMX_CONV_ENV, "off")
@@ -446,8 +452,7 @@ class _TwoReaders(torch.nn.Module):
 
 
 def test_a_result_left_unwritten_in_f32_cannot_be_read(monkeypatch):
-    monkeypatch.setattr(rewrites, "host_avx512_bf16_missing", lambda: [])
-    monkeypatch.setattr(rewrites, "bf16_kernel_kind", lambda: "amx")
+    _as_on_amx(monkeypatch)
     x, z = torch.randn(1, 32, 8, 8), torch.randn(1, 32, 8, 8)
     eo = export(_TwoReaders(), args=(x, z))
     # the add reads the f32 result: a writes it (and b's input)

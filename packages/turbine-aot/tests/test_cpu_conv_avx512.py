@@ -19,6 +19,7 @@ from turbine_aot._compiler.avx512_conv import Avx512Conv, conv_kernel_for, panel
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.direct_convs import direct_convs
 from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.isa import kernels_for
 from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot.runtime import load_module
 
@@ -32,6 +33,14 @@ def _default_choices(monkeypatch):
         "TURBINE_CPU_EPILOGUES",
     ):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _avx512_blocking():
+    """These tests are about the kernels' AVX-512 blocking, whatever this CPU has (an AVX2 one
+    blocks the same kernels for its 16 registers: test_cpu_kernels_avx2.py)."""
+    with kernels_for("avx512"):
+        yield
 
 
 def _flags(*extra: str) -> list[str]:

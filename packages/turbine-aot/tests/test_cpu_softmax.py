@@ -8,6 +8,7 @@ import torch
 from kernel_testing import compile_copy_asm
 
 from turbine_aot import export
+from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot._compiler.softmax import CPU_SOFTMAX_ENV, reciprocal_forms, softmaxes
@@ -146,11 +147,17 @@ def test_a_models_reciprocal_form_over_a_dynamic_batch_is_handed_to_iree_as_a_so
     assert _dynamic_attention_error("reciprocal") < 1e-5
 
 
+@pytest.mark.skipif(
+    bool(host_avx512_missing()),
+    reason="IREE 3.13 gets this wrong in its AVX-512 code only: on an AVX2 CPU (AMD Zen 3) its "
+    "result is right, so there is no bug to pin here",
+)
 def test_iree_miscompiles_the_reciprocal_form_over_a_dynamic_batch(monkeypatch):
     """IREE 3.13's bug behind both rules: without the workaround, the same attention with its
-    softmax written as ``exp(s - max) * reciprocal(sum)`` is off by order 1. When this test
-    fails, IREE computes it right: drop ``rewrite_reciprocal_forms`` and let
-    ``rewrite_softmaxes`` take dynamic shapes too."""
+    softmax written as ``exp(s - max) * reciprocal(sum)`` is off by order 1 on AVX-512 CPUs
+    (Intel Xeon, AMD Zen 4; right on AVX2-only Zen 3). When this test fails, IREE computes it
+    right: drop ``rewrite_reciprocal_forms`` and let ``rewrite_softmaxes`` take dynamic shapes
+    too."""
     from turbine_aot._compiler import rewrites
 
     monkeypatch.setattr(rewrites, "reciprocal_forms", lambda op: [])

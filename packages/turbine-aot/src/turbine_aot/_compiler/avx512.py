@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .host import cpu_flags
+from .isa import AVX512_FEATURES, kernel_isa
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = [
@@ -48,8 +49,6 @@ __all__ = [
     "host_avx512_missing",
 ]
 
-#: The ``/proc/cpuinfo`` flag the kernel needs.
-AVX512_FEATURES = ("avx512f",)
 #: ``off``: no products prefetch their weight's next block (:meth:`Avx512Gemm.for_rows`), for
 #: measurements; unset or anything else: the default.
 MATMUL_PREFETCH_ENV = "TURBINE_CPU_MATMUL_PREFETCH"
@@ -235,7 +234,16 @@ class Avx512Gemm:
     @staticmethod
     def for_shape(k: int, n: int, *, batch_b: bool = False, bf16: bool = False) -> Avx512Gemm:
         """The kernel for ``k`` x ``n`` with the measured blocking (4 x 64 registers, K blocks
-        of 128 steps, 128 x 64 workgroups); ``bf16``: the AVX512-BF16 form."""
+        of 128 steps, 128 x 64 workgroups; blocked for AVX2 (:func:`.isa.kernel_isa`): 6 x 16
+        registers in 96-row workgroups, docs/performance.md section 19); ``bf16``: the
+        AVX512-BF16 form."""
+        if kernel_isa() == "avx2" and not bf16:
+            # one 16-column panel a workgroup (a sequential read of it), reduction blocks of
+            # 512 (a 32 KiB panel block): 8-10 % over 64 columns and blocks of 128
+            np_ = -(-n // 16) * 16
+            return Avx512Gemm(
+                k, np_, batch_b, mr=6, nr=16, kc=512, rows_per_workgroup=96, cols_per_workgroup=16
+            )
         nr = 64
         np_ = -(-n // nr) * nr
         return Avx512Gemm(k, np_, batch_b, bf16=bf16)

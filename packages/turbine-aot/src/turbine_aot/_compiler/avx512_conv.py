@@ -46,6 +46,7 @@ from .avx512 import (
 )
 from .convs import Conv
 from .host import cpu_vendor
+from .isa import kernel_isa
 
 __all__ = ["CONV_BLOCKING_ENV", "CONV_KC", "Avx512Conv", "conv_kernel_for", "panel_width"]
 
@@ -495,6 +496,11 @@ def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
     if spec:
         fields: dict[str, Any] = _env_blocking(spec)
         return replace(Avx512Conv(g, bf16=bf16), **fields)
+    if kernel_isa() == "avx2" and not bf16:
+        # 16 ymm registers: 6 x 16 accumulators (12 ymm), docs/performance.md section 19
+        np_ = -(-g.f // 16) * 16
+        cols = next(c for c in (32, 16) if np_ % c == 0)
+        return Avx512Conv(g, mr=6, nr=16, kc=CONV_KC, cols_per_workgroup=cols)
     # Measured per CPU vendor (docs/performance.md, section 10; the values are the same
     # whatever the blocking: each element's sum runs in the same order).
     kernel = _vendor_blocking(g, bf16)

@@ -62,7 +62,7 @@ from typing import Any
 from .amx import AMX_FEATURES
 from .amx import padded as amx_padded
 from .amx_conv import AmxConv, AmxConvPlan, amx_conv_plan, amx_conv_supports
-from .avx512 import AVX512_BF16_FEATURES, AVX512_FEATURES
+from .avx512 import AVX512_BF16_FEATURES
 from .avx512_conv import Avx512Conv, conv_kernel_for
 from .convs import Conv, conv_geometry
 from .depthwise import DepthwiseConv
@@ -76,6 +76,7 @@ from .epilogues import (
     replace_with_absorbed,
     same_shape_add,
 )
+from .isa import isa_features, kernel_isa
 from .matmuls import mark_cpu_requires
 from .pools import POOL_FUNC_PREFIX, MaxPool, max_pool_function, max_pool_geometry
 from .torch_ir import Builder, TensorType, TopLevel, constant, producer, walk
@@ -1252,7 +1253,7 @@ def rewrite_convs_avx512(
                 "and report the model"
             )
     if any_avx512:
-        mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else AVX512_FEATURES)
+        mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else isa_features(kernel_isa()))
     if any_amx:
         mark_cpu_requires(op, AMX_FEATURES)
     return len(found)

@@ -34,8 +34,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .amx import CPU_REQUIRES_KEY
-from .avx512 import AVX512_FEATURES, Avx512Gemm, host_avx512_missing
+from .avx512 import Avx512Gemm, host_avx512_missing
 from .epilogues import fusion_enabled, only_user, replace_with_absorbed
+from .host import cpu_flags
+from .isa import AVX2_FEATURES, KERNEL_ISAS, isa_features, kernel_isa
 from .targets import TargetError
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, constant, walk
 
@@ -60,7 +62,7 @@ CPU_MATMUL_FLAG = "--turbine-cpu-matmul"
 #: Environment variable with the same choice (``TURBINE_CPU_MATMUL=iree`` keeps IREE's matmuls
 #: for a whole test run); the flag wins over it.
 CPU_MATMUL_ENV = "TURBINE_CPU_MATMUL"
-_CPU_MATMUL_KERNELS = ("iree", "avx512")
+_CPU_MATMUL_KERNELS = ("iree", *KERNEL_ISAS)
 _HOST_CPU_FLAG = "--iree-llvmcpu-target-cpu=host"
 _UKERNELS_FLAG = "--iree-llvmcpu-enable-ukernels=all"
 
@@ -108,7 +110,8 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
     ``--turbine-cpu-matmul=``, else ``$TURBINE_CPU_MATMUL``, else the default: ``avx512`` for
     builds for this machine's CPU (``--iree-llvmcpu-target-cpu=host``) with IREE's ukernels on
     (turbine's fast-matmul defaults: a compile that fails with them is retried without, and
-    then without this kernel too) when the CPU has AVX-512; ``iree`` otherwise.
+    then without this kernel too) when the CPU has AVX-512, ``avx2`` (the same kernels blocked
+    for AVX2's 16 registers, :mod:`.isa`) when it has AVX2 and FMA; ``iree`` otherwise.
 
     Raises:
         TargetError: an unknown kernel name (the message lists the choices).
@@ -120,8 +123,12 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
     if value is None:
         cpu = [f for f in flags if f.startswith("--iree-llvmcpu-target-cpu=")]
         host = bool(cpu) and cpu[-1] == _HOST_CPU_FLAG
-        fast = host and _UKERNELS_FLAG in flags and not host_avx512_missing()
-        value = "avx512" if fast else "iree"
+        value = "iree"
+        if host and _UKERNELS_FLAG in flags:
+            if not host_avx512_missing():
+                value = "avx512"
+            elif set(AVX2_FEATURES) <= cpu_flags():
+                value = "avx2"
     if value not in _CPU_MATMUL_KERNELS:
         raise TargetError(
             f"unknown {CPU_MATMUL_FLAG} value {value!r}; choose one of "
@@ -532,7 +539,8 @@ def mark_cpu_requires(module_op: Any, features: Sequence[str]) -> None:
 
 
 def rewrite_matmuls_avx512(module_op: Any) -> int:
-    """Rewrites, in place, each fp32 matmul as a call of the AVX-512 fp32 kernel.
+    """Rewrites, in place, each fp32 matmul as a call of the AVX-512 fp32 kernel (blocked for
+    :func:`.isa.kernel_isa`).
 
     Returns:
         How many matmuls were rewritten.
@@ -545,6 +553,6 @@ def rewrite_matmuls_avx512(module_op: Any) -> int:
         module_op,
         kernel,
         prefix="__turbine_avx512_matmul",
-        cpu_requires=AVX512_FEATURES,
+        cpu_requires=isa_features(kernel_isa()),
         epilogues=fusion_enabled(),
     )

@@ -51,7 +51,6 @@ from .amx_quant import QUANT_AMX_ENV, quant_amx_enabled
 from .attention import decompose_attention, has_attention, targets_only_cpu
 from .avx512 import (
     AVX512_BF16_FEATURES,
-    AVX512_FEATURES,
     MATMUL_PREFETCH_ENV,
     Avx512Gemm,
     host_avx512_bf16_missing,
@@ -65,6 +64,7 @@ from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .direct_convs import depthwise_convs, direct_convs, rewrite_convs_avx512
 from .epilogues import EPILOGUE_ENV
 from .globals import separate_shared_globals, shared_mutable_globals
+from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
 from .matmuls import (
     CPU_MATMUL_ENV,
     cpu_matmul_kernel,
@@ -210,10 +210,14 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     bf16 = precision_of(flags) == "bf16"
     if bf16:
         check_precision(flags)
-    fp32_kernel = targets == {"llvm-cpu"} and cpu_matmul_kernel(flags) == "avx512"
+    kernel = cpu_matmul_kernel(flags)
+    # turbine's fp32 kernels, blocked for the chosen instruction set (isa.py)
+    fp32_kernel = targets == {"llvm-cpu"} and kernel in KERNEL_ISAS
+    isa = kernel if kernel in KERNEL_ISAS else kernel_isa()
     avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
-    quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
+    # the weight-only quantized kernel: blocked for AVX-512 only (not measured on AVX2)
+    quant = fp32_kernel and isa == "avx512" and bool(rewritable_quant_matmuls(op))
     # int8 x int8 products on the VNNI kernel: the host builds of the fp32 kernel, on a CPU
     # with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
     keep_int8 = os.environ.get(CPU_INT8_MATMUL_ENV, "").strip().lower() == "iree"
@@ -262,69 +266,74 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     ):
         return module_op, False
     copy = op.clone()
-    if attention:
-        count = decompose_attention(copy)
-        _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
-    if casts:
-        count = fix_float_to_int_casts(copy, vmvx)
-        _log.info("%d float -> integer cast(s) rewritten for IREE (vmvx: %s)", count, vmvx)
-    if shared_globals:
-        count = separate_shared_globals(copy)
-        _log.info("%d mutable global(s) sharing an initial value given their own storage", count)
-    if means:
-        count = rewrite_global_avg_pools(copy)
-        _log.info("llvm-cpu target: %d global average pooling(s) as means", count)
-    if reform:
-        count = reform_convs(copy)
-        _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
-    if direct:
-        count = rewrite_convs_avx512(
-            copy, bf16=bf16_convs, amx=bf16_convs and amx_convs, pools=pools
-        )
-        _log.info(
-            "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
-            count,
-            " (bf16)" if bf16_convs else "",
-        )
-    if pools:
-        count = rewrite_max_pools_nhwc(copy)
-        _log.info("llvm-cpu target: %d max pooling(s) channels-last", count)
-    if convs and convs_as_matmuls(copy):  # the stems (and dynamic-batch 1x1s) left
-        kernel_for = (_avx512_bf16_gemm if bf16_convs else _avx512_gemm) if conv_kernel else None
-        features = AVX512_BF16_FEATURES if bf16_convs else AVX512_FEATURES
-        count = rewrite_convs_as_matmuls(copy, kernel_for, features)
-        _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
-    if w4a8:  # before the weight-only kernel, which would take the same mm
-        count = rewrite_w4a8_matmuls_vnni(copy)
-        _log.info("llvm-cpu target: %d int4 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
-    if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
-        amx = quant_amx_enabled()
-        count = rewrite_quant_matmuls_avx512(copy, amx=amx)
-        _log.info(
-            "llvm-cpu target: %d quantized matmul(s) on the %s int8/int4 kernel",
-            count,
-            "AMX (one row) / AVX-512" if amx else "AVX-512",
-        )
-    if int8:
-        count = rewrite_int8_matmuls_vnni(copy)
-        _log.info("llvm-cpu target: %d int8 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
-    if absmax:
-        count = rewrite_abs_max(copy)
-        _log.info("CPU target: %d activation scale(s) as one amax(|x|) reduction", count)
-    if reciprocal:  # before the static softmaxes' rewrite, which writes this form
-        count = rewrite_reciprocal_forms(copy)
-        _log.info("llvm-cpu target: %d dynamic exp * reciprocal(sum) as softmax", count)
-    if softmax:  # after attention: its softmaxes are rewritten too
-        count = rewrite_softmaxes(copy)
-        _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
-    if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
-        if bf16:
-            count = rewrite_matmuls_bf16(copy)
-            kind = "AMX" if bf16_kernel_kind() == "amx" else "AVX512-BF16"
-            _log.info("precision bf16: %d matmul(s) on the %s kernel", count, kind)
-        else:
-            count = rewrite_matmuls_avx512(copy)
-            _log.info("llvm-cpu target: %d fp32 matmul(s) on the AVX-512 kernel", count)
+    with kernels_for(isa):
+        if attention:
+            count = decompose_attention(copy)
+            _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
+        if casts:
+            count = fix_float_to_int_casts(copy, vmvx)
+            _log.info("%d float -> integer cast(s) rewritten for IREE (vmvx: %s)", count, vmvx)
+        if shared_globals:
+            count = separate_shared_globals(copy)
+            _log.info(
+                "%d mutable global(s) sharing an initial value given their own storage", count
+            )
+        if means:
+            count = rewrite_global_avg_pools(copy)
+            _log.info("llvm-cpu target: %d global average pooling(s) as means", count)
+        if reform:
+            count = reform_convs(copy)
+            _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
+        if direct:
+            count = rewrite_convs_avx512(
+                copy, bf16=bf16_convs, amx=bf16_convs and amx_convs, pools=pools
+            )
+            _log.info(
+                "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
+                count,
+                " (bf16)" if bf16_convs else "",
+            )
+        if pools:
+            count = rewrite_max_pools_nhwc(copy)
+            _log.info("llvm-cpu target: %d max pooling(s) channels-last", count)
+        if convs and convs_as_matmuls(copy):  # the stems (and dynamic-batch 1x1s) left
+            kernel_for = (
+                (_avx512_bf16_gemm if bf16_convs else _avx512_gemm) if conv_kernel else None
+            )
+            features = AVX512_BF16_FEATURES if bf16_convs else isa_features(kernel_isa())
+            count = rewrite_convs_as_matmuls(copy, kernel_for, features)
+            _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
+        if w4a8:  # before the weight-only kernel, which would take the same mm
+            count = rewrite_w4a8_matmuls_vnni(copy)
+            _log.info("llvm-cpu target: %d int4 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
+        if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
+            amx = quant_amx_enabled()
+            count = rewrite_quant_matmuls_avx512(copy, amx=amx)
+            _log.info(
+                "llvm-cpu target: %d quantized matmul(s) on the %s int8/int4 kernel",
+                count,
+                "AMX (one row) / AVX-512" if amx else "AVX-512",
+            )
+        if int8:
+            count = rewrite_int8_matmuls_vnni(copy)
+            _log.info("llvm-cpu target: %d int8 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
+        if absmax:
+            count = rewrite_abs_max(copy)
+            _log.info("CPU target: %d activation scale(s) as one amax(|x|) reduction", count)
+        if reciprocal:  # before the static softmaxes' rewrite, which writes this form
+            count = rewrite_reciprocal_forms(copy)
+            _log.info("llvm-cpu target: %d dynamic exp * reciprocal(sum) as softmax", count)
+        if softmax:  # after attention: its softmaxes are rewritten too
+            count = rewrite_softmaxes(copy)
+            _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
+        if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
+            if bf16:
+                count = rewrite_matmuls_bf16(copy)
+                kind = "AMX" if bf16_kernel_kind() == "amx" else "AVX512-BF16"
+                _log.info("precision bf16: %d matmul(s) on the %s kernel", count, kind)
+            else:
+                count = rewrite_matmuls_avx512(copy)
+                _log.info("llvm-cpu target: %d fp32 matmul(s) on the %s kernel", count, isa)
     return copy, True
 
 

@@ -1,0 +1,74 @@
+"""Which vector instruction set turbine's fp32 CPU kernels are blocked for: AVX-512 or AVX2.
+
+The kernels (:mod:`.avx512` matmuls, :mod:`.avx512_conv` direct convolutions, the Winograd
+matmuls) are MLIR ``vector`` code over ``vector<16xf32>``. On an AVX-512 CPU a vector is one
+zmm register (32 of them); on an AVX2 + FMA CPU (AMD Zen 1-3, Intel client cores since Alder
+Lake, older Xeons) LLVM splits it into two ymm registers (16 of them), so the same text runs
+there, and only the register blocking must change: 4 x 64 accumulators are 16 zmm registers
+but 32 ymm ones, which spill. :func:`kernel_isa` is the instruction set the blocking is chosen
+for (docs/performance.md, section 19):
+
+- ``avx512``: 4-6 rows x 64 columns (16-24 zmm accumulators);
+- ``avx2``: 6 rows x 16 columns (12 ymm accumulators, two weight vectors and a broadcast: 15
+  of the 16 registers).
+
+``--turbine-cpu-matmul=avx512`` / ``avx2`` (:func:`.matmuls.cpu_matmul_kernel`, the host's by
+default) chooses it for a compile: ``rewrites.module_for_compile`` rewrites under
+:func:`kernels_for`, and the kernels' blocking functions read :func:`kernel_isa`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from .host import cpu_flags
+
+__all__ = [
+    "AVX2_FEATURES",
+    "AVX512_FEATURES",
+    "KERNEL_ISAS",
+    "host_isa",
+    "isa_features",
+    "kernel_isa",
+    "kernels_for",
+]
+
+#: The ``/proc/cpuinfo`` flags each instruction set's kernels need.
+AVX512_FEATURES = ("avx512f",)
+AVX2_FEATURES = ("avx2", "fma")
+#: The instruction sets the kernels are blocked for, fastest first.
+KERNEL_ISAS = ("avx512", "avx2")
+_FEATURES = {"avx512": AVX512_FEATURES, "avx2": AVX2_FEATURES}
+
+_current: ContextVar[str | None] = ContextVar("turbine_kernel_isa", default=None)
+
+
+def isa_features(isa: str) -> tuple[str, ...]:
+    """The CPU flags the kernels of ``isa`` (one of :data:`KERNEL_ISAS`) need."""
+    return _FEATURES[isa]
+
+
+def host_isa() -> str:
+    """The best instruction set of :data:`KERNEL_ISAS` this machine's CPU has, or ``""``."""
+    flags = cpu_flags()
+    return next((isa for isa in KERNEL_ISAS if set(_FEATURES[isa]) <= flags), "")
+
+
+def kernel_isa() -> str:
+    """The instruction set the kernels built now are blocked for: the one of the enclosing
+    :func:`kernels_for`, else the host's (``avx512`` where it has neither)."""
+    return _current.get() or host_isa() or "avx512"
+
+
+@contextmanager
+def kernels_for(isa: str) -> Iterator[None]:
+    """Kernels built inside are blocked for ``isa`` (one of :data:`KERNEL_ISAS`)."""
+    if isa not in _FEATURES:
+        raise ValueError(f"no kernel instruction set {isa!r}; known: {', '.join(KERNEL_ISAS)}")
+    token = _current.set(isa)
+    try:
+        yield
+    finally:
+        _current.reset(token)

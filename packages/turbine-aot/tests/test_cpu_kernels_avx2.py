@@ -1,0 +1,147 @@
+"""turbine's fp32 CPU kernels blocked for AVX2 (``_compiler.isa``): the default on a CPU with AVX2
+and FMA but no AVX-512, what the compile copy calls, and that the values are eager's and, bit for
+bit, those of the AVX-512 blocking (each output's sum runs over the reduction in the same order
+whatever the blocking). Runs on any CPU with AVX2 (an AVX-512 one runs the AVX2 blocking too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import compile_copy_asm
+
+from turbine_aot import export
+from turbine_aot._compiler import matmuls
+from turbine_aot._compiler.avx512 import Avx512Gemm
+from turbine_aot._compiler.avx512_conv import conv_kernel_for
+from turbine_aot._compiler.convs import conv_geometry
+from turbine_aot._compiler.direct_convs import direct_convs
+from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.isa import host_isa, kernel_isa, kernels_for
+from turbine_aot._compiler.matmuls import cpu_matmul_kernel
+from turbine_aot.runtime import load_module
+
+needs_avx2 = pytest.mark.skipif(
+    not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
+)
+AVX2 = ["--turbine-cpu-matmul=avx2"]
+
+
+def _flags(*extra: str) -> list[str]:
+    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
+
+
+def test_avx2_is_the_default_where_the_cpu_has_avx2_and_fma_but_no_avx512(monkeypatch):
+    monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
+    host = default_compile_flags("llvm-cpu", use_env=False)
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: ["avx512f"])
+    monkeypatch.setattr(matmuls, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
+    assert cpu_matmul_kernel(host) == "avx2"
+    monkeypatch.setattr(matmuls, "cpu_flags", lambda: {"sse4_2", "avx", "avx2"})  # no FMA
+    assert cpu_matmul_kernel(host) == "iree"
+    monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
+    assert cpu_matmul_kernel(host) == "avx512"
+    # a portable build keeps IREE's code; the flag chooses either blocking anywhere
+    assert cpu_matmul_kernel(default_compile_flags("llvm-cpu", host=False, use_env=False)) == "iree"
+    assert cpu_matmul_kernel([*host, *AVX2]) == "avx2"
+
+
+def test_the_blocking_follows_the_kernel_instruction_set():
+    """AVX2: 6 x 16 accumulators (12 of the 16 ymm registers; a ``vector<16xf32>`` is two),
+    one 16-column panel per workgroup, reduction blocks of 512; AVX-512: 4 x 64."""
+    with kernels_for("avx2"):
+        assert kernel_isa() == "avx2"
+        g = Avx512Gemm.for_shape(512, 100)
+        assert (g.mr, g.nr, g.kc, g.np_, g.rows_per_workgroup, g.cols_per_workgroup) == (
+            6, 16, 512, 112, 96, 16,
+        )  # fmt: skip
+        assert g.for_rows(8).prefetch == 1  # few rows: the next block into L2, one line a step
+        with kernels_for("avx512"):  # nested: the inner one
+            assert Avx512Gemm.for_shape(512, 100).nr == 64
+        assert Avx512Gemm.for_shape(512, 100, bf16=True).nr == 64  # bf16 is AVX-512's only
+    with pytest.raises(ValueError, match="no kernel instruction set 'sse'"), kernels_for("sse"):
+        pass
+
+
+class _Net(torch.nn.Module):
+    """A stem, a max pooling, 3x3 convolutions (Winograd's and the direct kernel's), a residual,
+    a strided one with a 1x1 shortcut, a depthwise one, a global average pooling and linears."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        c = torch.nn.Conv2d
+        self.stem = torch.nn.Sequential(
+            c(3, 32, 7, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)
+        )
+        self.a, self.b = c(32, 32, 3, 1, 1), c(32, 32, 3, 1, 1, bias=False)
+        self.down, self.short = c(32, 70, 3, 2, 1), c(32, 70, 1, 2)
+        self.dw = c(70, 70, 3, 1, 1, groups=70)
+        self.fc1, self.fc2 = torch.nn.Linear(70, 100), torch.nn.Linear(100, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(self.b(torch.relu(self.a(x))) + x)
+        x = torch.relu(self.down(x) + self.short(x))
+        x = torch.relu(self.dw(x)).mean((2, 3))
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_the_compile_copy_calls_the_avx2_blocking_and_records_what_it_needs():
+    eo = export(_Net().eval(), args=(torch.randn(1, 3, 48, 40),))
+    asm = compile_copy_asm(eo, _flags(*AVX2))
+    assert "__turbine_avx512_f32_gemm_70x112_6x16x512_96x16" in asm  # fc1 (N 100 -> 112)
+    assert "_6x16x256_128x16" in asm  # a direct convolution: 70 filters -> 80, 16 a workgroup
+    assert "_6x16x256_128x32" in asm  # 32 filters: 32-column workgroups
+    assert 'turbine.cpu_requires = "avx2,fma"' in asm
+    assert "x64x128" not in asm  # no AVX-512 blocking anywhere
+    g = conv_geometry(direct_convs(eo.mlir_module.operation)[1])  # 32 -> 32 channels
+    assert g is not None and g.c == 32
+    with kernels_for("avx2"):
+        assert conv_kernel_for(g, bf16=True).nr == 64  # the bf16 form keeps AVX-512's
+
+
+@needs_avx2
+@pytest.mark.parametrize("rows", [1, 5, 13])
+def test_a_convolutional_network_matches_eager_and_the_avx512_blocking_bit_for_bit(rows):
+    """Batches of 1, 5 and 13 images (row blocks of 6 and their 1-5-row tails) through every
+    kernel kind; the AVX-512 blocking runs on an AVX2 CPU too (LLVM splits its vectors)."""
+    model = _Net().eval()
+    x = torch.randn(rows, 3, 48, 40)
+    eo = export(model, args=(x,))
+    got = load_module(eo.compile(None, extra_args=AVX2)).main(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    other = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"])).main(x)
+    assert torch.equal(got, other)
+
+
+class _Block(torch.nn.Module):
+    """A transformer block's products: q / k / v and output projections, the attention's two
+    batched matmuls (their right operands packed per call), an MLP."""
+
+    def __init__(self, d: int = 96, heads: int = 3):
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads = heads
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.up, self.down = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.softmax(q @ k.transpose(-1, -2) / (d // self.heads) ** 0.5, -1) @ v
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(torch.relu(self.up(x)))
+
+
+@needs_avx2
+def test_a_transformer_block_with_a_dynamic_sequence_matches_eager():
+    model = _Block().eval()
+    seq = torch.export.Dim("seq", min=1, max=256)
+    eo = export(model, args=(torch.randn(1, 16, 96),), dynamic_shapes={"x": {1: seq}})
+    assert "6x16x512" in compile_copy_asm(eo, _flags(*AVX2))
+    compiled = load_module(eo.compile(None, extra_args=AVX2))
+    for t in (1, 7, 100, 203):  # row tails of every length
+        x = torch.randn(1, t, 96)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
