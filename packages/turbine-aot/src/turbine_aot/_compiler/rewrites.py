@@ -149,8 +149,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: convolution's padded bf16 input itself (:mod:`.amx_conv`); 42: and a max pooling's padded
 #: f32 input (:mod:`.pools`); 43: AMX convolutions of 16 input channels (RGB stems in
 #: space-to-depth form) read two taps a tile row; 44: AMX results read only by convolutions
-#: and residual adds kept in bf16 (:mod:`.direct_convs`).
-REVISION = 44
+#: and residual adds kept in bf16 (:mod:`.direct_convs`); 45: the fp32 kernels on AVX2 CPUs,
+#: blocked for them (:mod:`.isa`).
+REVISION = 45
 
 _log = logging.getLogger("turbine.aot")
 
