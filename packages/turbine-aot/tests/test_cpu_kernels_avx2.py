@@ -145,3 +145,52 @@ def test_a_transformer_block_with_a_dynamic_sequence_matches_eager():
         x = torch.randn(1, t, 96)
         with torch.no_grad():
             torch.testing.assert_close(compiled.main(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------- torchao weight-only products
+def _torchao_config(name: str):
+    tq = pytest.importorskip(
+        "torchao.quantization", reason="torchao is a dev requirement (tools/requirements-dev.txt)"
+    )
+    from torchao.quantization.granularity import PerGroup
+
+    if name == "int8":
+        return tq.Int8WeightOnlyConfig()
+    bits, group = name.split("-g")
+    dtype = torch.int4 if bits == "int4" else torch.int8
+    return tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(int(group)))
+
+
+@pytest.mark.parametrize(
+    ("config", "kernel"),
+    [
+        ("int8", "i8_gemm_256x256_4x1_16x32_pf"),  # per channel: 4 rows x 1 channel
+        ("int4-g32", "i4_gemm_256x256_g32z_1x2_16x32_zb_pf_cvt"),  # 1 x 2, no lookups
+        ("int4-g128", "i4_gemm_256x256_g128z_1x2_16x32_zb_pf_cvt"),
+        ("int8-g64", "i8_gemm_256x256_g64z_1x2_16x32_pf"),
+    ],
+)
+def test_quantized_weights_take_the_avx2_form_and_match_torchao_eager(config, kernel, tmp_path):
+    """On AVX2 the weight-only kernel keeps its structure but not the AVX-512 table lookups
+    (a 16-entry ``vpermps``): int4 nibbles are sign-extended and converted, ``q - z`` exact,
+    and each group's sum is scaled at its end, as int8's is."""
+    from kernel_testing import export_with_archive
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Linear(256, 256), torch.nn.SiLU(), torch.nn.Linear(256, 128, bias=False)
+    ).eval()
+    import torchao.quantization as tq
+
+    tq.quantize_(m, _torchao_config(config))
+    eo, parameters = export_with_archive(m, tmp_path, "q.irpa")
+    asm = compile_copy_asm(eo, _flags(*AVX2))
+    assert f"@__turbine_avx512_{kernel}" in asm
+    assert "permvar" not in asm and 'turbine.cpu_requires = "avx2,fma"' in asm
+    if not host_isa():
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
+    compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
+    for rows in (1, 3, 17):  # one row (decode) and row tails
+        x = torch.randn(rows, 256)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled.main(x), m(x), rtol=1e-5, atol=1e-5)

@@ -21,6 +21,7 @@ from turbine_aot._compiler import matmuls, quant_matmuls
 from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 from turbine_aot._compiler.fallback import retry_flags
 from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.isa import kernels_for
 from turbine_aot._compiler.quant_matmuls import rewritable_quant_matmuls
 from turbine_aot.runtime import load_module
 from turbine_params import externalize_module_parameters, save_module_parameters
@@ -36,6 +37,14 @@ def _avx512_kernel_even_where_there_is_amx(monkeypatch):
     """These tests are the AVX-512 kernel's: on a CPU with AMX-INT8 its one-row products would
     go to the AMX kernel (test_quant_matmul_amx.py), so that is turned off here."""
     monkeypatch.setenv("TURBINE_CPU_QUANT_AMX", "off")
+
+
+@pytest.fixture(autouse=True)
+def _avx512_form():
+    """These tests are about the kernel's AVX-512 form, whatever this CPU has (an AVX2 one gets
+    the form without table lookups: test_cpu_kernels_avx2.py)."""
+    with kernels_for("avx512"):
+        yield
 
 
 def _int4(group: int):

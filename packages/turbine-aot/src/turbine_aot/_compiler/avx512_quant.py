@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .isa import kernel_isa
 from .kernel_text import close_executable, open_executable, workgroup_block
 
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
@@ -75,6 +76,10 @@ class Avx512QuantGemm:
             no byte is widened first; lane ``i`` of shift ``t`` is ``k = 8 i + t`` of the 128,
             and each row's activations are put in that order once per workgroup, into a stack
             buffer (``4 K`` bytes: ``K`` up to 4096).
+        lookup: int4 weights dequantized by the 16-entry table lookup (``vpermps`` over a zmm
+            register: AVX-512); without it (AVX2, :func:`.isa.kernel_isa`) each nibble is
+            sign-extended and converted (``q - z`` exact in f32) and the group's sum is scaled
+            at its end, as int8's is (docs/quantization.md, "AVX2 CPUs").
     """
 
     k: int
@@ -89,6 +94,7 @@ class Avx512QuantGemm:
     zero_points_per_block: bool = False
     prefetch: bool = False
     nibble_shifts: bool = False
+    lookup: bool = True
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -135,6 +141,24 @@ class Avx512QuantGemm:
                 + ")"
             )
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
+        if kernel_isa() == "avx2":
+            # 16 ymm registers: a vector<16xf32> is two. Per channel (int8): 4 rows x 1
+            # channel (8 accumulator registers); grouped: 1 row x 2 channels, each with its
+            # group's partial sum and its total (8); no table lookups (no 16-entry vpermps).
+            grouped = group is not None
+            return Avx512QuantGemm(
+                k,
+                n,
+                bits,
+                group,
+                zero_point,
+                mr=1 if grouped else 4,
+                nr=2 if grouped else 1,
+                cols_per_workgroup=cols,
+                zero_points_per_block=True,
+                prefetch=True,
+                lookup=False,
+            )
         mr = 4 if group is None else 2
         current = variant == ""
         # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md). int8 per
@@ -167,6 +191,8 @@ class Avx512QuantGemm:
             raise ValueError(f"quantized AVX-512 kernel: unsupported shape {self}")
         if self.nibble_shifts and not self.shifts_support(self.k, self.bits, self.group, self.mr):
             raise ValueError(f"quantized AVX-512 kernel: no nibble shifts for {self}")
+        if self.nibble_shifts and not self.lookup:
+            raise ValueError(f"quantized AVX-512 kernel: nibble shifts are lookups: {self}")
         if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
             raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
 
@@ -185,9 +211,10 @@ class Avx512QuantGemm:
         zb = "_zb" if self._zero_point_buffer else ""
         pf = "_pf" if self.prefetch else ""
         ns = "_ns" if self.nibble_shifts else ""
+        nl = "" if self.lookup or self.bits == 8 else "_cvt"
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
-            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}{nl}"
         )
 
     @property
@@ -371,10 +398,14 @@ class Avx512QuantGemm:
         tots = [f"%tot{r}_{j}" for r in range(rows) for j in range(nr)]
         tys = ", ".join([vt] * len(tots))
         iters = ", ".join(f"{a} = %zero" for a in tots)
-        if self.bits == 4:
+        table = self.bits == 4 and self.lookup
+        if table:
             values = ", ".join(f"{v:.1f}" for v in [*range(8), *range(-8, 0)])
             e(f"{p}%qvals = arith.constant dense<[{values}]> : {vt}")  # nibble -> value
             e(f"{p}%c4v = arith.constant dense<4> : vector<16xi32>")
+        elif self.bits == 4:  # a nibble's sign extension: << 28 (low) or 24 (high), >> 28
+            for c in (24, 28):
+                e(f"{p}%c{c}v = arith.constant dense<{c}> : vector<16xi32>")
         e(
             f"{p}%res:{len(tots)} = scf.for %g = %c0 to %c{self.groups} step %c1 "
             f"iter_args({iters}) -> ({tys}) {{"
@@ -391,16 +422,14 @@ class Avx512QuantGemm:
                 e(f"{q}%zv{j} = memref.load %mz[%n{j}, %g] : {z_t}")
                 e(f"{q}%zf{j} = arith.sitofp %zv{j} : i8 to f32")
                 e(f"{q}%zb{j} = vector.broadcast %zf{j} : f32 to {vt}")
-            if self.bits == 4:  # the group's 16 dequantized values, (q - z) * s as eager's
+            if table:  # the group's 16 dequantized values, (q - z) * s as eager's
                 qz = "%qvals"
                 if self.zero_point:
                     e(f"{q}%qz{j} = arith.subf %qvals, %zb{j} : {vt}")
                     qz = f"%qz{j}"
                 e(f"{q}%tab{j} = arith.mulf {qz}, %sb{j} : {vt}")
         cur: dict[tuple[int, int], str | None] = {
-            (r, j): f"%tot{r}_{j}" if self.bits == 4 else None
-            for r in range(rows)
-            for j in range(nr)
+            (r, j): f"%tot{r}_{j}" if table else None for r in range(rows) for j in range(nr)
         }
 
         def fma(x: str, w: str, r: int, j: int, tag: str) -> None:
@@ -438,6 +467,17 @@ class Avx512QuantGemm:
                 for j in range(nr):
                     b = f"%qv{st}_{j}"
                     e(f"{q}{b} = vector.load %mq[%n{j}, %bo{st}] : {q_t}, vector<16xi8>")
+                    if not table:  # each nibble sign-extended, converted, minus the zero point
+                        it = "vector<16xi32>"
+                        e(f"{q}%by{st}_{j} = arith.extui {b} : vector<16xi8> to {it}")
+                        for h, up in (("lo", 28), ("hi", 24)):
+                            e(f"{q}%{h}u{st}_{j} = arith.shli %by{st}_{j}, %c{up}v : {it}")
+                            e(f"{q}%{h}s{st}_{j} = arith.shrsi %{h}u{st}_{j}, %c28v : {it}")
+                            w = f"%{h}w{st}_{j}"
+                            e(f"{q}{w} = arith.sitofp %{h}s{st}_{j} : {it} to {vt}")
+                            if self.zero_point:
+                                e(f"{q}%{h}z{st}_{j} = arith.subf {w}, %zb{j} : {vt}")
+                        continue
                     e(f"{q}%lo{st}_{j} = arith.extui {b} : vector<16xi8> to vector<16xi32>")
                     e(f"{q}%hi{st}_{j} = arith.shrui %lo{st}_{j}, %c4v : vector<16xi32>")
                     for h in ("lo", "hi"):  # vpermps: lane i = table[index_i & 15]
@@ -457,13 +497,14 @@ class Avx512QuantGemm:
                     e(
                         f"{q}%xo{st}_{r} = vector.shuffle %xa{st}_{r}, %xb{st}_{r} [{odd}] : {vt}, {vt}"
                     )
+                    wl = "z" if self.zero_point and not table else "w"
                     for j in range(nr):
-                        fma(f"%xe{st}_{r}", f"%low{st}_{j}", r, j, f"{st}e")
-                        fma(f"%xo{st}_{r}", f"%hiw{st}_{j}", r, j, f"{st}o")
+                        fma(f"%xe{st}_{r}", f"%lo{wl}{st}_{j}", r, j, f"{st}e")
+                        fma(f"%xo{st}_{r}", f"%hi{wl}{st}_{j}", r, j, f"{st}o")
         outs = []
         for r in range(rows):
             for j in range(nr):
-                if self.bits == 4:  # the weights were scaled in the table
+                if table:  # the weights were scaled in the table
                     outs.append(str(cur[r, j]))
                     continue
                 e(f"{q}%nt{r}_{j} = vector.fma %sb{j}, {cur[r, j]}, %tot{r}_{j} : {vt}")

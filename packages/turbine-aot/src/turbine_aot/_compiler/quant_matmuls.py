@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .amx_quant import AMX_INT8_FEATURES, AmxQuantGemm, int4_fits_cache, quant_amx_choice
-from .avx512 import AVX512_FEATURES
 from .avx512_quant import VARIANTS, Avx512QuantGemm
+from .isa import isa_features, kernel_isa
 from .matmuls import mark_cpu_requires
 from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, producer, walk
 
@@ -392,5 +392,5 @@ def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
         mm.erase()
         _erase_dead(weight)
     if found:
-        mark_cpu_requires(op, AMX_INT8_FEATURES if on_amx else AVX512_FEATURES)
+        mark_cpu_requires(op, AMX_INT8_FEATURES if on_amx else isa_features(kernel_isa()))
     return len(found)

@@ -217,8 +217,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     isa = kernel if kernel in KERNEL_ISAS else kernel_isa()
     avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
-    # the weight-only quantized kernel: blocked for AVX-512 only (not measured on AVX2)
-    quant = fp32_kernel and isa == "avx512" and bool(rewritable_quant_matmuls(op))
+    # the weight-only quantized kernel (on AVX2: its form without table lookups)
+    quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
     # int8 x int8 products on the VNNI kernel: the host builds of the fp32 kernel, on a CPU
     # with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
     keep_int8 = os.environ.get(CPU_INT8_MATMUL_ENV, "").strip().lower() == "iree"
