@@ -55,6 +55,7 @@ def test_the_blocking_follows_the_kernel_instruction_set():
             6, 16, 512, 112, 96, 16,
         )  # fmt: skip
         assert g.for_rows(8).prefetch == 1  # few rows: the next block into L2, one line a step
+        assert g.for_rows(1).prefetch == 0  # but not one row (a decode step) on AVX2
         with kernels_for("avx512"):  # nested: the inner one
             assert Avx512Gemm.for_shape(512, 100).nr == 64
         assert Avx512Gemm.for_shape(512, 100, bf16=True).nr == 64  # bf16 is AVX-512's only

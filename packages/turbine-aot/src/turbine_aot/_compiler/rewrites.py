@@ -151,8 +151,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: space-to-depth form) read two taps a tile row; 44: AMX results read only by convolutions
 #: and residual adds kept in bf16 (:mod:`.direct_convs`); 45: the fp32 kernels on AVX2 CPUs,
 #: blocked for them (:mod:`.isa`); 46: and the weight-only quantized kernel there, without
-#: table lookups.
-REVISION = 46
+#: table lookups; 47: no L2 prefetch in one-row AVX2 products.
+REVISION = 47
 
 _log = logging.getLogger("turbine.aot")
 
