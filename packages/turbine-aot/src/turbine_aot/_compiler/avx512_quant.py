@@ -30,6 +30,11 @@ end of ``K`` each accumulator is summed across its lanes. Rows left over at the 
 use a kernel of fewer rows. The current version software-prefetches the next block's weight
 rows while it reads this block's.
 
+On an AVX2 CPU (:func:`.isa.kernel_isa`) the same kernel is built without the table (there is
+no 16-entry ``vpermps`` on 8-float registers): the nibbles are sign-extended and converted, and
+each group's sum is scaled at its end as int8's is (``lookup``; docs/quantization.md, "AVX2
+CPUs"), in register blocks for 16 ymm registers.
+
 Two versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one and
 ``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``; for int8 per channel
 it also has blocks of 4 channels, the current one a channel at a time). The variants that
