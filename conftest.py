@@ -14,7 +14,7 @@ warning naming the rerun); a second loss fails it. turbine_aot's runtime replace
 devices itself.
 
 The report header names the CPU and the instruction-set extensions turbine's CPU kernels choose
-by (AVX-512, VNNI, BF16, AMX), so that a log from another machine says what it ran on.
+by (AVX2 + FMA, AVX-512, VNNI, BF16, AMX), so that a log from another machine says what it ran on.
 """
 
 from __future__ import annotations

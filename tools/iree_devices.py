@@ -104,6 +104,7 @@ print("ok")
 #: The CPU flags turbine's CPU kernels choose by (docs/performance.md), as /proc/cpuinfo names them.
 _KERNEL_FLAGS = (
     "avx2",
+    "fma",
     "avx512f",
     "avx512bw",
     "avx512vl",

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm
+from kernel_testing import compile_copy_asm, export_with_archive
 
 from turbine_aot import export
-from turbine_aot._compiler import matmuls
+from turbine_aot._compiler import isa, matmuls
 from turbine_aot._compiler.avx512 import Avx512Gemm
 from turbine_aot._compiler.avx512_conv import conv_kernel_for
 from turbine_aot._compiler.convs import conv_geometry
@@ -34,9 +34,9 @@ def test_avx2_is_the_default_where_the_cpu_has_avx2_and_fma_but_no_avx512(monkey
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     host = default_compile_flags("llvm-cpu", use_env=False)
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: ["avx512f"])
-    monkeypatch.setattr(matmuls, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
+    monkeypatch.setattr(isa, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
     assert cpu_matmul_kernel(host) == "avx2"
-    monkeypatch.setattr(matmuls, "cpu_flags", lambda: {"sse4_2", "avx", "avx2"})  # no FMA
+    monkeypatch.setattr(isa, "cpu_flags", lambda: {"sse4_2", "avx", "avx2"})  # no FMA
     assert cpu_matmul_kernel(host) == "iree"
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     assert cpu_matmul_kernel(host) == "avx512"
@@ -149,17 +149,20 @@ def test_a_transformer_block_with_a_dynamic_sequence_matches_eager():
 
 
 # ------------------------------------------------------------------- torchao weight-only products
-def _torchao_config(name: str):
+def _quantize(m: torch.nn.Module, config: str) -> None:
+    """torchao's ``config`` (``int8`` per channel, ``int4-g<G>`` / ``int8-g<G>`` per group)
+    applied to ``m`` in place."""
     tq = pytest.importorskip(
         "torchao.quantization", reason="torchao is a dev requirement (tools/requirements-dev.txt)"
     )
     from torchao.quantization.granularity import PerGroup
 
-    if name == "int8":
-        return tq.Int8WeightOnlyConfig()
-    bits, group = name.split("-g")
+    if config == "int8":
+        tq.quantize_(m, tq.Int8WeightOnlyConfig())
+        return
+    bits, group = config.split("-g")
     dtype = torch.int4 if bits == "int4" else torch.int8
-    return tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(int(group)))
+    tq.quantize_(m, tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(int(group))))
 
 
 @pytest.mark.parametrize(
@@ -175,15 +178,11 @@ def test_quantized_weights_take_the_avx2_form_and_match_torchao_eager(config, ke
     """On AVX2 the weight-only kernel keeps its structure but not the AVX-512 table lookups
     (a 16-entry ``vpermps``): int4 nibbles are sign-extended and converted, ``q - z`` exact,
     and each group's sum is scaled at its end, as int8's is."""
-    from kernel_testing import export_with_archive
-
     torch.manual_seed(0)
     m = torch.nn.Sequential(
         torch.nn.Linear(256, 256), torch.nn.SiLU(), torch.nn.Linear(256, 128, bias=False)
     ).eval()
-    import torchao.quantization as tq
-
-    tq.quantize_(m, _torchao_config(config))
+    _quantize(m, config)
     eo, parameters = export_with_archive(m, tmp_path, "q.irpa")
     asm = compile_copy_asm(eo, _flags(*AVX2))
     assert f"@__turbine_avx512_{kernel}" in asm

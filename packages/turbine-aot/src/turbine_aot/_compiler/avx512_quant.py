@@ -137,7 +137,9 @@ class Avx512QuantGemm:
 
         ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, one of :data:`VARIANTS`): ``""`` the current
         kernel, ``"v1"`` the first version (for A/B measurements: the int4 tables' zero points
-        loaded, converted and broadcast per group and channel; no software prefetch).
+        loaded, converted and broadcast per group and channel; no software prefetch). Blocked
+        for AVX2 (:func:`.isa.kernel_isa`) there is one form, without lookups, whatever
+        ``variant`` and ``rows`` say.
         """
         if variant not in VARIANTS:
             raise ValueError(

@@ -1182,9 +1182,8 @@ def rewrite_convs_avx512(
                 out_pad=consumer[1].padding if consumer is not None else (0, 0),
             )
             act = _ACTIVATIONS.get(absorbed[-1].name) if absorbed else None
-            if (
-                isinstance(kernel, Avx512Conv) and act is not None
-            ):  # (not `direct`: narrows for replace)
+            # isinstance, not `direct`: it narrows the type for replace
+            if isinstance(kernel, Avx512Conv) and act is not None:
                 kernel = replace(kernel, hardswish=act == "hardswish", silu=act == "silu")
         operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)

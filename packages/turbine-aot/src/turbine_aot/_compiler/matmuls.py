@@ -36,8 +36,7 @@ from typing import Any, Protocol
 from .amx import CPU_REQUIRES_KEY
 from .avx512 import Avx512Gemm, host_avx512_missing
 from .epilogues import fusion_enabled, only_user, replace_with_absorbed
-from .host import cpu_flags
-from .isa import AVX2_FEATURES, KERNEL_ISAS, isa_features, kernel_isa
+from .isa import KERNEL_ISAS, host_isa, isa_features, kernel_isa
 from .targets import TargetError
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, constant, walk
 
@@ -125,10 +124,7 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
         host = bool(cpu) and cpu[-1] == _HOST_CPU_FLAG
         value = "iree"
         if host and _UKERNELS_FLAG in flags:
-            if not host_avx512_missing():
-                value = "avx512"
-            elif set(AVX2_FEATURES) <= cpu_flags():
-                value = "avx2"
+            value = "avx512" if not host_avx512_missing() else (host_isa() or "iree")
     if value not in _CPU_MATMUL_KERNELS:
         raise TargetError(
             f"unknown {CPU_MATMUL_FLAG} value {value!r}; choose one of "

@@ -291,8 +291,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
                 copy, bf16=bf16_convs, amx=bf16_convs and amx_convs, pools=pools
             )
             _log.info(
-                "llvm-cpu target: %d convolution(s) on the AVX-512 convolution kernel%s",
+                "llvm-cpu target: %d convolution(s) on the %s convolution kernel%s",
                 count,
+                "AVX-512" if bf16_convs else isa,
                 " (bf16)" if bf16_convs else "",
             )
         if pools:
@@ -302,7 +303,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             kernel_for = (
                 (_avx512_bf16_gemm if bf16_convs else _avx512_gemm) if conv_kernel else None
             )
-            features = AVX512_BF16_FEATURES if bf16_convs else isa_features(kernel_isa())
+            features = AVX512_BF16_FEATURES if bf16_convs else isa_features(isa)
             count = rewrite_convs_as_matmuls(copy, kernel_for, features)
             _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
         if w4a8:  # before the weight-only kernel, which would take the same mm
@@ -314,7 +315,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             _log.info(
                 "llvm-cpu target: %d quantized matmul(s) on the %s int8/int4 kernel",
                 count,
-                "AMX (one row) / AVX-512" if amx else "AVX-512",
+                f"AMX (one row) / {isa}" if amx else isa,
             )
         if int8:
             count = rewrite_int8_matmuls_vnni(copy)
