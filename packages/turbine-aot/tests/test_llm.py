@@ -585,7 +585,8 @@ def test_w8a8_llama_generates_torchao_eager_greedy_ids(llama_model, monkeypatch)
 
 def test_w4a8_llama_generates_torchao_eager_greedy_ids(monkeypatch):
     """quantize="w4a8" (int4 weights in groups of 32, int8 activations; widths 128 / 256, which
-    the kernel takes): on turbine's VNNI w4a8 kernel where the CPU has it, torchao eager's
+    the kernel takes): on turbine's w4a8 kernel where the CPU has VNNI (its VNNI form) or only
+    AVX2 (its AVX2 form), torchao eager's
     greedy ids up to ties of the activations' rounding (W8A8_TIE: the same int8 rounding of
     the activations as w8a8's), as on the weight-only int4 kernel (TURBINE_CPU_INT8_MATMUL=iree,
     the path before)."""
@@ -594,16 +595,19 @@ def test_w4a8_llama_generates_torchao_eager_greedy_ids(monkeypatch):
 
     from turbine_aot._compiler.avx512_vnni import host_vnni_missing
     from turbine_aot._compiler.flags import default_compile_flags
+    from turbine_aot._compiler.isa import host_isa
 
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.delenv("TURBINE_CPU_INT8_MATMUL", raising=False)
     model = _llama(hidden_size=128, intermediate_size=256)
     eo = llm.export_causal_lm(model, max_seq_len=64, quantize="w4a8", group_size=32)
     asm = compile_copy_asm(eo, default_compile_flags("llvm-cpu", use_env=False))
-    calls = asm.count("func.func private @__turbine_avx512_vnni_w4a8_matmul_")
-    kernel = not host_vnni_missing() and "avx512f" in asm
+    vnni = host_isa() == "avx512" and not host_vnni_missing()
+    kernel = "avx512_vnni" if vnni else "avx2" if host_isa() == "avx2" else ""
+    calls = asm.count("_w4a8_matmul_") // 2  # each private function: its definition and call
     # per layer q, k, v, o, gate, up, down (twice: prefill and decode), and the LM head's two
     assert calls == ((2 * 7 + 1) * 2 if kernel else 0)
+    assert asm.count(f"func.func private @__turbine_{kernel}_w4a8_matmul_") == calls
     eager = llm.quantized_copy(model, "w4a8", group_size=32)
     lm = llm.load(eo)
     monkeypatch.setenv("TURBINE_CPU_INT8_MATMUL", "iree")

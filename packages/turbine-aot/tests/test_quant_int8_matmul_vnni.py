@@ -99,10 +99,12 @@ def test_the_compile_copy_calls_the_vnni_kernel_for_both_forms(monkeypatch, tmp_
         assert gone not in asm
     assert "torch.aten.amax" in asm and "torch.aten.mul.Tensor" in asm
     assert 'turbine.cpu_requires = "avx512f,avx512_vnni"' in asm
-    # IREE's code when asked for, for portable builds, other targets, the retry without
-    # turbine's fast-matmul defaults, and on a CPU without VNNI
+    # IREE's code when asked for, for kernels built for AVX2 (a module meant for a CPU without
+    # VNNI), for portable builds, other targets, the retry without turbine's fast-matmul
+    # defaults, and on a CPU without VNNI
     for flags in (
         _flags("--turbine-cpu-matmul=iree"),
+        _flags("--turbine-cpu-matmul=avx2"),
         default_compile_flags("llvm-cpu", host=False, use_env=False),
         default_compile_flags("vmvx", use_env=False),
         retry_flags(_flags(), []),

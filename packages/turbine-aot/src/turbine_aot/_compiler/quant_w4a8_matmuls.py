@@ -1,5 +1,5 @@
 """torchao's int4-weight x int8-activation products of the module handed to IREE rewritten as
-calls of the AVX-512 VNNI w4a8 kernel (:mod:`.avx512_w4a8`).
+calls of the w4a8 kernel (:mod:`.avx512_w4a8`): its AVX-512 VNNI form, or its AVX2 form.
 
 ``Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(G))``
 exports as fake quantization (docs/quantization.md): the program quantizes each row of the
@@ -28,11 +28,12 @@ from typing import Any
 
 from .avx512_vnni import VNNI_FEATURES
 from .avx512_w4a8 import Avx512W4A8Gemm
+from .isa import isa_features
 from .matmuls import mark_cpu_requires
 from .quant_matmuls import _CASTS, _VIEWS, _cast_f32_of, _erase_dead, _grouped_weight, _i4_source
 from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, producer, walk
 
-__all__ = ["rewritable_w4a8_matmuls", "rewrite_w4a8_matmuls_vnni"]
+__all__ = ["rewritable_w4a8_matmuls", "rewrite_w4a8_matmuls"]
 
 #: Ops without side effects that the dequantized activations are made of.
 _PURE = frozenset(
@@ -66,8 +67,10 @@ class _W4A8Matmul:
     n: int
     group: int
 
-    def kernel(self) -> Avx512W4A8Gemm:
-        return Avx512W4A8Gemm.for_shape(self.k, self.n, self.group, self.zero_point is not None)
+    def kernel(self, isa: str) -> Avx512W4A8Gemm:
+        return Avx512W4A8Gemm.for_shape(
+            self.k, self.n, self.group, self.zero_point is not None, isa
+        )
 
 
 def _row_views(value: Any, k: int) -> Any:
@@ -141,7 +144,7 @@ def _spec(op: Any) -> _W4A8Matmul | None:
 
 
 def rewritable_w4a8_matmuls(module_op: Any) -> list[Any]:
-    """The ``torch.aten.mm`` ops of ``module_op`` that :func:`rewrite_w4a8_matmuls_vnni`
+    """The ``torch.aten.mm`` ops of ``module_op`` that :func:`rewrite_w4a8_matmuls`
     rewrites (whatever the CPU)."""
     op = getattr(module_op, "operation", module_op)
     return [o for o in walk(op) if o.name == "torch.aten.mm" and _spec(o) is not None]
@@ -280,10 +283,11 @@ def _function(name: str, g: _W4A8Matmul, kernel: Avx512W4A8Gemm) -> str:
     return "\n".join(lines)
 
 
-def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
+def rewrite_w4a8_matmuls(module_op: Any, isa: str = "avx512") -> int:
     """Rewrites, in place, each product :func:`rewritable_w4a8_matmuls` finds as a call of the
-    AVX-512 VNNI w4a8 kernel, and records ``avx512f,avx512_vnni`` in the module's public
-    functions (``turbine.cpu_requires``). The caller checks that the target CPU has VNNI.
+    w4a8 kernel in its form for ``isa`` (``avx512``: AVX-512 VNNI; ``avx2``), and records what
+    that form needs (``avx512f,avx512_vnni`` / ``avx2,fma``) in the module's public functions
+    (``turbine.cpu_requires``). The caller checks that the target CPU has it.
 
     Returns:
         How many products were rewritten.
@@ -294,10 +298,11 @@ def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
     for index, mm in enumerate(found):
         spec = _spec(mm)
         assert spec is not None
-        kernel = spec.kernel()
+        kernel = spec.kernel(isa)
         if kernel.name not in top:
             top.append(kernel.executable())
-        name = top.unique(f"__turbine_avx512_vnni_w4a8_matmul_{index}")
+        stem = "avx512_vnni" if isa == "avx512" else isa
+        name = top.unique(f"__turbine_{stem}_w4a8_matmul_{index}")
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
         groups = spec.k // spec.group
@@ -320,5 +325,5 @@ def rewrite_w4a8_matmuls_vnni(module_op: Any) -> int:
         _erase_dead(weight)
         erase_unused(xd, _PURE)
     if found:
-        mark_cpu_requires(op, VNNI_FEATURES)
+        mark_cpu_requires(op, VNNI_FEATURES if isa == "avx512" else isa_features(isa))
     return len(found)

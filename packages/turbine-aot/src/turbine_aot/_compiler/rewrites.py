@@ -36,7 +36,9 @@ flags:
   products of torchao's ``Int8DynamicActivationIntxWeightConfig`` (fake quantization) as calls
   of the VNNI w4a8 kernel on the packed int4 weights (:mod:`.quant_w4a8_matmuls`,
   :mod:`.avx512_w4a8`); ``TURBINE_CPU_INT8_MATMUL=iree`` keeps them on the weight-only int4
-  kernel (f32 activations), as before.
+  kernel (f32 activations), as before. The VNNI kernels need the kernels built for AVX-512;
+  built for AVX2 (:mod:`.isa`), the w4a8 products take that kernel's AVX2 form
+  (``vpmaddubsw``), and the int8 x int8 ones stay IREE's.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ from .quant_int8_matmuls import (
     rewrite_int8_matmuls_vnni,
 )
 from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx512
-from .quant_w4a8_matmuls import rewritable_w4a8_matmuls, rewrite_w4a8_matmuls_vnni
+from .quant_w4a8_matmuls import rewritable_w4a8_matmuls, rewrite_w4a8_matmuls
 from .softmax import (
     CPU_SOFTMAX_ENV,
     reciprocal_forms,
@@ -151,8 +153,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: space-to-depth form) read two taps a tile row; 44: AMX results read only by convolutions
 #: and residual adds kept in bf16 (:mod:`.direct_convs`); 45: the fp32 kernels on AVX2 CPUs,
 #: blocked for them (:mod:`.isa`); 46: and the weight-only quantized kernel there, without
-#: table lookups; 47: no L2 prefetch in one-row AVX2 products.
-REVISION = 47
+#: table lookups; 47: no L2 prefetch in one-row AVX2 products; 48: torchao's w4a8 products
+#: on the w4a8 kernel's AVX2 form where the kernels are built for AVX2, and the VNNI kernels
+#: only where they are built for AVX-512.
+REVISION = 48
 
 _log = logging.getLogger("turbine.aot")
 
@@ -220,14 +224,18 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     matmul = bf16 or avx512
     # the weight-only quantized kernel (on AVX2: its form without table lookups)
     quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
-    # int8 x int8 products on the VNNI kernel: the host builds of the fp32 kernel, on a CPU
-    # with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
+    # int8 x int8 products on the VNNI kernel: the host builds of the AVX-512 kernels, on a
+    # CPU with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
     keep_int8 = os.environ.get(CPU_INT8_MATMUL_ENV, "").strip().lower() == "iree"
-    vnni = fp32_kernel and not keep_int8 and not host_vnni_missing()
+    vnni = fp32_kernel and isa == "avx512" and not keep_int8 and not host_vnni_missing()
     int8 = vnni and bool(rewritable_int8_matmuls(op))
     # int4 x int8 products (torchao's fake-quantized Int8DynamicActivationIntxWeightConfig) on
-    # the VNNI w4a8 kernel, gated as int8; otherwise they stay on the weight-only int4 kernel
-    w4a8 = vnni and bool(rewritable_w4a8_matmuls(op))
+    # the w4a8 kernel: its VNNI form gated as int8, its AVX2 form where the kernels are built
+    # for AVX2; otherwise they stay on the weight-only int4 kernel
+    w4a8_isa = (
+        "avx512" if vnni else "avx2" if fp32_kernel and isa == "avx2" and not keep_int8 else ""
+    )
+    w4a8 = bool(w4a8_isa) and bool(rewritable_w4a8_matmuls(op))
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
     # with precision="bf16", in their bf16 form (AVX512-BF16: AMX CPUs have it too)
     conv_kernel = fp32_kernel and not keep_convs and conv_choice != "iree"
@@ -307,8 +315,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             count = rewrite_convs_as_matmuls(copy, kernel_for, features)
             _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
         if w4a8:  # before the weight-only kernel, which would take the same mm
-            count = rewrite_w4a8_matmuls_vnni(copy)
-            _log.info("llvm-cpu target: %d int4 x int8 matmul(s) on the AVX-512 VNNI kernel", count)
+            count = rewrite_w4a8_matmuls(copy, w4a8_isa)
+            _log.info(
+                "llvm-cpu target: %d int4 x int8 matmul(s) on the %s w4a8 kernel",
+                count,
+                "AVX-512 VNNI" if w4a8_isa == "avx512" else w4a8_isa,
+            )
         if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
             amx = quant_amx_enabled()
             count = rewrite_quant_matmuls_avx512(copy, amx=amx)
