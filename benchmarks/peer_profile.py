@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     if args.model in peer_runtimes.MODELS:
         module, margs, mkwargs, what = peer_runtimes.MODELS[args.model]()
+        dynamic = None
     else:
         import zoo
 
@@ -205,10 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown model {args.model!r}: see --help")
         case = zoo.ZOO[args.model]()
         module, margs, mkwargs, what = case.module.eval(), case.args, case.kwargs, case.what
+        dynamic = case.dynamic_shapes  # exported as zoo.py does (a dynamic sequence...)
     result: dict[str, Any] = {"model": args.model, "what": what, "threads": args.threads}
     with tempfile.TemporaryDirectory(prefix="turbine-peer-profile-") as tdir:
         td = Path(tdir)
-        eo = turbine_aot.export(module, args=margs, kwargs=mkwargs)
+        eo = turbine_aot.export(module, args=margs, kwargs=mkwargs, dynamic_shapes=dynamic)
         vmfb = td / "m.vmfb"
         precision = {"precision": "bf16"} if args.precision == "bf16" else {}
         eo.compile(save_to=vmfb, extra_args=shlex.split(args.flags), **precision)
