@@ -90,7 +90,6 @@ from .quant_matmuls import rewritable_quant_matmuls, rewrite_quant_matmuls_avx51
 from .quant_w4a8_matmuls import rewritable_w4a8_matmuls, rewrite_w4a8_matmuls
 from .softmax import (
     CPU_SOFTMAX_ENV,
-    dynamic_forms_right,
     reciprocal_forms,
     rewrite_reciprocal_forms,
     rewrite_softmaxes,
@@ -156,9 +155,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: blocked for them (:mod:`.isa`); 46: and the weight-only quantized kernel there, without
 #: table lookups; 47: no L2 prefetch in one-row AVX2 products; 48: torchao's w4a8 products
 #: on the w4a8 kernel's AVX2 form where the kernels are built for AVX2, and the VNNI kernels
-#: only where they are built for AVX-512; 49: softmaxes over dynamic shapes in the reciprocal
-#: form too where IREE builds for this machine and it has no AVX-512.
-REVISION = 49
+#: only where they are built for AVX-512.
+REVISION = 48
 
 _log = logging.getLogger("turbine.aot")
 
@@ -256,17 +254,11 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # torchao's activation scale as one reduction (exact) wherever the CPU compiles it
     absmax = targets_only_cpu(flags) and bool(abs_max_patterns(op))
     # fp32 softmaxes (the model's, and those the attention rewrite writes) in a form IREE does
-    # not raise to its slow softmax op, unless TURBINE_CPU_SOFTMAX=keep; over dynamic shapes
-    # too where IREE computes that form right (its code for this machine, without AVX-512)
-    dynamic = dynamic_forms_right(flags)
-    softmax = (
-        targets == {"llvm-cpu"}
-        and softmax_enabled()
-        and (attention or bool(softmaxes(op, dynamic)))
-    )
-    # ... elsewhere a model's own softmax in that form over a dynamic shape, which IREE 3.13's
-    # AVX-512 code computes wrongly, handed to IREE as a softmax (always: a correctness fix)
-    reciprocal = targets == {"llvm-cpu"} and not dynamic and bool(reciprocal_forms(op))
+    # not raise to its slow softmax op, unless TURBINE_CPU_SOFTMAX=keep
+    softmax = targets == {"llvm-cpu"} and softmax_enabled() and (attention or bool(softmaxes(op)))
+    # ... and a model's own softmax in that form over a dynamic shape, which IREE 3.13 computes
+    # wrongly, handed to IREE as a softmax (always: a correctness fix)
+    reciprocal = targets == {"llvm-cpu"} and bool(reciprocal_forms(op))
     if not (
         attention
         or softmax
@@ -347,7 +339,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             count = rewrite_reciprocal_forms(copy)
             _log.info("llvm-cpu target: %d dynamic exp * reciprocal(sum) as softmax", count)
         if softmax:  # after attention: its softmaxes are rewritten too
-            count = rewrite_softmaxes(copy, dynamic)
+            count = rewrite_softmaxes(copy)
             _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
         if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
             if bf16:

@@ -17,23 +17,17 @@ softmaxes that :mod:`.attention` writes for scaled-dot-product attention on CPUs
 ``TURBINE_CPU_SOFTMAX=keep`` leaves them to IREE (A/B measurements; part of the compile cache's
 key).
 
-**Static shapes only where IREE emits AVX-512 code: IREE 3.13 computes this form wrongly
-there with dynamic ones.** Between two batched matmuls (attention: ``softmax(mask(q @ k^T)) @
-v``) with a dynamic batch, a program that writes its softmax as ``exp(s - amax(s)) *
-reciprocal(sum(...))`` gets results off by order 1 on AVX-512 CPUs (whether turbine or the
-model wrote it), where IREE's own softmax op is right (``tests/test_cpu_softmax.py`` pins both,
-the wrong one so that it fails once IREE is fixed). There a softmax over a dynamic shape stays
-IREE's, and a model's own softmax spelled that way over a dynamic shape is handed to IREE as its
-softmax op (:func:`rewrite_reciprocal_forms`, applied whatever ``TURBINE_CPU_SOFTMAX`` says: it
-is a correctness fix).
-
-**Dynamic shapes too where IREE builds for this machine and it has no AVX-512**
-(:func:`dynamic_forms_right`), when the number of rows is dynamic: IREE's AVX2 code computes the
-form right (the same tests), and its softmax op is as slow there as anywhere: a
-dynamic-sequence BERT (hidden 128, 2 layers, sequence 128, AMD Zen 3, one thread) spent 1.99 ms
-of 6.0 in its two softmax dispatches, 0.23 ms in the rewritten form's reductions. A softmax
-whose only dynamic size is the reduced one (an LLM decode step's: a few rows over the cache)
-stays IREE's one dispatch, which there beat the form's four (docs/performance.md, section 12).
+**Static shapes only: IREE 3.13 computes this form wrongly with dynamic ones.** Between two
+batched matmuls (attention: ``softmax(mask(q @ k^T)) @ v``) with a dynamic batch, a program
+that writes its softmax as ``exp(s - amax(s)) * reciprocal(sum(...))`` gets results off by
+order 1 (whether turbine or the model wrote it), where IREE's own softmax op is right
+(``tests/test_cpu_softmax.py`` pins both, the wrong one so that it fails once IREE is fixed).
+That case is wrong in IREE's AVX-512 code; its AVX2 code gets it right but is wrong over a
+dynamic *sequence* (the reduced size dynamic: lengths with a vector remainder), so the rule is
+the same on every CPU (docs/performance.md, section 12).
+A softmax over a dynamic shape therefore stays IREE's, and a model's own softmax spelled that
+way over a dynamic shape is handed to IREE as its softmax op (:func:`rewrite_reciprocal_forms`,
+applied whatever ``TURBINE_CPU_SOFTMAX`` says: it is a correctness fix).
 """
 
 from __future__ import annotations
@@ -41,7 +35,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .host import cpu_flags
 from .torch_ir import (
     NOT_CONSTANT,
     Builder,
@@ -55,7 +48,6 @@ from .torch_ir import (
 
 __all__ = [
     "CPU_SOFTMAX_ENV",
-    "dynamic_forms_right",
     "reciprocal_forms",
     "rewrite_reciprocal_forms",
     "rewrite_softmaxes",
@@ -75,21 +67,14 @@ def softmax_enabled() -> bool:
     return os.environ.get(CPU_SOFTMAX_ENV, "").strip().lower() != "keep"
 
 
-def dynamic_forms_right(flags: Any) -> bool:
-    """Whether IREE computes ``exp(x - max) * (1 / sum)`` over dynamic shapes right for
-    ``flags``: code for this machine (``--iree-llvmcpu-target-cpu=host``) and no AVX-512 in it
-    (module doc). Anything else (AVX-512, another CPU named) keeps the static-only rule."""
-    host = "--iree-llvmcpu-target-cpu=host" in list(flags)
-    return host and "avx512f" not in cpu_flags()
-
-
-def _dim(op: Any, dynamic: bool = False) -> int | None:
-    """The reduced dimension (non-negative) of a softmax this rewrite takes (over a dynamic
-    shape only where ``dynamic``), else None."""
+def _dim(op: Any) -> int | None:
+    """The reduced dimension (non-negative) of a softmax this rewrite takes, else None."""
     if op.name not in (_SOFTMAX_INT, _SOFTMAX) or len(op.operands) != 3:
         return None
     xt, out_t = TensorType.of(op.operands[0]), TensorType.of(op.result)
     if xt is None or out_t is None or xt.dtype != "f32" or out_t.dtype != "f32":
+        return None
+    if None in xt.sizes:  # IREE 3.13 miscompiles this form with dynamic shapes (module doc)
         return None
     dim = constant(op.operands[1])
     last = constant(op.operands[2])
@@ -102,27 +87,20 @@ def _dim(op: Any, dynamic: bool = False) -> int | None:
     rank = len(xt.sizes)
     if not -rank <= dim < rank:
         return None
-    dim %= rank
-    if None in xt.sizes:  # IREE 3.13's AVX-512 miscompile; few rows: IREE's op (module doc)
-        rows = [size for i, size in enumerate(xt.sizes) if i != dim]
-        if not dynamic or None not in rows:
-            return None
-    return dim
+    return dim % rank
 
 
-def softmaxes(module_op: Any, dynamic: bool = False) -> list[Any]:
-    """The softmax ops of ``module_op`` that :func:`rewrite_softmaxes` rewrites (those over
-    dynamic shapes too where ``dynamic``: :func:`dynamic_forms_right`)."""
-    op = getattr(module_op, "operation", module_op)
-    return [o for o in walk(op) if _dim(o, dynamic) is not None]
+def softmaxes(module_op: Any) -> list[Any]:
+    """The softmax ops of ``module_op`` that :func:`rewrite_softmaxes` rewrites."""
+    return [op for op in walk(getattr(module_op, "operation", module_op)) if _dim(op) is not None]
 
 
-def rewrite_softmaxes(module_op: Any, dynamic: bool = False) -> int:
+def rewrite_softmaxes(module_op: Any) -> int:
     """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)``; returns how
     many."""
     done = 0
-    for op in softmaxes(module_op, dynamic):
-        dim = _dim(op, dynamic)
+    for op in softmaxes(module_op):
+        dim = _dim(op)
         assert dim is not None
         x = op.operands[0]
         xt = TensorType.of(x)
