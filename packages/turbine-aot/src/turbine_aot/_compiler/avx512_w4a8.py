@@ -122,13 +122,18 @@ class Avx512W4A8Gemm:
 
     def __post_init__(self) -> None:
         if not self.supports(self.k, self.n, self.group) or self.k % (_K_STEP * self.unroll):
-            raise ValueError(f"VNNI w4a8 kernel: unsupported shape {self}")
+            raise ValueError(f"w4a8 kernel: unsupported shape {self}")
         if self.mr * self.k * 3 // 2 + self.mr * self.groups * 4 > 30 * 1024:
-            raise ValueError(f"VNNI w4a8 kernel: a row block's data exceeds the stack: {self}")
+            raise ValueError(f"w4a8 kernel: a row block's data exceeds the stack: {self}")
         if self.n % self.cols_per_workgroup:
-            raise ValueError(f"VNNI w4a8 kernel: bad workgroup columns: {self}")
+            raise ValueError(f"w4a8 kernel: bad workgroup columns: {self}")
         if self.isa not in _ISAS:
             raise ValueError(f"w4a8 kernel: no form for {self.isa!r}; known: {', '.join(_ISAS)}")
+
+    @property
+    def stem(self) -> str:
+        """The form's part of the names (``avx512_vnni`` / ``avx2``)."""
+        return _ISAS[self.isa]
 
     @property
     def groups(self) -> int:
@@ -139,7 +144,7 @@ class Avx512W4A8Gemm:
         z = "z" if self.zero_point else ""
         pf = "_pf" if self.prefetch else ""
         return (
-            f"__turbine_{_ISAS[self.isa]}_i4i8_gemm_{self.k}x{self.n}_g{self.group}{z}_{self.mr}x1"
+            f"__turbine_{self.stem}_i4i8_gemm_{self.k}x{self.n}_g{self.group}{z}_{self.mr}x1"
             f"_u{self.unroll}_{self.rows_per_workgroup}x{self.cols_per_workgroup}{pf}"
         )
 

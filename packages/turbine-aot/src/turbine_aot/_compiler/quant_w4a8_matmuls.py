@@ -301,8 +301,7 @@ def rewrite_w4a8_matmuls(module_op: Any, isa: str = "avx512") -> int:
         kernel = spec.kernel(isa)
         if kernel.name not in top:
             top.append(kernel.executable())
-        stem = "avx512_vnni" if isa == "avx512" else isa
-        name = top.unique(f"__turbine_{stem}_w4a8_matmul_{index}")
+        name = top.unique(f"__turbine_{kernel.stem}_w4a8_matmul_{index}")
         top.append(_function(name, spec, kernel))
         m = "?" if spec.m is None else str(spec.m)
         groups = spec.k // spec.group
