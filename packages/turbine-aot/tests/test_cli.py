@@ -263,9 +263,13 @@ PEEL = "--iree-llvmcpu-vector-pproc-strategy=peel"
 SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
 
 
-def test_compile_applies_the_program_dependent_defaults(tmp_path, capsys):
-    """Like ExportOutput.compile: peeling for dynamic programs on CPU, split-K for static fp32
-    programs on CUDA (compiled here, no GPU needed)."""
+def test_compile_applies_the_program_dependent_defaults(tmp_path, capsys, monkeypatch):
+    """Like ExportOutput.compile: peeling for dynamic programs on CPU (on an AVX-512 host;
+    without AVX-512 every host build peels), split-K for static fp32 programs on CUDA (compiled
+    here, no GPU needed)."""
+    from turbine_aot._compiler import flags
+
+    monkeypatch.setattr(flags, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
     static = tmp_path / "static.mlir"
     static.write_text(MLIR)
     dynamic = tmp_path / "dynamic.mlir"

@@ -45,7 +45,7 @@ def test_fallback_flags_drop_every_speed_only_group_per_target():
     assert [g.name for g in dropped] == [
         "data tiling + ukernels",
         "channels-last convolutions",
-        "peeled dynamic vector loops",
+        "peeled vector loops",
     ]
     assert _speed_only(retry) == []
     # Target selection stays: the device and the host CPU.

@@ -250,7 +250,16 @@ def test_default_and_portable_builds_match_eager(exported, tmp_path, variant):
     torch.testing.assert_close(m.main(x), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_dynamic_programs_get_the_dynamic_shape_defaults():
+def _host_with(monkeypatch, avx512: bool) -> None:
+    """The flags see a host CPU with (or without) AVX-512."""
+    from turbine_aot._compiler import flags
+
+    seen = {"avx2", "fma", *(["avx512f"] if avx512 else [])}
+    monkeypatch.setattr(flags, "cpu_flags", lambda: seen)
+
+
+def test_dynamic_programs_get_the_dynamic_shape_defaults(monkeypatch):
+    _host_with(monkeypatch, avx512=True)
     assert PEEL in default_compile_flags(dynamic_shapes=True, use_env=False)
     assert PEEL not in default_compile_flags(use_env=False)
     for target in ("vmvx", "cuda", "vulkan-spirv", "rocm"):
@@ -258,6 +267,28 @@ def test_dynamic_programs_get_the_dynamic_shape_defaults():
     masked = "--iree-llvmcpu-vector-pproc-strategy=mask"
     over = default_compile_flags(dynamic_shapes=True, overrides=[masked], use_env=False)
     assert masked in over and PEEL not in over
+
+
+def test_without_avx512_every_host_build_peels(monkeypatch):
+    """On a CPU without AVX-512 masked vector tails are ``vmaskmovps``: host builds peel static
+    programs too (docs/performance.md, section 19); portable builds, other targets and
+    ``TURBINE_CPU_PEEL=dynamic`` keep the dynamic-only rule."""
+    from turbine_aot._compiler.flags import CPU_PEEL_ENV, peel_static_programs
+
+    _host_with(monkeypatch, avx512=False)
+    monkeypatch.delenv(CPU_PEEL_ENV, raising=False)
+    assert peel_static_programs()
+    assert PEEL in default_compile_flags(use_env=False)
+    assert PEEL not in default_compile_flags(host=False, use_env=False)
+    assert PEEL in default_compile_flags(host=False, dynamic_shapes=True, use_env=False)
+    for target in ("vmvx", "vulkan-spirv"):
+        assert PEEL not in default_compile_flags(target, use_env=False)
+    monkeypatch.setenv(CPU_PEEL_ENV, "dynamic")
+    assert not peel_static_programs()
+    assert PEEL not in default_compile_flags(use_env=False)
+    _host_with(monkeypatch, avx512=True)
+    monkeypatch.delenv(CPU_PEEL_ENV)
+    assert not peel_static_programs() and PEEL not in default_compile_flags(use_env=False)
 
 
 class SelfAttention(nn.Module):
@@ -269,6 +300,8 @@ class SelfAttention(nn.Module):
 
 
 def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypatch):
+    """Peeled where the program is dynamic (on an AVX-512 host: elsewhere every host build
+    peels, ``test_without_avx512_every_host_build_peels``), and right."""
     import turbine_aot
     from turbine_aot import runtime
     from turbine_aot._export import output as _exporter
@@ -281,6 +314,7 @@ def test_dynamic_exports_compile_with_peeling_and_match_eager(tmp_path, monkeypa
         return used[-1]
 
     monkeypatch.setattr(_exporter, "compile_flags_for", spy)
+    _host_with(monkeypatch, avx512=True)  # the flag choice; the code is this CPU's
     model = SelfAttention().eval()
     x = torch.randn(2, 24, 16)
     seq = torch.export.Dim("seq", min=2, max=64)

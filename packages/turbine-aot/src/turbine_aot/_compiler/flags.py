@@ -21,11 +21,13 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .host import cpu_flags
 from .targets import TARGETS, TargetError, resolve_target, target_device_flags
 from .traits import NO_TRAITS, ProgramTraits
 
 __all__ = [
     "COMPILE_FLAGS_ENV",
+    "CPU_PEEL_ENV",
     "CUDA_FP32_SPLIT_K_FLAG",
     "DATA_TILING_GROUP",
     "KEEP_FLOAT64_FLAG",
@@ -39,6 +41,7 @@ __all__ = [
     "driver_of",
     "flag_key",
     "merge_flags",
+    "peel_static_programs",
 ]
 
 #: overriding them), e.g. ``TURBINE_COMPILE_FLAGS="--iree-opt-data-tiling=false"``.
@@ -105,8 +108,15 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
 # Programs with dynamic dimensions: vector dimensions of unknown size are peeled (a vector main
 # loop + a remainder) instead of masked. A dynamic attention's softmax is vectorized better:
 # GPT shape, dynamic sequence 1.03x -> 0.98x eager (softmax dispatches 8.6 -> 5.4 ms per call);
-# on static shapes the same flag cost 4 % (GPT 0.96x -> 1.00x), so it is for dynamic programs only.
-_CPU_DYNAMIC_SHAPE_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-vector-pproc-strategy=peel",)
+# on static shapes the same flag cost 4 % on an AVX-512 CPU (GPT 0.96x -> 1.00x), so there it
+# is for dynamic programs only. On CPUs without AVX-512 masked vector tails are vmaskmovps (no
+# mask registers; on AMD Zen 3 a masked store is microcoded), and peeling static programs too
+# won: Whisper's encoder 0.88x, wav2vec2 0.89x, ViT 0.94x the time, none of the zoo slower by
+# more than 1 % (docs/performance.md, section 19); :func:`peel_static_programs`.
+_CPU_PEEL_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-vector-pproc-strategy=peel",)
+#: Environment variable: ``dynamic`` peels vector loops of programs with dynamic dimensions only,
+#: on every CPU (the rule of AVX-512 CPUs; for A/B measurements).
+CPU_PEEL_ENV = "TURBINE_CPU_PEEL"
 # CUDA, static fp32 programs: IREE 3.13's fp32 matmul kernels walk K serially with too few
 # workgroups at small M (on an H200 three K = 512 matmuls took 277 us whatever N was, K = 2048
 # 1085 us). Splitting the reduction 32 ways: GPT shape batch 1 12.8 -> 2.3 ms (3.9x -> 0.77x
@@ -144,6 +154,15 @@ def _cuda_arch() -> str:
     except Exception:  # torch absent or CUDA init failure: fall back to a common target
         pass
     return "sm_80"
+
+
+def peel_static_programs() -> bool:
+    """Whether llvm-cpu host builds peel the vector loops of static programs too: on a CPU
+    without AVX-512 (its masked tails are ``vmaskmovps``, slow; docs/performance.md, section
+    19), unless ``TURBINE_CPU_PEEL=dynamic``."""
+    if os.environ.get(CPU_PEEL_ENV, "").strip().lower() == "dynamic":
+        return False
+    return "avx512f" not in cpu_flags()
 
 
 def default_compile_flags(
@@ -186,8 +205,9 @@ def default_compile_flags(
         opt_level: ``"O0"``..``"O3"`` for ``--iree-opt-level``; ``None`` keeps IREE's default.
         dynamic_shapes: the program has dynamic dimensions (:func:`has_dynamic_shapes`); for
             CPU targets this peels vector loops of unknown trip count instead of masking them
-            (measured faster on dynamic programs only). ``ExportOutput.compile`` sets it from
-            the module.
+            (on AVX-512 CPUs measured faster on dynamic programs only; host builds on CPUs
+            without AVX-512 peel every program: :func:`peel_static_programs`).
+            ``ExportOutput.compile`` sets it from the module.
         fp32_only: the program's floating-point tensors are all fp32 (:func:`float_types`);
             for CUDA, with static shapes, matmul reductions are split (fp32 matmuls at small
             batch were 4-5x faster). ``ExportOutput.compile`` sets it from the module.
@@ -237,8 +257,8 @@ def default_compile_flags(
             flags.append(_CHANNELS_LAST_FLAG)
             if data_tiling:
                 flags += _CPU_CONV_DATA_TILING_FLAGS
-        if dynamic_shapes:
-            flags += _CPU_DYNAMIC_SHAPE_FLAGS
+        if dynamic_shapes or (host and peel_static_programs()):
+            flags += _CPU_PEEL_FLAGS
     if float64 and cpu:
         flags.append(KEEP_FLOAT64_FLAG)
     if t.name == "cuda":
@@ -286,7 +306,7 @@ DATA_TILING_GROUP = SpeedOnlyGroup(
 SPEED_ONLY_GROUPS: tuple[SpeedOnlyGroup, ...] = (
     DATA_TILING_GROUP,
     SpeedOnlyGroup("channels-last convolutions", (_CHANNELS_LAST_FLAG,), ("llvm-cpu",)),
-    SpeedOnlyGroup("peeled dynamic vector loops", _CPU_DYNAMIC_SHAPE_FLAGS, ("llvm-cpu",)),
+    SpeedOnlyGroup("peeled vector loops", _CPU_PEEL_FLAGS, ("llvm-cpu",)),
     SpeedOnlyGroup("split-K fp32 matmuls", (CUDA_FP32_SPLIT_K_FLAG,), ("cuda",)),
 )
 
