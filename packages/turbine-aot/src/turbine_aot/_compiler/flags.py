@@ -111,8 +111,8 @@ _CPU_CONV_DATA_TILING_FLAGS: tuple[str, ...] = tuple(
 # on static shapes the same flag cost 4 % on an AVX-512 CPU (GPT 0.96x -> 1.00x), so there it
 # is for dynamic programs only. On CPUs without AVX-512 masked vector tails are vmaskmovps (no
 # mask registers; on AMD Zen 3 a masked store is microcoded), and peeling static programs too
-# won: Whisper's encoder 0.88x, wav2vec2 0.89x, ViT 0.94x the time, none of the zoo slower by
-# more than 1 % (docs/performance.md, section 19); :func:`peel_static_programs`.
+# won: Whisper's encoder 0.88x, wav2vec2 0.89x, ViT 0.94x the time, the rest of the zoo
+# 0.95-1.04x (docs/performance.md, section 19); :func:`peel_static_programs`.
 _CPU_PEEL_FLAGS: tuple[str, ...] = ("--iree-llvmcpu-vector-pproc-strategy=peel",)
 #: Environment variable: ``dynamic`` peels vector loops of programs with dynamic dimensions only,
 #: on every CPU (the rule of AVX-512 CPUs; for A/B measurements).
