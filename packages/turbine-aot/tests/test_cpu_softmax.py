@@ -92,6 +92,14 @@ def test_other_targets_keep_the_softmax():
     assert "torch.aten.reciprocal" not in asm
 
 
+def _spelled_softmax(s: torch.Tensor, spelling: str) -> torch.Tensor:
+    """``softmax(s, -1)``, or ``exp(s - max) * reciprocal(sum)`` for ``"reciprocal"``."""
+    if spelling == "reciprocal":
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e * torch.reciprocal(e.sum(-1, keepdim=True))
+    return torch.softmax(s, -1)
+
+
 class _DynamicAttention(torch.nn.Module):
     """Causal attention over a dynamic batch with its softmax spelled ``spelling``."""
 
@@ -103,11 +111,7 @@ class _DynamicAttention(torch.nn.Module):
         s = (q @ k.transpose(-1, -2)) * 0.125
         keep = torch.ones(24, 24, dtype=torch.bool).tril()
         s = s.masked_fill(~keep, float("-inf"))
-        if self.spelling == "reciprocal":
-            e = torch.exp(s - s.amax(-1, keepdim=True))
-            p = e * torch.reciprocal(e.sum(-1, keepdim=True))
-        else:
-            p = torch.softmax(s, -1)
+        p = _spelled_softmax(s, self.spelling)
         return p @ v
 
 
@@ -176,11 +180,7 @@ class _DynamicSelfAttention(torch.nn.Module):
 
     def forward(self, x):
         s = x @ x.transpose(-1, -2) / 4.0
-        if self.spelling == "reciprocal":
-            e = torch.exp(s - s.amax(-1, keepdim=True))
-            p = e * torch.reciprocal(e.sum(-1, keepdim=True))
-        else:
-            p = torch.softmax(s, -1)
+        p = _spelled_softmax(s, self.spelling)
         return p @ x
 
 
