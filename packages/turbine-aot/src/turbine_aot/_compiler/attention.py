@@ -41,7 +41,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from .targets import flag_targets
-from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, erase_unused, producer, walk
+from .torch_ir import (
+    NOT_CONSTANT,
+    Builder,
+    TensorType,
+    TopLevel,
+    constant,
+    erase_unused,
+    producer,
+    walk,
+)
 
 __all__ = ["SDPA_OP", "decompose_attention", "has_attention", "targets_only_cpu"]
 
@@ -90,15 +99,56 @@ def decompose_attention(module_op: Any) -> int:
     Returns:
         How many ops were rewritten.
     """
-    ops = [op for op in walk(getattr(module_op, "operation", module_op)) if op.name == SDPA_OP]
+    top_op = getattr(module_op, "operation", module_op)
+    ops = [op for op in walk(top_op) if op.name == SDPA_OP]
+    masks = _Masks(TopLevel(top_op))
     done = 0
     for op in ops:
-        if _rewrite_one(op):
+        if _rewrite_one(op, masks):
             done += 1
     return done
 
 
-def _rewrite_one(op: Any) -> bool:
+class _Masks:
+    """The masks over dynamic sizes the rewrite has materialized, one each (:meth:`get`)."""
+
+    def __init__(self, top: TopLevel) -> None:
+        self._top = top
+        self._done: dict[Any, Any] = {}
+
+    def get(self, b: Builder, mask: Any, mt: TensorType) -> Any:
+        """``mask`` computed once, by a dispatch of its own, where it has a dynamic size (else
+        ``mask`` as it is). A mask built from index arithmetic and gathers (Hugging Face's
+        ``attention_mask`` expanded to ``[B, 1, L, S]``) is otherwise fused into every layer's
+        masked scores and recomputed per element, with its indices delinearized by divisions
+        by the dynamic sizes: 0.85 ms of BERT's 1.65 with a dynamic sequence, for 32 K
+        elements (docs/performance.md, section 20). ``util.optimization_barrier`` keeps IREE
+        from fusing it."""
+        if None not in mt.sizes:
+            return mask
+        key = (mask, b.ip.block)  # inserted before the first rewritten op using it
+        if key not in self._done:
+            t = "tensor<" + "".join(("?" if d is None else str(d)) + "x" for d in mt.sizes)
+            t += mt.dtype + ">"
+            name = self._top.unique("__turbine_materialized_mask")
+            lines = [f"func.func private @{name}(%m: {t}) -> {t} {{"]
+            dims = []
+            for i, d in enumerate(mt.sizes):
+                if d is None:
+                    lines.append(f"  %i{i} = arith.constant {i} : index")
+                    lines.append(f"  %d{i} = tensor.dim %m, %i{i} : {t}")
+                    dims.append(f"%d{i}")
+            # the barrier's result has no sizes IREE can trace back: tie them to the mask's
+            lines.append(f"  %r = util.optimization_barrier %m : {t}")
+            lines.append(f"  %s = flow.tensor.tie_shape %r : {t}{{{', '.join(dims)}}}")
+            lines.append(f"  return %s : {t}")
+            lines.append("}")
+            self._top.append("\n".join(lines))
+            self._done[key] = b.call_on_builtins(name, [(mask, t)], t, mask.type)
+        return self._done[key]
+
+
+def _rewrite_one(op: Any, masks: _Masks) -> bool:
     q, k, v, mask, dropout, causal, scale, gqa = list(op.operands)
     dropout_p, is_causal, scale_v, enable_gqa = (
         constant(dropout),
@@ -126,6 +176,8 @@ def _rewrite_one(op: Any) -> bool:
             return False
         scale_v = 1.0 / math.sqrt(qt.sizes[-1])
     b = Builder(op)
+    if mt is not None:
+        mask = masks.get(b, mask, mt)
 
     grouped = _grouped_operands(q, k, v, qt, kt, vt, bool(enable_gqa), mt)
     if grouped is not None:

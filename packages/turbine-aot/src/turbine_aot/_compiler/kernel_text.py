@@ -16,27 +16,34 @@ def open_executable(
     e: Callable[[str], object],
     name: str,
     *,
-    column_blocks: int,
+    column_blocks: int | tuple[str, int],
     rows_per_workgroup: int,
     bindings: Sequence[str],
     batch: bool = False,
     constants: Iterable[int] = (),
+    sizes: Sequence[str] = (),
 ) -> None:
     """Emits (through ``e``, one line a call) the executable's opening up to the function's
     first body line.
 
     Args:
         name: the executable's, export's and function's name.
-        column_blocks: workgroups along the output's columns (x).
+        column_blocks: workgroups along the output's columns (x): a number, or ``(operand,
+            width)`` for ``ceil(operand / width)`` (an operand of ``sizes``: a dynamic width).
         rows_per_workgroup: rows of ``M`` per workgroup (y is ``ceil(%m / rows)``).
         bindings: the function's binding arguments, with their ``%``, in order.
         batch: a ``%batch`` operand: the z workgroups and a function argument after ``%m``.
         constants: the index constants ``%c<v>`` to define, emitted in increasing order.
+        sizes: more index operands (with their ``%``), after ``%m`` and ``%batch``.
     """
-    dims = "%m: index, %batch: index" if batch else "%m: index"
+    dims = ", ".join(f"{d}: index" for d in ["%m", *(["%batch"] if batch else []), *sizes])
     e(f"stream.executable private @{name} {{")
     e(f"  stream.executable.export public @{name} workgroups({dims}) -> (index, index, index) {{")
-    e(f"    %x = arith.constant {column_blocks} : index")
+    if isinstance(column_blocks, tuple):
+        operand, width = column_blocks
+        e(f"    %x = affine.apply affine_map<()[s0] -> (s0 ceildiv {width})>()[{operand}]")
+    else:
+        e(f"    %x = arith.constant {column_blocks} : index")
     e(f"    %y = affine.apply affine_map<()[s0] -> (s0 ceildiv {rows_per_workgroup})>()[%m]")
     if batch:
         e("    stream.return %x, %y, %batch : index, index, index")

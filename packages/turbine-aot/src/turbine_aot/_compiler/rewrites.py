@@ -4,7 +4,8 @@ The exported IR stays target-neutral (and the reference's); each compile rewrite
 flags:
 
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
-  ~50x slower). ``TURBINE_CPU_ATTENTION=keep`` skips it.
+  ~50x slower), a mask over dynamic sizes computed once. ``TURBINE_CPU_ATTENTION=keep`` skips
+  it.
 - ``llvm-cpu`` targets where the AVX-512 fp32 matmul kernel is the choice (below; with
   ``precision="bf16"`` too): every static 2-D fp32 convolution on turbine's AVX-512
   direct-convolution kernel (:mod:`.avx512_conv`, :mod:`.direct_convs`), its bias, a following eval-mode batch norm,
@@ -39,6 +40,10 @@ flags:
   kernel (f32 activations), as before. The VNNI kernels need the kernels built for AVX-512;
   built for AVX2 (:mod:`.isa`), the w4a8 products take that kernel's AVX2 form
   (``vpmaddubsw``), and the int8 x int8 ones stay IREE's.
+- ``llvm-cpu`` with turbine's fp32 kernels chosen (as above): the fp32 products of two
+  activations the static kernel leaves (a dynamic reduction or width: attention over a dynamic
+  sequence) as calls of the dynamic-size kernel (:mod:`.dynamic_matmuls`,
+  :mod:`.avx512_dynamic`); ``TURBINE_CPU_DYNAMIC_MATMUL=iree`` keeps IREE's code for them.
 """
 
 from __future__ import annotations
@@ -64,6 +69,12 @@ from .casts import fix_float_to_int_casts, float_to_int_casts
 from .conv_forms import convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .direct_convs import depthwise_convs, direct_convs, rewrite_convs_avx512
+from .dynamic_matmuls import (
+    DYNAMIC_MATMUL_ENV,
+    dynamic_matmul_enabled,
+    rewritable_dynamic_matmuls,
+    rewrite_dynamic_matmuls,
+)
 from .epilogues import EPILOGUE_ENV
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
@@ -155,8 +166,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: blocked for them (:mod:`.isa`); 46: and the weight-only quantized kernel there, without
 #: table lookups; 47: no L2 prefetch in one-row AVX2 products; 48: torchao's w4a8 products
 #: on the w4a8 kernel's AVX2 form where the kernels are built for AVX2, and the VNNI kernels
-#: only where they are built for AVX-512.
-REVISION = 48
+#: only where they are built for AVX-512; 49: fp32 products of two activations with a dynamic
+#: reduction or width (attention over a dynamic sequence) on the dynamic-size kernel
+#: (:mod:`.dynamic_matmuls`).
+REVISION = 49
 
 _log = logging.getLogger("turbine.aot")
 
@@ -175,6 +188,7 @@ _ENVIRONMENT = (
     QUANT_AMX_ENV,
     MATMUL_PREFETCH_ENV,
     WINOGRAD_ENV,
+    DYNAMIC_MATMUL_ENV,
 )
 
 
@@ -183,7 +197,8 @@ def environment_key() -> str:
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
     ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
-    ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``), for the compile cache's keys: a module
+    ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_WINOGRAD``,
+    ``TURBINE_CPU_DYNAMIC_MATMUL``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -222,6 +237,11 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     isa = kernel if kernel in KERNEL_ISAS else kernel_isa()
     avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
+    # products of two activations with a dynamic reduction or width (attention over a
+    # dynamic sequence) on the dynamic-size kernel, unless TURBINE_CPU_DYNAMIC_MATMUL=iree
+    dynamic = (
+        avx512 and dynamic_matmul_enabled() and (attention or bool(rewritable_dynamic_matmuls(op)))
+    )
     # the weight-only quantized kernel (on AVX2: its form without table lookups)
     quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
     # int8 x int8 products on the VNNI kernel: the host builds of the AVX-512 kernels, on a
@@ -267,6 +287,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or shared_globals
         or convs
         or matmul
+        or dynamic
         or quant
         or int8
         or w4a8
@@ -349,6 +370,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             else:
                 count = rewrite_matmuls_avx512(copy)
                 _log.info("llvm-cpu target: %d fp32 matmul(s) on the %s kernel", count, isa)
+        if dynamic and rewritable_dynamic_matmuls(copy):  # what the static kernel leaves
+            count = rewrite_dynamic_matmuls(copy)
+            _log.info(
+                "llvm-cpu target: %d fp32 matmul(s) of dynamic sizes on the %s dynamic-size kernel",
+                count,
+                isa,
+            )
     return copy, True
 
 
