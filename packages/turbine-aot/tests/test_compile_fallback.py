@@ -303,13 +303,19 @@ def _inputs(t: int):
     return x, mask
 
 
-def test_dynamic_attention_keeps_the_kernels_and_peeling_when_data_tiling_fails(caplog, tmp_path):
-    # IREE 3.13 fails the defaults on attention over a dynamic sequence: data tiling the
-    # transposed K of the scores' batch matmul gives "'affine.delinearize_index' op no basis
-    # element may be statically non-positive" (basis 8, 0, 1). The first retry drops data
-    # tiling only: the projections stay on turbine's kernel and the loops peeled (the whole
-    # fallback made the zoo's bert-dyn-seq 2.6x slower). The warning's text pins the IREE
-    # failure: this fails once IREE compiles it, then the defaults need no retry here.
+def test_dynamic_attention_keeps_the_kernels_and_peeling_when_data_tiling_fails(
+    caplog, tmp_path, monkeypatch
+):
+    # IREE 3.13 fails the defaults on attention over a dynamic sequence when its own code
+    # computes the products (TURBINE_CPU_DYNAMIC_MATMUL=iree; by default they are turbine's
+    # dynamic-size kernel's, test below): data tiling the transposed K of the scores' batch
+    # matmul gives "'affine.delinearize_index' op no basis element may be statically
+    # non-positive" (basis 8, 0, 1). The first retry drops data tiling only: the projections
+    # stay on turbine's kernel and the loops peeled (the whole fallback made the zoo's
+    # bert-dyn-seq 2.6x slower). The warning's text pins the IREE failure: this fails once
+    # IREE compiles it.
+    monkeypatch.setenv("TURBINE_CPU_DYNAMIC_MATMUL", "iree")
+    monkeypatch.setenv("TURBINE_COMPILE_CACHE", "0")
     torch.manual_seed(0)
     model = _DynamicAttention().eval()
     seq = torch.export.Dim("seq", min=2, max=512)
@@ -322,6 +328,24 @@ def test_dynamic_attention_keeps_the_kernels_and_peeling_when_data_tiling_fails(
     flags = eo._last_compile_flags
     assert "--iree-llvmcpu-vector-pproc-strategy=peel" in flags and DATA_TILING not in flags
     assert cpu_matmul_kernel(flags) == cpu_matmul_kernel(default_compile_flags("llvm-cpu"))
+    m = runtime.load_module(tmp_path / "attn.vmfb")
+    for t in (12, 19, 64):
+        x, mask = _inputs(t)
+        torch.testing.assert_close(m.main(x, mask), model(x, mask), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not host_isa(), reason="turbine's kernels need AVX2 + FMA or AVX-512")
+def test_dynamic_attention_on_the_dynamic_size_kernel_needs_no_retry(caplog, tmp_path):
+    # With the products on turbine's dynamic-size kernel (the default for host builds with
+    # the kernels) IREE does not data-tile them, so the defaults compile as they are.
+    torch.manual_seed(0)
+    model = _DynamicAttention().eval()
+    seq = torch.export.Dim("seq", min=2, max=512)
+    eo = turbine_aot.export(model, args=_inputs(12), dynamic_shapes=({1: seq}, {1: seq}))
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        eo.compile(save_to=tmp_path / "attn.vmfb")
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert DATA_TILING in eo._last_compile_flags
     m = runtime.load_module(tmp_path / "attn.vmfb")
     for t in (12, 19, 64):
         x, mask = _inputs(t)

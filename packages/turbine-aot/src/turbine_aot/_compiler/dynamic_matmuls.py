@@ -36,6 +36,7 @@ __all__ = [
     "dynamic_matmul_enabled",
     "rewritable_dynamic_matmuls",
     "rewrite_dynamic_matmuls",
+    "takes_dynamic_matmul",
 ]
 
 #: ``iree``: products with a dynamic reduction or width stay IREE's code (for measuring).
@@ -81,6 +82,11 @@ def _spec(op: Any) -> _Product | None:
     if k is not None and n is not None:
         return None  # static K and N: the static kernel's (matmuls.py)
     return _Product(xt, wt, ot, tuple(int(s) for s in batch), k, n)  # type: ignore[arg-type]
+
+
+def takes_dynamic_matmul(op: Any) -> bool:
+    """Whether :func:`rewrite_dynamic_matmuls` rewrites ``op``."""
+    return _spec(op) is not None
 
 
 def rewritable_dynamic_matmuls(module_op: Any) -> list[Any]:

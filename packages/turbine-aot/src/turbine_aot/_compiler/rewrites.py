@@ -3,6 +3,8 @@
 The exported IR stays target-neutral (and the reference's); each compile rewrites a copy for its
 flags:
 
+- CPU targets: gathers whose indices are aranges over whole dimensions, over dynamic shapes
+  (Hugging Face's padding masks), as the views they are (:mod:`.gathers`).
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower), a mask over dynamic sizes computed once. ``TURBINE_CPU_ATTENTION=keep`` skips
   it.
@@ -76,6 +78,7 @@ from .dynamic_matmuls import (
     rewrite_dynamic_matmuls,
 )
 from .epilogues import EPILOGUE_ENV
+from .gathers import arange_gathers, rewrite_arange_gathers
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
 from .matmuls import (
@@ -168,8 +171,11 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: on the w4a8 kernel's AVX2 form where the kernels are built for AVX2, and the VNNI kernels
 #: only where they are built for AVX-512; 49: fp32 products of two activations with a dynamic
 #: reduction or width (attention over a dynamic sequence) on the dynamic-size kernel
-#: (:mod:`.dynamic_matmuls`).
-REVISION = 49
+#: (:mod:`.dynamic_matmuls`), attention masks over dynamic sizes computed once, and on AVX2
+#: builds softmaxes over dynamic shapes that feed only that kernel in the reciprocal form; 50:
+#: gathers by aranges over whole dimensions (dynamic shapes, CPU targets) as views
+#: (:mod:`.gathers`).
+REVISION = 50
 
 _log = logging.getLogger("turbine.aot")
 
@@ -224,6 +230,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     targets = flag_targets(flags)
     vmvx = "vmvx" in targets
     casts = bool(float_to_int_casts(op, vmvx))
+    # gathers by aranges over whole dimensions (Hugging Face's padding masks) as views
+    gathers = targets_only_cpu(flags) and bool(arange_gathers(op))
     shared_globals = bool(shared_mutable_globals(op))
     conv_choice = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower()
     keep_convs = conv_choice == "keep"
@@ -275,12 +283,20 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     absmax = targets_only_cpu(flags) and bool(abs_max_patterns(op))
     # fp32 softmaxes (the model's, and those the attention rewrite writes) in a form IREE does
     # not raise to its slow softmax op, unless TURBINE_CPU_SOFTMAX=keep
-    softmax = targets == {"llvm-cpu"} and softmax_enabled() and (attention or bool(softmaxes(op)))
+    # over dynamic shapes too where they feed only the dynamic-size kernel, on AVX2 builds
+    # (verified there only: softmax.py)
+    dynamic_softmax = dynamic and isa == "avx2"
+    softmax = (
+        targets == {"llvm-cpu"}
+        and softmax_enabled()
+        and (attention or bool(softmaxes(op, dynamic_softmax)))
+    )
     # ... and a model's own softmax in that form over a dynamic shape, which IREE 3.13 computes
     # wrongly, handed to IREE as a softmax (always: a correctness fix)
     reciprocal = targets == {"llvm-cpu"} and bool(reciprocal_forms(op))
     if not (
         attention
+        or gathers
         or softmax
         or reciprocal
         or casts
@@ -298,6 +314,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         return module_op, False
     copy = op.clone()
     with kernels_for(isa):
+        if gathers:  # before attention: the masks it reads are built from them
+            count = rewrite_arange_gathers(copy)
+            _log.info("CPU target: %d gather(s) by aranges written as views", count)
         if attention:
             count = decompose_attention(copy)
             _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
@@ -360,7 +379,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             count = rewrite_reciprocal_forms(copy)
             _log.info("llvm-cpu target: %d dynamic exp * reciprocal(sum) as softmax", count)
         if softmax:  # after attention: its softmaxes are rewritten too
-            count = rewrite_softmaxes(copy)
+            count = rewrite_softmaxes(copy, dynamic_softmax)
             _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
         if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
             if bf16:

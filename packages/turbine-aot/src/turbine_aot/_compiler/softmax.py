@@ -28,6 +28,14 @@ the same on every CPU (docs/performance.md, section 12).
 A softmax over a dynamic shape therefore stays IREE's, and a model's own softmax spelled that
 way over a dynamic shape is handed to IREE as its softmax op (:func:`rewrite_reciprocal_forms`,
 applied whatever ``TURBINE_CPU_SOFTMAX`` says: it is a correctness fix).
+
+The wrong values over a dynamic sequence come from IREE's own code for the product the form
+feeds (``p @ v``, a dynamic reduction) with the form fused into it: where that product is a
+call of turbine's dynamic-size kernel (:mod:`.dynamic_matmuls`), which IREE cannot fuse into,
+the same program is right. So where the kernels are built for AVX2 (where that was measured:
+docs/performance.md, section 20) a softmax over a dynamic shape whose every use is such a
+product is rewritten too (``dynamic=True``); on AVX-512 builds, not yet verified there, it
+stays IREE's.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .dynamic_matmuls import takes_dynamic_matmul
 from .torch_ir import (
     NOT_CONSTANT,
     Builder,
@@ -67,14 +76,18 @@ def softmax_enabled() -> bool:
     return os.environ.get(CPU_SOFTMAX_ENV, "").strip().lower() != "keep"
 
 
-def _dim(op: Any) -> int | None:
-    """The reduced dimension (non-negative) of a softmax this rewrite takes, else None."""
+def _dim(op: Any, dynamic: bool = False) -> int | None:
+    """The reduced dimension (non-negative) of a softmax this rewrite takes, else None;
+    ``dynamic``: also over a dynamic shape where every use is a product on the dynamic-size
+    kernel (module doc)."""
     if op.name not in (_SOFTMAX_INT, _SOFTMAX) or len(op.operands) != 3:
         return None
     xt, out_t = TensorType.of(op.operands[0]), TensorType.of(op.result)
     if xt is None or out_t is None or xt.dtype != "f32" or out_t.dtype != "f32":
         return None
-    if None in xt.sizes:  # IREE 3.13 miscompiles this form with dynamic shapes (module doc)
+    # IREE 3.13 miscompiles this form with dynamic shapes where it fuses it into its own
+    # products (module doc)
+    if None in xt.sizes and not (dynamic and _only_into_dynamic_kernel(op.result)):
         return None
     dim = constant(op.operands[1])
     last = constant(op.operands[2])
@@ -90,17 +103,39 @@ def _dim(op: Any) -> int | None:
     return dim % rank
 
 
-def softmaxes(module_op: Any) -> list[Any]:
+_VIEWS = frozenset({"torch.aten.reshape", "torch.aten.view", "torch.aten._unsafe_view"})
+
+
+def _only_into_dynamic_kernel(value: Any) -> bool:
+    """Whether every use of ``value`` is the left operand of a product the dynamic-size kernel
+    takes (:mod:`.dynamic_matmuls`), directly or through a reshape (the grouped attention's)."""
+    uses = list(value.uses)
+    if not uses:
+        return False
+    for use in uses:
+        owner = use.owner
+        name = getattr(owner, "name", None)
+        if name in _VIEWS and use.operand_number == 0:
+            if not _only_into_dynamic_kernel(owner.results[0]):
+                return False
+        elif use.operand_number != 0 or not takes_dynamic_matmul(owner):
+            return False
+    return True
+
+
+def softmaxes(module_op: Any, dynamic: bool = False) -> list[Any]:
     """The softmax ops of ``module_op`` that :func:`rewrite_softmaxes` rewrites."""
-    return [op for op in walk(getattr(module_op, "operation", module_op)) if _dim(op) is not None]
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if _dim(o, dynamic) is not None]
 
 
-def rewrite_softmaxes(module_op: Any) -> int:
+def rewrite_softmaxes(module_op: Any, dynamic: bool = False) -> int:
     """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)``; returns how
-    many."""
+    many. ``dynamic``: the products over dynamic sizes will be the dynamic-size kernel's, so
+    a softmax over a dynamic shape whose every use is such a product is rewritten too."""
     done = 0
-    for op in softmaxes(module_op):
-        dim = _dim(op)
+    for op in softmaxes(module_op, dynamic):
+        dim = _dim(op, dynamic)
         assert dim is not None
         x = op.operands[0]
         xt = TensorType.of(x)
