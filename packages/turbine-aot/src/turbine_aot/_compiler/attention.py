@@ -115,6 +115,7 @@ class _Masks:
     def __init__(self, top: TopLevel) -> None:
         self._top = top
         self._done: dict[Any, Any] = {}
+        self._functions: dict[str, str] = {}  # one function a mask type
 
     def get(self, b: Builder, mask: Any, mt: TensorType) -> Any:
         """``mask`` computed once, by a dispatch of its own, where it has a dynamic size (else
@@ -122,30 +123,38 @@ class _Masks:
         ``attention_mask`` expanded to ``[B, 1, L, S]``) is otherwise fused into every layer's
         masked scores and recomputed per element, with its indices delinearized by divisions
         by the dynamic sizes: 0.85 ms of BERT's 1.65 with a dynamic sequence, for 32 K
-        elements (docs/performance.md, section 20). ``util.optimization_barrier`` keeps IREE
-        from fusing it."""
+        elements (docs/performance.md, section 20); the causal mask this rewrite builds is
+        one too (its ``j <= i``, per layer). ``util.optimization_barrier`` keeps IREE from
+        fusing it."""
         if None not in mt.sizes:
             return mask
         key = (mask, b.ip.block)  # inserted before the first rewritten op using it
         if key not in self._done:
             t = "tensor<" + "".join(("?" if d is None else str(d)) + "x" for d in mt.sizes)
             t += mt.dtype + ">"
-            name = self._top.unique("__turbine_materialized_mask")
-            lines = [f"func.func private @{name}(%m: {t}) -> {t} {{"]
-            dims = []
-            for i, d in enumerate(mt.sizes):
-                if d is None:
-                    lines.append(f"  %i{i} = arith.constant {i} : index")
-                    lines.append(f"  %d{i} = tensor.dim %m, %i{i} : {t}")
-                    dims.append(f"%d{i}")
-            # the barrier's result has no sizes IREE can trace back: tie them to the mask's
-            lines.append(f"  %r = util.optimization_barrier %m : {t}")
-            lines.append(f"  %s = flow.tensor.tie_shape %r : {t}{{{', '.join(dims)}}}")
-            lines.append(f"  return %s : {t}")
-            lines.append("}")
-            self._top.append("\n".join(lines))
+            if t not in self._functions:
+                self._functions[t] = self._function(mt, t)
+            name = self._functions[t]
             self._done[key] = b.call_on_builtins(name, [(mask, t)], t, mask.type)
         return self._done[key]
+
+    def _function(self, mt: TensorType, t: str) -> str:
+        """A private function returning its argument (builtin type ``t``) through the barrier."""
+        name = self._top.unique("__turbine_materialized_mask")
+        lines = [f"func.func private @{name}(%m: {t}) -> {t} {{"]
+        dims = []
+        for i, d in enumerate(mt.sizes):
+            if d is None:
+                lines.append(f"  %i{i} = arith.constant {i} : index")
+                lines.append(f"  %d{i} = tensor.dim %m, %i{i} : {t}")
+                dims.append(f"%d{i}")
+        # the barrier's result has no sizes IREE can trace back: tie them to the mask's
+        lines.append(f"  %r = util.optimization_barrier %m : {t}")
+        lines.append(f"  %s = flow.tensor.tie_shape %r : {t}{{{', '.join(dims)}}}")
+        lines.append(f"  return %s : {t}")
+        lines.append("}")
+        self._top.append("\n".join(lines))
+        return name
 
 
 def _rewrite_one(op: Any, masks: _Masks) -> bool:
@@ -181,7 +190,7 @@ def _rewrite_one(op: Any, masks: _Masks) -> bool:
 
     grouped = _grouped_operands(q, k, v, qt, kt, vt, bool(enable_gqa), mt)
     if grouped is not None:
-        _rewrite_grouped(op, b, grouped, scale_v, bool(is_causal), mask, mt)
+        _rewrite_grouped(op, b, grouped, scale_v, bool(is_causal), mask, mt, masks)
         return True
 
     if enable_gqa and len(kt.sizes) >= 3 and kt.sizes[-3] != qt.sizes[-3]:
@@ -199,7 +208,7 @@ def _rewrite_one(op: Any, masks: _Masks) -> bool:
     scores_t = qt.with_sizes([*batch, lq, s])
     scores = b.op("torch.aten.matmul", scores_t.asm(), [q_scaled, k_transposed])
     causal = (q, k, lq, s, len(qt.sizes), len(kt.sizes)) if is_causal else None
-    probs = _masked_softmax(b, scores, scores_t, causal, mask, mt)
+    probs = _masked_softmax(b, scores, scores_t, causal, mask, mt, masks)
     out = b.op("torch.aten.matmul", out_t.asm(), [probs, v])
     op.result.replace_all_uses_with(out)
     op.erase()
@@ -213,14 +222,16 @@ def _masked_softmax(
     causal: tuple[Any, ...] | None,
     mask: Any,
     mt: TensorType | None,
+    masks: _Masks,
 ) -> Any:
     """``softmax(scores, -1)`` after the causal mask (``causal``: :func:`_causal_keep`'s
-    arguments after ``b``, or None) and ``mask`` (bool: masked_fill, which broadcasts it to the
-    scores' shape; float: added)."""
+    arguments after ``b``, or None; over dynamic sizes computed by a dispatch of its own,
+    :meth:`_Masks.get`, not per score) and ``mask`` (bool: masked_fill, which broadcasts it to
+    the scores' shape; float: added)."""
     neg_inf = b.float(float("-inf"))
     if causal is not None:
         lq, s = causal[2], causal[3]
-        keep = _causal_keep(b, *causal)
+        keep = masks.get(b, _causal_keep(b, *causal), TensorType([lq, s], "i1"))
         drop = b.op("torch.aten.logical_not", TensorType([lq, s], "i1").asm(), [keep])
         scores = b.op("torch.aten.masked_fill.Scalar", scores_t.asm(), [scores, drop, neg_inf])
     if mt is not None:
@@ -315,6 +326,7 @@ def _rewrite_grouped(
     is_causal: bool,
     mask: Any,
     mt: TensorType | None,
+    masks: _Masks,
 ) -> None:
     """Replaces ``op`` by the grouped form (module doc); the repeat, if any, is erased."""
     q = op.operands[0]
@@ -356,7 +368,7 @@ def _rewrite_grouped(
         mt = mt.with_sizes([*mt.sizes[:at], 1, *mt.sizes[at:]])
         mask = b.op("torch.aten.unsqueeze", mt.asm(), [mask, b.int(at)])
     causal = (q, k, lq, s, rank, len(kt.sizes)) if is_causal else None
-    probs = _masked_softmax(b, scores, scores_t, causal, mask, mt)
+    probs = _masked_softmax(b, scores, scores_t, causal, mask, mt, masks)
     probs = reshape(probs, flat_t, [*prefix, hk, -1, s_v])
     out_g = b.op("torch.aten.matmul", qt.with_sizes([*prefix, hk, rows, ev]).asm(), [probs, v])
     out = reshape(out_g, out_t, [*prefix, hq, -1, ev])

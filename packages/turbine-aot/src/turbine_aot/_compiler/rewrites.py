@@ -174,8 +174,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: (:mod:`.dynamic_matmuls`), attention masks over dynamic sizes computed once, and on AVX2
 #: builds softmaxes over dynamic shapes that feed only that kernel in the reciprocal form; 50:
 #: gathers by aranges over whole dimensions (dynamic shapes, CPU targets) as views
-#: (:mod:`.gathers`).
-REVISION = 50
+#: (:mod:`.gathers`); 51: the causal masks over dynamic sizes that the attention rewrite
+#: builds computed once a layer.
+REVISION = 51
 
 _log = logging.getLogger("turbine.aot")
 
