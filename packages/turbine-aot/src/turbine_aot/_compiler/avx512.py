@@ -32,7 +32,7 @@ from typing import Any
 
 from .host import cpu_flags
 from .isa import AVX512_FEATURES, kernel_isa
-from .kernel_text import close_executable, open_executable, workgroup_block
+from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = [
     "ACTIVATIONS",
@@ -409,18 +409,7 @@ class Avx512Gemm:
         e(f"          scf.for %mi = %m0 to %mend step %c{mr} {{")
         e(f"            %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
         e("            %grow = arith.addi %zrow, %mi : index")
-        if mr > 1:
-            e("            scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"            case {r} {{")
-                self._micro(e, r, panels, b_t, a_t, c_t, "              ")
-                e("              scf.yield")
-                e("            }")
-            e("            default {")
-            self._micro(e, mr, panels, b_t, a_t, c_t, "              ")
-            e("            }")
-        else:
-            self._micro(e, 1, panels, b_t, a_t, c_t, "            ")
+        row_blocks(e, "            ", mr, lambda r, p: self._micro(e, r, panels, b_t, a_t, c_t, p))
         e("          }")
         e("        }")
         e("      }")

@@ -47,6 +47,7 @@ from .avx512 import (
 from .convs import Conv
 from .host import cpu_vendor
 from .isa import kernel_isa
+from .kernel_text import row_blocks
 
 __all__ = ["CONV_BLOCKING_ENV", "CONV_KC", "Avx512Conv", "conv_kernel_for", "panel_width"]
 
@@ -302,19 +303,7 @@ class Avx512Conv:
             f"              %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()"
             "[%mi, %mend]"
         )
-        p = "              "
-        if mr > 1:
-            e(f"{p}scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"{p}case {r} {{")
-                self._micro(e, r, a_t, b_t, c_t, r_t, p + "  ")
-                e(f"{p}  scf.yield")
-                e(f"{p}}}")
-            e(f"{p}default {{")
-            self._micro(e, mr, a_t, b_t, c_t, r_t, p + "  ")
-            e(f"{p}}}")
-        else:
-            self._micro(e, 1, a_t, b_t, c_t, r_t, p)
+        row_blocks(e, "              ", mr, lambda r, p: self._micro(e, r, a_t, b_t, c_t, r_t, p))
         e("            }")
         e("          }")
         e("        }")

@@ -31,7 +31,7 @@ from typing import Any
 
 from .avx512 import emit_accumulator_init
 from .isa import kernel_isa
-from .kernel_text import close_executable, open_executable, workgroup_block
+from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = ["PANEL", "Avx512DynamicGemm"]
 
@@ -133,18 +133,7 @@ class Avx512DynamicGemm:
         e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
         e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
         e("          %grow = arith.addi %zrow, %mi : index")
-        if mr > 1:
-            e("          scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"          case {r} {{")
-                self._micro(e, r, a_t, b_t, c_t, "            ")
-                e("            scf.yield")
-                e("          }")
-            e("          default {")
-            self._micro(e, mr, a_t, b_t, c_t, "            ")
-            e("          }")
-        else:
-            self._micro(e, 1, a_t, b_t, c_t, "          ")
+        row_blocks(e, "          ", mr, lambda r, p: self._micro(e, r, a_t, b_t, c_t, p))
         e("        }")
         e("      }")
         close_executable(e)

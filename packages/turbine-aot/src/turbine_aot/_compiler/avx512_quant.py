@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .isa import kernel_isa
-from .kernel_text import close_executable, open_executable, workgroup_block
+from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
@@ -308,18 +308,7 @@ class Avx512QuantGemm:
         e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
         micro = self._micro_grouped if self.group else self._micro_plain
         types = (a_t, q_t, s_t, z_t, c_t)
-        if mr > 1:
-            e("          scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"          case {r} {{")
-                micro(e, r, types, "            ")
-                e("            scf.yield")
-                e("          }")
-            e("          default {")
-            micro(e, mr, types, "            ")
-            e("          }")
-        else:
-            micro(e, 1, types, "          ")
+        row_blocks(e, "          ", mr, lambda r, p: micro(e, r, types, p))
         e("        }")
         e("      }")
         close_executable(e)

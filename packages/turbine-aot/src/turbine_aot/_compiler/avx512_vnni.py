@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .host import cpu_flags
-from .kernel_text import close_executable, open_executable, workgroup_block
+from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = ["VNNI_FEATURES", "Avx512VnniGemm", "host_vnni_missing"]
 
@@ -146,18 +146,7 @@ class Avx512VnniGemm:
         e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
         e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
         types = (x_t, q_t, k_t, c_t)
-        if mr > 1:
-            e("          scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"          case {r} {{")
-                self._micro(e, r, types, "            ")
-                e("            scf.yield")
-                e("          }")
-            e("          default {")
-            self._micro(e, mr, types, "            ")
-            e("          }")
-        else:
-            self._micro(e, 1, types, "          ")
+        row_blocks(e, "          ", mr, lambda r, p: self._micro(e, r, types, p))
         e("        }")
         e("      }")
         close_executable(e)

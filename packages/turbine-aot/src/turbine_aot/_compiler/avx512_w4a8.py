@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .kernel_text import close_executable, open_executable, workgroup_block
+from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = ["Avx512W4A8Gemm"]
 
@@ -219,18 +219,7 @@ class Avx512W4A8Gemm:
             self._micro(e, rows, p + "  ")
             e(f"{p}}}")
 
-        if mr > 1:
-            e("        scf.index_switch %left")
-            for r in range(1, mr):
-                e(f"        case {r} {{")
-                block(r, "          ")
-                e("          scf.yield")
-                e("        }")
-            e("        default {")
-            block(mr, "          ")
-            e("        }")
-        else:
-            block(1, "        ")
+        row_blocks(e, "        ", mr, block)
         e("      }")
         close_executable(e)
         return "\n".join(out)

@@ -1,15 +1,17 @@
 """The frame every turbine CPU matmul kernel's ``stream.executable`` shares (MLIR text): one export
-whose workgroups are ``(column blocks, ceil(M / rows per workgroup), batch or 1)``, a function
-taking the bindings and ``%m`` (and ``%batch``), the ``%c<v>`` index constants the body uses,
-and the workgroup's block of the output in that grid. The kernels (``avx512``, ``amx``,
-``amx_quant``, ``avx512_quant``, ``avx512_vnni``, ``avx512_w4a8``) write only their bodies (docs/performance.md
-section 9, docs/quantization.md)."""
+whose workgroups are ``(column blocks, ceil(M / rows per workgroup), batch or 1)`` (the column
+blocks a number, or following a size given at run time), a function taking the bindings and
+``%m`` (and ``%batch``, and more sizes), the ``%c<v>`` index constants the body uses, the
+workgroup's block of the output in that grid, and the choice of the register block for the
+rows left (:func:`row_blocks`). The kernels (``avx512``, ``avx512_dynamic``, ``amx``,
+``amx_quant``, ``avx512_quant``, ``avx512_vnni``, ``avx512_w4a8``; ``avx512_conv`` the last
+part only) write only their bodies (docs/performance.md section 9, docs/quantization.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["close_executable", "open_executable", "workgroup_block"]
+__all__ = ["close_executable", "open_executable", "row_blocks", "workgroup_block"]
 
 
 def open_executable(
@@ -77,6 +79,27 @@ def workgroup_block(
     e(f"{p}{column_base} = affine.apply affine_map<()[s0] -> (s0 * {cols_per_workgroup})>()[%wgx]")
     e(f"{p}%m0 = affine.apply affine_map<()[s0] -> (s0 * {rows_per_workgroup})>()[%wgy]")
     e(f"{p}%mend = affine.min affine_map<()[s0, s1] -> (s0 + {rows_per_workgroup}, s1)>()[%m0, %m]")
+
+
+def row_blocks(
+    e: Callable[[str], object], p: str, mr: int, micro: Callable[[int, str], object]
+) -> None:
+    """Emits the register block of ``%left`` rows (``min(mr, rows left)``, in scope): the
+    full block ``micro(mr, indent)`` by default and each shorter one ``micro(r, indent)`` (``r``
+    of 1 to ``mr - 1``, the last rows of a workgroup) as a case of ``scf.index_switch`` (its
+    lines at ``p``, the blocks' two spaces further); ``mr`` of 1: ``micro(1, p)`` alone."""
+    if mr == 1:
+        micro(1, p)
+        return
+    e(f"{p}scf.index_switch %left")
+    for r in range(1, mr):
+        e(f"{p}case {r} {{")
+        micro(r, p + "  ")
+        e(f"{p}  scf.yield")
+        e(f"{p}}}")
+    e(f"{p}default {{")
+    micro(mr, p + "  ")
+    e(f"{p}}}")
 
 
 def close_executable(e: Callable[[str], object]) -> None:
