@@ -45,11 +45,12 @@ def _export_self_attention(e: int):
 
 def test_the_blocking_follows_the_kernel_instruction_set():
     with kernels_for("avx2"):
-        g = Avx512DynamicGemm.for_reduction(None)
+        g = Avx512DynamicGemm.for_product(None, None)
         assert (g.mr, g.kc, g.rows_per_workgroup) == (6, 512, 96)  # 12 ymm accumulators
-        assert g.name == "__turbine_f32_dyn_gemm_kD_6x16x512_96"
+        assert g.masked and g.name == "__turbine_f32_dyn_gemm_kD_6x16x512_96_m"
+        assert not Avx512DynamicGemm.for_product(None, 64).masked  # whole panels: no masks
     with kernels_for("avx512"):
-        assert Avx512DynamicGemm.for_reduction(64).mr == 12  # 12 of 32 zmm registers
+        assert Avx512DynamicGemm.for_product(64, None).mr == 12  # 12 of 32 zmm registers
     with pytest.raises(ValueError, match="bad blocking"):
         Avx512DynamicGemm(None, mr=5, rows_per_workgroup=96)
 
@@ -60,8 +61,13 @@ def test_the_compile_copy_calls_the_kernel_for_both_products(isa):
     assert len(rewritable_dynamic_matmuls(eo.mlir_module)) == 2
     asm = compile_copy_asm(eo, _flags(f"--turbine-cpu-matmul={isa}"))
     mr = 6 if isa == "avx2" else 12
-    assert f"@__turbine_f32_dyn_gemm_k40_{mr}x16x512_96" in asm  # x @ x^T: K = E
-    assert f"@__turbine_f32_dyn_gemm_kD_{mr}x16x512_96" in asm  # p @ x: K = the sequence
+    # x @ x^T: K = E, N the sequence (a partial last panel: masked); p @ x: K the sequence,
+    # N = 40 (two whole panels and a masked one)
+    assert f"@__turbine_f32_dyn_gemm_k40_{mr}x16x512_96_m" in asm
+    assert f"@__turbine_f32_dyn_gemm_kD_{mr}x16x512_96_m" in asm
+    assert "tensor.pad" not in asm and "tensor.extract_slice" not in asm  # no padded copies
+    whole = compile_copy_asm(_export_self_attention(32), _flags(f"--turbine-cpu-matmul={isa}"))
+    assert f"@__turbine_f32_dyn_gemm_kD_{mr}x16x512_96 " in whole  # N = 32: whole panels
     assert "torch.aten.matmul" not in asm
     features = "avx2,fma" if isa == "avx2" else "avx512f"
     assert f'turbine.cpu_requires = "{features}"' in asm

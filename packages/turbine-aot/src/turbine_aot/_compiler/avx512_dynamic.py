@@ -9,12 +9,14 @@ for 0.5 M multiply-adds), and its data tiling fails to compile ``p @ v`` there. 
 width); this one reads ``B`` as it is, row-major, so both may be dynamic. It computes, per batch
 entry ``z``, ``C[z] = A[z] @ B[z]`` (f32):
 
-- ``A`` is ``[batch * M, K]`` row-major, ``B`` is ``[batch * K, Np]`` row-major and ``C`` is
-  ``[batch * M, Np]``: ``Np`` is ``N`` rounded up to 16, the columns past ``N`` of ``B`` zeros
-  (:mod:`.dynamic_matmuls` pads them: a transposed key tensor is copied by IREE anyway), and
-  ``M``, ``K``, ``Np`` and the batch are operands of the dispatch.
+- ``A`` is ``[batch * M, K]`` row-major, ``B`` is ``[batch * K, N]`` row-major and ``C`` is
+  ``[batch * M, N]``, all as the program has them (no padded copies); ``M``, ``K``, ``N`` and
+  the batch are operands of the dispatch.
 - A workgroup computes one 16-column panel of ``C`` for :attr:`rows_per_workgroup` rows of one
-  batch entry: workgroups ``(Np / 16, ceil(M / rows), batch)``.
+  batch entry: workgroups ``(ceil(N / 16), ceil(M / rows), batch)``. Where ``N`` may leave a
+  partial last panel (:attr:`masked`), that panel's loads of ``B`` and ``C`` and its stores are
+  masked to the columns inside ``N`` (one ``vmaskmovps`` a row and step on AVX2); the others
+  are whole.
 - Register blocking: :attr:`mr` rows by 16 columns (one ``vector<16xf32>`` a row: a zmm
   register, or two ymm on AVX2), each step of ``K`` one load of ``B``'s 16 floats and one
   broadcast of ``A`` per row; ``K`` walked in blocks of :attr:`kc`, ``C`` accumulating across
@@ -29,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .avx512 import emit_accumulator_init
 from .isa import kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
@@ -41,29 +42,33 @@ PANEL = 16
 
 @dataclass(frozen=True)
 class Avx512DynamicGemm:
-    """One executable for products ``[M, K] @ [K, Np]`` per batch entry, ``M``, ``Np`` and the
+    """One executable for products ``[M, K] @ [K, N]`` per batch entry, ``M``, ``N`` and the
     batch dynamic, ``K`` static (``k``) or dynamic (``None``).
 
     Attributes:
         k: the reduction when it is static.
+        masked: ``N`` may leave a partial last panel (dynamic, or not a multiple of 16): its
+            loads and stores are masked (``vector.maskedload`` / ``maskedstore``); else every
+            panel is whole.
         mr: rows of the register block (``mr`` vector accumulators).
         kc: the reduction block.
         rows_per_workgroup: rows of ``C`` a workgroup computes (a multiple of ``mr``).
     """
 
     k: int | None
+    masked: bool = True
     mr: int = 6
     kc: int = 512
     rows_per_workgroup: int = 96
 
     @staticmethod
-    def for_reduction(k: int | None) -> Avx512DynamicGemm:
-        """The kernel for a reduction ``k`` (``None``: dynamic), blocked for
+    def for_product(k: int | None, n: int | None) -> Avx512DynamicGemm:
+        """The kernel for a reduction ``k`` and a width ``n`` (``None``: dynamic), blocked for
         :func:`.isa.kernel_isa`: 6 rows on AVX2 (12 ymm accumulators, a ``B`` vector's two
         halves and a broadcast), 12 on AVX-512 (12 of 32 zmm registers)."""
-        if kernel_isa() == "avx2":
-            return Avx512DynamicGemm(k, mr=6, rows_per_workgroup=96)
-        return Avx512DynamicGemm(k, mr=12, rows_per_workgroup=96)
+        masked = n is None or n % PANEL != 0
+        mr = 6 if kernel_isa() == "avx2" else 12
+        return Avx512DynamicGemm(k, masked, mr=mr, rows_per_workgroup=96)
 
     def __post_init__(self) -> None:
         if self.k is not None and self.k <= 0:
@@ -74,25 +79,28 @@ class Avx512DynamicGemm:
     @property
     def name(self) -> str:
         k = "D" if self.k is None else str(self.k)
-        return f"__turbine_f32_dyn_gemm_k{k}_{self.mr}x{PANEL}x{self.kc}_{self.rows_per_workgroup}"
+        return (
+            f"__turbine_f32_dyn_gemm_k{k}_{self.mr}x{PANEL}x{self.kc}_{self.rows_per_workgroup}"
+            + ("_m" if self.masked else "")
+        )
 
     def a_type(self) -> str:
         """``A``'s builtin tensor type as the dispatch takes it (sizes given as ``{rows[, k]}``)."""
         return "tensor<?x?xf32>" if self.k is None else f"tensor<?x{self.k}xf32>"
 
     def dispatch(
-        self, a: str, b: str, m: str, batch: str, k: str, np_: str, rows: str, b_rows: str
+        self, a: str, b: str, m: str, batch: str, k: str, n: str, rows: str, b_rows: str
     ) -> str:
         """The ``flow.dispatch`` of this kernel: ``a`` (:meth:`a_type`, ``rows`` = ``m *
-        batch`` rows), ``b`` (``tensor<?x?xf32>``, ``b_rows`` = ``k * batch`` rows of
-        ``np_``); the result ``tensor<?x?xf32>`` of ``rows`` x ``np_``. ``k`` is the
-        reduction's index value (the constant where it is static)."""
+        batch`` rows), ``b`` (``tensor<?x?xf32>``, ``b_rows`` = ``k * batch`` rows of ``n``);
+        the result ``tensor<?x?xf32>`` of ``rows`` x ``n``. ``k`` is the reduction's index
+        value (the constant where it is static)."""
         a_dims = f"{{{rows}}}" if self.k is not None else f"{{{rows}, {k}}}"
         name = self.name
         return (
-            f"flow.dispatch @{name}::@{name}[{m}, {batch}, {k}, {np_}]({a}, {b}, {m}, {batch}, "
-            f"{k}, {np_}) : ({self.a_type()}{a_dims}, tensor<?x?xf32>{{{b_rows}, {np_}}}, index, "
-            f"index, index, index) -> tensor<?x?xf32>{{{rows}, {np_}}}"
+            f"flow.dispatch @{name}::@{name}[{m}, {batch}, {k}, {n}]({a}, {b}, {m}, {batch}, "
+            f"{k}, {n}) : ({self.a_type()}{a_dims}, tensor<?x?xf32>{{{b_rows}, {n}}}, index, "
+            f"index, index, index) -> tensor<?x?xf32>{{{rows}, {n}}}"
         )
 
     def executable(self) -> str:
@@ -107,22 +115,26 @@ class Avx512DynamicGemm:
         open_executable(
             e,
             name,
-            column_blocks=("%np", PANEL),
+            column_blocks=("%n", PANEL),
             rows_per_workgroup=mb,
             bindings=["%a", "%b", "%c"],
             batch=True,
-            constants={0, 1, kc, mr, *range(mr)},
-            sizes=["%k", "%np"],
+            constants={0, 1, kc, mr, PANEL, *range(mr)},
+            sizes=["%k", "%n"],
         )
         e("      %rows = arith.muli %m, %batch : index")
         e("      %brows = arith.muli %k, %batch : index")
         e(f"      %ma = stream.binding.subspan %a[%c0] : !stream.binding -> {a_t}{a_dims}")
-        e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}{{%brows, %np}}")
-        e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%rows, %np}}")
+        e(f"      %mb = stream.binding.subspan %b[%c0] : !stream.binding -> {b_t}{{%brows, %n}}")
+        e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%rows, %n}}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         workgroup_block(
             e, cols_per_workgroup=PANEL, rows_per_workgroup=mb, column_base="%ncol", batch=True
         )
+        if self.masked:  # the columns of this panel inside N (all 16 but in the last one)
+            e("      %rem = arith.subi %n, %ncol : index")
+            e("      %mask = vector.create_mask %rem : vector<16xi1>")
+            e(f"      %whole = arith.cmpi sge, %rem, %c{PANEL} : index")
         e("      %zrow = arith.muli %wgz, %m : index")  # batch entry z: rows z*M of A and C
         e("      %zk = arith.muli %wgz, %k : index")  # ... and rows z*K of B
         # at least one block: a reduction of size 0 stores zeros
@@ -133,27 +145,49 @@ class Avx512DynamicGemm:
         e(f"        scf.for %mi = %m0 to %mend step %c{mr} {{")
         e(f"          %left = affine.min affine_map<()[s0, s1] -> ({mr}, s1 - s0)>()[%mi, %mend]")
         e("          %grow = arith.addi %zrow, %mi : index")
-        row_blocks(e, "          ", mr, lambda r, p: self._micro(e, r, a_t, b_t, c_t, p))
+        if self.masked:
+            e("          scf.if %whole {")
+            row_blocks(e, "            ", mr, lambda r, p: self._micro(e, r, a_t, False, p))
+            e("          } else {")
+            row_blocks(e, "            ", mr, lambda r, p: self._micro(e, r, a_t, True, p))
+            e("          }")
+        else:
+            row_blocks(e, "          ", mr, lambda r, p: self._micro(e, r, a_t, False, p))
         e("        }")
         e("      }")
         close_executable(e)
         return "\n".join(out)
 
-    def _micro(self, e: Any, rows: int, a_t: str, b_t: str, c_t: str, p: str) -> None:
-        """``rows`` x 16 of C over one K block: load (or zero), FMAs, store."""
-        vt = "vector<16xf32>"
+    def _micro(self, e: Any, rows: int, a_t: str, masked: bool, p: str) -> None:
+        """``rows`` x 16 of C over one K block: load (or zero), FMAs, store; ``masked``: the
+        panel's columns past N neither read nor written."""
+        vt, mt = "vector<16xf32>", "memref<?x?xf32>"
+
+        def load(ref: str, row: str) -> str:
+            if masked:
+                return (
+                    f"vector.maskedload {ref}[{row}, %ncol], %mask, %zero : {mt}, "
+                    f"vector<16xi1>, {vt} into {vt}"
+                )
+            return f"vector.load {ref}[{row}, %ncol] : {mt}, {vt}"
+
         accs = [f"%acc{r}" for r in range(rows)]
         types = ", ".join([vt] * rows)
         for r in range(rows):
             e(f"{p}%row{r} = arith.addi %grow, %c{r} : index")
-            e(f"{p}%col{r}_0 = arith.addi %ncol, %c0 : index")
-        emit_accumulator_init(e, p, rows, 1, c_t)
+        e(f"{p}%init:{rows} = scf.if %first -> ({types}) {{")
+        e(f"{p}  scf.yield " + ", ".join(["%zero"] * rows) + f" : {types}")
+        e(f"{p}}} else {{")
+        for r in range(rows):
+            e(f"{p}  %ld{r} = " + load("%mc", f"%row{r}"))
+        e(f"{p}  scf.yield " + ", ".join(f"%ld{r}" for r in range(rows)) + f" : {types}")
+        e(f"{p}}}")
         iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
         e(
             f"{p}%res:{rows} = scf.for %kk = %k0 to %kend step %c1 iter_args({iters}) -> ({types}) {{"
         )
         e(f"{p}  %brow = arith.addi %zk, %kk : index")
-        e(f"{p}  %bv = vector.load %mb[%brow, %ncol] : {b_t}, {vt}")
+        e(f"{p}  %bv = " + load("%mb", "%brow"))
         outs = []
         for r in range(rows):
             e(f"{p}  %as{r} = memref.load %ma[%row{r}, %kk] : {a_t}")
@@ -163,4 +197,9 @@ class Avx512DynamicGemm:
         e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
         e(f"{p}}}")
         for r in range(rows):
-            e(f"{p}vector.store %res#{r}, %mc[%row{r}, %ncol] : {c_t}, {vt}")
+            if masked:
+                e(
+                    f"{p}vector.maskedstore %mc[%row{r}, %ncol], %mask, %res#{r} : {mt}, vector<16xi1>, {vt}"
+                )
+            else:
+                e(f"{p}vector.store %res#{r}, %mc[%row{r}, %ncol] : {mt}, {vt}")

@@ -11,12 +11,12 @@ dimensions on both operands (or none) and no broadcasting, a call of a private f
 builtin tensors (IREE inlines it)::
 
     a = x as [batch * M, K]
-    b = w as [batch * K, N], its columns zero-padded to Np = 16 * ceil(N / 16)
-    c = flow.dispatch @kernel(a, b, M, batch, K, Np)      # [batch * M, Np]
-    out = c[:, :N] as [*batch, M, N]
+    b = w as [batch * K, N]
+    c = flow.dispatch @kernel(a, b, M, batch, K, N)       # [batch * M, N]
+    out = c as [*batch, M, N]
 
-``b`` is a copy IREE makes per call (fused with a transpose that produces ``w``, as attention's
-``k.transpose(-2, -1)``). ``TURBINE_CPU_DYNAMIC_MATMUL=iree`` keeps IREE's code for them.
+(reshapes only: the kernel reads and writes the tensors as they are, a partial last 16-column
+panel masked). ``TURBINE_CPU_DYNAMIC_MATMUL=iree`` keeps IREE's code for them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .avx512_dynamic import PANEL, Avx512DynamicGemm
+from .avx512_dynamic import Avx512DynamicGemm
 from .isa import isa_features, kernel_isa
 from .matmuls import mark_cpu_requires
 from .torch_ir import Builder, TensorType, TopLevel, walk
@@ -106,7 +106,6 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     rank = len(xs)
     lines = [f"func.func private @{name}(%x: {x_t}, %w: {w_t}) -> {out_t} {{"]
     e = lines.append
-    e("  %fzero = arith.constant 0.0 : f32")
 
     def size(value: str, tensor: str, tensor_t: str, dim: int, static: int | None) -> str:
         if static is not None:
@@ -124,11 +123,6 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     e(f"  %batch = arith.constant {bcount} : index")
     e("  %rows = arith.muli %m, %batch : index")
     e("  %brows = arith.muli %k, %batch : index")
-    np_static = None if n is None else -(-n // PANEL) * PANEL
-    if np_static is not None:
-        e(f"  %np = arith.constant {np_static} : index")
-    else:
-        e(f"  %np = affine.apply affine_map<()[s0] -> ((s0 ceildiv {PANEL}) * {PANEL})>()[%n]")
     # x -> [batch * M, K]
     a, a_t = "%x", x_t
     rows_static = None if m_static is None else bcount * m_static
@@ -141,7 +135,7 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     if a_t != kernel_a_t:
         e(f"  %a = tensor.cast {a} : {a_t} to {kernel_a_t}")
         a = "%a"
-    # w -> [batch * K, Np], zero columns past N
+    # w -> [batch * K, N]
     b, b_t = "%w", w_t
     brows_static = None if g.k is None else bcount * g.k
     if rank > 2:
@@ -149,31 +143,14 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
         b_t = _tensor([brows_static, n])
         e(f"  %w2 = tensor.collapse_shape %w [[{group}], [{rank - 1}]] : {w_t} into {b_t}")
         b = "%w2"
-    if n is None or np_static != n:
-        high = "%padn" if n is None else str(np_static - n)  # type: ignore[operator]
-        if n is None:
-            e("  %padn = arith.subi %np, %n : index")
-        padded_t = _tensor([brows_static, np_static])
-        e(f"  %bp = tensor.pad {b} low[0, 0] high[0, {high}] {{")
-        e("  ^bb0(%i0: index, %i1: index):")
-        e("    tensor.yield %fzero : f32")
-        e(f"  }} : {b_t} to {padded_t}")
-        b, b_t = "%bp", padded_t
     if b_t != "tensor<?x?xf32>":
         e(f"  %bd = tensor.cast {b} : {b_t} to tensor<?x?xf32>")
         b = "%bd"
-    e("  %c = " + kernel.dispatch(a, b, "%m", "%batch", "%k", "%np", "%rows", "%brows"))
-    # [batch * M, Np] -> [*batch, M, N]
-    c, c_t = "%c", "tensor<?x?xf32>"
+    e("  %c = " + kernel.dispatch(a, b, "%m", "%batch", "%k", "%n", "%rows", "%brows"))
+    # [batch * M, N] -> [*batch, M, N]
+    c, c_t = "%c", _tensor([None, n])
     n_dim = "%n" if n is None else str(n)
-    if n is None or np_static != n:
-        c_t = _tensor([None, n])
-        e(
-            f"  %cs = tensor.extract_slice %c[0, 0] [%rows, {n_dim}] [1, 1] : tensor<?x?xf32> to {c_t}"
-        )
-        c = "%cs"
-    else:  # N static, a multiple of the panel
-        c_t = _tensor([None, n])
+    if n is not None:
         e(f"  %cs = tensor.cast %c : tensor<?x?xf32> to {c_t}")
         c = "%cs"
     if rank > 2:
@@ -206,7 +183,7 @@ def rewrite_dynamic_matmuls(module_op: Any) -> int:
     found = [(o, _spec(o)) for o in rewritable_dynamic_matmuls(op)]
     for index, (mm, spec) in enumerate(found):
         assert spec is not None
-        kernel = Avx512DynamicGemm.for_reduction(spec.k)
+        kernel = Avx512DynamicGemm.for_product(spec.k, spec.n)
         if kernel.name not in top:
             top.append(kernel.executable())
         name = top.unique(f"__turbine_dynamic_matmul_{index}")
