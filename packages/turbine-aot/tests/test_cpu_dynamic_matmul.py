@@ -170,3 +170,28 @@ def test_static_masks_are_left_to_iree():
 class _MaskedStatic(torch.nn.Module):
     def forward(self, x, keep):
         return F.scaled_dot_product_attention(x, x, x, attn_mask=keep)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "k", "n"),
+    [
+        ([2, 4, None, None], [2, 4, 32, None], 32, None),  # K static on one side only
+        ([2, 4, None, 32], [2, 4, None, None], 32, None),
+        ([5, None], [None, 20], None, 20),  # 2-D, N not a multiple of 16
+        ([None, 16], [16, None], 16, None),
+    ],
+)
+def test_the_private_function_verifies_for_every_mix_of_static_and_dynamic_sizes(x, w, k, n):
+    """The reshapes and casts around the dispatch, whatever sizes torch-mlir left static."""
+    from turbine_aot._compiler.dynamic_matmuls import _function, _Product
+    from turbine_aot._compiler.torch_ir import TensorType
+    from turbine_ir import ir
+
+    batch = tuple(x[:-2])
+    out = [*batch, x[-2], w[-1]]
+    g = _Product(TensorType(x, "f32"), TensorType(w, "f32"), TensorType(out, "f32"), batch, k, n)
+    kernel = Avx512DynamicGemm.for_product(k, n)
+    assert kernel.masked == (n is None or n % 16 != 0)
+    with ir.Context():
+        module = ir.Module.parse(kernel.executable() + "\n" + _function("f", g, kernel))
+        assert module.operation.verify()

@@ -128,7 +128,7 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     rows_static = None if m_static is None else bcount * m_static
     if rank > 2:
         group = ", ".join(str(i) for i in range(rank - 1))
-        a_t = _tensor([rows_static, g.k])
+        a_t = _tensor([rows_static, xs[-1]])  # K as x has it (the cast below may fix it)
         e(f"  %x2 = tensor.collapse_shape %x [[{group}], [{rank - 1}]] : {x_t} into {a_t}")
         a = "%x2"
     kernel_a_t = kernel.a_type()
@@ -137,7 +137,7 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
         a = "%a"
     # w -> [batch * K, N]
     b, b_t = "%w", w_t
-    brows_static = None if g.k is None else bcount * g.k
+    brows_static = None if ws[-2] is None else bcount * ws[-2]
     if rank > 2:
         group = ", ".join(str(i) for i in range(rank - 1))
         b_t = _tensor([brows_static, n])
