@@ -35,19 +35,6 @@ import turbine_aot  # noqa: E402
 from turbine_aot.runtime import load_module  # noqa: E402
 
 
-def _leaves(value: Any) -> list[torch.Tensor]:
-    """The tensors of a model output (tensors, sequences, mappings, ``ModelOutput``)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if hasattr(value, "to_tuple"):
-        value = value.to_tuple()
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _leaves(v)]
-    return []
-
-
 def _with_env(key: str, value: str | None):
     """Sets (or, for None, removes) one environment variable; returns the previous value."""
     old = os.environ.get(key)
@@ -73,13 +60,10 @@ def measure(name: str, key: str, value: str, rounds: int, round_s: float) -> dic
             builds.append(load_module(eo.compile(save_to=None), device="local-sync"))
         finally:
             _with_env(key, old)
-    args = [*case.args, *case.kwargs.values()]
+    args = zoo._flat_inputs(case.args, case.kwargs)
     with torch.no_grad():
-        want = _leaves(module(*case.args, **case.kwargs))
-    errors = []
-    for m in builds:
-        got = _leaves(m.main(*args))
-        errors.append(max(float((torch.as_tensor(g) - w).abs().max()) for g, w in zip(got, want)))
+        want = module(*case.args, **case.kwargs)
+    errors = [zoo._max_err(m.main(*args), want)[0] for m in builds]
     times: list[list[float]] = [[], []]
     for _ in range(rounds):
         for i, m in enumerate(builds):

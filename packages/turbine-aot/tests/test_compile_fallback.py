@@ -303,6 +303,24 @@ def _inputs(t: int):
     return x, mask
 
 
+def _compile_dynamic_attention(caplog, tmp_path) -> tuple[list[str], list[str]]:
+    """``_DynamicAttention`` exported over a dynamic sequence and compiled with the defaults:
+    the warnings logged and the flags used, after checking the module against eager at
+    sequences 12, 19 and 64."""
+    torch.manual_seed(0)
+    model = _DynamicAttention().eval()
+    seq = torch.export.Dim("seq", min=2, max=512)
+    eo = turbine_aot.export(model, args=_inputs(12), dynamic_shapes=({1: seq}, {1: seq}))
+    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
+        eo.compile(save_to=tmp_path / "attn.vmfb")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    m = runtime.load_module(tmp_path / "attn.vmfb")
+    for t in (12, 19, 64):
+        x, mask = _inputs(t)
+        torch.testing.assert_close(m.main(x, mask), model(x, mask), rtol=1e-4, atol=1e-5)
+    return warnings, eo._last_compile_flags
+
+
 def test_dynamic_attention_keeps_the_kernels_and_peeling_when_data_tiling_fails(
     caplog, tmp_path, monkeypatch
 ):
@@ -316,37 +334,17 @@ def test_dynamic_attention_keeps_the_kernels_and_peeling_when_data_tiling_fails(
     # IREE compiles it.
     monkeypatch.setenv("TURBINE_CPU_DYNAMIC_MATMUL", "iree")
     monkeypatch.setenv("TURBINE_COMPILE_CACHE", "0")
-    torch.manual_seed(0)
-    model = _DynamicAttention().eval()
-    seq = torch.export.Dim("seq", min=2, max=512)
-    eo = turbine_aot.export(model, args=_inputs(12), dynamic_shapes=({1: seq}, {1: seq}))
-    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
-        eo.compile(save_to=tmp_path / "attn.vmfb")
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    (warning,), flags = _compile_dynamic_attention(caplog, tmp_path)
     assert "delinearize_index' op no basis element may be statically non-positive" in warning
     assert "speed-only defaults data tiling + ukernels (" in warning
-    flags = eo._last_compile_flags
     assert "--iree-llvmcpu-vector-pproc-strategy=peel" in flags and DATA_TILING not in flags
     assert cpu_matmul_kernel(flags) == cpu_matmul_kernel(default_compile_flags("llvm-cpu"))
-    m = runtime.load_module(tmp_path / "attn.vmfb")
-    for t in (12, 19, 64):
-        x, mask = _inputs(t)
-        torch.testing.assert_close(m.main(x, mask), model(x, mask), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(not host_isa(), reason="turbine's kernels need AVX2 + FMA or AVX-512")
 def test_dynamic_attention_on_the_dynamic_size_kernel_needs_no_retry(caplog, tmp_path):
     # With the products on turbine's dynamic-size kernel (the default for host builds with
     # the kernels) IREE does not data-tile them, so the defaults compile as they are.
-    torch.manual_seed(0)
-    model = _DynamicAttention().eval()
-    seq = torch.export.Dim("seq", min=2, max=512)
-    eo = turbine_aot.export(model, args=_inputs(12), dynamic_shapes=({1: seq}, {1: seq}))
-    with caplog.at_level(logging.WARNING, logger="turbine.aot"):
-        eo.compile(save_to=tmp_path / "attn.vmfb")
-    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert DATA_TILING in eo._last_compile_flags
-    m = runtime.load_module(tmp_path / "attn.vmfb")
-    for t in (12, 19, 64):
-        x, mask = _inputs(t)
-        torch.testing.assert_close(m.main(x, mask), model(x, mask), rtol=1e-4, atol=1e-5)
+    warnings, flags = _compile_dynamic_attention(caplog, tmp_path)
+    assert not warnings
+    assert DATA_TILING in flags

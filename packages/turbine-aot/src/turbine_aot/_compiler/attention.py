@@ -43,9 +43,11 @@ from typing import Any
 from .targets import flag_targets
 from .torch_ir import (
     NOT_CONSTANT,
+    VIEW_OPS,
     Builder,
     TensorType,
     TopLevel,
+    builtin_tensor,
     constant,
     erase_unused,
     producer,
@@ -130,8 +132,7 @@ class _Masks:
             return mask
         key = (mask, b.ip.block)  # inserted before the first rewritten op using it
         if key not in self._done:
-            t = "tensor<" + "".join(("?" if d is None else str(d)) + "x" for d in mt.sizes)
-            t += mt.dtype + ">"
+            t = builtin_tensor(mt.sizes, mt.dtype)
             if t not in self._functions:
                 self._functions[t] = self._function(mt, t)
             name = self._functions[t]
@@ -247,9 +248,10 @@ def _masked_softmax(
 # ------------------------------------------------------------------------------------------
 # Grouped-query attention without repeating the keys and values
 
-_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view", "torch.aten.reshape")
 #: The ops of a ``repeat_kv`` that the grouped form leaves unused (erased with it).
-_REPEAT_OPS = frozenset({*_VIEWS, "torch.aten.clone", "torch.aten.expand", "torch.aten.unsqueeze"})
+_REPEAT_OPS = frozenset(
+    {*VIEW_OPS, "torch.aten.clone", "torch.aten.expand", "torch.aten.unsqueeze"}
+)
 
 
 def _unrepeated(value: Any) -> tuple[Any, int] | None:
@@ -257,7 +259,7 @@ def _unrepeated(value: Any) -> tuple[Any, int] | None:
     Face's ``repeat_kv``: ``x[..., :, None].expand(..., Hk, rep, S, E)`` (a ``clone`` or not),
     viewed as ``[..., Hk * rep, S, E]``; else ``None``."""
     view = producer(value)
-    if view is None or view.name not in _VIEWS:
+    if view is None or view.name not in VIEW_OPS:
         return None
     src = view.operands[0]
     expand = producer(src)

@@ -29,7 +29,7 @@ from typing import Any
 from .avx512_dynamic import Avx512DynamicGemm
 from .isa import isa_features, kernel_isa
 from .matmuls import mark_cpu_requires
-from .torch_ir import Builder, TensorType, TopLevel, walk
+from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, walk
 
 __all__ = [
     "DYNAMIC_MATMUL_ENV",
@@ -96,7 +96,7 @@ def rewritable_dynamic_matmuls(module_op: Any) -> list[Any]:
 
 
 def _tensor(sizes: Any) -> str:
-    return "tensor<" + "".join(("?" if s is None else str(s)) + "x" for s in sizes) + "f32>"
+    return builtin_tensor(sizes, "f32")
 
 
 def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:

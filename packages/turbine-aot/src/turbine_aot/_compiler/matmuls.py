@@ -38,7 +38,7 @@ from .avx512 import Avx512Gemm, host_avx512_missing
 from .epilogues import fusion_enabled, only_user, replace_with_absorbed
 from .isa import KERNEL_ISAS, host_isa, isa_features, kernel_isa
 from .targets import TargetError
-from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, constant, walk
+from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, builtin_tensor, constant, walk
 
 __all__ = [
     "CPU_MATMUL_ENV",
@@ -227,7 +227,7 @@ def rewritable_matmuls(module_op: Any) -> list[Any]:
 
 
 def _tensor(sizes: Any, dtype: str) -> str:
-    return "tensor<" + "".join(("?" if s is None else str(s)) + "x" for s in sizes) + dtype + ">"
+    return builtin_tensor(sizes, dtype)
 
 
 def _function(name: str, g: _Matmul, kernel: Kernel, bias: bool = False) -> str:

@@ -46,6 +46,7 @@ from typing import Any
 from .dynamic_matmuls import takes_dynamic_matmul
 from .torch_ir import (
     NOT_CONSTANT,
+    VIEW_OPS,
     Builder,
     TensorType,
     constant,
@@ -103,9 +104,6 @@ def _dim(op: Any, dynamic: bool = False) -> int | None:
     return dim % rank
 
 
-_VIEWS = frozenset({"torch.aten.reshape", "torch.aten.view", "torch.aten._unsafe_view"})
-
-
 def _only_into_dynamic_kernel(value: Any) -> bool:
     """Whether every use of ``value`` is the left operand of a product the dynamic-size kernel
     takes (:mod:`.dynamic_matmuls`), directly or through a reshape (the grouped attention's)."""
@@ -115,7 +113,7 @@ def _only_into_dynamic_kernel(value: Any) -> bool:
     for use in uses:
         owner = use.owner
         name = getattr(owner, "name", None)
-        if name in _VIEWS and use.operand_number == 0:
+        if name in VIEW_OPS and use.operand_number == 0:
             if not _only_into_dynamic_kernel(owner.results[0]):
                 return False
         elif use.operand_number != 0 or not takes_dynamic_matmul(owner):

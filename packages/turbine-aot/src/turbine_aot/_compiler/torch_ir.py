@@ -12,9 +12,11 @@ from typing import Any
 
 __all__ = [
     "NOT_CONSTANT",
+    "VIEW_OPS",
     "Builder",
     "TensorType",
     "TopLevel",
+    "builtin_tensor",
     "constant",
     "constant_int_list",
     "erase_unused",
@@ -125,6 +127,16 @@ class TopLevel:
 def _sym_name(op: Any) -> str | None:
     attrs = op.attributes
     return str(attrs["sym_name"]).strip('"') if "sym_name" in attrs else None
+
+
+#: The ops that reshape a tensor without moving its elements.
+VIEW_OPS = frozenset({"torch.aten.view", "torch.aten._unsafe_view", "torch.aten.reshape"})
+
+
+def builtin_tensor(sizes: Sequence[int | None], dtype: str) -> str:
+    """The builtin tensor type of ``sizes`` (``None``: dynamic) and the builtin element type
+    ``dtype``, as the kernels' private functions declare their operands."""
+    return "tensor<" + "".join(("?" if s is None else str(s)) + "x" for s in sizes) + dtype + ">"
 
 
 class TensorType:
