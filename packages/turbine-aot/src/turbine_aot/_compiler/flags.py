@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .host import cpu_flags
+from .isa import AVX512_FEATURES
 from .targets import TARGETS, TargetError, resolve_target, target_device_flags
 from .traits import NO_TRAITS, ProgramTraits
 
@@ -162,7 +163,7 @@ def peel_static_programs() -> bool:
     19), unless ``TURBINE_CPU_PEEL=dynamic``."""
     if os.environ.get(CPU_PEEL_ENV, "").strip().lower() == "dynamic":
         return False
-    return "avx512f" not in cpu_flags()
+    return not set(AVX512_FEATURES) <= cpu_flags()
 
 
 def default_compile_flags(
