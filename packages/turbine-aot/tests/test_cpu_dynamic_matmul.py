@@ -69,6 +69,9 @@ def test_the_compile_copy_calls_the_kernel_for_both_products(isa):
     whole = compile_copy_asm(_export_self_attention(32), _flags(f"--turbine-cpu-matmul={isa}"))
     assert f"@__turbine_f32_dyn_gemm_kD_{mr}x16x512_96 " in whole  # N = 32: whole panels
     assert "torch.aten.matmul" not in asm
+    # the softmax between them, whose only use is the kernel's product, in the reciprocal form:
+    # right on both instruction sets (docs/performance.md, section 20)
+    assert "torch.aten.reciprocal" in asm and "softmax" not in asm
     features = "avx2,fma" if isa == "avx2" else "avx512f"
     assert f'turbine.cpu_requires = "{features}"' in asm
 
@@ -81,6 +84,8 @@ def test_iree_keeps_them_where_asked_for_and_in_portable_builds(monkeypatch):
     monkeypatch.setenv("TURBINE_CPU_DYNAMIC_MATMUL", "iree")
     asm = compile_copy_asm(eo, _flags())
     assert "dyn_gemm" not in asm and asm.count("torch.aten.matmul") == 2
+    # IREE's own products: its softmax op stays (the form fused into them is miscompiled)
+    assert "torch.aten.softmax.int" in asm and "torch.aten.reciprocal" not in asm
 
 
 @needs_avx2

@@ -55,6 +55,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from . import softmax as softmax_rules  # its DYNAMIC_SOFTMAX_ISAS, read per compile
 from .amx_conv import AMX_CONV_ENV, amx_conv_enabled
 from .amx_quant import QUANT_AMX_ENV, quant_amx_enabled
 from .attention import decompose_attention, has_attention, targets_only_cpu
@@ -175,8 +176,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: builds softmaxes over dynamic shapes that feed only that kernel in the reciprocal form; 50:
 #: gathers by aranges over whole dimensions (dynamic shapes, CPU targets) as views
 #: (:mod:`.gathers`); 51: the causal masks over dynamic sizes that the attention rewrite
-#: builds computed once a layer.
-REVISION = 51
+#: builds computed once a layer; 52: those softmaxes in the reciprocal form on AVX-512 builds too.
+REVISION = 52
 
 _log = logging.getLogger("turbine.aot")
 
@@ -284,9 +285,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     absmax = targets_only_cpu(flags) and bool(abs_max_patterns(op))
     # fp32 softmaxes (the model's, and those the attention rewrite writes) in a form IREE does
     # not raise to its slow softmax op, unless TURBINE_CPU_SOFTMAX=keep
-    # over dynamic shapes too where they feed only the dynamic-size kernel, on AVX2 builds
-    # (verified there only: softmax.py)
-    dynamic_softmax = dynamic and isa == "avx2"
+    # over dynamic shapes too where they feed only the dynamic-size kernel, on the builds where
+    # that was verified (softmax.DYNAMIC_SOFTMAX_ISAS)
+    dynamic_softmax = dynamic and isa in softmax_rules.DYNAMIC_SOFTMAX_ISAS
     softmax = (
         targets == {"llvm-cpu"}
         and softmax_enabled()

@@ -34,8 +34,10 @@ feeds (``p @ v``, a dynamic reduction) with the form fused into it: where that p
 call of turbine's dynamic-size kernel (:mod:`.dynamic_matmuls`), which IREE cannot fuse into,
 the same program is right. So where the kernels are built for AVX2 (where that was measured:
 docs/performance.md, section 20) a softmax over a dynamic shape whose every use is such a
-product is rewritten too (``dynamic=True``); on AVX-512 builds, not yet verified there, it
-stays IREE's.
+product is rewritten too (``dynamic=True``), on the builds of :data:`DYNAMIC_SOFTMAX_ISAS`:
+AVX2 (checked on an AMD Zen 3) and AVX-512 (checked on an Intel Xeon with modules built for
+``x86-64-v4``, ``benchmarks/dynamic_softmax_prebuilt.py``: right at every length, where the
+same form fed to IREE's own products is off by 2.5-4.1 at lengths 5, 24 and 37; section 20).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from .torch_ir import (
 
 __all__ = [
     "CPU_SOFTMAX_ENV",
+    "DYNAMIC_SOFTMAX_ISAS",
     "reciprocal_forms",
     "rewrite_reciprocal_forms",
     "rewrite_softmaxes",
@@ -67,6 +70,11 @@ __all__ = [
 
 #: Environment variable: ``keep`` leaves fp32 softmaxes to IREE's own softmax.
 CPU_SOFTMAX_ENV = "TURBINE_CPU_SOFTMAX"
+
+#: The kernel instruction sets (:mod:`.isa`) whose builds rewrite a softmax over a dynamic shape
+#: that feeds only the dynamic-size kernel (``rewrite_softmaxes(dynamic=True)``): those where
+#: the result was checked against eager on a CPU of that set (docs/performance.md, section 20).
+DYNAMIC_SOFTMAX_ISAS: tuple[str, ...] = ("avx2", "avx512")
 
 _SOFTMAX_INT = "torch.aten.softmax.int"
 _SOFTMAX = "torch.aten._softmax"
