@@ -259,6 +259,37 @@ def test_flat_calls_are_checked_the_same_way(two_inputs):
     torch.testing.assert_close(a, torch.tensor([3]))
 
 
+def test_positional_tensor_calls_bind_the_short_way_and_fall_back_on_any_doubt(two_inputs, nested):
+    """A call passing the function's tensors positionally, in order, is bound without the tree
+    walk (docs/running.md, "What a call costs"): the same flat arguments as the full binding;
+    anything else, or any failed check, is left to the full binding, whose errors the tests
+    above pin."""
+    call = two_inputs.main.signature.call
+    ids = torch.randint(0, 9, (1, 6), dtype=torch.int64)
+    mask = torch.ones(1, 6, dtype=torch.int64)
+    short = call.bind_positional("main", (ids, mask))
+    assert short is not None
+    full = call.bind("main", (ids, mask), {})
+    assert len(short) == len(full) and all(a is b for a, b in zip(short, full))
+    long_ids = torch.ones(1, 600, dtype=torch.int64)
+    for args in (
+        (ids,),  # too few
+        (ids, mask.float()),  # a dtype
+        (ids, mask[0]),  # a rank
+        (long_ids, long_ids),  # outside the dynamic dimension's range
+        (ids, torch.ones(1, 7, dtype=torch.int64)),  # the same symbol, two sizes
+        (ids.numpy(), mask),  # not a tensor
+        (torch.nn.Parameter(ids.float(), requires_grad=False), mask),  # a subclass
+    ):
+        assert call.bind_positional("main", args) is None
+    # nested arguments and specialized constants: always the full binding
+    _, m, (x, d, s) = nested
+    assert m.main.signature.call.bind_positional("main", (x, d, s)) is None
+    a, b = two_inputs.main(ids, mask)
+    torch.testing.assert_close(a, (ids * mask).sum(-1))
+    torch.testing.assert_close(b, ids + 1)
+
+
 class Constants(torch.nn.Module):
     def forward(self, x, n):
         return x * n, None, 3

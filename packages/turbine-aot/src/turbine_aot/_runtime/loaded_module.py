@@ -39,7 +39,15 @@ class LoadedFunction:
     Returns one tensor for a single result, a tuple for several, None for none.
     """
 
-    __slots__ = ("_copy_results", "_fn", "_module", "_placement", "_zero_copy", "signature")
+    __slots__ = (
+        "_copy_results",
+        "_declared",
+        "_fn",
+        "_module",
+        "_placement",
+        "_zero_copy",
+        "signature",
+    )
 
     def __init__(
         self,
@@ -56,6 +64,8 @@ class LoadedFunction:
         self._zero_copy = zero_copy_inputs
         # Device index per argument from its ABI affinity (device 0 when none).
         self._placement = [module._device_index(s.device) for s in signature.inputs]
+        # Per result, the torch dtype a signless integer result is viewed as (None: as read).
+        self._declared = [_declared_dtype(s) for s in signature.outputs]
 
     @property
     def name(self) -> str:
@@ -82,7 +92,9 @@ class LoadedFunction:
         """
         call = self.signature.call
         if call is not None:
-            flat = call.bind(self.label, args, kwargs)
+            flat = None if kwargs else call.bind_positional(self.label, args)
+            if flat is None:
+                flat = call.bind(self.label, args, kwargs)
             results = self._invoke(flat)
             if call.return_schema is not None:
                 return rebuild_results(call, results)
@@ -166,16 +178,12 @@ class LoadedFunction:
         recorded signature's dtype (``ui8``) is restored as a view, bits unchanged."""
         import torch
 
-        outs = self.signature.outputs
-        if not isinstance(result, torch.Tensor) or i >= len(outs) or not outs[i].is_tensor:
-            return result
-        want = element_type_name(outs[i].dtype)
+        want = self._declared[i] if i < len(self._declared) else None
         if (
             want is None
+            or not isinstance(result, torch.Tensor)
             or want == result.dtype
-            or want.is_floating_point
             or result.dtype.is_floating_point
-            or want == torch.bool
             or result.dtype == torch.bool
             or want.itemsize != result.dtype.itemsize
         ):
@@ -200,6 +208,19 @@ class LoadedFunction:
         except Exception:
             return vlist.get_variant(i)
         return [self._convert(sub, j) for j in range(len(sub))]
+
+
+def _declared_dtype(spec: TensorSpec) -> Any:
+    """The integer torch dtype a result of ``spec`` is viewed as (:meth:`LoadedFunction.
+    _with_declared_dtype`), or None: not a tensor, no torch dtype, floating point or bool."""
+    import torch
+
+    if not spec.is_tensor:
+        return None
+    want = element_type_name(spec.dtype)
+    if want is None or want.is_floating_point or want == torch.bool:
+        return None
+    return want
 
 
 def _pack(results: list[Any]) -> Any:

@@ -150,11 +150,14 @@ def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str, zero_copy: b
             f"tensor dtype {tensor.dtype} has no IREE element type; supported: "
             f"{', '.join(str(d).removeprefix('torch.') for d in to_hal)}"
         ) from None
-    t = tensor.detach()
-    if t.device.type != "cpu":
+    # Each torch call here is cheap warm but not right after a call evicted the caches (a
+    # call's Python side runs cold): only the ones the tensor needs (docs/running.md).
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if not t.is_cpu:
         t = t.cpu()
     owned_by_caller = t.is_contiguous()
-    t = t.contiguous()
+    if not owned_by_caller:
+        t = t.contiguous()
     if carrier != t.dtype:
         t = t.view(carrier)
     array = t.numpy()
@@ -239,11 +242,13 @@ def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: b
             f"result element type {buffer_view.element_type} has no torch dtype"
         ) from None
     carrier = to_hal[dtype][1] if dtype in to_hal else dtype
-    np_dtype = _numpy_dtype(carrier)
     shape = tuple(buffer_view.shape)
     if buffer_view.byte_length == 0:
         return torch.empty(shape, dtype=dtype)
+    np_dtype = _numpy_dtype(carrier)
     if driver in LOCAL_DRIVERS:
+        # (torch.frombuffer on the mapping would be one torch call instead of two, but a result
+        # alive at exit then outlives IREE's bindings, which print "leaked instance" warnings)
         array = buffer_view.get_buffer().map().asarray(shape, np_dtype)
         if copy:
             array = array.copy()

@@ -247,6 +247,67 @@ class CallSignature:
             self.__dict__["_argument_specs"] = (pos_spec, kw_spec, tuple(names))
         return pos_spec, kw_spec, names
 
+    def _positional_plan(self) -> tuple[tuple[Any, tuple[Any, ...] | None, Leaf], ...] | None:
+        """Per argument, in call order: (torch dtype, static shape or None where a dimension is
+        dynamic, leaf), where every top-level argument is one tensor leaf of a tree kept as
+        recorded (:meth:`bind_positional`'s case); None otherwise. Computed once."""
+        if "_kept_positional_plan" in self.__dict__:
+            return self.__dict__["_kept_positional_plan"]
+        plan = None
+        try:
+            pos_spec, kw_spec, names = self.argument_specs()
+            children = [*spec_children(pos_spec), *spec_children(kw_spec)]
+            if (
+                "_argument_specs" in self.__dict__  # the tree was read exactly
+                and len(children) == len(names) == len(self.args)
+                and all(c.is_leaf() for c in children)
+                and all(a.kind == "tensor" and a.index is not None and a.dtype for a in self.args)
+            ):
+                from .element_types import element_type_name
+
+                dtypes = [element_type_name(str(a.dtype)) for a in self.args]
+                if all(d is not None for d in dtypes):
+                    plan = tuple(
+                        (
+                            dtype,
+                            tuple(a.shape) if all(isinstance(d, int) for d in a.shape) else None,
+                            a,
+                        )
+                        for dtype, a in zip(dtypes, self.args)
+                    )
+        except Exception:  # a tree this cannot read: bind() reports it
+            plan = None
+        self.__dict__["_kept_positional_plan"] = plan
+        return plan
+
+    def bind_positional(self, fn_label: str, args: Sequence[Any]) -> list[Any] | None:
+        """:meth:`bind` for the common call, the function's tensors passed positionally in their
+        recorded order, with less work per call (docs/running.md, "What a call costs"): the
+        compiled function's flat arguments, or None where the call is of another kind or fails
+        a check (then :meth:`bind` binds it, and raises its error)."""
+        import torch
+
+        plan = self._positional_plan()
+        if plan is None or len(args) != len(plan):
+            return None
+        flat: list[Any] = [None] * len(plan)
+        symbols: dict[str, tuple[int, str]] | None = None
+        for value, (dtype, shape, leaf) in zip(args, plan):
+            if type(value) is not torch.Tensor or value.dtype is not dtype:
+                return None
+            if shape is not None:
+                if value.shape != shape:
+                    return None
+            else:
+                if symbols is None:
+                    symbols = {}
+                try:
+                    check_tensor("", leaf, value, self.dims, symbols)
+                except Exception:
+                    return None
+            flat[leaf.index] = value  # type: ignore[index]
+        return flat
+
     def bind(self, fn_label: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         """Binds and checks a call; returns the compiled function's flat arguments.
 
