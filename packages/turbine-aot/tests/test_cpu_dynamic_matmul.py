@@ -128,6 +128,37 @@ def test_two_dimensional_products_with_dynamic_sizes_match_eager():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+class _BatchAttention(torch.nn.Module):
+    """Causal attention over a dynamic batch (the products' batch dynamic, M, K and N static)."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_attention_over_a_dynamic_batch_is_on_the_kernel_and_right(isa):
+    """Over a dynamic batch both products are IREE's ``batch_matmul`` with a dynamic batch
+    without the rewrite (the static kernel needs a static batch); on the dynamic-size kernel the
+    batch is a dispatch operand, the softmax between them in the reciprocal form."""
+    batch = torch.export.Dim("batch", min=1, max=16)
+    args = tuple(torch.randn(2, 4, 24, 32) for _ in range(3))
+    eo = export(_BatchAttention(), args=args, dynamic_shapes={n: {0: batch} for n in "qkv"})
+    asm = compile_copy_asm(eo, _flags(f"--turbine-cpu-matmul={isa}"))
+    mr = 6 if isa == "avx2" else 12
+    assert f"@__turbine_f32_dyn_gemm_k32_{mr}x16x512_96_m" in asm  # q @ k^T: N = 24
+    assert f"@__turbine_f32_dyn_gemm_k24_{mr}x16x512_96 " in asm  # p @ v: N = 32, whole
+    assert "torch.aten.matmul" not in asm and "softmax" not in asm
+    if not host_isa():
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
+    compiled = load_module(eo.compile(None, extra_args=[f"--turbine-cpu-matmul={isa}"]))
+    torch.manual_seed(0)
+    for b in (1, 5, 16):
+        q, k, v = (torch.randn(b, 4, 24, 32) for _ in range(3))
+        torch.testing.assert_close(
+            compiled.main(q, k, v), _BatchAttention()(q, k, v), rtol=1e-4, atol=1e-4
+        )
+
+
 class _MaskedLayers(torch.nn.Module):
     """Two attention layers sharing one bool padding mask built from an ``attention_mask`` over
     a dynamic sequence by a gather (as Hugging Face builds ``[B, 1, L, S]``)."""
@@ -184,6 +215,9 @@ class _MaskedStatic(torch.nn.Module):
         ([2, 4, None, 32], [2, 4, None, None], 32, None),
         ([5, None], [None, 20], None, 20),  # 2-D, N not a multiple of 16
         ([None, 16], [16, None], 16, None),
+        ([None, 4, 24, 32], [None, 4, 32, 24], 32, 24),  # a dynamic batch, the rest static
+        ([None, 4, None, 32], [None, 4, 32, None], 32, None),  # ... and a dynamic sequence
+        ([3, None, 24, None], [3, None, None, 32], None, 32),
     ],
 )
 def test_the_private_function_verifies_for_every_mix_of_static_and_dynamic_sizes(x, w, k, n):

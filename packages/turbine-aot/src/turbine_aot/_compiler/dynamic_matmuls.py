@@ -2,13 +2,15 @@
 turbine's dynamic-size kernel (:mod:`.avx512_dynamic`; docs/performance.md, section 20).
 
 These are what :mod:`.matmuls` leaves to IREE: its kernel packs ``B`` in panels of a static
-width, so it takes only products whose ``K`` and ``N`` are static. Over a dynamic sequence,
-attention's two products are the others (``q @ k^T``: ``N`` is the sequence; ``p @ v``: ``K``
-is), and IREE 3.13's code for them is the slowest part of such a model on CPUs (BERT with a
-dynamic sequence: 1.76 of 2.69 ms a call in ``q @ k^T``). The compile copy gets, for each fp32
-``torch.aten.matmul`` / ``bmm`` / ``mm`` with ``K`` or ``N`` dynamic, the same static batch
-dimensions on both operands (or none) and no broadcasting, a call of a private function over
-builtin tensors (IREE inlines it)::
+width, so it takes only products whose ``K`` and ``N`` are static, and over static batch
+dimensions. Over a dynamic sequence, attention's two products are the others (``q @ k^T``:
+``N`` is the sequence; ``p @ v``: ``K`` is), and IREE 3.13's code for them is the slowest part
+of such a model on CPUs (BERT with a dynamic sequence: 1.76 of 2.69 ms a call in ``q @ k^T``);
+over a dynamic batch, both are IREE's ``batch_matmul`` with a dynamic batch. The compile copy
+gets, for each fp32 ``torch.aten.matmul`` / ``bmm`` / ``mm`` with ``K`` or ``N`` or a batch
+dimension dynamic, the same batch dimensions on both operands (static and equal, or dynamic on
+both: torch-mlir's programs assume a dynamic dimension does not broadcast) and no
+broadcasting, a call of a private function over builtin tensors (IREE inlines it)::
 
     a = x as [batch * M, K]
     b = w as [batch * K, N]
@@ -56,7 +58,7 @@ class _Product:
     x: TensorType
     w: TensorType
     out: TensorType
-    batch: tuple[int, ...]
+    batch: tuple[int | None, ...]  # None: dynamic (on both operands)
     k: int | None
     n: int | None
 
@@ -71,17 +73,17 @@ def _spec(op: Any) -> _Product | None:
     rank = len(xt.sizes)
     if rank < 2 or len(wt.sizes) != rank or len(ot.sizes) != rank:
         return None
-    batch = xt.sizes[:-2]
-    if any(s is None for s in batch) or list(wt.sizes[:-2]) != list(batch):
-        return None  # a dynamic or broadcast batch: left to IREE
+    batch = tuple(xt.sizes[:-2])
+    if tuple(wt.sizes[:-2]) != batch or tuple(ot.sizes[:-2]) != batch:
+        return None  # a broadcast batch (or one static on one side only): left to IREE
     k_x, k_w = xt.sizes[-1], wt.sizes[-2]
     if k_x is not None and k_w is not None and k_x != k_w:
         return None
     k = k_x if k_x is not None else k_w
     n = wt.sizes[-1]
-    if k is not None and n is not None:
-        return None  # static K and N: the static kernel's (matmuls.py)
-    return _Product(xt, wt, ot, tuple(int(s) for s in batch), k, n)  # type: ignore[arg-type]
+    if k is not None and n is not None and None not in batch:
+        return None  # static K, N and batch: the static kernel's (matmuls.py)
+    return _Product(xt, wt, ot, batch, k, n)
 
 
 def takes_dynamic_matmul(op: Any) -> bool:
@@ -119,13 +121,20 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     size("%m", "%x", x_t, rank - 2, m_static)
     size("%k", "%x", x_t, rank - 1, g.k)  # x's K is dynamic only where both are
     size("%n", "%w", w_t, rank - 1, n)
-    bcount = math.prod(g.batch) if g.batch else 1
-    e(f"  %batch = arith.constant {bcount} : index")
-    e("  %rows = arith.muli %m, %batch : index")
-    e("  %brows = arith.muli %k, %batch : index")
+    # the batch entries: the static dimensions' product times each dynamic one's size
+    dynamic_batch = [d for d, s in enumerate(g.batch) if s is None]
+    static_count = math.prod(s for s in g.batch if s is not None)
+    e(f"  %batch0 = arith.constant {static_count} : index")
+    batch = "%batch0"
+    for d in dynamic_batch:
+        size(f"%bd{d}", "%x", x_t, d, None)
+        e(f"  %batch{d + 1} = arith.muli {batch}, %bd{d} : index")
+        batch = f"%batch{d + 1}"
+    e("  %rows = arith.muli %m, " + batch + " : index")
+    e("  %brows = arith.muli %k, " + batch + " : index")
     # x -> [batch * M, K]
     a, a_t = "%x", x_t
-    rows_static = None if m_static is None else bcount * m_static
+    rows_static = None if m_static is None or dynamic_batch else static_count * m_static
     if rank > 2:
         group = ", ".join(str(i) for i in range(rank - 1))
         a_t = _tensor([rows_static, xs[-1]])  # K as x has it (the cast below may fix it)
@@ -137,7 +146,7 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
         a = "%a"
     # w -> [batch * K, N]
     b, b_t = "%w", w_t
-    brows_static = None if ws[-2] is None else bcount * ws[-2]
+    brows_static = None if ws[-2] is None or dynamic_batch else static_count * ws[-2]
     if rank > 2:
         group = ", ".join(str(i) for i in range(rank - 1))
         b_t = _tensor([brows_static, n])
@@ -146,7 +155,7 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     if b_t != "tensor<?x?xf32>":
         e(f"  %bd = tensor.cast {b} : {b_t} to tensor<?x?xf32>")
         b = "%bd"
-    e("  %c = " + kernel.dispatch(a, b, "%m", "%batch", "%k", "%n", "%rows", "%brows"))
+    e("  %c = " + kernel.dispatch(a, b, "%m", batch, "%k", "%n", "%rows", "%brows"))
     # [batch * M, N] -> [*batch, M, N]
     c, c_t = "%c", _tensor([None, n])
     n_dim = "%n" if n is None else str(n)
@@ -155,7 +164,8 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
         c = "%cs"
     if rank > 2:
         group = ", ".join(str(i) for i in range(rank - 1))
-        shape = ", ".join([*(str(s) for s in g.batch), "%m", n_dim])
+        batch_dims = [f"%bd{d}" if s is None else str(s) for d, s in enumerate(g.batch)]
+        shape = ", ".join([*batch_dims, "%m", n_dim])
         ex_t = _tensor([*g.batch, None, n])
         e(
             f"  %ce = tensor.expand_shape {c} [[{group}], [{rank - 1}]] output_shape [{shape}] "

@@ -37,7 +37,8 @@ docs/performance.md, section 20) a softmax over a dynamic shape whose every use 
 product is rewritten too (``dynamic=True``), on the builds of :data:`DYNAMIC_SOFTMAX_ISAS`:
 AVX2 (checked on an AMD Zen 3) and AVX-512 (checked on an Intel Xeon with modules built for
 ``x86-64-v4``, ``benchmarks/dynamic_softmax_prebuilt.py``: right at every length, where the
-same form fed to IREE's own products is off by 2.5-4.1 at lengths 5, 24 and 37; section 20).
+same form fed to IREE's own products is off by 2.5-4.1 at lengths 5, 24 and 37; over a dynamic
+batch, whose products the kernel takes too, likewise: section 20).
 """
 
 from __future__ import annotations
