@@ -27,6 +27,7 @@ few static rows also prefetch the next K block's panel into L2 (:meth:`Avx512Gem
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -94,27 +95,30 @@ def emit_epilogue(
     rows: int,
     nv: int,
     values: list[str],
+    store: Callable[[str, int, int, str], None],
     *,
     scale: str | None = None,
     bias: str | None = None,
     residual: str | None = None,
     relu: bool = False,
     activation: str | None = None,
-) -> list[str]:
-    """Emits ``%out``: the ``rows`` x ``nv`` accumulators ``values`` to store: on the last
-    reduction block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type),
-    plus ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]``
-    (``residual``), then at least zero (``relu``: ``arith.maximumf``, as torch's ReLU: NaN
-    stays NaN, -0.0 becomes 0.0) or ``activation`` (:func:`emit_activation`); on the others
-    as they are. Returns the names of the stored values. Shared by the matmul and the
-    direct-convolution kernels (:mod:`.epilogues`)."""
+) -> None:
+    """Emits the stores of the ``rows`` x ``nv`` accumulators ``values``: on the last reduction
+    block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type), plus
+    ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]`` (``residual``),
+    then at least zero (``relu``: ``arith.maximumf``, as torch's ReLU: NaN stays NaN, -0.0
+    becomes 0.0) or ``activation`` (:func:`emit_activation`); on the others as they are.
+    ``store(value, r, j, prefix)`` emits the store of row ``r``'s vector ``j``. Shared by the
+    matmul and the direct-convolution kernels (:mod:`.epilogues`).
+
+    Each value is stored in its branch right where it is computed: were the branches to yield
+    their values to stores after them, all ``rows * nv`` would be live at once, which on AVX2
+    (16 registers) spills and made SiLU's ``exp`` cost 2.3x IREE's own elementwise code
+    (docs/performance.md, section 21)."""
     vt = "vector<16xf32>"
-    n = rows * nv
-    types = ", ".join([vt] * n)
-    e(f"{p}%out:{n} = scf.if %last -> ({types}) {{")
+    e(f"{p}scf.if %last {{")
     if activation:
         emit_activation_constants(e, p + "  ")
-    outs = []
     for j in range(nv):
         if scale:
             e(f"{p}  %sv_e{j} = vector.load %mscale[%col0_{j}] : {scale}, {vt}")
@@ -138,12 +142,12 @@ def emit_epilogue(
                 v = f"%er{r}_{j}"
             if activation:
                 v = emit_activation(e, p + "  ", v, f"{r}_{j}", activation)
-            outs.append(v)
-    e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
+            store(v, r, j, p + "  ")
     e(f"{p}}} else {{")
-    e(f"{p}  scf.yield " + ", ".join(values) + f" : {types}")
+    for r in range(rows):
+        for j in range(nv):
+            store(values[r * nv + j], r, j, p + "  ")
     e(f"{p}}}")
-    return [f"%out#{i}" for i in range(n)]
 
 
 #: The epilogue steps that take no operand: the activations a kernel's store may apply.
@@ -462,9 +466,14 @@ class Avx512Gemm:
         e(f"{p}  scf.yield " + ", ".join(outs) + f" : {types}")
         e(f"{p}}}")
         results = [f"%res#{i}" for i in range(len(accs))]
+
+        def store(v: str, r: int, j: int, prefix: str) -> None:
+            e(f"{prefix}vector.store {v}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+
         if self.bias or self.relu:
             bias_t = f"memref<{self.np_}xf32>" if self.bias else None
-            results = emit_epilogue(e, p, rows, nv, results, bias=bias_t, relu=self.relu)
-        for r in range(rows):
-            for j in range(nv):
-                e(f"{p}vector.store {results[r * nv + j]}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+            emit_epilogue(e, p, rows, nv, results, store, bias=bias_t, relu=self.relu)
+        else:
+            for r in range(rows):
+                for j in range(nv):
+                    store(results[r * nv + j], r, j, p)

@@ -439,25 +439,29 @@ class Avx512Conv:
         e(f"{q}scf.yield " + ", ".join(f"%tres#{i}" for i in range(len(accs))) + f" : {types}")
         e(f"{p}}}")
         results = [f"%res#{i}" for i in range(len(accs))]
+
+        def store(v: str, r: int, j: int, prefix: str) -> None:
+            e(f"{prefix}vector.store {v}, %mc[%crow{r}, %col{r}_{j}] : {c_t}, {vt}")
+
         if self.epilogue:
             v_t = f"memref<{self.np_}xf32>"
-            results = emit_epilogue(
+            emit_epilogue(
                 e,
                 p,
                 rows,
                 nv,
                 results,
+                store,
                 scale=v_t if self.scale else None,
                 bias=v_t if self.shift else None,
                 residual=r_t if self.residual else None,
                 relu=self.relu,
                 activation=self.activation,
             )
-        for r in range(rows):
-            for j in range(nv):
-                e(
-                    f"{p}vector.store {results[r * nv + j]}, %mc[%crow{r}, %col{r}_{j}] : {c_t}, {vt}"
-                )
+        else:
+            for r in range(rows):
+                for j in range(nv):
+                    store(results[r * nv + j], r, j, p)
 
 
 def _env_blocking(spec: str) -> dict[str, int]:
