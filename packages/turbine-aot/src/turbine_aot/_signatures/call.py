@@ -13,6 +13,7 @@ from typing import Any
 from turbine_aot._errors import TurbineRuntimeError
 
 from .checks import check_tensor, describe, same_constant
+from .element_types import element_type_name
 from .errors import damaged_module_error, type_error, value_error
 from .keys import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_FORMAT, SIGNATURE_KEY
 from .leaf import Leaf, check_leaf_record, value_text
@@ -263,8 +264,6 @@ class CallSignature:
                 and all(c.is_leaf() for c in children)
                 and all(a.kind == "tensor" and a.index is not None and a.dtype for a in self.args)
             ):
-                from .element_types import element_type_name
-
                 dtypes = [element_type_name(str(a.dtype)) for a in self.args]
                 if all(d is not None for d in dtypes):
                     plan = tuple(
