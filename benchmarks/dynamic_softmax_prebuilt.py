@@ -63,46 +63,21 @@ def _variant(name: str, isa: str) -> Iterator[None]:
             os.environ["TURBINE_CPU_DYNAMIC_MATMUL"] = saved_env
 
 
-def _spelled_softmax(s, spelling: str):
-    import torch
-
-    if spelling == "reciprocal":
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        return e * torch.reciprocal(e.sum(-1, keepdim=True))
-    return torch.softmax(s, -1)
-
-
 def _programs() -> list[dict]:
     """Each program: name, model, export args and dynamic shapes, input sets, variants, and
     whether eager's values are expected of every variant."""
     import torch
 
-    class SelfAttention(torch.nn.Module):  # the reduced size dynamic (test_cpu_softmax.py)
-        def __init__(self, spelling: str):
-            super().__init__()
-            self.spelling = spelling
-
-        def forward(self, x):
-            s = x @ x.transpose(-1, -2) / 4.0
-            return _spelled_softmax(s, self.spelling) @ x
-
-    class BatchAttention(torch.nn.Module):  # a dynamic batch (test_cpu_softmax.py)
-        def __init__(self, spelling: str):
-            super().__init__()
-            self.spelling = spelling
-
-        def forward(self, q, k, v):
-            s = (q @ k.transpose(-1, -2)) * 0.125
-            keep = torch.ones(24, 24, dtype=torch.bool).tril()
-            s = s.masked_fill(~keep, float("-inf"))
-            return _spelled_softmax(s, self.spelling) @ v
+    sys.path.insert(0, str(HERE.parent / "tools"))
+    # the programs of tests/test_cpu_softmax.py
+    from kernel_testing import DynamicBatchAttention, DynamicSelfAttention
 
     torch.manual_seed(1)
     seq = torch.export.Dim("seq", min=2, max=64)
     progs = [
         {
             "name": f"selfattn-{spelling}",
-            "model": SelfAttention(spelling),
+            "model": DynamicSelfAttention(spelling),
             "args": (torch.randn(2, 24, 16),),
             "kwargs": {},
             "dynamic_shapes": {"x": {1: seq}},
@@ -116,7 +91,7 @@ def _programs() -> list[dict]:
     progs += [
         {
             "name": f"batchattn-{spelling}",
-            "model": BatchAttention(spelling),
+            "model": DynamicBatchAttention(spelling),
             "args": tuple(torch.randn(2, 2, 24, 32) for _ in range(3)),
             "kwargs": {},
             "dynamic_shapes": {n: {0: batch} for n in "qkv"},

@@ -1,13 +1,16 @@
 """Test helpers shared by the tests of turbine's own CPU kernels (the AVX-512 matmul, quantized,
 convolution and pooling rewrites): the skip mark for CPUs without AVX-512, the text of the
-module the compile path hands IREE, the export of a quantized model with its archive, and what
-a ``precision="bf16"`` module computes."""
+module the compile path hands IREE, the export of a quantized model with its archive, what
+a ``precision="bf16"`` module computes, and the attention programs whose softmax IREE 3.13
+miscomputes in one spelling (``tests/test_cpu_softmax.py``; ``benchmarks/
+dynamic_softmax_prebuilt.py`` builds the same programs for another CPU)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from turbine_aot import export
 from turbine_aot._compiler.avx512 import host_avx512_missing
@@ -69,3 +72,39 @@ def bf16_reference(model, *args, layer: type | None = None):
                     lambda _m, inputs: tuple(t.bfloat16().float() for t in inputs)
                 )
         return ref(*args)
+
+
+def spelled_softmax(s: torch.Tensor, spelling: str) -> torch.Tensor:
+    """``softmax(s, -1)``, or ``exp(s - max) * reciprocal(sum)`` for ``"reciprocal"``."""
+    if spelling == "reciprocal":
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e * torch.reciprocal(e.sum(-1, keepdim=True))
+    return torch.softmax(s, -1)
+
+
+class DynamicBatchAttention(torch.nn.Module):
+    """Causal attention over ``[batch, 2, 24, 32]`` (exported with the batch dynamic) with its
+    softmax spelled ``spelling``."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-1, -2)) * 0.125
+        keep = torch.ones(24, 24, dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+        return spelled_softmax(s, self.spelling) @ v
+
+
+class DynamicSelfAttention(torch.nn.Module):
+    """``softmax(x x^T / 4) x`` (exported with the sequence dynamic: the reduced size) with its
+    softmax spelled ``spelling``."""
+
+    def __init__(self, spelling: str):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, x):
+        s = x @ x.transpose(-1, -2) / 4.0
+        return spelled_softmax(s, self.spelling) @ x

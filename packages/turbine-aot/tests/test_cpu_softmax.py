@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm
+from kernel_testing import (
+    DynamicBatchAttention,
+    DynamicSelfAttention,
+    compile_copy_asm,
+)
 
 from turbine_aot import export
 from turbine_aot._compiler.avx512 import host_avx512_missing
@@ -92,31 +96,8 @@ def test_other_targets_keep_the_softmax():
     assert "torch.aten.reciprocal" not in asm
 
 
-def _spelled_softmax(s: torch.Tensor, spelling: str) -> torch.Tensor:
-    """``softmax(s, -1)``, or ``exp(s - max) * reciprocal(sum)`` for ``"reciprocal"``."""
-    if spelling == "reciprocal":
-        e = torch.exp(s - s.amax(-1, keepdim=True))
-        return e * torch.reciprocal(e.sum(-1, keepdim=True))
-    return torch.softmax(s, -1)
-
-
-class _DynamicAttention(torch.nn.Module):
-    """Causal attention over a dynamic batch with its softmax spelled ``spelling``."""
-
-    def __init__(self, spelling: str):
-        super().__init__()
-        self.spelling = spelling
-
-    def forward(self, q, k, v):
-        s = (q @ k.transpose(-1, -2)) * 0.125
-        keep = torch.ones(24, 24, dtype=torch.bool).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-        p = _spelled_softmax(s, self.spelling)
-        return p @ v
-
-
 def _dynamic_attention_error(spelling: str) -> float:
-    model = _DynamicAttention(spelling)
+    model = DynamicBatchAttention(spelling)
     batch = torch.export.Dim("batch", min=1, max=16)
     args = tuple(torch.randn(2, 2, 24, 32) for _ in range(3))
     shapes = {name: {0: batch} for name in ("q", "k", "v")}
@@ -131,7 +112,7 @@ def test_a_dynamic_softmax_is_rewritten_only_into_the_dynamic_kernel_and_is_righ
     """Over a dynamic batch the softmax keeps IREE's op unless its every use is a product on the
     dynamic-size kernel (``dynamic=True``: the attention's ``p @ v`` is one, section 20)."""
     eo = export(
-        _DynamicAttention("softmax"),
+        DynamicBatchAttention("softmax"),
         args=tuple(torch.randn(2, 2, 24, 32) for _ in range(3)),
         dynamic_shapes={n: {0: torch.export.Dim("batch", min=1, max=16)} for n in "qkv"},
     )
@@ -144,7 +125,7 @@ def test_a_models_reciprocal_form_over_a_dynamic_batch_is_handed_to_iree_as_a_so
     """The workaround: a model's own ``exp(s - max) * reciprocal(sum)`` over a dynamic shape
     becomes a softmax op in the compile copy, and the result is eager's."""
     eo = export(
-        _DynamicAttention("reciprocal"),
+        DynamicBatchAttention("reciprocal"),
         args=tuple(torch.randn(2, 2, 24, 32) for _ in range(3)),
         dynamic_shapes={n: {0: torch.export.Dim("batch", min=1, max=16)} for n in "qkv"},
     )
@@ -176,23 +157,9 @@ def test_iree_miscompiles_the_reciprocal_form_over_a_dynamic_batch(monkeypatch):
     assert _dynamic_attention_error("reciprocal") > 0.1
 
 
-class _DynamicSelfAttention(torch.nn.Module):
-    """Attention over a dynamic sequence (the reduced size dynamic) with its softmax spelled
-    ``spelling``."""
-
-    def __init__(self, spelling: str):
-        super().__init__()
-        self.spelling = spelling
-
-    def forward(self, x):
-        s = x @ x.transpose(-1, -2) / 4.0
-        p = _spelled_softmax(s, self.spelling)
-        return p @ x
-
-
 def _dynamic_sequence_errors(spelling: str) -> list[float]:
     """Max |error| against eager at sequences 5, 24 and 37 (vector main loops and remainders)."""
-    model = _DynamicSelfAttention(spelling)
+    model = DynamicSelfAttention(spelling)
     seq = torch.export.Dim("seq", min=2, max=64)
     eo = export(model, args=(torch.randn(2, 24, 16),), dynamic_shapes={"x": {1: seq}})
     m = load_module(eo.compile(save_to=None))
