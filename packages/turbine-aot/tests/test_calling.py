@@ -267,7 +267,7 @@ def test_positional_tensor_calls_bind_the_short_way_and_fall_back_on_any_doubt(t
     call = two_inputs.main.signature.call
     ids = torch.randint(0, 9, (1, 6), dtype=torch.int64)
     mask = torch.ones(1, 6, dtype=torch.int64)
-    short = call.bind_positional("main", (ids, mask))
+    short = call.bind_positional((ids, mask))
     assert short is not None
     full = call.bind("main", (ids, mask), {})
     assert len(short) == len(full) and all(a is b for a, b in zip(short, full))
@@ -281,10 +281,10 @@ def test_positional_tensor_calls_bind_the_short_way_and_fall_back_on_any_doubt(t
         (ids.numpy(), mask),  # not a tensor
         (torch.nn.Parameter(ids.float(), requires_grad=False), mask),  # a subclass
     ):
-        assert call.bind_positional("main", args) is None
+        assert call.bind_positional(args) is None
     # nested arguments and specialized constants: always the full binding
     _, m, (x, d, s) = nested
-    assert m.main.signature.call.bind_positional("main", (x, d, s)) is None
+    assert m.main.signature.call.bind_positional((x, d, s)) is None
     a, b = two_inputs.main(ids, mask)
     torch.testing.assert_close(a, (ids * mask).sum(-1))
     torch.testing.assert_close(b, ids + 1)

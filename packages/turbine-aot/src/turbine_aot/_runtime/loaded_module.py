@@ -92,7 +92,7 @@ class LoadedFunction:
         """
         call = self.signature.call
         if call is not None:
-            flat = None if kwargs else call.bind_positional(self.label, args)
+            flat = None if kwargs else call.bind_positional(args)
             if flat is None:
                 flat = call.bind(self.label, args, kwargs)
             results = self._invoke(flat)

@@ -279,7 +279,7 @@ class CallSignature:
         self.__dict__["_kept_positional_plan"] = plan
         return plan
 
-    def bind_positional(self, fn_label: str, args: Sequence[Any]) -> list[Any] | None:
+    def bind_positional(self, args: Sequence[Any]) -> list[Any] | None:
         """:meth:`bind` for the common call, the function's tensors passed positionally in their
         recorded order, with less work per call (docs/running.md, "What a call costs"): the
         compiled function's flat arguments, or None where the call is of another kind or fails
