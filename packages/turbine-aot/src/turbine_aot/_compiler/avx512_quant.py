@@ -33,7 +33,9 @@ rows while it reads this block's.
 On an AVX2 CPU (:func:`.isa.kernel_isa`) the same kernel is built without the table (there is
 no 16-entry ``vpermps`` on 8-float registers): the nibbles are sign-extended and converted, and
 each group's sum is scaled at its end as int8's is (``lookup``; docs/quantization.md, "AVX2
-CPUs"), in register blocks for 16 ymm registers.
+CPUs"), in register blocks for 16 ymm registers. int4 of one row there (a decode step) has a
+form of its own, ``nibble_masks`` (:mod:`.avx2_quant`): one ``and`` and one conversion per
+eight weights.
 
 Two versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one and
 ``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``; for int8 per channel
@@ -45,7 +47,9 @@ their figures are in docs/quantization.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
+from .avx2_quant import emit_masks_body, masks_support
 from .isa import kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
@@ -85,6 +89,10 @@ class Avx512QuantGemm:
             register: AVX-512); without it (AVX2, :func:`.isa.kernel_isa`) each nibble is
             sign-extended and converted (``q - z`` exact in f32) and the group's sum is scaled
             at its end, as int8's is (docs/quantization.md, "AVX2 CPUs").
+        nibble_masks: AVX2, int4, one row: each nibble taken out of its dword in place by one
+            ``and`` and converted, the factor ``16^t`` undone on the reordered activations
+            (:mod:`.avx2_quant`; docs/quantization.md, "Weight-only int4 on AVX2").
+        chains: ``nibble_masks``' accumulators per channel (independent FMA chains).
     """
 
     k: int
@@ -100,6 +108,8 @@ class Avx512QuantGemm:
     prefetch: bool = False
     nibble_shifts: bool = False
     lookup: bool = True
+    nibble_masks: bool = False
+    chains: int = 2
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -138,8 +148,9 @@ class Avx512QuantGemm:
         ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, one of :data:`VARIANTS`): ``""`` the current
         kernel, ``"v1"`` the first version (for A/B measurements: the int4 tables' zero points
         loaded, converted and broadcast per group and channel; no software prefetch). Blocked
-        for AVX2 (:func:`.isa.kernel_isa`) there is one form, without lookups, whatever
-        ``variant`` and ``rows`` say.
+        for AVX2 (:func:`.isa.kernel_isa`) there is no lookup: int4 of one row takes the
+        ``nibble_masks`` form where it applies (:mod:`.avx2_quant`; ``v1``: not, the A/B
+        baseline), everything else the general form.
         """
         if variant not in VARIANTS:
             raise ValueError(
@@ -148,7 +159,25 @@ class Avx512QuantGemm:
                 + ")"
             )
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
+        current = variant == ""
         if kernel_isa() == "avx2":
+            if rows == 1 and current and masks_support(k, bits, group):
+                # The row is reordered once per workgroup: the widest workgroups that leave
+                # 16 of them (128 columns 1.06-1.08x the 32 at 2048 / 768, one thread).
+                wide = [c for c in (128, 64) if n % c == 0 and n // c >= 16]
+                return Avx512QuantGemm(
+                    k,
+                    n,
+                    bits,
+                    group,
+                    zero_point,
+                    mr=1,
+                    nr=2,
+                    cols_per_workgroup=wide[0] if wide else cols,
+                    prefetch=True,
+                    lookup=False,
+                    nibble_masks=True,
+                )
             # 16 ymm registers: a vector<16xf32> is two. Per channel (int8): 4 rows x 1
             # channel (8 accumulator registers); grouped: 1 row x 2 channels, each with its
             # group's partial sum and its total (8); no table lookups (no 16-entry vpermps).
@@ -167,7 +196,6 @@ class Avx512QuantGemm:
                 lookup=False,
             )
         mr = 4 if group is None else 2
-        current = variant == ""
         # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md). int8 per
         # channel: one channel at a time (a workgroup's weight rows read as one sequential run),
         # 2.58x the 4-channel blocks at one row (docs/quantization.md, the VNNI kernel's figures).
@@ -200,6 +228,10 @@ class Avx512QuantGemm:
             raise ValueError(f"quantized AVX-512 kernel: no nibble shifts for {self}")
         if self.nibble_shifts and not self.lookup:
             raise ValueError(f"quantized AVX-512 kernel: nibble shifts are lookups: {self}")
+        if self.nibble_masks and (
+            self.lookup or not masks_support(self.k, self.bits, self.group, self.mr)
+        ):
+            raise ValueError(f"quantized AVX-512 kernel: no nibble masks for {self}")
         if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
             raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
 
@@ -219,9 +251,10 @@ class Avx512QuantGemm:
         pf = "_pf" if self.prefetch else ""
         ns = "_ns" if self.nibble_shifts else ""
         nl = "" if self.lookup or self.bits == 8 else "_cvt"
+        nm = f"_nm{self.chains}" if self.nibble_masks else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
-            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}{nl}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}{nl}{nm}"
         )
 
     @property
@@ -231,6 +264,7 @@ class Avx512QuantGemm:
             and self.bits == 4
             and self.zero_point
             and not self.nibble_shifts
+            and not self.nibble_masks
         )
 
     def operand_types(self) -> list[str]:
@@ -286,8 +320,9 @@ class Avx512QuantGemm:
         e(f"      %mc = stream.binding.subspan %c[%c0] : !stream.binding -> {c_t}{{%m}}")
         e("      %zero = arith.constant dense<0.0> : vector<16xf32>")
         workgroup_block(e, cols_per_workgroup=nb, rows_per_workgroup=mb, column_base="%nbase")
-        if self.nibble_shifts:
-            self._body_shifts(e, (a_t, q_t, s_t, z_t, c_t))
+        if self.nibble_shifts or self.nibble_masks:
+            body = self._body_shifts if self.nibble_shifts else partial(emit_masks_body, self)
+            body(e, (a_t, q_t, s_t, z_t, c_t))
             close_executable(e)
             return "\n".join(out)
         zbuf_t = f"memref<{nr}x{self.groups}xf32>"

@@ -178,8 +178,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: (:mod:`.gathers`); 51: the causal masks over dynamic sizes that the attention rewrite
 #: builds computed once a layer; 52: those softmaxes in the reciprocal form on AVX-512 builds too;
 #: 53: products over a dynamic batch on the dynamic-size kernel too; 54: the kernels' epilogues
-#: stored in their branch (no values yielded across it).
-REVISION = 54
+#: stored in their branch (no values yielded across it); 55: one-row int4 weight-only products
+#: on AVX2 in the nibble-masks form.
+REVISION = 55
 
 _log = logging.getLogger("turbine.aot")
 

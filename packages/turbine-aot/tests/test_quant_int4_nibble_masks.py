@@ -1,0 +1,132 @@
+"""Weight-only int4 products of one row on AVX2 (``_compiler.avx2_quant``, ``nibble_masks``):
+each nibble taken out of its dword by one ``and``, converted, the factor ``16^t`` undone on the
+reordered activations, ``q + 8`` corrected per group by ``(z + 8) sum x``
+(docs/quantization.md, "Weight-only int4 on AVX2: nibble masks"). The compile copy is checked
+on any CPU; the values against torchao eager where the CPU has AVX2 (an AVX-512 one runs the
+AVX2 code too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_testing import compile_copy_asm, export_with_archive
+
+from turbine_aot._compiler.avx2_quant import MAX_K, masks_support
+from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
+from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.isa import host_isa, kernels_for
+from turbine_aot.runtime import load_module
+
+AVX2 = ["--turbine-cpu-matmul=avx2"]
+needs_avx2 = pytest.mark.skipif(
+    not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
+)
+
+
+def _flags() -> list[str]:
+    return [*default_compile_flags("llvm-cpu", use_env=False), *AVX2]
+
+
+def _int4(m: torch.nn.Module, group: int, asymmetric: bool = False) -> torch.nn.Module:
+    """``m`` with torchao's weight-only int4 (``IntxWeightOnlyConfig``) in groups of ``group``."""
+    tq = pytest.importorskip(
+        "torchao.quantization", reason="torchao is a dev requirement (tools/requirements-dev.txt)"
+    )
+    from torchao.quantization import granularity, quant_primitives
+
+    mapping = quant_primitives.MappingType
+    tq.quantize_(
+        m,
+        tq.IntxWeightOnlyConfig(
+            weight_dtype=torch.int4,
+            granularity=granularity.PerGroup(group),
+            mapping_type=mapping.ASYMMETRIC if asymmetric else mapping.SYMMETRIC,
+        ),
+    )
+    return m
+
+
+def _mlp(k: int, hidden: int, n: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(k, hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, n, bias=False)
+    ).eval()
+
+
+def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s_up_to_max_k():
+    assert masks_support(2048, 4, 32) and masks_support(2048, 4, 128) and masks_support(256, 4, 256)
+    assert masks_support(MAX_K, 4, 128) and not masks_support(MAX_K + 64, 4, 128)
+    assert not masks_support(2048, 4, 96)  # a group's loads would straddle groups
+    assert not masks_support(2080, 4, 32)  # K not a multiple of 64
+    assert not masks_support(2048, 8, 128) and not masks_support(2048, 4, None)
+    assert not masks_support(2048, 4, 128, mr=2)
+    with kernels_for("avx2"):
+        one = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1)
+        some = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=None)
+        first = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, "v1", rows=1)
+    assert one.nibble_masks and one.name.endswith("_nm2")
+    # the row is reordered per workgroup: the widest workgroups that leave 16 of them
+    assert one.cols_per_workgroup == 128
+    with kernels_for("avx2"):
+        assert Avx512QuantGemm.for_shape(768, 768, 4, 128, True, rows=1).cols_per_workgroup == 32
+    assert not some.nibble_masks and not first.nibble_masks  # v1: the A/B baseline, `_cvt`
+    with kernels_for("avx512"):  # AVX-512 has its table lookups
+        assert not Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1).nibble_masks
+    with pytest.raises(ValueError, match="no nibble masks"):
+        Avx512QuantGemm(2112, 2048, 4, 96, True, mr=1, nr=2, lookup=False, nibble_masks=True)
+
+
+@pytest.mark.parametrize(
+    ("group", "asymmetric"), [(32, False), (64, True), (128, False), (128, True), (256, False)]
+)
+def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric, tmp_path):
+    m = _int4(_mlp(512, 256, 128), group, asymmetric)
+    eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
+    asm = compile_copy_asm(eo, _flags())
+    for k, n in ((512, 256), (256, 128)):
+        zero = "z"  # torchao stores zero points for both mappings
+        assert f"@__turbine_avx512_i4_gemm_{k}x{n}_g{group}{zero}_1x2_16x32_pf_cvt_nm2" in asm
+    assert "permvar" not in asm and 'turbine.cpu_requires = "avx2,fma"' in asm
+    if not host_isa():
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
+    compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
+    for scale in (1.0, 30.0):  # and activations far from 1: the 16^-t factors are exact
+        x = scale * torch.randn(1, 512)
+        with torch.no_grad():
+            want = m(x)
+        torch.testing.assert_close(
+            compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
+        )
+
+
+@needs_avx2
+def test_the_longest_reduction_matches_torchao_eager(tmp_path):
+    """``K`` of :data:`MAX_K`, asymmetric groups of 32: the group corrections ``(z + 8) sum x``
+    on the longest sums the form takes."""
+    torch.manual_seed(1)
+    m = _int4(torch.nn.Sequential(torch.nn.Linear(MAX_K, 64)).eval(), 32, asymmetric=True)
+    eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
+    assert f"i4_gemm_{MAX_K}x64_g32z_1x2_16x32_pf_cvt_nm2" in compile_copy_asm(eo, _flags())
+    compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
+    x = torch.randn(1, MAX_K)
+    with torch.no_grad():
+        want = m(x)
+    torch.testing.assert_close(
+        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
+    )
+
+
+def test_other_shapes_and_the_v1_variant_keep_the_general_form(tmp_path, monkeypatch):
+    m = _int4(_mlp(MAX_K + 64, 64, 64), 32)  # K above MAX_K; then 64 x 64 takes the form
+    eo, _ = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
+    asm = compile_copy_asm(eo, _flags())
+    assert f"i4_gemm_{MAX_K + 64}x64_g32z_1x2_16x32_zb_pf_cvt " in asm.replace("(", " ")
+    assert "i4_gemm_64x64_g32z_1x2_16x32_pf_cvt_nm2" in asm
+    eo, _ = export_with_archive(_int4(_mlp(256, 64, 64), 32), tmp_path, "d.irpa")
+    assert "_nm2" not in compile_copy_asm(eo, _flags())  # dynamic rows
+    monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", "v1")
+    eo, _ = export_with_archive(
+        _int4(_mlp(256, 64, 64), 32), tmp_path, "v.irpa", rows=1, dynamic=False
+    )
+    asm = compile_copy_asm(eo, _flags())
+    assert "_cvt" in asm and "_nm2" not in asm
