@@ -11,6 +11,11 @@ Usage::
 
     python benchmarks/quant_kernel_ab.py                                 # int4 g128, default vs a few
     python benchmarks/quant_kernel_ab.py --bits 4 --group 32 --variants '{}' '{"nr": 1}'
+    # AVX2, one row: the nibble-masks form against the general AVX2 form it replaced
+    python benchmarks/quant_kernel_ab.py --variants '{}' \
+        '{"nibble_masks": false, "cols_per_workgroup": 32, "zero_points_per_block": true}'
+
+The default variant is the kernel turbine builds for the shape and ``--rows`` on this CPU.
 """
 
 from __future__ import annotations
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = []
     for v in args.variants:
-        base = Avx512QuantGemm.for_shape(w, w, args.bits, group, group is not None)
+        base = Avx512QuantGemm.for_shape(w, w, args.bits, group, group is not None, rows=args.rows)
         kernel = dataclasses.replace(base, **json.loads(v))
         variants.append(_harness.KernelVariant(kernel.name, _module(kernel, args.layers)))
     _harness.kernel_ab(

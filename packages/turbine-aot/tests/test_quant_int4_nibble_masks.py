@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_testing import compile_copy_asm, export_with_archive
 
-from turbine_aot._compiler.avx2_quant import MAX_K, masks_support
+from turbine_aot._compiler.avx2_quant import SLICE_K, masks_support
 from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.isa import host_isa, kernels_for
@@ -53,9 +53,9 @@ def _mlp(k: int, hidden: int, n: int) -> torch.nn.Module:
     ).eval()
 
 
-def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s_up_to_max_k():
+def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
     assert masks_support(2048, 4, 32) and masks_support(2048, 4, 128) and masks_support(256, 4, 256)
-    assert masks_support(MAX_K, 4, 128) and not masks_support(MAX_K + 64, 4, 128)
+    assert masks_support(SLICE_K + 64, 4, 64)  # in two slices
     assert not masks_support(2048, 4, 96)  # a group's loads would straddle groups
     assert not masks_support(2080, 4, 32)  # K not a multiple of 64
     assert not masks_support(2048, 8, 128) and not masks_support(2048, 4, None)
@@ -100,15 +100,17 @@ def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric
 
 
 @needs_avx2
-def test_the_longest_reduction_matches_torchao_eager(tmp_path):
-    """``K`` of :data:`MAX_K`, asymmetric groups of 32: the group corrections ``(z + 8) sum x``
-    on the longest sums the form takes."""
+@pytest.mark.parametrize(("k", "group"), [(SLICE_K + 2112, 32), (2 * SLICE_K, 128)])
+def test_reductions_longer_than_a_slice_match_torchao_eager(k, group, tmp_path):
+    """``K`` above :data:`SLICE_K` runs in slices (full ones, then the rest), each adding its
+    sums into ``C``; asymmetric groups: the corrections ``(z + 8) sum x`` per slice."""
     torch.manual_seed(1)
-    m = _int4(torch.nn.Sequential(torch.nn.Linear(MAX_K, 64)).eval(), 32, asymmetric=True)
+    m = _int4(torch.nn.Sequential(torch.nn.Linear(k, 64)).eval(), group, asymmetric=True)
     eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
-    assert f"i4_gemm_{MAX_K}x64_g32z_1x2_16x32_pf_cvt_nm2" in compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, _flags())
+    assert f"i4_gemm_{k}x64_g{group}z_1x2_16x32_pf_cvt_nm2" in asm
     compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
-    x = torch.randn(1, MAX_K)
+    x = torch.randn(1, k)
     with torch.no_grad():
         want = m(x)
     torch.testing.assert_close(
@@ -117,10 +119,10 @@ def test_the_longest_reduction_matches_torchao_eager(tmp_path):
 
 
 def test_other_shapes_and_the_v1_variant_keep_the_general_form(tmp_path, monkeypatch):
-    m = _int4(_mlp(MAX_K + 64, 64, 64), 32)  # K above MAX_K; then 64 x 64 takes the form
+    m = _int4(_mlp(96, 64, 64), 32)  # K not a multiple of 64; then 64 x 64 takes the form
     eo, _ = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
     asm = compile_copy_asm(eo, _flags())
-    assert f"i4_gemm_{MAX_K + 64}x64_g32z_1x2_16x32_zb_pf_cvt " in asm.replace("(", " ")
+    assert "i4_gemm_96x64_g32z_1x2_16x32_zb_pf_cvt " in asm.replace("(", " ")
     assert "i4_gemm_64x64_g32z_1x2_16x32_pf_cvt_nm2" in asm
     eo, _ = export_with_archive(_int4(_mlp(256, 64, 64), 32), tmp_path, "d.irpa")
     assert "_nm2" not in compile_copy_asm(eo, _flags())  # dynamic rows

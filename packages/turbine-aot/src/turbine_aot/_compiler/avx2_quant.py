@@ -30,31 +30,57 @@ Zen 3's FMA latency is 4 cycles, and a single chain would wait on it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .avx512_quant import Avx512QuantGemm
+__all__ = ["SLICE_K", "MasksKernel", "emit_masks_body", "masks_support"]
 
-__all__ = ["MAX_K", "emit_masks_body", "masks_support"]
-
-#: The largest ``K`` the form takes: the row's reordered activations and group sums live in a
-#: stack buffer (``4.5 K`` bytes), within IREE's CPU stack allocation limit.
-MAX_K = 4096
+#: The most values of ``K`` reordered at a time: the row's reordered activations and group sums
+#: live in a stack buffer (``4.5`` bytes a value: 18 KiB), within IREE's CPU stack allocation
+#: limit (32 KiB); a longer ``K`` runs in slices, each adding its sums into ``C``.
+SLICE_K = 4096
 _XOR = -2004318072  # 0x88888888 as i32: q -> q + 8 in every nibble
+
+
+class MasksKernel(Protocol):
+    """What the body reads of its kernel (:class:`.avx512_quant.Avx512QuantGemm`)."""
+
+    @property
+    def k(self) -> int: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def group(self) -> int | None: ...
+
+    @property
+    def zero_point(self) -> bool: ...
+
+    @property
+    def nr(self) -> int: ...
+
+    @property
+    def cols_per_workgroup(self) -> int: ...
+
+    @property
+    def prefetch(self) -> bool: ...
+
+    @property
+    def chains(self) -> int: ...
 
 
 def masks_support(k: int, bits: int, group: int | None, mr: int = 1) -> bool:
     """Whether ``nibble_masks`` applies: int4 in groups of 32 or of a multiple of 64, one row,
-    ``K`` a multiple of 64 and at most :data:`MAX_K`."""
+    ``K`` a multiple of 64."""
     return (
         bits == 4
         and group is not None
         and (group == 32 or (group > 0 and group % 64 == 0))
         and k % 64 == 0
         and k % group == 0
-        and k <= MAX_K
         and mr == 1
     )
 
@@ -79,24 +105,34 @@ def _tree_sum(e: Callable[[str], object], p: str, values: list[str], name: str, 
     return values[0]
 
 
-def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple[str, ...]) -> None:
+def _slices(k: int, chunk: int) -> list[tuple[int, int, int]]:
+    """``(first k, end k, slice size)`` of the loops over ``K``: slices of the most chunks that
+    fit :data:`SLICE_K`, then one slice of the chunks left (if any)."""
+    size = min(k, SLICE_K // chunk * chunk)
+    full = k // size * size
+    return [(0, full, size)] + ([(full, k, k - full)] if full < k else [])
+
+
+def emit_masks_body(g: MasksKernel, e: Callable[[str], object], types: tuple[str, ...]) -> None:
     """The function body after the workgroup's ``%nbase`` / ``%m0`` / ``%mend`` (the frame of
-    :mod:`.kernel_text`): per row of ``M`` the activations reordered once, then the
-    workgroup's channels ``nr`` at a time."""
-    a_t, q_t, s_t, _, c_t = types
-    k, nr, nb, group, chains = g.k, g.nr, g.cols_per_workgroup, g.group, g.chains
+    :mod:`.kernel_text`): per row of ``M`` and slice of ``K`` the activations reordered once,
+    then the workgroup's channels ``nr`` at a time; a ``K`` of more than one slice adds each
+    slice's sums into ``C`` (zeroed first)."""
+    k, nr, nb, group = g.k, g.nr, g.cols_per_workgroup, g.group
     assert group is not None
     chunk = _chunk(group)
-    chunks, blocks, groups = k // chunk, chunk // 64, g.groups
-    zw = next(w for w in (16, 8, 4, 2, 1) if groups % w == 0)
+    slices = _slices(k, chunk)
+    size = slices[0][2]  # the largest slice: the buffers' size
     vt, it = "vector<8xf32>", "vector<8xi32>"
-    xp_t, xg_t = f"memref<{k}xf32>", f"memref<{chunks * 8}xf32>"
-    zbuf_t = f"memref<{nr}x{groups}xf32>"
+    bufs = {
+        "xp": f"memref<{size}xf32>",
+        "xg": f"memref<{size // chunk * 8}xf32>",
+        "nzb": f"memref<{nr}x{size // group}xf32>",
+    }
     p = "      "
-    e(f"{p}%xp = memref.alloca() : {xp_t}")
-    e(f"{p}%xg = memref.alloca() : {xg_t}")
-    if g.zero_point:
-        e(f"{p}%nzb = memref.alloca() : {zbuf_t}")
+    for name, buf_t in bufs.items():
+        if name != "nzb" or g.zero_point:
+            e(f"{p}%{name} = memref.alloca() : {buf_t}")
     e(f"{p}%zero8 = arith.constant dense<0.0> : {vt}")
     e(f"{p}%m8v = arith.constant dense<-8.0> : {vt}")
     e(f"{p}%xor = arith.constant dense<{_XOR}> : {it}")
@@ -105,19 +141,59 @@ def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple
         e(f"{p}%mask{t} = arith.constant dense<{15 << (4 * t)}> : {it}")
     for t in range(1, 7):  # 16^-t, exact
         e(f"{p}%unit{t} = arith.constant dense<{2.0 ** (-4 * t)!r}> : {vt}")
-    for c in sorted({0, 1, chunks, nr, nb, groups, zw} | set(range(nr))):
+    consts = {0, 1, nr, nb, k} | set(range(nr))
+    for lo, hi, n in slices:
+        consts |= {lo, hi, n, n // chunk, n // group, _zero_width(n // group)}
+    for c in sorted(consts):
         e(f"{p}%i{c} = arith.constant {c} : index")
-
-    # The row's activations in nibble order, scaled by 16^-t, and its per-lane group sums.
     e(f"{p}scf.for %mi = %m0 to %mend step %i1 {{")
     q = p + "  "
-    e(f"{q}scf.for %rc = %i0 to %i{chunks} step %i1 {{")
-    r = q + "  "
+    if len(slices) > 1 or slices[0][2] < k:
+        e(f"{q}%zc = arith.constant dense<0.0> : vector<{nb}xf32>")
+        e(f"{q}vector.store %zc, %mc[%mi, %nbase] : {types[4]}, vector<{nb}xf32>")
+    for lo, hi, n in slices:
+        e(f"{q}scf.for %ks = %i{lo} to %i{hi} step %i{n} {{")
+        _slice(g, e, types, bufs, n, accumulate=len(slices) > 1 or n < k, p=q + "  ")
+        e(f"{q}}}")
+    e(f"{p}}}")
+
+
+def _zero_width(groups: int) -> int:
+    """Zero points converted per instruction: the widest of 16..1 dividing ``groups``."""
+    return next(w for w in (16, 8, 4, 2, 1) if groups % w == 0)
+
+
+def _slice(
+    g: MasksKernel,
+    e: Callable[[str], object],
+    types: tuple[str, ...],
+    bufs: dict[str, str],
+    size: int,
+    accumulate: bool,
+    p: str,
+) -> None:
+    """One slice of ``size`` values of ``K`` from ``%ks`` (row ``%mi``): the activations
+    reordered into ``%xp`` with their group sums in ``%xg``, then every channel of the
+    workgroup (stored, or added into ``C`` where ``accumulate``)."""
+    a_t, q_t, s_t, z_t, c_t = types
+    xp_t, xg_t, zbuf_t = bufs["xp"], bufs["xg"], bufs["nzb"]
+    nr, nb, group, chains = g.nr, g.cols_per_workgroup, g.group, g.chains
+    assert group is not None
+    chunk = _chunk(group)
+    chunks, blocks, groups = size // chunk, chunk // 64, size // group
+    zw = _zero_width(groups)
+    vt, it = "vector<8xf32>", "vector<8xi32>"
+
+    # The slice's activations in nibble order, scaled by 16^-t, and its per-lane group sums.
+    e(f"{p}scf.for %rc = %i0 to %i{chunks} step %i1 {{")
+    r = p + "  "
     e(f"{r}%rk = affine.apply affine_map<()[s0] -> (s0 * {chunk})>()[%rc]")
+    e(f"{r}%ak = arith.addi %ks, %rk : index")
     sums = []
     for blk in range(blocks):
         e(f"{r}%rk{blk} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk})>()[%rk]")
-        e(f"{r}%xv{blk} = vector.load %ma[%mi, %rk{blk}] : {a_t}, vector<64xf32>")
+        e(f"{r}%ak{blk} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk})>()[%ak]")
+        e(f"{r}%xv{blk} = vector.load %ma[%mi, %ak{blk}] : {a_t}, vector<64xf32>")
         e(f"{r}%x2{blk} = vector.shape_cast %xv{blk} : vector<64xf32> to vector<8x8xf32>")
         e(f"{r}%xT{blk} = vector.transpose %x2{blk}, [1, 0] : vector<8x8xf32> to vector<8x8xf32>")
         lanes = []
@@ -134,10 +210,12 @@ def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple
     total = _tree_sum(e, r, sums, "%lg", vt)
     e(f"{r}%go = affine.apply affine_map<()[s0] -> (s0 * 8)>()[%rc]")
     e(f"{r}vector.store {total}, %xg[%go] : {xg_t}, {vt}")
-    e(f"{q}}}")
+    e(f"{p}}}")
 
-    e(f"{q}scf.for %nq = %i0 to %i{nb} step %i{nr} {{")
-    r = q + "  "
+    e(f"{p}%g0 = affine.apply affine_map<()[s0] -> (s0 floordiv {group})>()[%ks]")
+    e(f"{p}%kb = affine.apply affine_map<()[s0] -> (s0 floordiv 2)>()[%ks]")
+    e(f"{p}scf.for %nq = %i0 to %i{nb} step %i{nr} {{")
+    r = p + "  "
     e(f"{r}%ncol = arith.addi %nbase, %nq : index")
     for j in range(nr):
         e(f"{r}%n{j} = arith.addi %ncol, %i{j} : index")
@@ -147,8 +225,9 @@ def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple
         zv, zf = f"vector<{zw}xi8>", f"vector<{zw}xf32>"
         e(f"{r}%m8z = arith.constant dense<-8.0> : {zf}")
         e(f"{r}scf.for %gz = %i0 to %i{groups} step %i{zw} {{")
+        e(f"{r}  %gza = arith.addi %g0, %gz : index")
         for j in range(nr):
-            e(f"{r}  %zl{j} = vector.load %mz[%n{j}, %gz] : {types[3]}, {zv}")
+            e(f"{r}  %zl{j} = vector.load %mz[%n{j}, %gza] : {z_t}, {zv}")
             e(f"{r}  %zc{j} = arith.sitofp %zl{j} : {zv} to {zf}")
             e(f"{r}  %zn{j} = arith.subf %m8z, %zc{j} : {zf}")
             e(f"{r}  vector.store %zn{j}, %nzb[%i{j}, %gz] : {zbuf_t}, {zf}")
@@ -159,7 +238,7 @@ def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple
     e(f"{r}%res:{nr} = scf.for %gc = %i0 to %i{chunks} step %i1 iter_args({iters}) -> ({tys}) {{")
     s = r + "  "
     e(f"{s}%kc = affine.apply affine_map<()[s0] -> (s0 * {chunk})>()[%gc]")
-    e(f"{s}%bc = affine.apply affine_map<()[s0] -> (s0 * {chunk // 2})>()[%gc]")
+    e(f"{s}%bc = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * {chunk // 2})>()[%kb, %gc]")
     part: dict[tuple[int, int], str | None] = {
         (j, h): None for j in range(nr) for h in range(chains)
     }
@@ -194,27 +273,29 @@ def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple
                 part[j, h] = out
     e(f"{s}%go = affine.apply affine_map<()[s0] -> (s0 * 8)>()[%gc]")
     e(f"{s}%xgv = vector.load %xg[%go] : {xg_t}, {vt}")
-    if group == 32:  # lanes 0-3: group 2c, lanes 4-7: group 2c + 1
-        e(f"{s}%g2 = affine.apply affine_map<()[s0] -> (s0 * 2)>()[%gc]")
+    # the chunk's groups: its own (groups of 64s), or two of 32 (lanes 0-3 and 4-7)
+    per = 2 if group == 32 else 1
+    e(f"{s}%gl = affine.apply affine_map<()[s0] -> (s0 * {per})>()[%gc]")
+    e(f"{s}%ga = arith.addi %g0, %gl : index")
     spread = "[0, 0, 0, 0, 1, 1, 1, 1]"
     outs = []
     for j in range(nr):
         acc = _tree_sum(e, s, [str(part[j, h]) for h in range(chains)], f"%pc{j}", vt)
         if group == 32:
-            e(f"{s}%s2_{j} = vector.load %ms[%n{j}, %g2] : {s_t}, vector<2xf32>")
+            e(f"{s}%s2_{j} = vector.load %ms[%n{j}, %ga] : {s_t}, vector<2xf32>")
             e(
                 f"{s}%sv{j} = vector.shuffle %s2_{j}, %s2_{j} {spread} : vector<2xf32>, vector<2xf32>"
             )
             if g.zero_point:
-                e(f"{s}%z2_{j} = vector.load %nzb[%i{j}, %g2] : {zbuf_t}, vector<2xf32>")
+                e(f"{s}%z2_{j} = vector.load %nzb[%i{j}, %gl] : {zbuf_t}, vector<2xf32>")
                 e(
                     f"{s}%zv{j} = vector.shuffle %z2_{j}, %z2_{j} {spread} : vector<2xf32>, vector<2xf32>"
                 )
         else:
-            e(f"{s}%s1_{j} = memref.load %ms[%n{j}, %gc] : {s_t}")
+            e(f"{s}%s1_{j} = memref.load %ms[%n{j}, %ga] : {s_t}")
             e(f"{s}%sv{j} = vector.broadcast %s1_{j} : f32 to {vt}")
             if g.zero_point:
-                e(f"{s}%z1_{j} = memref.load %nzb[%i{j}, %gc] : {zbuf_t}")
+                e(f"{s}%z1_{j} = memref.load %nzb[%i{j}, %gl] : {zbuf_t}")
                 e(f"{s}%zv{j} = vector.broadcast %z1_{j} : f32 to {vt}")
         zv = f"%zv{j}" if g.zero_point else "%m8v"
         e(f"{s}%cr{j} = vector.fma {zv}, %xgv, {acc} : {vt}")  # sum x (q + 8) - (z + 8) sum x
@@ -224,6 +305,10 @@ def emit_masks_body(g: Avx512QuantGemm, e: Callable[[str], object], types: tuple
     e(f"{r}}}")
     for j in range(nr):
         e(f"{r}%sum{j} = vector.reduction <add>, %res#{j} fastmath<reassoc> : {vt} into f32")
-        e(f"{r}memref.store %sum{j}, %mc[%mi, %n{j}] : {c_t}")
-    e(f"{q}}}")
+        out = f"%sum{j}"
+        if accumulate:
+            e(f"{r}%old{j} = memref.load %mc[%mi, %n{j}] : {c_t}")
+            e(f"{r}%acc{j} = arith.addf %old{j}, %sum{j} : f32")
+            out = f"%acc{j}"
+        e(f"{r}memref.store {out}, %mc[%mi, %n{j}] : {c_t}")
     e(f"{p}}}")
