@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 
 from turbine_aot import llm  # noqa: E402
 from turbine_aot._cli.main import main as cli_main  # noqa: E402
+from turbine_aot._compiler.isa import host_isa  # noqa: E402
 
 NEW_TOKENS = 32
 TIE = 1e-4
@@ -534,6 +535,12 @@ def test_quantized_llama_generates_torchao_eager_greedy_ids(
     )
     assert "model.layers.0.self_attn.q_proj.weight.scale" in ir
     assert type(llama_model.model.layers[0].self_attn.q_proj.weight) is torch.nn.Parameter
+    if quantize == "int4" and host_isa() == "avx2":  # decode's one-row products: nibble masks
+        from kernel_testing import compile_copy_asm
+
+        from turbine_aot._compiler.flags import default_compile_flags
+
+        assert "_cvt_nm2" in compile_copy_asm(eo, default_compile_flags("llvm-cpu", use_env=False))
     eager = llm.quantized_copy(llama_model, quantize, group_size=group_size)
     lm = llm.load(eo)  # weights from memory (llm_parameters)
     eo.save_parameters(tmp_path / "q.irpa")
