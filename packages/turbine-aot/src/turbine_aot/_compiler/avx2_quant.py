@@ -15,17 +15,20 @@ conversion per eight weights:
 - Nibble ``t`` is taken out in place: ``dword & (0xF << 4 t)`` (``t`` 7: ``dword >> 28``), an
   integer ``(q + 8) * 16^t`` that converts to f32 exactly (4 significant bits). The factor
   ``16^t`` is undone on the activations, which are put in this order once per row and workgroup
-  and multiplied by ``16^-t`` (``t`` 1..6: exact, a power of two): ``xp[64 b + 8 t + i] =
-  x[64 b + 8 i + t] * 16^-t``. So the FMA of nibble ``t`` with ``xp``'s ``t``-th vector adds
-  ``x * (q + 8)``, the same product rounded the same way.
+  and multiplied by ``16^-t`` (``t`` 1..6; a power of two, exact unless ``|x| < 2^-102``, where
+  the scaled value would be subnormal): ``xp[64 b + 8 t + i] = x[64 b + 8 i + t] * 16^-t``. So
+  the FMA of nibble ``t`` with ``xp``'s ``t``-th vector adds ``(x 16^-t) ((q + 8) 16^t)``, which
+  is ``x (q + 8)`` bit for bit.
 - Per group, ``sum x (q - z) = sum x (q + 8) - (z + 8) sum x``: the row's per-lane sums of
   ``x`` over each group (``xg``) are computed with the reordering, and the group's partial is
   corrected by one FMA with ``-(z + 8)`` (the block's zero points converted once, into a stack
   buffer) and scaled into the total by another. Groups of 32 share a load: lanes 0-3 are the
   first group, 4-7 the second, and the scale and zero-point vectors are per lane.
 
-The partial sums run in ``chains`` accumulators per channel (nibbles ``t`` modulo ``chains``):
-Zen 3's FMA latency is 4 cycles, and a single chain would wait on it.
+The partial sums run in ``chains`` accumulators per channel (nibbles ``t`` modulo ``chains``;
+two measured faster than four or eight on Zen 3). ``K`` runs in slices of up to
+:data:`SLICE_K` values (the reordered row lives on the stack); with more than one, each slice
+adds its sums into ``C``, zeroed first.
 """
 
 from __future__ import annotations

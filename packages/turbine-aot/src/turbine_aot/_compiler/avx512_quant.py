@@ -162,8 +162,9 @@ class Avx512QuantGemm:
         current = variant == ""
         if kernel_isa() == "avx2":
             if rows == 1 and current and masks_support(k, bits, group):
-                # The row is reordered once per workgroup: the widest workgroups that leave
-                # 16 of them (128 columns 1.06-1.08x the 32 at 2048 / 768, one thread).
+                # The row is reordered once per workgroup: the widest workgroups (128 columns
+                # measured 1.06-1.08x the 32 at N = 2048 and 768, one thread) that leave 16 of
+                # them for the workers to share.
                 wide = [c for c in (128, 64) if n % c == 0 and n // c >= 16]
                 return Avx512QuantGemm(
                     k,
