@@ -48,7 +48,9 @@ _XOR = -2004318072  # 0x88888888 as i32: q -> q + 8 in every nibble
 
 
 class MasksKernel(Protocol):
-    """What the body reads of its kernel (:class:`.avx512_quant.Avx512QuantGemm`)."""
+    """What the body reads of its kernel (:class:`.avx512_quant.Avx512QuantGemm`), and the
+    kernel's software prefetch of the next block's weight rows, which it emits as the other forms
+    do."""
 
     @property
     def k(self) -> int: ...
@@ -73,6 +75,10 @@ class MasksKernel(Protocol):
 
     @property
     def chains(self) -> int: ...
+
+    def emit_prefetch_rows(self, e: Callable[[str], object], p: str) -> None: ...
+
+    def emit_prefetch(self, e: Callable[[str], object], q_t: str, byte: str, p: str) -> None: ...
 
 
 def masks_support(k: int, bits: int, group: int | None, mr: int = 1) -> bool:
@@ -222,8 +228,8 @@ def _slice(
     e(f"{r}%ncol = arith.addi %nbase, %nq : index")
     for j in range(nr):
         e(f"{r}%n{j} = arith.addi %ncol, %i{j} : index")
-        if g.prefetch:  # the next block's row, clamped to N
-            e(f"{r}%pn{j} = affine.min affine_map<()[s0] -> (s0 + {nr}, {g.n - 1})>()[%n{j}]")
+    if g.prefetch:
+        g.emit_prefetch_rows(e, r)
     if g.zero_point:  # the block's -(z + 8) as f32, zw groups at a time
         zv, zf = f"vector<{zw}xi8>", f"vector<{zw}xf32>"
         e(f"{r}%m8z = arith.constant dense<-8.0> : {zf}")
@@ -248,8 +254,7 @@ def _slice(
     for blk in range(blocks):
         e(f"{s}%b{blk} = affine.apply affine_map<()[s0] -> (s0 + {32 * blk})>()[%bc]")
         if g.prefetch:
-            for j in range(nr):
-                e(f"{s}memref.prefetch %mq[%pn{j}, %b{blk}], read, locality<3>, data : {q_t}")
+            g.emit_prefetch(e, q_t, f"%b{blk}", s)
         for t in range(8):
             e(
                 f"{s}%xo{blk}_{t} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk + 8 * t})>()[%kc]"

@@ -356,7 +356,7 @@ class Avx512QuantGemm:
         for j in range(self.nr):
             e(f"{p}%n{j} = arith.addi %ncol, %c{j} : index")
 
-    def _prefetch_rows(self, e, p: str) -> None:
+    def emit_prefetch_rows(self, e, p: str) -> None:
         """``%pn{j}``: the row ``nr`` channels on (the next block's), clamped to ``N``."""
         for j in range(self.nr):
             e(
@@ -364,7 +364,7 @@ class Avx512QuantGemm:
                 f"[%n{j}]"
             )
 
-    def _prefetch(self, e, q_t: str, byte: str, p: str) -> None:
+    def emit_prefetch(self, e, q_t: str, byte: str, p: str) -> None:
         """Software prefetch of the next block's weight line at ``byte`` (its rows are 1-2 KiB
         runs, too short for the hardware prefetchers to ramp up)."""
         for j in range(self.nr):
@@ -388,7 +388,7 @@ class Avx512QuantGemm:
         unroll = 4 if self.k % 64 == 0 else 1
         self._indices(e, rows, p)
         if self.prefetch:
-            self._prefetch_rows(e, p)
+            self.emit_prefetch_rows(e, p)
         accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nr)]
         tys = ", ".join([vt] * len(accs))
         iters = ", ".join(f"{a} = %zero" for a in accs)
@@ -398,7 +398,7 @@ class Avx512QuantGemm:
         )
         cur = {(r, j): f"%acc{r}_{j}" for r in range(rows) for j in range(nr)}
         if self.prefetch:
-            self._prefetch(e, q_t, "%k", p + "  ")
+            self.emit_prefetch(e, q_t, "%k", p + "  ")
         for u in range(unroll):
             e(f"{p}  %k{u} = affine.apply affine_map<()[s0] -> (s0 + {16 * u})>()[%k]")
             for j in range(nr):
@@ -426,7 +426,7 @@ class Avx512QuantGemm:
         steps = group // per_load
         self._indices(e, rows, p)
         if self.prefetch:
-            self._prefetch_rows(e, p)
+            self.emit_prefetch_rows(e, p)
         tots = [f"%tot{r}_{j}" for r in range(rows) for j in range(nr)]
         tys = ", ".join([vt] * len(tots))
         iters = ", ".join(f"{a} = %zero" for a in tots)
@@ -475,7 +475,7 @@ class Avx512QuantGemm:
         kb = group * self.bits // 8
         for line in range(0, kb, 64) if self.prefetch else ():
             e(f"{q}%pb{line} = affine.apply affine_map<()[s0] -> (s0 * {kb} + {line})>()[%g]")
-            self._prefetch(e, q_t, f"%pb{line}", q)
+            self.emit_prefetch(e, q_t, f"%pb{line}", q)
         for st in range(steps):
             kbytes = group * self.bits // 8
             e(
@@ -580,7 +580,7 @@ class Avx512QuantGemm:
         for j in range(nr):
             e(f"{r}%n{j} = arith.addi %ncol, %c{j} : index")
         if self.prefetch:
-            self._prefetch_rows(e, r)
+            self.emit_prefetch_rows(e, r)
         accs = [f"%acc{j}_{h}" for j in range(nr) for h in range(2)]
         tys = ", ".join([vt] * len(accs))
         iters = ", ".join(f"{a} = %zero" for a in accs)
@@ -606,7 +606,7 @@ class Avx512QuantGemm:
             e(f"{g}%k{blk} = affine.apply affine_map<()[s0] -> (s0 * {group} + {128 * blk})>()[%g]")
             e(f"{g}%b{blk} = affine.apply affine_map<()[s0] -> (s0 * {kb} + {64 * blk})>()[%g]")
             if self.prefetch:
-                self._prefetch(e, q_t, f"%b{blk}", g)
+                self.emit_prefetch(e, q_t, f"%b{blk}", g)
             for t in range(8):
                 e(
                     f"{g}%x{blk}_{t}o = affine.apply affine_map<()[s0] -> (s0 + {16 * t})>()[%k{blk}]"
