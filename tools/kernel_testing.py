@@ -1,5 +1,5 @@
 """Test helpers shared by the tests of turbine's own CPU kernels (the AVX-512 matmul, quantized,
-convolution and pooling rewrites): the skip mark for CPUs without AVX-512, the text of the
+convolution and pooling rewrites): the skip marks for CPUs without AVX-512 and without AVX2, the text of the
 module the compile path hands IREE, the export of a quantized model with its archive, what
 a ``precision="bf16"`` module computes, and the attention programs whose softmax IREE 3.13
 miscomputes in one spelling (``tests/test_cpu_softmax.py``; ``benchmarks/
@@ -14,12 +14,17 @@ import torch
 
 from turbine_aot import export
 from turbine_aot._compiler.avx512 import host_avx512_missing
+from turbine_aot._compiler.isa import host_isa
 from turbine_aot._compiler.rewrites import module_for_compile
 
 #: The AVX-512 features this CPU lacks (empty on an AVX-512 CPU).
 AVX512_MISSING = host_avx512_missing()
 needs_avx512 = pytest.mark.skipif(
     bool(AVX512_MISSING), reason=f"this CPU has no AVX-512 (lacks {', '.join(AVX512_MISSING)})"
+)
+#: For running the kernels' AVX2 blocking (an AVX-512 CPU runs it too).
+needs_avx2 = pytest.mark.skipif(
+    not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import compile_copy_asm
+from kernel_testing import compile_copy_asm, needs_avx2
 
 from turbine_aot import export
 from turbine_aot._compiler.avx512_dynamic import Avx512DynamicGemm
@@ -18,10 +18,6 @@ from turbine_aot._compiler.dynamic_matmuls import rewritable_dynamic_matmuls
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.isa import host_isa, kernels_for
 from turbine_aot.runtime import load_module
-
-needs_avx2 = pytest.mark.skipif(
-    not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
-)
 
 
 def _flags(*extra: str) -> list[str]:

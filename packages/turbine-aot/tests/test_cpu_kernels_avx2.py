@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, export_with_archive
+from kernel_testing import compile_copy_asm, export_with_archive, needs_avx2
 
 from turbine_aot import export
 from turbine_aot._compiler import isa, matmuls
@@ -20,9 +20,6 @@ from turbine_aot._compiler.isa import host_isa, kernel_isa, kernels_for
 from turbine_aot._compiler.matmuls import cpu_matmul_kernel
 from turbine_aot.runtime import load_module
 
-needs_avx2 = pytest.mark.skipif(
-    not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
-)
 AVX2 = ["--turbine-cpu-matmul=avx2"]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, export_with_archive
+from kernel_testing import compile_copy_asm, export_with_archive, needs_avx2
 
 from turbine_aot._compiler.avx2_quant import SLICE_K, masks_support
 from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
@@ -18,9 +18,6 @@ from turbine_aot._compiler.isa import host_isa, kernels_for
 from turbine_aot.runtime import load_module
 
 AVX2 = ["--turbine-cpu-matmul=avx2"]
-needs_avx2 = pytest.mark.skipif(
-    not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
-)
 
 
 def _flags() -> list[str]:
