@@ -36,6 +36,7 @@ from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, walk
 __all__ = [
     "DYNAMIC_MATMUL_ENV",
     "dynamic_matmul_enabled",
+    "product_function",
     "rewritable_dynamic_matmuls",
     "rewrite_dynamic_matmuls",
     "takes_dynamic_matmul",
@@ -178,6 +179,22 @@ def _function(name: str, g: _Product, kernel: Avx512DynamicGemm) -> str:
     e(f"  return {c} : {out_t}")
     e("}")
     return "\n".join(lines)
+
+
+def product_function(
+    name: str,
+    x: TensorType,
+    w: TensorType,
+    out: TensorType,
+    batch: tuple[int | None, ...],
+    k: int | None,
+    n: int | None,
+    kernel: Avx512DynamicGemm,
+) -> str:
+    """The private function ``@name(x, w) -> out`` computing ``x @ w`` (``[*batch, M, K] @
+    [*batch, K, N]``, no broadcasting; sizes static or not) through ``kernel``, for other
+    rewrites (:mod:`.few_row_products`)."""
+    return _function(name, _Product(x, w, out, batch, k, n), kernel)
 
 
 def rewrite_dynamic_matmuls(module_op: Any) -> int:

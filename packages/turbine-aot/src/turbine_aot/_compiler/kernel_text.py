@@ -4,8 +4,9 @@ blocks a number, or following a size given at run time), a function taking the b
 ``%m`` (and ``%batch``, and more sizes), the ``%c<v>`` index constants the body uses, the
 workgroup's block of the output in that grid, and the choice of the register block for the
 rows left (:func:`row_blocks`). The kernels (``avx512``, ``avx512_dynamic``, ``amx``,
-``amx_quant``, ``avx512_quant`` with ``avx2_quant``, ``avx512_vnni``, ``avx512_w4a8``; ``avx512_conv`` the last
-part only) write only their bodies (docs/performance.md section 9, docs/quantization.md)."""
+``amx_quant``, ``avx512_quant`` with ``avx2_quant``, ``avx512_vnni``, ``avx512_w4a8``,
+``few_row_products``; ``avx512_conv`` the last part only) write only their bodies
+(docs/performance.md section 9, docs/quantization.md)."""
 
 from __future__ import annotations
 

@@ -79,6 +79,12 @@ from .dynamic_matmuls import (
     rewrite_dynamic_matmuls,
 )
 from .epilogues import EPILOGUE_ENV
+from .few_row_products import (
+    FEW_ROW_PRODUCTS_ENV,
+    few_row_products_enabled,
+    rewritable_few_row_products,
+    rewrite_few_row_products,
+)
 from .gathers import arange_gathers, rewrite_arange_gathers
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
@@ -179,8 +185,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: builds computed once a layer; 52: those softmaxes in the reciprocal form on AVX-512 builds too;
 #: 53: products over a dynamic batch on the dynamic-size kernel too; 54: the kernels' epilogues
 #: stored in their branch (no values yielded across it); 55: one-row int4 weight-only products
-#: on AVX2 in the nibble-masks form.
-REVISION = 55
+#: on AVX2 in the nibble-masks form; 56: products of two activations with few rows per batch
+#: entry (a decode step's attention) read their operands in place (:mod:`.few_row_products`).
+REVISION = 56
 
 _log = logging.getLogger("turbine.aot")
 
@@ -200,6 +207,7 @@ _ENVIRONMENT = (
     MATMUL_PREFETCH_ENV,
     WINOGRAD_ENV,
     DYNAMIC_MATMUL_ENV,
+    FEW_ROW_PRODUCTS_ENV,
 )
 
 
@@ -209,7 +217,7 @@ def environment_key() -> str:
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
     ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
     ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_WINOGRAD``,
-    ``TURBINE_CPU_DYNAMIC_MATMUL``), for the compile cache's keys: a module
+    ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``), for the compile cache's keys: a module
     compiled under one choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
@@ -386,6 +394,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if softmax:  # after attention: its softmaxes are rewritten too
             count = rewrite_softmaxes(copy, dynamic_softmax)
             _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
+        if avx512 and few_row_products_enabled() and rewritable_few_row_products(copy):
+            # after attention, before the packed kernel: a decode step's q @ k^T and p @ v
+            count = rewrite_few_row_products(copy)
+            _log.info(
+                "llvm-cpu target: %d product(s) of few rows reading their operands in place", count
+            )
         if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
             if bf16:
                 count = rewrite_matmuls_bf16(copy)
