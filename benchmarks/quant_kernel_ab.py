@@ -47,13 +47,20 @@ def _module(kernel, layers: int) -> str:
         f"{name}: {t}" for names in weights for name, t in zip(names, kernel.operand_types())
     )
     lines = [kernel.executable()]
+    prepared = getattr(kernel, "prepared_row", False)
+    if prepared:  # the row put in the kernel's order by its own dispatch, once per call
+        lines.append(kernel.row_executable())
     lines.append(
         f"func.func @main(%x: tensor<?x{k}xf32>, {params}) -> ({', '.join([rt] * layers)}) {{"
     )
     lines.append("  %c0 = arith.constant 0 : index")
     lines.append(f"  %m = tensor.dim %x, %c0 : tensor<?x{k}xf32>")
+    a = "%x"
+    if prepared:
+        lines.append("  %rows = " + kernel.row_dispatch("%x", "%m"))
+        a = "%rows"
     for i, names in enumerate(weights):
-        lines.append(f"  %r{i} = " + kernel.dispatch("%x", names, "%m"))
+        lines.append(f"  %r{i} = " + kernel.dispatch(a, names, "%m"))
     lines.append(
         f"  return {', '.join(f'%r{i}' for i in range(layers))} : {', '.join([rt] * layers)}"
     )

@@ -61,7 +61,11 @@ def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
         one = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1)
         some = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=None)
         first = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, "v1", rows=1)
-    assert one.nibble_masks and one.name.endswith("_nm2")
+    assert one.nibble_masks and one.prepared_row and one.name.endswith("_nm2_pr")
+    with kernels_for("avx2"):  # the A/B variant: the row reordered by each workgroup
+        per_wg = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, "rows-per-workgroup", rows=1)
+    assert per_wg.nibble_masks and not per_wg.prepared_row and per_wg.name.endswith("_nm2")
+    assert one.a_width == 2048 + 2048 // 128 * 8 and per_wg.a_width == 2048
     # the row is reordered per workgroup: the widest workgroups that leave 16 of them
     assert one.cols_per_workgroup == 128
     with kernels_for("avx2"):
@@ -71,6 +75,8 @@ def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
         assert not Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1).nibble_masks
     with pytest.raises(ValueError, match="no nibble masks"):
         Avx512QuantGemm(2112, 2048, 4, 96, True, mr=1, nr=2, lookup=False, nibble_masks=True)
+    with pytest.raises(ValueError, match="prepared rows"):
+        Avx512QuantGemm(2048, 2048, 4, 128, True, mr=1, nr=2, lookup=False, prepared_row=True)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +88,9 @@ def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric
     asm = compile_copy_asm(eo, _flags())
     for k, n in ((512, 256), (256, 128)):
         zero = "z"  # torchao stores zero points for both mappings
-        assert f"@__turbine_avx512_i4_gemm_{k}x{n}_g{group}{zero}_1x2_16x32_pf_cvt_nm2" in asm
+        assert f"@__turbine_avx512_i4_gemm_{k}x{n}_g{group}{zero}_1x2_16x32_pf_cvt_nm2_pr" in asm
+        # the row put in the kernel's order once, by its own dispatch
+        assert f"flow.dispatch @__turbine_avx2_i4_row_{k}_c{max(group, 64)}::" in asm
     assert "permvar" not in asm and 'turbine.cpu_requires = "avx2,fma"' in asm
     if not host_isa():
         pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
@@ -97,15 +105,22 @@ def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric
 
 
 @needs_avx2
+@pytest.mark.parametrize("variant", ["", "rows-per-workgroup"])
 @pytest.mark.parametrize(("k", "group"), [(SLICE_K + 2112, 32), (2 * SLICE_K, 128)])
-def test_reductions_longer_than_a_slice_match_torchao_eager(k, group, tmp_path):
-    """``K`` above :data:`SLICE_K` runs in slices (full ones, then the rest), each adding its
-    sums into ``C``; asymmetric groups: the corrections ``(z + 8) sum x`` per slice."""
+def test_reductions_longer_than_a_slice_match_torchao_eager(
+    k, group, variant, tmp_path, monkeypatch
+):
+    """A prepared row is read in one pass whatever ``K``; the variant reordering the row in each
+    workgroup runs ``K`` above :data:`SLICE_K` in slices (full ones, then the rest), each adding
+    its sums into ``C``; asymmetric groups: the corrections ``(z + 8) sum x`` per slice."""
+    monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", variant)
     torch.manual_seed(1)
     m = _int4(torch.nn.Sequential(torch.nn.Linear(k, 64)).eval(), group, asymmetric=True)
     eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
     asm = compile_copy_asm(eo, _flags())
-    assert f"i4_gemm_{k}x64_g{group}z_1x2_16x32_pf_cvt_nm2" in asm
+    pr = "" if variant else "_pr"
+    assert f"i4_gemm_{k}x64_g{group}z_1x2_16x32_pf_cvt_nm2{pr}" in asm
+    assert ("memref.alloca() : memref<4096xf32>" in asm) == bool(variant)  # a slice's buffer
     compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
     x = torch.randn(1, k)
     with torch.no_grad():

@@ -26,19 +26,35 @@ conversion per eight weights:
   first group, 4-7 the second, and the scale and zero-point vectors are per lane.
 
 The partial sums run in ``chains`` accumulators per channel (nibbles ``t`` modulo ``chains``;
-two measured faster than four or eight on Zen 3). ``K`` runs in slices of up to
-:data:`SLICE_K` values (the reordered row lives on the stack); with more than one, each slice
-adds its sums into ``C``, zeroed first.
+two measured faster than four or eight on Zen 3).
+
+The reordered row and its group sums are computed once per call by a dispatch of their own
+(:func:`row_executable`, before the kernel: ``prepared_row``), and every workgroup reads them
+from ``A``; at ``K`` = 768 each workgroup's own reordering had cost about a tenth of the
+kernel's time (docs/quantization.md). Without it (the ``rows-per-workgroup`` A/B variant)
+each workgroup reorders the row into stack buffers, ``K`` in slices of up to :data:`SLICE_K`
+values (IREE's stack limit); with more than one, each slice adds its sums into ``C``, zeroed
+first.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from .kernel_text import close_executable, open_executable
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["SLICE_K", "MasksKernel", "emit_masks_body", "masks_support"]
+__all__ = [
+    "SLICE_K",
+    "MasksKernel",
+    "emit_masks_body",
+    "masks_support",
+    "row_executable",
+    "row_name",
+    "row_width",
+]
 
 #: The most values of ``K`` reordered at a time: the row's reordered activations and group sums
 #: live in a stack buffer (``4.5`` bytes a value: 18 KiB), within IREE's CPU stack allocation
@@ -75,6 +91,9 @@ class MasksKernel(Protocol):
 
     @property
     def chains(self) -> int: ...
+
+    @property
+    def prepared_row(self) -> bool: ...
 
     def emit_prefetch_rows(self, e: Callable[[str], object], p: str) -> None: ...
 
@@ -122,6 +141,107 @@ def _slices(k: int, chunk: int) -> list[tuple[int, int, int]]:
     return [(0, full, size)] + ([(full, k, k - full)] if full < k else [])
 
 
+def row_width(k: int, group: int) -> int:
+    """The values of one prepared row (:func:`row_executable`): ``K`` reordered activations,
+    then 8 per-lane group sums per step of the kernel's group loop."""
+    return k + k // _chunk(group) * 8
+
+
+def row_name(k: int, group: int) -> str:
+    """The name of :func:`row_executable`'s executable for ``k`` and ``group``."""
+    return f"__turbine_avx2_i4_row_{k}_c{_chunk(group)}"
+
+
+def row_executable(k: int, group: int) -> str:
+    """The ``stream.executable`` (MLIR text) preparing rows for the ``prepared_row`` kernels of
+    ``k`` and ``group``: ``[M, K]`` f32 in, ``[M, row_width]`` out, each row its ``K``
+    activations in nibble order scaled by ``16^-t`` followed by their per-lane group sums (what
+    each workgroup of the kernel otherwise computes into its stack buffers). One workgroup a
+    row. Its dispatch: ``flow.dispatch @name::@name[%m](%x, %m) : (tensor<?xKxf32>{%m}, index)
+    -> tensor<?xWxf32>{%m}``."""
+    chunk, width, name = _chunk(group), row_width(k, group), row_name(k, group)
+    x_t, o_t = f"memref<?x{k}xf32>", f"memref<?x{width}xf32>"
+    out: list[str] = []
+    e = out.append
+    open_executable(
+        e, name, column_blocks=1, rows_per_workgroup=1, bindings=["%x", "%o"], constants={0, 1}
+    )
+    p = "      "
+    e(f"{p}%ma = stream.binding.subspan %x[%c0] : !stream.binding -> {x_t}{{%m}}")
+    e(f"{p}%mo = stream.binding.subspan %o[%c0] : !stream.binding -> {o_t}{{%m}}")
+    e(f"{p}%mi = stream.dispatch.workgroup.id[1] : index")
+    e(f"{p}%ks = arith.constant 0 : index")
+    e(f"{p}%chunks = arith.constant {k // chunk} : index")
+    _emit_units(e, p)
+    e(f"{p}scf.for %rc = %c0 to %chunks step %c1 {{")
+    _emit_reorder(
+        e,
+        p + "  ",
+        chunk,
+        source="%ma[%mi, %ak{blk}]",
+        source_t=x_t,
+        xp="%mo[%mi, %xo{blk}_{t}]",
+        xp_t=o_t,
+        xg="%mo[%mi, %goa]",
+        xg_t=o_t,
+        xg_base=k,
+    )
+    e(f"{p}}}")
+    close_executable(e)
+    return "\n".join(out)
+
+
+def _emit_units(e: Callable[[str], object], p: str) -> None:
+    """``%unit<t>``: the vectors of ``16^-t`` (exact), ``t`` 1..6."""
+    for t in range(1, 7):
+        e(f"{p}%unit{t} = arith.constant dense<{2.0 ** (-4 * t)!r}> : vector<8xf32>")
+
+
+def _emit_reorder(
+    e: Callable[[str], object],
+    r: str,
+    chunk: int,
+    *,
+    source: str,
+    source_t: str,
+    xp: str,
+    xp_t: str,
+    xg: str,
+    xg_t: str,
+    xg_base: int = 0,
+) -> None:
+    """The body of the loop over a row's chunks (``%rc``, from ``%ks``; row ``%mi``): the
+    chunk's activations loaded from ``source`` (a template over ``{blk}``), put in nibble order
+    and scaled by ``16^-t``, stored at ``xp`` (over ``{blk}``, ``{t}``), and their per-lane sums
+    at ``xg`` (its index ``%go``, plus ``xg_base`` as ``%goa``)."""
+    vt = "vector<8xf32>"
+    e(f"{r}%rk = affine.apply affine_map<()[s0] -> (s0 * {chunk})>()[%rc]")
+    e(f"{r}%ak = arith.addi %ks, %rk : index")
+    sums = []
+    for blk in range(chunk // 64):
+        e(f"{r}%rk{blk} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk})>()[%rk]")
+        e(f"{r}%ak{blk} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk})>()[%ak]")
+        e(f"{r}%xv{blk} = vector.load {source.format(blk=blk)} : {source_t}, vector<64xf32>")
+        e(f"{r}%x2{blk} = vector.shape_cast %xv{blk} : vector<64xf32> to vector<8x8xf32>")
+        e(f"{r}%xT{blk} = vector.transpose %x2{blk}, [1, 0] : vector<8x8xf32> to vector<8x8xf32>")
+        lanes = []
+        for t in range(8):
+            x = f"%xt{blk}_{t}"
+            e(f"{r}{x} = vector.extract %xT{blk}[{t}] : vector<8xf32> from vector<8x8xf32>")
+            lanes.append(x)
+            if 1 <= t <= 6:
+                e(f"{r}%xs{blk}_{t} = arith.mulf {x}, %unit{t} : {vt}")
+                x = f"%xs{blk}_{t}"
+            e(f"{r}%xo{blk}_{t} = affine.apply affine_map<()[s0] -> (s0 + {8 * t})>()[%rk{blk}]")
+            e(f"{r}vector.store {x}, {xp.format(blk=blk, t=t)} : {xp_t}, {vt}")
+        sums.append(_tree_sum(e, r, lanes, f"%ls{blk}", vt))
+    total = _tree_sum(e, r, sums, "%lg", vt)
+    e(f"{r}%go = affine.apply affine_map<()[s0] -> (s0 * 8)>()[%rc]")
+    if xg_base:
+        e(f"{r}%goa = affine.apply affine_map<()[s0] -> (s0 + {xg_base})>()[%go]")
+    e(f"{r}vector.store {total}, {xg} : {xg_t}, {vt}")
+
+
 def emit_masks_body(g: MasksKernel, e: Callable[[str], object], types: tuple[str, ...]) -> None:
     """The function body after the workgroup's ``%nbase`` / ``%m0`` / ``%mend`` (the frame of
     :mod:`.kernel_text`): per row of ``M`` and slice of ``K`` the activations reordered once,
@@ -130,7 +250,8 @@ def emit_masks_body(g: MasksKernel, e: Callable[[str], object], types: tuple[str
     k, nr, nb, group = g.k, g.nr, g.cols_per_workgroup, g.group
     assert group is not None
     chunk = _chunk(group)
-    slices = _slices(k, chunk)
+    # a prepared row (row_executable's, in A) has no stack buffers to bound: one slice
+    slices = [(0, k, k)] if g.prepared_row else _slices(k, chunk)
     size = slices[0][2]  # the largest slice: the buffers' size
     vt, it = "vector<8xf32>", "vector<8xi32>"
     bufs = {
@@ -140,7 +261,7 @@ def emit_masks_body(g: MasksKernel, e: Callable[[str], object], types: tuple[str
     }
     p = "      "
     for name, buf_t in bufs.items():
-        if name != "nzb" or g.zero_point:
+        if (name != "nzb" or g.zero_point) and (name == "nzb" or not g.prepared_row):
             e(f"{p}%{name} = memref.alloca() : {buf_t}")
     e(f"{p}%zero8 = arith.constant dense<0.0> : {vt}")
     e(f"{p}%m8v = arith.constant dense<-8.0> : {vt}")
@@ -148,8 +269,7 @@ def emit_masks_body(g: MasksKernel, e: Callable[[str], object], types: tuple[str
     e(f"{p}%c28v = arith.constant dense<28> : {it}")
     for t in range(7):
         e(f"{p}%mask{t} = arith.constant dense<{15 << (4 * t)}> : {it}")
-    for t in range(1, 7):  # 16^-t, exact
-        e(f"{p}%unit{t} = arith.constant dense<{2.0 ** (-4 * t)!r}> : {vt}")
+    _emit_units(e, p)
     consts = {0, 1, nr, nb, k} | set(range(nr))
     for lo, hi, n in slices:
         consts |= {lo, hi, n, n // chunk, n // group, _zero_width(n // group)}
@@ -193,33 +313,24 @@ def _slice(
     zw = _zero_width(groups)
     vt, it = "vector<8xf32>", "vector<8xi32>"
 
-    # The slice's activations in nibble order, scaled by 16^-t, and its per-lane group sums.
-    e(f"{p}scf.for %rc = %i0 to %i{chunks} step %i1 {{")
-    r = p + "  "
-    e(f"{r}%rk = affine.apply affine_map<()[s0] -> (s0 * {chunk})>()[%rc]")
-    e(f"{r}%ak = arith.addi %ks, %rk : index")
-    sums = []
-    for blk in range(blocks):
-        e(f"{r}%rk{blk} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk})>()[%rk]")
-        e(f"{r}%ak{blk} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk})>()[%ak]")
-        e(f"{r}%xv{blk} = vector.load %ma[%mi, %ak{blk}] : {a_t}, vector<64xf32>")
-        e(f"{r}%x2{blk} = vector.shape_cast %xv{blk} : vector<64xf32> to vector<8x8xf32>")
-        e(f"{r}%xT{blk} = vector.transpose %x2{blk}, [1, 0] : vector<8x8xf32> to vector<8x8xf32>")
-        lanes = []
-        for t in range(8):
-            x = f"%xt{blk}_{t}"
-            e(f"{r}{x} = vector.extract %xT{blk}[{t}] : vector<8xf32> from vector<8x8xf32>")
-            lanes.append(x)
-            if 1 <= t <= 6:
-                e(f"{r}%xs{blk}_{t} = arith.mulf {x}, %unit{t} : {vt}")
-                x = f"%xs{blk}_{t}"
-            e(f"{r}%xo{blk}_{t} = affine.apply affine_map<()[s0] -> (s0 + {8 * t})>()[%rk{blk}]")
-            e(f"{r}vector.store {x}, %xp[%xo{blk}_{t}] : {xp_t}, {vt}")
-        sums.append(_tree_sum(e, r, lanes, f"%ls{blk}", vt))
-    total = _tree_sum(e, r, sums, "%lg", vt)
-    e(f"{r}%go = affine.apply affine_map<()[s0] -> (s0 * 8)>()[%rc]")
-    e(f"{r}vector.store {total}, %xg[%go] : {xg_t}, {vt}")
-    e(f"{p}}}")
+    if g.prepared_row:  # in A: [x reordered (K) | group sums (K / chunk * 8)]
+        e(
+            f"{p}%xgbase = affine.apply affine_map<()[s0] -> ({g.k} + s0 floordiv {chunk} * 8)>()[%ks]"
+        )
+    else:  # the slice's activations reordered here, into the stack buffers
+        e(f"{p}scf.for %rc = %i0 to %i{chunks} step %i1 {{")
+        _emit_reorder(
+            e,
+            p + "  ",
+            chunk,
+            source="%ma[%mi, %ak{blk}]",
+            source_t=a_t,
+            xp="%xp[%xo{blk}_{t}]",
+            xp_t=xp_t,
+            xg="%xg[%go]",
+            xg_t=xg_t,
+        )
+        e(f"{p}}}")
 
     e(f"{p}%g0 = affine.apply affine_map<()[s0] -> (s0 floordiv {group})>()[%ks]")
     e(f"{p}%kb = affine.apply affine_map<()[s0] -> (s0 floordiv 2)>()[%ks]")
@@ -259,7 +370,11 @@ def _slice(
             e(
                 f"{s}%xo{blk}_{t} = affine.apply affine_map<()[s0] -> (s0 + {64 * blk + 8 * t})>()[%kc]"
             )
-            e(f"{s}%x{blk}_{t} = vector.load %xp[%xo{blk}_{t}] : {xp_t}, {vt}")
+            if g.prepared_row:
+                e(f"{s}%xa{blk}_{t} = arith.addi %ks, %xo{blk}_{t} : index")
+                e(f"{s}%x{blk}_{t} = vector.load %ma[%mi, %xa{blk}_{t}] : {a_t}, {vt}")
+            else:
+                e(f"{s}%x{blk}_{t} = vector.load %xp[%xo{blk}_{t}] : {xp_t}, {vt}")
         for j in range(nr):
             e(f"{s}%qb{blk}_{j} = vector.load %mq[%n{j}, %b{blk}] : {q_t}, vector<32xi8>")
             e(f"{s}%qd{blk}_{j} = vector.bitcast %qb{blk}_{j} : vector<32xi8> to {it}")
@@ -280,7 +395,11 @@ def _slice(
                     e(f"{s}{out} = vector.fma %x{blk}_{t}, {w}, {prev} : {vt}")
                 part[j, h] = out
     e(f"{s}%go = affine.apply affine_map<()[s0] -> (s0 * 8)>()[%gc]")
-    e(f"{s}%xgv = vector.load %xg[%go] : {xg_t}, {vt}")
+    if g.prepared_row:
+        e(f"{s}%goa = arith.addi %xgbase, %go : index")
+        e(f"{s}%xgv = vector.load %ma[%mi, %goa] : {a_t}, {vt}")
+    else:
+        e(f"{s}%xgv = vector.load %xg[%go] : {xg_t}, {vt}")
     # the chunk's groups: its own (groups of 64s), or two of 32 (lanes 0-3 and 4-7)
     per = 2 if group == 32 else 1
     e(f"{s}%gl = affine.apply affine_map<()[s0] -> (s0 * {per})>()[%gc]")

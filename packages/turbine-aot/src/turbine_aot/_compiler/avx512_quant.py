@@ -37,9 +37,10 @@ CPUs"), in register blocks for 16 ymm registers. int4 of one row there (a decode
 form of its own, ``nibble_masks`` (:mod:`.avx2_quant`): one ``and`` and one conversion per
 eight weights.
 
-Two versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one and
+Three versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one,
 ``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``; for int8 per channel
-it also has blocks of 4 channels, the current one a channel at a time). The variants that
+it also has blocks of 4 channels, the current one a channel at a time), and
+``rows-per-workgroup`` (AVX2 nibble masks without the prepared row: the A/B baseline of that). The variants that
 were measured and lost (``arith``, ``lut``, ``nr8``, ``pf2``, ``nozb``, ``nopf``) were removed:
 their figures are in docs/quantization.md.
 """
@@ -49,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from .avx2_quant import emit_masks_body, masks_support
+from .avx2_quant import emit_masks_body, masks_support, row_executable, row_name, row_width
 from .isa import kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
@@ -57,7 +58,7 @@ __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
 #: The kernel versions :meth:`Avx512QuantGemm.for_shape` builds: ``""`` the current one,
 #: ``"v1"`` the first (A/B baseline).
-VARIANTS = ("", "v1")
+VARIANTS = ("", "v1", "rows-per-workgroup")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class Avx512QuantGemm:
             ``and`` and converted, the factor ``16^t`` undone on the reordered activations
             (:mod:`.avx2_quant`; docs/quantization.md, "Weight-only int4 on AVX2").
         chains: ``nibble_masks``' accumulators per channel (independent FMA chains).
+        prepared_row: ``nibble_masks`` with ``A`` given as prepared rows
+            (:func:`.avx2_quant.row_executable`'s, dispatched before the kernel by
+            :meth:`row_dispatch`): the activations put in nibble order once per call instead of
+            once per workgroup.
     """
 
     k: int
@@ -110,6 +115,7 @@ class Avx512QuantGemm:
     lookup: bool = True
     nibble_masks: bool = False
     chains: int = 2
+    prepared_row: bool = False
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -150,7 +156,8 @@ class Avx512QuantGemm:
         loaded, converted and broadcast per group and channel; no software prefetch). Blocked
         for AVX2 (:func:`.isa.kernel_isa`) there is no lookup: int4 of one row takes the
         ``nibble_masks`` form where it applies (:mod:`.avx2_quant`; ``v1``: not, the A/B
-        baseline), everything else the general form.
+        baseline), with its row prepared once per call (``"rows-per-workgroup"``: reordered
+        by each workgroup, the A/B baseline of that), everything else the general form.
         """
         if variant not in VARIANTS:
             raise ValueError(
@@ -159,12 +166,13 @@ class Avx512QuantGemm:
                 + ")"
             )
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
-        current = variant == ""
+        current = variant in ("", "rows-per-workgroup")
         if kernel_isa() == "avx2":
             if rows == 1 and current and masks_support(k, bits, group):
-                # The row is reordered once per workgroup: the widest workgroups (128 columns
-                # measured 1.06-1.08x the 32 at N = 2048 and 768, one thread) that leave 16 of
-                # them for the workers to share.
+                # The widest workgroups that leave 16 of them for the workers to share (128
+                # columns measured 1.06-1.08x the 32 at N = 2048 and 768, one thread, when each
+                # workgroup reordered the row itself; with the row prepared once per call,
+                # prepared_row, not measured again).
                 wide = [c for c in (128, 64) if n % c == 0 and n // c >= 16]
                 return Avx512QuantGemm(
                     k,
@@ -178,6 +186,7 @@ class Avx512QuantGemm:
                     prefetch=True,
                     lookup=False,
                     nibble_masks=True,
+                    prepared_row=variant == "",
                 )
             # 16 ymm registers: a vector<16xf32> is two. Per channel (int8): 4 rows x 1
             # channel (8 accumulator registers); grouped: 1 row x 2 channels, each with its
@@ -233,6 +242,8 @@ class Avx512QuantGemm:
             self.lookup or not masks_support(self.k, self.bits, self.group, self.mr)
         ):
             raise ValueError(f"quantized AVX-512 kernel: no nibble masks for {self}")
+        if self.prepared_row and not self.nibble_masks:
+            raise ValueError(f"quantized AVX-512 kernel: prepared rows are nibble masks': {self}")
         if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
             raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
 
@@ -253,9 +264,38 @@ class Avx512QuantGemm:
         ns = "_ns" if self.nibble_shifts else ""
         nl = "" if self.lookup or self.bits == 8 else "_cvt"
         nm = f"_nm{self.chains}" if self.nibble_masks else ""
+        pr = "_pr" if self.prepared_row else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
-            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}{nl}{nm}"
+            f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}{nl}{nm}{pr}"
+        )
+
+    @property
+    def a_width(self) -> int:
+        """The columns of ``A`` as the kernel reads it: ``K``, or a prepared row's width."""
+        if self.prepared_row:
+            assert self.group is not None
+            return row_width(self.k, self.group)
+        return self.k
+
+    @property
+    def row_name(self) -> str | None:
+        """The executable preparing ``A``'s rows (:meth:`row_executable`), if any."""
+        return row_name(self.k, self.group) if self.prepared_row and self.group else None
+
+    def row_executable(self) -> str:
+        """The ``stream.executable`` preparing ``A``'s rows (``prepared_row``)."""
+        assert self.prepared_row and self.group is not None
+        return row_executable(self.k, self.group)
+
+    def row_dispatch(self, a: str, m: str) -> str:
+        """The ``flow.dispatch`` preparing the rows of ``a`` (``tensor<?xKxf32>``, ``m`` rows)
+        for this kernel's :meth:`dispatch` (``prepared_row``)."""
+        name = self.row_name
+        assert name is not None
+        return (
+            f"flow.dispatch @{name}::@{name}[{m}]({a}, {m}) : (tensor<?x{self.k}xf32>{{{m}}}, "
+            f"index) -> tensor<?x{self.a_width}xf32>{{{m}}}"
         )
 
     @property
@@ -279,7 +319,7 @@ class Avx512QuantGemm:
 
     def dispatch(self, a: str, weights: list[str], m: str) -> str:
         """The ``flow.dispatch`` of this kernel (result ``tensor<?xNxf32>``)."""
-        a_t = f"tensor<?x{self.k}xf32>{{{m}}}"
+        a_t = f"tensor<?x{self.a_width}xf32>{{{m}}}"
         operands = ", ".join([a, *weights, m])
         types = ", ".join([a_t, *self.operand_types(), "index"])
         return (
@@ -291,7 +331,7 @@ class Avx512QuantGemm:
         """The ``stream.executable`` (MLIR text) for a module's top level."""
         k, n, nr, mr = self.k, self.n, self.nr, self.mr
         mb, nb = self.rows_per_workgroup, self.cols_per_workgroup
-        a_t, c_t = f"memref<?x{k}xf32>", f"memref<?x{n}xf32>"
+        a_t, c_t = f"memref<?x{self.a_width}xf32>", f"memref<?x{n}xf32>"
         q_t = f"memref<{n}x{self.k_bytes}xi8>"
         s_t, z_t = f"memref<{n}x{self.groups}xf32>", f"memref<{n}x{self.groups}xi8>"
         out: list[str] = []

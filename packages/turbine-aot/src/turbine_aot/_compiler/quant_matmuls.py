@@ -37,7 +37,8 @@ from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, pro
 __all__ = ["QUANT_KERNEL_ENV", "rewritable_quant_matmuls", "rewrite_quant_matmuls_avx512"]
 
 #: ``TURBINE_CPU_QUANT_KERNEL=v1`` builds the kernel's first version (for A/B measurements:
-#: ``benchmarks/quant_bench.py --ab``); unset or empty, the current one. Any other value logs a
+#: ``benchmarks/quant_bench.py --ab``), ``rows-per-workgroup`` the AVX2 nibble-masks form
+#: without its prepared row; unset or empty, the current one. Any other value logs a
 #: warning naming the known ones and builds the current kernel (the variants that lost, ``arith``,
 #: ``lut``, ``nr8``, ``pf2``, ``nozb``, ``nopf``, were removed: docs/quantization.md).
 QUANT_KERNEL_ENV = "TURBINE_CPU_QUANT_KERNEL"
@@ -296,6 +297,9 @@ def _function(name: str, g: _QuantMatmul, kernel: Avx512QuantGemm | AmxQuantGemm
     if g.zero_point is not None:
         _side_matrix(e, "%z", z3_t, g, "i8")
         weights.append("%z2")
+    if isinstance(kernel, Avx512QuantGemm) and kernel.prepared_row:  # A's rows in its order
+        e("  %rows = " + kernel.row_dispatch(a, "%m"))
+        a = "%rows"
     e("  %c = " + kernel.dispatch(a, weights, "%m"))
     c = "%c"
     if g.m is not None:
@@ -372,6 +376,10 @@ def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
         on_amx = on_amx or isinstance(kernel, AmxQuantGemm)
         if kernel.name not in top:
             top.append(kernel.executable())
+        if isinstance(kernel, Avx512QuantGemm):  # the rows it reads prepared (prepared_row)
+            row = kernel.row_name
+            if row is not None and row not in top:
+                top.append(kernel.row_executable())
         kind = "amx" if isinstance(kernel, AmxQuantGemm) else "avx512"
         name = top.unique(f"__turbine_{kind}_quant_matmul_{index}")
         top.append(_function(name, spec, kernel))

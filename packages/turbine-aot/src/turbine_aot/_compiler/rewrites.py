@@ -186,8 +186,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 53: products over a dynamic batch on the dynamic-size kernel too; 54: the kernels' epilogues
 #: stored in their branch (no values yielded across it); 55: one-row int4 weight-only products
 #: on AVX2 in the nibble-masks form; 56: products of two activations with few rows per batch
-#: entry (a decode step's attention) read their operands in place (:mod:`.few_row_products`).
-REVISION = 56
+#: entry (a decode step's attention) read their operands in place (:mod:`.few_row_products`);
+#: 57: the nibble-masks form reads its row prepared once per call (``avx2_quant.row_executable``).
+REVISION = 57
 
 _log = logging.getLogger("turbine.aot")
 
