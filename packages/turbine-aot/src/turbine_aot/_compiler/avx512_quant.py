@@ -40,9 +40,9 @@ eight weights.
 Three versions are built (``TURBINE_CPU_QUANT_KERNEL``, :data:`VARIANTS`): the current one,
 ``v1``, the first (the A/B baseline of ``benchmarks/quant_bench.py --ab``; for int8 per channel
 it also has blocks of 4 channels, the current one a channel at a time), and
-``rows-per-workgroup`` (AVX2 nibble masks without the prepared row: the A/B baseline of that). The variants that
-were measured and lost (``arith``, ``lut``, ``nr8``, ``pf2``, ``nozb``, ``nopf``) were removed:
-their figures are in docs/quantization.md.
+``rows-per-workgroup`` (AVX2 nibble masks without the prepared row: the A/B baseline of that).
+The variants that were measured and lost (``arith``, ``lut``, ``nr8``, ``pf2``, ``nozb``,
+``nopf``) were removed: their figures are in docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ from .kernel_text import close_executable, open_executable, row_blocks, workgrou
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
 #: The kernel versions :meth:`Avx512QuantGemm.for_shape` builds: ``""`` the current one,
-#: ``"v1"`` the first (A/B baseline).
+#: ``"v1"`` the first (A/B baseline), ``"rows-per-workgroup"`` the current one but for AVX2's
+#: one-row int4 products reordering their row in each workgroup (A/B baseline of the prepared
+#: row).
 VARIANTS = ("", "v1", "rows-per-workgroup")
 
 
@@ -243,7 +245,7 @@ class Avx512QuantGemm:
         ):
             raise ValueError(f"quantized AVX-512 kernel: no nibble masks for {self}")
         if self.prepared_row and not self.nibble_masks:
-            raise ValueError(f"quantized AVX-512 kernel: prepared rows are nibble masks': {self}")
+            raise ValueError(f"quantized AVX-512 kernel: prepared rows need nibble masks: {self}")
         if self.n % self.cols_per_workgroup or self.cols_per_workgroup % self.nr:
             raise ValueError(f"quantized AVX-512 kernel: bad workgroup columns: {self}")
 

@@ -183,8 +183,9 @@ def _lane_sums(e: Any, p: str, vectors: list[str]) -> str:
 
 @dataclass(frozen=True)
 class _Product:
-    """``x`` is ``[*batch, M, K]``; the right operand ``[*batch, K, N]``, given as ``t``
-    (``[*batch, N, K]``, the transpose's input) where ``transposed``."""
+    """``x`` is ``[*batch, M, K]``, the right operand ``w`` ``[*batch, K, N]``: where ``w`` is
+    ``t.transpose(-2, -1)`` (``q @ k^T``) the dot-product kernel reads ``t`` (``[*batch, N,
+    K]``); where ``t`` is None the dynamic-size kernel reads ``w`` row-major."""
 
     x: TensorType
     w: TensorType  # the product's right operand as the op has it ([*batch, K, N])
