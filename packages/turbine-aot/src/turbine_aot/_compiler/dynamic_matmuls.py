@@ -36,6 +36,7 @@ from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, walk
 __all__ = [
     "DYNAMIC_MATMUL_ENV",
     "dynamic_matmul_enabled",
+    "f32_product_types",
     "product_function",
     "rewritable_dynamic_matmuls",
     "rewrite_dynamic_matmuls",
@@ -64,16 +65,28 @@ class _Product:
     n: int | None
 
 
-def _spec(op: Any) -> _Product | None:
-    if op.name not in _OPS or len(list(op.operands)) != 2:
+def f32_product_types(
+    op: Any, ops: frozenset[str] = _OPS, min_rank: int = 2
+) -> tuple[TensorType, TensorType, TensorType] | None:
+    """The types of ``x``, ``w`` and the result of a product ``op`` (one of ``ops``, two
+    operands), all f32 and of one rank of at least ``min_rank``; else ``None``."""
+    if op.name not in ops or len(list(op.operands)) != 2:
         return None
     x, w = list(op.operands)
     xt, wt, ot = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
     if xt is None or wt is None or ot is None or not (xt.dtype == wt.dtype == ot.dtype == "f32"):
         return None
     rank = len(xt.sizes)
-    if rank < 2 or len(wt.sizes) != rank or len(ot.sizes) != rank:
+    if rank < min_rank or len(wt.sizes) != rank or len(ot.sizes) != rank:
         return None
+    return xt, wt, ot
+
+
+def _spec(op: Any) -> _Product | None:
+    types = f32_product_types(op)
+    if types is None:
+        return None
+    xt, wt, ot = types
     batch = tuple(xt.sizes[:-2])
     if tuple(wt.sizes[:-2]) != batch or tuple(ot.sizes[:-2]) != batch:
         return None  # a broadcast batch (or one static on one side only): left to IREE

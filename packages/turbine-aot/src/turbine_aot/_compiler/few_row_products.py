@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .avx512_dynamic import Avx512DynamicGemm
-from .dynamic_matmuls import product_function
+from .dynamic_matmuls import f32_product_types, product_function
 from .isa import isa_features, kernel_isa
 from .kernel_text import close_executable, open_executable
 from .matmuls import mark_cpu_requires
@@ -225,15 +225,11 @@ def _last_two_swapped(op: Any, rank: int) -> bool:
 
 
 def _spec(op: Any) -> _Product | None:
-    if op.name not in _OPS or len(list(op.operands)) != 2:
+    types = f32_product_types(op, _OPS, min_rank=3)
+    if types is None:
         return None
-    x, w = list(op.operands)
-    xt, wt, ot = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
-    if xt is None or wt is None or ot is None or not (xt.dtype == wt.dtype == ot.dtype == "f32"):
-        return None
-    rank = len(xt.sizes)
-    if rank < 3 or len(wt.sizes) != rank or len(ot.sizes) != rank:
-        return None
+    xt, wt, ot = types
+    w, rank = op.operands[1], len(xt.sizes)
     if None in xt.sizes or None in wt.sizes or None in ot.sizes:
         return None
     batch = tuple(int(s) for s in xt.sizes[:-2])  # type: ignore[arg-type]
@@ -291,9 +287,9 @@ def rewrite_few_row_products(module_op: Any) -> int:
     """
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
-    found = [(o, _spec(o)) for o in rewritable_few_row_products(op)]
+    specs = [(o, _spec(o)) for o in walk(op) if o.name in _OPS]
+    found = [(o, spec) for o, spec in specs if spec is not None]
     for index, (mm, spec) in enumerate(found):
-        assert spec is not None
         name = top.unique(f"__turbine_few_row_product_{index}")
         b = Builder(mm, location=mm.location)
         out_b = builtin_tensor(spec.out.sizes, "f32")

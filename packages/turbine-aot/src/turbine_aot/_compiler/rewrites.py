@@ -82,7 +82,6 @@ from .epilogues import EPILOGUE_ENV
 from .few_row_products import (
     FEW_ROW_PRODUCTS_ENV,
     few_row_products_enabled,
-    rewritable_few_row_products,
     rewrite_few_row_products,
 )
 from .gathers import arange_gathers, rewrite_arange_gathers
@@ -395,12 +394,14 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if softmax:  # after attention: its softmaxes are rewritten too
             count = rewrite_softmaxes(copy, dynamic_softmax)
             _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
-        if avx512 and few_row_products_enabled() and rewritable_few_row_products(copy):
+        if avx512 and few_row_products_enabled():
             # after attention, before the packed kernel: a decode step's q @ k^T and p @ v
             count = rewrite_few_row_products(copy)
-            _log.info(
-                "llvm-cpu target: %d product(s) of few rows reading their operands in place", count
-            )
+            if count:
+                _log.info(
+                    "llvm-cpu target: %d product(s) of few rows reading their operands in place",
+                    count,
+                )
         if matmul and rewritable_matmuls(copy):  # after attention: its matmuls are rewritten too
             if bf16:
                 count = rewrite_matmuls_bf16(copy)
