@@ -11,7 +11,7 @@ from kernel_testing import compile_copy_asm, export_with_archive, needs_avx2
 
 from turbine_aot import export
 from turbine_aot._compiler import isa, matmuls
-from turbine_aot._compiler.avx512 import Avx512Gemm
+from turbine_aot._compiler.avx512 import MATMUL_ROWS_ENV, Avx512Gemm, avx2_row_block
 from turbine_aot._compiler.avx512_conv import conv_kernel_for
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.direct_convs import direct_convs
@@ -52,6 +52,9 @@ def test_the_blocking_follows_the_kernel_instruction_set():
             6, 16, 512, 112, 96, 16,
         )  # fmt: skip
         assert g.for_rows(8).prefetch == 1  # few rows: the next block into L2, one line a step
+        assert g.for_rows(1).mr == g.for_rows(13).mr == g.for_rows(None).mr == 6
+        with kernels_for("avx512"):
+            assert Avx512Gemm.for_shape(512, 100).for_rows(8).mr == 4  # AVX-512's own 4 x 64
         assert g.for_rows(1).prefetch == 0  # but not one row (a decode step) on AVX2
         with kernels_for("avx512"):  # nested: the inner one
             assert Avx512Gemm.for_shape(512, 100).nr == 64
@@ -84,6 +87,21 @@ class _Net(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+def test_seven_or_eight_rows_take_two_blocks_of_four_on_avx2(monkeypatch):
+    """6 + 2 rows leave the block of two waiting on its four FMA chains (10 cycles a step of
+    ``K`` against 8 for 4 + 4); elsewhere the count promises under 20 % and the 6-row block
+    stays (at 32 rows blocks of 4 measured slower). ``TURBINE_CPU_MATMUL_ROWS=fixed``: 6 rows
+    for every ``M``, the A/B baseline."""
+    monkeypatch.delenv(MATMUL_ROWS_ENV, raising=False)
+    assert {m: avx2_row_block(m) for m in range(1, 97) if avx2_row_block(m) != 6} == {7: 4, 8: 4}
+    with kernels_for("avx2"):
+        g = Avx512Gemm.for_shape(1024, 1024)
+        assert g.for_rows(8).mr == 4 and g.for_rows(8).name.endswith("_4x16x512_96x16_pf1")
+        assert g.for_rows(7).mr == 4 and g.for_rows(9).mr == 6
+        monkeypatch.setenv(MATMUL_ROWS_ENV, "fixed")
+        assert g.for_rows(8).mr == 6
+
+
 def test_the_compile_copy_calls_the_avx2_blocking_and_records_what_it_needs():
     eo = export(_Net().eval(), args=(torch.randn(1, 3, 48, 40),))
     asm = compile_copy_asm(eo, _flags(*AVX2))
@@ -99,10 +117,11 @@ def test_the_compile_copy_calls_the_avx2_blocking_and_records_what_it_needs():
 
 
 @needs_avx2
-@pytest.mark.parametrize("rows", [1, 5, 13])
+@pytest.mark.parametrize("rows", [1, 5, 8, 13])
 def test_a_convolutional_network_matches_eager_and_the_avx512_blocking_bit_for_bit(rows):
-    """Batches of 1, 5 and 13 images (row blocks of 6 and their 1-5-row tails) through every
-    kernel kind; the AVX-512 blocking runs on an AVX2 CPU too (LLVM splits its vectors)."""
+    """Batches of 1, 5, 8 and 13 images (row blocks of 6 and their 1-5-row tails; 8: the
+    linears in blocks of 4) through every kernel kind; the AVX-512 blocking runs on an AVX2 CPU
+    too (LLVM splits its vectors)."""
     model = _Net().eval()
     x = torch.randn(rows, 3, 48, 40)
     eo = export(model, args=(x,))

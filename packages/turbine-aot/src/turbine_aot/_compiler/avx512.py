@@ -40,6 +40,7 @@ __all__ = [
     "AVX512_BF16_FEATURES",
     "AVX512_FEATURES",
     "MATMUL_PREFETCH_ENV",
+    "MATMUL_ROWS_ENV",
     "Avx512Gemm",
     "emit_accumulator_init",
     "emit_activation",
@@ -53,6 +54,13 @@ __all__ = [
 #: ``off``: no products prefetch their weight's next block (:meth:`Avx512Gemm.for_rows`), for
 #: measurements; unset or anything else: the default.
 MATMUL_PREFETCH_ENV = "TURBINE_CPU_MATMUL_PREFETCH"
+#: ``fixed``: AVX2 products of few static rows keep the 6-row register block whatever their
+#: row count (:meth:`Avx512Gemm.for_rows`), the A/B baseline; unset or anything else: the
+#: default.
+MATMUL_ROWS_ENV = "TURBINE_CPU_MATMUL_ROWS"
+#: FMA latency in cycles of the AVX2 CPUs the row model of :func:`avx2_row_block` assumes
+#: (AMD Zen 2-4, Intel Skylake to Golden Cove: 4, two FMAs issued a cycle).
+_FMA_LATENCY = 4
 #: The flags its bf16 form needs (``vdpbf16ps``).
 AVX512_BF16_FEATURES = (*AVX512_FEATURES, "avx512_bf16")
 
@@ -201,6 +209,24 @@ def fma(a: str, b: str, acc: str, bf16: bool) -> str:
     )
 
 
+def avx2_row_block(m: int, mr: int = 6) -> int:
+    """The register block's rows (at most ``mr``) for an AVX2 product of ``m`` rows, 16 columns a
+    block (two ymm accumulators a row). A block of ``r`` rows issues ``2 r`` FMAs a step of
+    ``K``, each on its own dependency chain, so it takes at least ``max(latency, r)`` cycles at
+    two FMAs a cycle; the rows go in blocks of ``b`` and a last shorter one. A ``b`` other than
+    ``mr`` is taken only where this count promises 20 % or more: 7 or 8 rows, two blocks of 4
+    (8 cycles a step) instead of 6 + 2 (10, the short block waiting on its chains), measured
+    6-12 % faster on the AMD Zen 3; at 32 rows blocks of 4 (a 6 % promise) measured 5-10 %
+    slower, more loads of ``B`` a FMA (docs/performance.md section 23)."""
+
+    def cycles(block: int) -> int:
+        full, last = divmod(m, block)
+        return full * max(_FMA_LATENCY, block) + (max(_FMA_LATENCY, last) if last else 0)
+
+    best = min(range(mr, 0, -1), key=lambda block: (cycles(block), -block))
+    return best if 5 * cycles(mr) >= 6 * cycles(best) else mr
+
+
 @dataclass(frozen=True)
 class Avx512Gemm:
     """One AVX-512 fp32 matmul executable for a static ``k`` and padded width ``np_`` (a
@@ -270,8 +296,18 @@ class Avx512Gemm:
             # prefetchers do better alone on the AMD Zen 3 (110M Llama decode, one thread,
             # interleaved: 50.3 -> 57.0 tokens/s without; docs/performance.md section 19)
             return self
-        blocks = -(-min(m, self.rows_per_workgroup) // self.mr)
-        return replace(self, prefetch=-(-(self.nr // 16) // blocks))
+        kernel = self
+        rows_choice = os.environ.get(MATMUL_ROWS_ENV, "").strip().lower()
+        if (
+            kernel_isa() == "avx2"
+            and not self.bf16
+            and self.nr == 16
+            and m <= self.rows_per_workgroup
+            and rows_choice != "fixed"
+        ):
+            kernel = replace(self, mr=avx2_row_block(m, self.mr))
+        blocks = -(-min(m, kernel.rows_per_workgroup) // kernel.mr)
+        return replace(kernel, prefetch=-(-(kernel.nr // 16) // blocks))
 
     @property
     def operand_dtype(self) -> str:

@@ -17,6 +17,7 @@ from .element_types import element_type_name
 from .errors import damaged_module_error, type_error, value_error
 from .keys import ARGS_SCHEMA, RETURN_SCHEMA, SIGNATURE_FORMAT, SIGNATURE_KEY
 from .leaf import Leaf, check_leaf_record, value_text
+from .model_outputs import ModelOutputBuilder, is_model_output_type
 from .trees import flatten_like, load_spec, load_spec_exact, newer_pytree_protocol, spec_children
 
 __all__ = ["CallSignature", "rebuild_results"]
@@ -442,4 +443,15 @@ def rebuild_results(sig: CallSignature, flat: Sequence[Any]) -> Any:
                 f"result {leaf.path} at index {leaf.index}; the module's records are "
                 "inconsistent: export it again"
             )
-    return tree_unflatten(leaves, sig.tree("return_schema"))
+    builder = sig.__dict__.get("_result_builder")
+    if builder is not None:
+        return builder(leaves)
+    spec = sig.tree("return_schema")
+    if is_model_output_type(spec.type) and "return_schema" in sig.__dict__.get("_trees", {}):
+        # a ModelOutput at the root, of a tree kept for the signature: built from a template
+        # after the first call (model_outputs.py)
+        builder = sig.__dict__.setdefault(
+            "_result_builder", ModelOutputBuilder(spec, tree_unflatten)
+        )
+        return builder(leaves)
+    return tree_unflatten(leaves, spec)
