@@ -130,7 +130,13 @@ class LoadedFunction:
             if isinstance(arg, np.ndarray):
                 arg = torch.from_numpy(arg)
             if isinstance(arg, torch.Tensor):
-                bv = tensor_to_buffer_view(device, arg, driver=driver, zero_copy=self._zero_copy)
+                bv = tensor_to_buffer_view(
+                    device,
+                    arg,
+                    driver=driver,
+                    zero_copy=self._zero_copy,
+                    allocator=m.allocators[dev_idx],
+                )
                 inputs.push_ref(bv.ref)
             elif isinstance(arg, bool | int):
                 inputs.push_int(int(arg))
@@ -290,6 +296,7 @@ class LoadedModule:
         self.device_uris = device_uris
         self.devices = devices
         self.drivers = [driver_of(u) for u in device_uris]
+        self.allocators = [d.allocator for d in devices]  # read once: a call runs cold
         # Calls on local-task run with the caller under SCHED_BATCH (_runtime.caller_sched).
         self._batch_calls = switches_policy(self.drivers, resolve_mode())
         self.checked_calls = dict(checked_calls) if checked_calls is not None else None

@@ -122,7 +122,9 @@ def _page_aligned_copy(array):
     return out
 
 
-def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str, zero_copy: bool = False) -> Any:
+def tensor_to_buffer_view(
+    device: Any, tensor: Any, *, driver: str, zero_copy: bool = False, allocator: Any = None
+) -> Any:
     """Uploads a torch tensor (any dtype, any layout) into a new buffer view on ``device``.
 
     Args:
@@ -133,6 +135,8 @@ def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str, zero_copy: b
             buffer keeps the tensor's storage alive). The program then reads the caller's
             memory: only safe when the program does not keep the argument (e.g. store it into
             a global) and the caller does not modify the tensor while the module may read it.
+        allocator: ``device.allocator`` where the caller keeps it (a loaded module reads it
+            once: each binding call costs microseconds in a call's cold Python side).
 
     Returns:
         An ``iree.runtime.HalBufferView`` the caller owns.
@@ -175,7 +179,9 @@ def tensor_to_buffer_view(device: Any, tensor: Any, *, driver: str, zero_copy: b
             pass
     if driver not in LOCAL_DRIVERS and array.ctypes.data % 4096:
         array = _page_aligned_copy(array)
-    return device.allocator.allocate_buffer_copy(
+    if allocator is None:
+        allocator = device.allocator
+    return allocator.allocate_buffer_copy(
         memory_type=rt.MemoryType.DEVICE_LOCAL,
         allowed_usage=rt.BufferUsage.DEFAULT,
         device=device,
@@ -243,7 +249,7 @@ def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: b
         ) from None
     carrier = to_hal[dtype][1] if dtype in to_hal else dtype
     shape = tuple(buffer_view.shape)
-    if buffer_view.byte_length == 0:
+    if 0 in shape:  # no bytes (each element type has some)
         return torch.empty(shape, dtype=dtype)
     np_dtype = _numpy_dtype(carrier)
     if driver in LOCAL_DRIVERS:
