@@ -1,6 +1,6 @@
 """Test helpers shared by the tests of turbine's own CPU kernels (the AVX-512 matmul, quantized,
-convolution and pooling rewrites): the skip marks for CPUs without AVX-512 and without AVX2, the text of the
-module the compile path hands IREE, the export of a quantized model with its archive, what
+convolution and pooling rewrites): the skip marks for CPUs without AVX-512 and without AVX2, the
+host's compile flags, the text of the module the compile path hands IREE, the export of a quantized model with its archive, what
 a ``precision="bf16"`` module computes, and the attention programs whose softmax IREE 3.13
 miscomputes in one spelling (``tests/test_cpu_softmax.py``; ``benchmarks/
 dynamic_softmax_prebuilt.py`` builds the same programs for another CPU)."""
@@ -14,6 +14,7 @@ import torch
 
 from turbine_aot import export
 from turbine_aot._compiler.avx512 import host_avx512_missing
+from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.isa import host_isa
 from turbine_aot._compiler.rewrites import module_for_compile
 
@@ -26,6 +27,11 @@ needs_avx512 = pytest.mark.skipif(
 needs_avx2 = pytest.mark.skipif(
     not host_isa(), reason="this CPU has neither AVX-512 nor AVX2 with FMA"
 )
+
+
+def host_flags(*extra: str) -> list[str]:
+    """This host's llvm-cpu compile defaults (the environment left out), then ``extra``."""
+    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 def compile_copy_asm(eo, flags: Sequence[str]) -> str:

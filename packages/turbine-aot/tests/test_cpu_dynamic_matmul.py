@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_testing import compile_copy_asm, needs_avx2
+from kernel_testing import compile_copy_asm, host_flags, needs_avx2
 
 from turbine_aot import export
 from turbine_aot._compiler.avx512_dynamic import Avx512DynamicGemm
@@ -18,10 +18,6 @@ from turbine_aot._compiler.dynamic_matmuls import rewritable_dynamic_matmuls
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.isa import host_isa, kernels_for
 from turbine_aot.runtime import load_module
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 class _SelfAttention(torch.nn.Module):
@@ -55,14 +51,14 @@ def test_the_blocking_follows_the_kernel_instruction_set():
 def test_the_compile_copy_calls_the_kernel_for_both_products(isa):
     eo = _export_self_attention(40)
     assert len(rewritable_dynamic_matmuls(eo.mlir_module)) == 2
-    asm = compile_copy_asm(eo, _flags(f"--turbine-cpu-matmul={isa}"))
+    asm = compile_copy_asm(eo, host_flags(f"--turbine-cpu-matmul={isa}"))
     mr = 6 if isa == "avx2" else 12
     # x @ x^T: K = E, N the sequence (a partial last panel: masked); p @ x: K the sequence,
     # N = 40 (two whole panels and a masked one)
     assert f"@__turbine_f32_dyn_gemm_k40_{mr}x16x512_96_m" in asm
     assert f"@__turbine_f32_dyn_gemm_kD_{mr}x16x512_96_m" in asm
     assert "tensor.pad" not in asm and "tensor.extract_slice" not in asm  # no padded copies
-    whole = compile_copy_asm(_export_self_attention(32), _flags(f"--turbine-cpu-matmul={isa}"))
+    whole = compile_copy_asm(_export_self_attention(32), host_flags(f"--turbine-cpu-matmul={isa}"))
     assert f"@__turbine_f32_dyn_gemm_kD_{mr}x16x512_96 " in whole  # N = 32: whole panels
     assert "torch.aten.matmul" not in asm
     # the softmax between them, whose only use is the kernel's product, in the reciprocal form:
@@ -75,10 +71,10 @@ def test_the_compile_copy_calls_the_kernel_for_both_products(isa):
 def test_iree_keeps_them_where_asked_for_and_in_portable_builds(monkeypatch):
     eo = _export_self_attention(32)
     portable = [*default_compile_flags("llvm-cpu", host=False, use_env=False)]
-    for flags in (portable, _flags("--turbine-cpu-matmul=iree")):
+    for flags in (portable, host_flags("--turbine-cpu-matmul=iree")):
         assert "dyn_gemm" not in compile_copy_asm(eo, flags)
     monkeypatch.setenv("TURBINE_CPU_DYNAMIC_MATMUL", "iree")
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert "dyn_gemm" not in asm and asm.count("torch.aten.matmul") == 2
     # IREE's own products: its softmax op stays (the form fused into them is miscompiled)
     assert "torch.aten.softmax.int" in asm and "torch.aten.reciprocal" not in asm
@@ -139,7 +135,7 @@ def test_attention_over_a_dynamic_batch_is_on_the_kernel_and_right(isa):
     batch = torch.export.Dim("batch", min=1, max=16)
     args = tuple(torch.randn(2, 4, 24, 32) for _ in range(3))
     eo = export(_BatchAttention(), args=args, dynamic_shapes={n: {0: batch} for n in "qkv"})
-    asm = compile_copy_asm(eo, _flags(f"--turbine-cpu-matmul={isa}"))
+    asm = compile_copy_asm(eo, host_flags(f"--turbine-cpu-matmul={isa}"))
     mr = 6 if isa == "avx2" else 12
     assert f"@__turbine_f32_dyn_gemm_k32_{mr}x16x512_96_m" in asm  # q @ k^T: N = 24
     assert f"@__turbine_f32_dyn_gemm_k24_{mr}x16x512_96 " in asm  # p @ v: N = 32, whole
@@ -177,7 +173,7 @@ def test_a_mask_over_dynamic_sizes_is_computed_once_and_right():
         args=(x, mask),
         dynamic_shapes={"x": {2: seq}, "attention_mask": {1: seq}},
     )
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert asm.count("util.optimization_barrier") == 1
     assert asm.count("call @__turbine_materialized_mask") == 1
     if not host_isa():
@@ -196,7 +192,7 @@ def test_static_masks_are_left_to_iree():
     x, keep = torch.randn(2, 4, 16, 32), torch.rand(2, 1, 16, 16) > 0.2
     keep[..., 0] = True
     eo = export(_MaskedStatic(), args=(x, keep))
-    assert "util.optimization_barrier" not in compile_copy_asm(eo, _flags())
+    assert "util.optimization_barrier" not in compile_copy_asm(eo, host_flags())
 
 
 class _MaskedStatic(torch.nn.Module):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, needs_avx2
+from kernel_testing import compile_copy_asm, host_flags, needs_avx2
 
 from turbine_aot import export
 from turbine_aot._compiler.few_row_products import (
@@ -16,12 +16,7 @@ from turbine_aot._compiler.few_row_products import (
     F32DotGemm,
     rewritable_few_row_products,
 )
-from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot.runtime import load_module
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 class _Attention(torch.nn.Module):
@@ -53,7 +48,7 @@ def test_the_kernel_takes_multiples_of_eight_only():
 def test_a_decode_steps_products_read_k_and_v_in_place(isa):
     eo = export(_Attention(), args=_qkv((1, 4), 3, 48, 64))
     assert len(rewritable_few_row_products(eo.mlir_module)) == 2
-    asm = compile_copy_asm(eo, _flags(f"--turbine-cpu-matmul={isa}"))
+    asm = compile_copy_asm(eo, host_flags(f"--turbine-cpu-matmul={isa}"))
     mr = 6 if isa == "avx2" else 12
     assert "flow.dispatch @__turbine_f32_dot_gemm_4x3x48x64" in asm  # q @ k^T, k as it is
     assert f"flow.dispatch @__turbine_f32_dyn_gemm_k48_{mr}x16x512_96" in asm  # p @ v
@@ -74,18 +69,18 @@ def test_weights_and_longer_products_keep_the_packed_kernel():
 
     eo = export(_WithWeight(), args=(torch.randn(4, 3, 64),))
     assert not rewritable_few_row_products(eo.mlir_module)
-    assert "__turbine_avx512_f32_gemm_64x48_bb" in compile_copy_asm(eo, _flags())
+    assert "__turbine_avx512_f32_gemm_64x48_bb" in compile_copy_asm(eo, host_flags())
     longer = export(_Attention(), args=_qkv((1, 4), MAX_ROWS + 1, 48, 64))
     assert not rewritable_few_row_products(longer.mlir_module)
-    asm = compile_copy_asm(longer, _flags())
+    asm = compile_copy_asm(longer, host_flags())
     assert "__turbine_avx512_f32_gemm_" in asm and "dot_gemm" not in asm
 
 
 def test_the_packed_path_where_asked_for_and_iree_where_its_matmuls_are(monkeypatch):
     eo = export(_Attention(), args=_qkv((1, 4), 3, 48, 64))
-    assert "dot_gemm" not in compile_copy_asm(eo, _flags("--turbine-cpu-matmul=iree"))
+    assert "dot_gemm" not in compile_copy_asm(eo, host_flags("--turbine-cpu-matmul=iree"))
     monkeypatch.setenv("TURBINE_CPU_FEW_ROW_PRODUCTS", "packed")
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert "dot_gemm" not in asm and "__turbine_avx512_f32_gemm_64x48_bb" in asm
 
 
@@ -103,7 +98,7 @@ def test_the_products_match_eager(batch, m, s, e, ev):
     model = _Attention()
     args = _qkv(batch, m, s, e, ev)
     eo = export(model, args=args)
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert ("dot_gemm" in asm) == (s % 8 == 0)
     compiled = load_module(eo.compile(None))
     torch.testing.assert_close(compiled.main(*args), model(*args), rtol=1e-4, atol=1e-4)

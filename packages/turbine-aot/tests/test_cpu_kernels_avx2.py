@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, export_with_archive, needs_avx2
+from kernel_testing import compile_copy_asm, export_with_archive, host_flags, needs_avx2
 
 from turbine_aot import export
 from turbine_aot._compiler import isa, matmuls
@@ -21,10 +21,6 @@ from turbine_aot._compiler.matmuls import cpu_matmul_kernel
 from turbine_aot.runtime import load_module
 
 AVX2 = ["--turbine-cpu-matmul=avx2"]
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 def test_avx2_is_the_default_where_the_cpu_has_avx2_and_fma_but_no_avx512(monkeypatch):
@@ -104,7 +100,7 @@ def test_seven_or_eight_rows_take_two_blocks_of_four_on_avx2(monkeypatch):
 
 def test_the_compile_copy_calls_the_avx2_blocking_and_records_what_it_needs():
     eo = export(_Net().eval(), args=(torch.randn(1, 3, 48, 40),))
-    asm = compile_copy_asm(eo, _flags(*AVX2))
+    asm = compile_copy_asm(eo, host_flags(*AVX2))
     assert "__turbine_avx512_f32_gemm_70x112_6x16x512_96x16" in asm  # fc1 (N 100 -> 112)
     assert "_6x16x256_128x16" in asm  # a direct convolution: 70 filters -> 80, 16 a workgroup
     assert "_6x16x256_128x32" in asm  # 32 filters: 32-column workgroups
@@ -156,7 +152,7 @@ def test_a_transformer_block_with_a_dynamic_sequence_matches_eager():
     model = _Block().eval()
     seq = torch.export.Dim("seq", min=1, max=256)
     eo = export(model, args=(torch.randn(1, 16, 96),), dynamic_shapes={"x": {1: seq}})
-    assert "6x16x512" in compile_copy_asm(eo, _flags(*AVX2))
+    assert "6x16x512" in compile_copy_asm(eo, host_flags(*AVX2))
     compiled = load_module(eo.compile(None, extra_args=AVX2))
     for t in (1, 7, 100, 203):  # row tails of every length
         x = torch.randn(1, t, 96)
@@ -200,7 +196,7 @@ def test_quantized_weights_take_the_avx2_form_and_match_torchao_eager(config, ke
     ).eval()
     _quantize(m, config)
     eo, parameters = export_with_archive(m, tmp_path, "q.irpa")
-    asm = compile_copy_asm(eo, _flags(*AVX2))
+    asm = compile_copy_asm(eo, host_flags(*AVX2))
     assert f"@__turbine_avx512_{kernel}" in asm
     assert "permvar" not in asm and 'turbine.cpu_requires = "avx2,fma"' in asm
     if not host_isa():

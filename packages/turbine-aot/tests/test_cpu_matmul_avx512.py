@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from ir_check import check_ir
-from kernel_testing import compile_copy_asm, needs_avx512
+from kernel_testing import compile_copy_asm, host_flags, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls
@@ -29,10 +29,6 @@ def _avx512_blocking():
     blocks the same kernels for its 16 registers: test_cpu_kernels_avx2.py)."""
     with kernels_for("avx512"):
         yield
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 class _Linear2(torch.nn.Module):
@@ -79,7 +75,7 @@ def test_the_compile_copy_calls_the_kernel_and_the_export_is_unchanged(monkeypat
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     eo = export(_Linear2(), args=(torch.randn(8, 100),))
     exported = str(eo.mlir_module)
-    asm = _copy_asm(eo, _flags("--turbine-cpu-matmul=avx512"))
+    asm = _copy_asm(eo, host_flags("--turbine-cpu-matmul=avx512"))
     check_ir(
         asm,
         r"stream.executable private @__turbine_avx512_f32_gemm_100x128_4x64x128_128x64",
@@ -96,7 +92,7 @@ def test_the_compile_copy_calls_the_kernel_and_the_export_is_unchanged(monkeypat
     assert 'turbine.cpu_requires = "avx512f"' in asm
     assert exported == str(eo.mlir_module)
     # IREE's matmul code when asked for, and for other targets
-    assert "flow.dispatch" not in _copy_asm(eo, _flags("--turbine-cpu-matmul=iree"))
+    assert "flow.dispatch" not in _copy_asm(eo, host_flags("--turbine-cpu-matmul=iree"))
     vmvx = [*default_compile_flags("vmvx", use_env=False), "--turbine-cpu-matmul=avx512"]
     assert "flow.dispatch" not in _copy_asm(eo, vmvx)
 
@@ -147,7 +143,7 @@ def _pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
 def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr, prefetch):
     # K = 100 / 300: blocks of 128 with a remainder; rows 1..130: the 1-3 row kernels too
     g = Avx512Gemm(k, -(-n // 64) * 64, batch_b, mr=mr, prefetch=prefetch)
-    vmfb = compile_mlir(_kernel_module(g, batch_b), _flags(), cache=False)
+    vmfb = compile_mlir(_kernel_module(g, batch_b), host_flags(), cache=False)
     import iree.runtime as rt
 
     ctx = rt.SystemContext(config=rt.Config("local-task"))
@@ -179,7 +175,7 @@ def test_the_rewrite_prefetches_for_few_static_rows():
     eight rows 2, 128 rows none, and a dynamic row count none."""
     model = _Linear2().eval()
     for rows, suffix in ((1, "_pf4"), (8, "_pf2"), (128, "")):
-        asm = compile_copy_asm(export(model, args=(torch.randn(rows, 100),)), _flags())
+        asm = compile_copy_asm(export(model, args=(torch.randn(rows, 100),)), host_flags())
         names = set(re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", asm))
         assert len(names) == 2, names  # the two linears' kernels
         if suffix:
@@ -191,7 +187,9 @@ def test_the_rewrite_prefetches_for_few_static_rows():
         args=(torch.randn(4, 100),),
         dynamic_shapes={"x": {0: torch.export.Dim("rows")}},
     )
-    names = set(re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", compile_copy_asm(dyn, _flags())))
+    names = set(
+        re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", compile_copy_asm(dyn, host_flags()))
+    )
     assert names and not any("_pf" in n for n in names), names
 
 
@@ -224,7 +222,7 @@ def test_dynamic_batch_and_attention_match_eager():
     model = Block().eval()
     batch = torch.export.Dim("batch", min=1, max=16)
     eo = export(model, args=(torch.randn(2, 24, 64),), dynamic_shapes={"x": {0: batch}})
-    asm = _copy_asm(eo, _flags("--turbine-cpu-matmul=avx512"))
+    asm = _copy_asm(eo, host_flags("--turbine-cpu-matmul=avx512"))
     # the two linears; attention's products have a dynamic batch (left to IREE)
     assert asm.count("func.func private @__turbine_avx512_matmul_") == 2
     m = load_module(eo.compile(save_to=None, extra_args=["--turbine-cpu-matmul=avx512"]))
@@ -238,9 +236,9 @@ def test_the_compile_cache_keys_on_the_kernel_choice(monkeypatch):
 
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.delenv("TURBINE_CPU_ATTENTION", raising=False)
-    keys = [CompileCache.key(b"module", _flags())]
+    keys = [CompileCache.key(b"module", host_flags())]
     monkeypatch.setenv("TURBINE_CPU_MATMUL", "iree")  # another module: never served for the first
-    keys.append(CompileCache.key(b"module", _flags()))
+    keys.append(CompileCache.key(b"module", host_flags()))
     monkeypatch.setenv("TURBINE_CPU_ATTENTION", "keep")
-    keys.append(CompileCache.key(b"module", _flags()))
+    keys.append(CompileCache.key(b"module", host_flags()))
     assert len(set(keys)) == 3

@@ -14,7 +14,7 @@ import logging
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, export_with_archive, needs_avx512
+from kernel_testing import compile_copy_asm, export_with_archive, host_flags, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls, rewrites
@@ -34,10 +34,6 @@ needs_vnni = pytest.mark.skipif(
     bool(VNNI_MISSING), reason=f"this CPU has no AVX-512 VNNI (lacks {', '.join(VNNI_MISSING)})"
 )
 _CALL = "func.func private @__turbine_avx512_vnni_int8_matmul_"
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 @pytest.fixture(params=["u8s8", "s8s8"])
@@ -89,7 +85,7 @@ def test_the_compile_copy_calls_the_vnni_kernel_for_both_forms(monkeypatch, tmp_
     exported = str(eo.mlir_module)
     assert ("torch.aten.add.Scalar" in exported) == (form == "u8s8")  # the form traced
     assert len(rewritable_int8_matmuls(eo.mlir_module)) == 2
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert exported == str(eo.mlir_module)  # the export is unchanged
     assert asm.count(_CALL) == 2
     assert "@__turbine_avx512_vnni_i8i8_gemm_256x256_" in asm
@@ -103,19 +99,19 @@ def test_the_compile_copy_calls_the_vnni_kernel_for_both_forms(monkeypatch, tmp_
     # VNNI), for portable builds, other targets, the retry without turbine's fast-matmul
     # defaults, and on a CPU without VNNI
     for flags in (
-        _flags("--turbine-cpu-matmul=iree"),
-        _flags("--turbine-cpu-matmul=avx2"),
+        host_flags("--turbine-cpu-matmul=iree"),
+        host_flags("--turbine-cpu-matmul=avx2"),
         default_compile_flags("llvm-cpu", host=False, use_env=False),
         default_compile_flags("vmvx", use_env=False),
-        retry_flags(_flags(), []),
+        retry_flags(host_flags(), []),
     ):
         assert flags is not None
         assert _CALL not in compile_copy_asm(eo, flags)
     monkeypatch.setenv("TURBINE_CPU_INT8_MATMUL", "iree")
-    assert _CALL not in compile_copy_asm(eo, _flags())
+    assert _CALL not in compile_copy_asm(eo, host_flags())
     monkeypatch.delenv("TURBINE_CPU_INT8_MATMUL")
     monkeypatch.setattr(rewrites, "host_vnni_missing", lambda: ["avx512_vnni"])
-    assert _CALL not in compile_copy_asm(eo, _flags())
+    assert _CALL not in compile_copy_asm(eo, host_flags())
 
 
 def test_shapes_the_kernel_does_not_take_are_not_rewritten():
@@ -141,7 +137,7 @@ def test_int8_dynamic_activation_layers_on_the_kernel_match_torchao_eager(
     monkeypatch.delenv("TURBINE_CPU_INT8_MATMUL", raising=False)
     m = _model()
     eo, parameters = _export(m, tmp_path, external)
-    assert compile_copy_asm(eo, _flags()).count(_CALL) == 2
+    assert compile_copy_asm(eo, host_flags()).count(_CALL) == 2
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
         vmfb = eo.compile(save_to=None)
     assert "failed" not in caplog.text  # compiled with the kernel, no fallback
@@ -158,7 +154,7 @@ def test_static_one_row_and_odd_widths(tmp_path, monkeypatch, form):
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     m = _model(320, 192, 36)
     eo, parameters = _export(m, tmp_path, rows=1, dynamic=False)
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert "@__turbine_avx512_vnni_i8i8_gemm_320x192_4x1_u1_16x32" in asm
     assert "@__turbine_avx512_vnni_i8i8_gemm_192x36_4x1_u1_16x4" in asm
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
@@ -171,7 +167,7 @@ def test_a_shape_the_kernel_does_not_take_stays_irees_and_matches(tmp_path, monk
     m = _model(96, 96, 6)
     eo, parameters = _export(m, tmp_path)
     assert rewritable_int8_matmuls(eo.mlir_module) == []
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert _CALL not in asm and "torch.aten._int_mm" in asm
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
     _check(compiled, m, (1, 5))

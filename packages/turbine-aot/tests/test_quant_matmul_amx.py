@@ -17,13 +17,12 @@ import re
 import numpy as np
 import pytest
 import torch
-from kernel_testing import compile_copy_asm
+from kernel_testing import compile_copy_asm, host_flags
 
 from turbine_aot import export
 from turbine_aot._compiler import amx_quant, matmuls, rewrites
 from turbine_aot._compiler.amx import request_amx_permission
 from turbine_aot._compiler.amx_quant import QUANT_AMX_ENV, AmxQuantGemm, host_amx_int8_missing
-from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.quant_matmuls import rewritable_quant_matmuls
 from turbine_aot.runtime import load_module
 from turbine_params import externalize_module_parameters, save_module_parameters
@@ -33,10 +32,6 @@ needs_amx_int8 = pytest.mark.skipif(
     bool(_MISSING),
     reason=f"the AMX-INT8 kernel needs a CPU with {', '.join(_MISSING)} (this one lacks them)",
 )
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 # ------------------------------------------------------------------------------ the kernel alone
@@ -208,7 +203,7 @@ def amx_host(monkeypatch):
 @pytest.mark.parametrize("config", ["int8", "int4-g128"])
 def test_one_row_products_go_to_the_amx_kernel(amx_host, tmp_path, config):
     _, eo, _ = _export(config, tmp_path)
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert asm.count("func.func private @__turbine_amx_quant_matmul_") == 2
     assert "__turbine_avx512_quant_matmul_" not in asm
     bits = "i8" if config == "int8" else "i4"
@@ -223,25 +218,25 @@ def test_more_rows_small_groups_and_the_switch_keep_the_avx512_kernel(
     amx_host, tmp_path, monkeypatch
 ):
     _, eo4, _ = _export("int8", tmp_path, rows=4)  # prefill-like: four rows
-    asm = compile_copy_asm(eo4, _flags())
+    asm = compile_copy_asm(eo4, host_flags())
     assert (
         "__turbine_amx_" not in asm
         and asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     )
     _, eo32, _ = _export("int4-g32", tmp_path)  # groups of 32: the AVX-512 kernel's
-    assert "__turbine_amx_" not in compile_copy_asm(eo32, _flags())
+    assert "__turbine_amx_" not in compile_copy_asm(eo32, host_flags())
     _, eo, _ = _export("int8", tmp_path)
     key = rewrites.environment_key()
     monkeypatch.setenv(QUANT_AMX_ENV, "off")
     assert rewrites.environment_key() != key  # the compile cache keys on the choice
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert (
         "__turbine_amx_" not in asm
         and asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     )
     monkeypatch.setattr(amx_quant, "host_amx_int8_missing", lambda: ["amx_int8"])
     monkeypatch.delenv(QUANT_AMX_ENV)
-    assert "__turbine_amx_" not in compile_copy_asm(eo, _flags())  # a CPU without AMX
+    assert "__turbine_amx_" not in compile_copy_asm(eo, host_flags())  # a CPU without AMX
 
 
 def test_int4_goes_to_amx_only_where_its_weights_fit_the_cache(amx_host, tmp_path, monkeypatch):
@@ -249,17 +244,17 @@ def test_int4_goes_to_amx_only_where_its_weights_fit_the_cache(amx_host, tmp_pat
     AMX when the module's int4 weights (here 48 KiB) fit in half the L3, or when asked for;
     int8 goes to AMX whatever the cache."""
     _, eo4, _ = _export("int4-g128", tmp_path)
-    assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo4, _flags())
+    assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo4, host_flags())
     for l3 in (64 << 10, 0):  # 32 KiB of room, and a host whose L3 is unknown
         monkeypatch.setattr(amx_quant, "host_l3_bytes", lambda l3=l3: l3)
-        asm = compile_copy_asm(eo4, _flags())
+        asm = compile_copy_asm(eo4, host_flags())
         assert "__turbine_amx_" not in asm
         assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
         monkeypatch.setenv(QUANT_AMX_ENV, "on")
-        assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo4, _flags())
+        assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo4, host_flags())
         monkeypatch.delenv(QUANT_AMX_ENV)
     _, eo8, _ = _export("int8", tmp_path)
-    assert compile_copy_asm(eo8, _flags()).count("func.func private @__turbine_amx_quant_") == 2
+    assert compile_copy_asm(eo8, host_flags()).count("func.func private @__turbine_amx_quant_") == 2
     monkeypatch.setattr(amx_quant, "host_l3_bytes", lambda: 64 << 10)
     assert amx_quant.int4_fits_cache(32 << 10) and not amx_quant.int4_fits_cache((32 << 10) + 1)
 
@@ -271,7 +266,7 @@ def test_one_row_on_amx_matches_torchao_eager(tmp_path, monkeypatch, config, dri
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.setenv(QUANT_AMX_ENV, "on")  # int4 on AMX whatever this host's cache
     m, eo, parameters = _export(config, tmp_path)
-    assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo, _flags())
+    assert "@__turbine_amx_quant_matmul_" in compile_copy_asm(eo, host_flags())
     compiled = load_module(eo.compile(save_to=None), device=driver, parameters=parameters)
     torch.manual_seed(1)
     for x in (torch.randn(1, 256), torch.randn(1, 256) * 30, torch.randn(1, 256) * 1e-2):

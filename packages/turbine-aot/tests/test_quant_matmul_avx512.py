@@ -14,7 +14,7 @@ import re
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, needs_avx512
+from kernel_testing import compile_copy_asm, host_flags, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls, quant_matmuls
@@ -80,10 +80,6 @@ def _quantized(config: str) -> torch.nn.Module:
     return m
 
 
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
-
-
 _copy_asm = compile_copy_asm
 
 
@@ -107,7 +103,7 @@ def test_the_compile_copy_calls_the_kernel_on_the_integer_weights(monkeypatch, t
     _, eo, _ = _export(config, True, tmp_path)
     exported = str(eo.mlir_module)
     assert len(rewritable_quant_matmuls(eo.mlir_module)) == 2
-    asm = _copy_asm(eo, _flags())
+    asm = _copy_asm(eo, host_flags())
     assert exported == str(eo.mlir_module)  # the export is unchanged
     assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     assert "torch.aten.mm" not in asm  # no matmul left for IREE (nor the fp32 kernel)
@@ -127,15 +123,15 @@ def test_the_compile_copy_calls_the_kernel_on_the_integer_weights(monkeypatch, t
     # IREE's code when asked for, for portable builds, for other targets, and in the retry
     # without turbine's fast-matmul defaults
     for flags in (
-        _flags("--turbine-cpu-matmul=iree"),
+        host_flags("--turbine-cpu-matmul=iree"),
         default_compile_flags("llvm-cpu", host=False, use_env=False),
         default_compile_flags("vmvx", use_env=False),
-        retry_flags(_flags(), []),
+        retry_flags(host_flags(), []),
     ):
         assert flags is not None
         assert "__turbine_avx512_quant_matmul_" not in _copy_asm(eo, flags)
     monkeypatch.setenv("TURBINE_CPU_MATMUL", "iree")
-    assert "__turbine_avx512_quant_matmul_" not in _copy_asm(eo, _flags())
+    assert "__turbine_avx512_quant_matmul_" not in _copy_asm(eo, host_flags())
 
 
 def test_a_plain_fp32_model_is_not_a_quantized_matmul():
@@ -165,7 +161,7 @@ def test_quantized_linears_on_the_kernel_match_torchao_eager(
         pytest.skip("inline int4 is int8 data whatever the group: the local-sync run covers it")
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     m, eo, parameters = _export(config, external, tmp_path)
-    asm = _copy_asm(eo, _flags())
+    asm = _copy_asm(eo, host_flags())
     assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     want = KERNEL.get((config, external), "i8_gemm_256x256_")
     assert f"@__turbine_avx512_{want}" in asm
@@ -187,7 +183,9 @@ def test_dynamic_rows_and_row_tails_match_torchao_eager(tmp_path, monkeypatch, c
     rows (16 each)."""
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     m, eo, parameters = _export(config, True, tmp_path, rows=4, dynamic=True)
-    assert _copy_asm(eo, _flags()).count("func.func private @__turbine_avx512_quant_matmul_") == 2
+    assert (
+        _copy_asm(eo, host_flags()).count("func.func private @__turbine_avx512_quant_matmul_") == 2
+    )
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
     for rows in (1, 2, 3, 5, 17, 33):
         _check(compiled, m, rows)
@@ -205,7 +203,7 @@ def test_the_issue_stack_reads_int4_weights_without_an_f32_copy(tmp_path, monkey
     save_module_parameters(tmp_path / "int4.irpa", m)
     x = torch.randn(1, 2048)
     eo = export(m, args=(x,))
-    asm = _copy_asm(eo, _flags())
+    asm = _copy_asm(eo, host_flags())
     assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 8
     vmfb = eo.compile(save_to=None)
     data = bytes(vmfb.map_memory())
@@ -232,7 +230,7 @@ def test_the_first_kernel_for_ab_measurements_matches_torchao_eager(
     monkeypatch.delenv("TURBINE_CPU_MATMUL", raising=False)
     monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", variant)
     m, eo, parameters = _export(config, True, tmp_path, rows=4, dynamic=True)
-    asm = _copy_asm(eo, _flags())
+    asm = _copy_asm(eo, host_flags())
     assert re.search(r"@__turbine_avx512_i[48]_gemm_\w*" + re.escape(suffix) + r"\b", asm)
     compiled = load_module(eo.compile(save_to=None), parameters=parameters)
     for rows in (1, 2, 5, 17):
@@ -270,11 +268,11 @@ def test_an_unknown_kernel_variant_warns_and_builds_the_current_kernel(
     monkeypatch.setattr(quant_matmuls, "_warned", set())
     _, eo, _ = _export("int4-g32", True, tmp_path)
     monkeypatch.delenv("TURBINE_CPU_QUANT_KERNEL", raising=False)
-    current = _copy_asm(eo, _flags())
+    current = _copy_asm(eo, host_flags())
     assert "_g32z_2x2_16x32_zb_pf" in current  # one row: blocks of 2 channels
     monkeypatch.setenv("TURBINE_CPU_QUANT_KERNEL", value)
     with caplog.at_level(logging.WARNING, logger="turbine.aot"):
-        assert _copy_asm(eo, _flags()) == current
+        assert _copy_asm(eo, host_flags()) == current
     assert f"TURBINE_CPU_QUANT_KERNEL={value!r} is not a quantized kernel variant" in caplog.text
     assert "'v1'" in caplog.text
     with pytest.raises(ValueError, match="unknown variant"):
@@ -294,7 +292,7 @@ def test_one_group_per_channel_is_rewritten_and_matches_torchao_eager(tmp_path, 
     save_module_parameters(tmp_path / "q.irpa", m)
     x = torch.randn(1, 256)
     eo = export(m, args=(x,))
-    asm = _copy_asm(eo, _flags())
+    asm = _copy_asm(eo, host_flags())
     assert asm.count("func.func private @__turbine_avx512_quant_matmul_") == 2
     assert "torch.aten._to_copy" not in asm  # no f32 copy of a weight
     compiled = load_module(eo.compile(save_to=None), device=driver, parameters=tmp_path / "q.irpa")

@@ -17,7 +17,7 @@ import logging
 
 import pytest
 import torch
-from kernel_testing import compile_copy_asm, export_with_archive
+from kernel_testing import compile_copy_asm, export_with_archive, host_flags
 
 from turbine_aot._compiler import matmuls, rewrites
 from turbine_aot._compiler.avx512 import host_avx512_missing
@@ -60,10 +60,6 @@ def form(request):
     elif not host_isa():
         pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
     return FORMS[request.param]
-
-
-def _flags(*extra: str) -> list[str]:
-    return [*default_compile_flags("llvm-cpu", use_env=False), *extra]
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +129,7 @@ def test_the_compile_copy_calls_the_w4a8_kernel_where_it_should(monkeypatch, tmp
     eo, _ = _export(_model(), tmp_path)
     exported = str(eo.mlir_module)
     assert len(rewritable_w4a8_matmuls(eo.mlir_module)) == 2
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert exported == str(eo.mlir_module)  # the export is unchanged
     assert asm.count(_CALL) == 2 and _INT4 not in asm
     assert "@__turbine_avx512_vnni_i4i8_gemm_256x256_g32z_" in asm
@@ -142,29 +138,29 @@ def test_the_compile_copy_calls_the_w4a8_kernel_where_it_should(monkeypatch, tmp
     assert 'turbine.cpu_requires = "avx512f,avx512_vnni"' in asm
     # TURBINE_CPU_INT8_MATMUL=iree and a CPU without VNNI: the weight-only int4 kernel, as before
     monkeypatch.setenv("TURBINE_CPU_INT8_MATMUL", "iree")
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert _CALL not in asm and asm.count(_INT4) == 2
     monkeypatch.delenv("TURBINE_CPU_INT8_MATMUL")
     monkeypatch.setattr(rewrites, "host_vnni_missing", lambda: ["avx512_vnni"])
-    asm = compile_copy_asm(eo, _flags())
+    asm = compile_copy_asm(eo, host_flags())
     assert _CALL not in asm and asm.count(_INT4) == 2
     monkeypatch.setattr(rewrites, "host_vnni_missing", lambda: [])
     # kernels built for AVX2 (the default on AVX2 CPUs): the AVX2 form, even where the host
     # has VNNI (the module may be meant for another CPU); TURBINE_CPU_INT8_MATMUL=iree as above
-    asm = compile_copy_asm(eo, _flags(*AVX2))
+    asm = compile_copy_asm(eo, host_flags(*AVX2))
     assert asm.count(_AVX2_CALL) == 2 and _CALL not in asm and _INT4 not in asm
     assert "@__turbine_avx2_i4i8_gemm_256x256_g32z_" in asm
     assert 'turbine.cpu_requires = "avx2,fma"' in asm and "vpdpbusd" not in asm
     monkeypatch.setenv("TURBINE_CPU_INT8_MATMUL", "iree")
-    asm = compile_copy_asm(eo, _flags(*AVX2))
+    asm = compile_copy_asm(eo, host_flags(*AVX2))
     assert _AVX2_CALL not in asm and asm.count(_INT4) == 2
     monkeypatch.delenv("TURBINE_CPU_INT8_MATMUL")
     # IREE's code for portable builds, other targets, --turbine-cpu-matmul=iree and the retry
     for flags in (
-        _flags("--turbine-cpu-matmul=iree"),
+        host_flags("--turbine-cpu-matmul=iree"),
         default_compile_flags("llvm-cpu", host=False, use_env=False),
         default_compile_flags("vmvx", use_env=False),
-        retry_flags(_flags(), []),
+        retry_flags(host_flags(), []),
     ):
         assert flags is not None
         asm = compile_copy_asm(eo, flags)
@@ -209,7 +205,7 @@ def test_w4a8_layers_on_the_kernel_match_torchao_eager(
     eo, parameters = _export(m, tmp_path)
     flags, stem, _ = form
     assert (
-        compile_copy_asm(eo, _flags(*flags)).count(
+        compile_copy_asm(eo, host_flags(*flags)).count(
             f"func.func private @__turbine_{stem}_w4a8_matmul_"
         )
         == 1
@@ -227,7 +223,7 @@ def test_static_one_row_and_odd_widths(tmp_path, form):
     m = _model(384, None, 36, 32)
     eo, parameters = _export(m, tmp_path, rows=1, dynamic=False)
     flags, stem, _ = form
-    asm = compile_copy_asm(eo, _flags(*flags))
+    asm = compile_copy_asm(eo, host_flags(*flags))
     assert asm.count(f"func.func private @__turbine_{stem}_w4a8_matmul_") == 1
     assert f"@__turbine_{stem}_i4i8_gemm_384x36_g32z_4x1_u1_16x4" in asm
     compiled = load_module(eo.compile(save_to=None, extra_args=flags), parameters=parameters)
@@ -240,7 +236,7 @@ def test_long_rows_are_prepared_in_smaller_blocks(tmp_path, k, rows, form):
     m = _model(k, None, 32, 128 if k > 8192 else 32, asymmetric=True)
     eo, parameters = _export(m, tmp_path)
     flags, stem, _ = form
-    asm = compile_copy_asm(eo, _flags(*flags))
+    asm = compile_copy_asm(eo, host_flags(*flags))
     assert f"@__turbine_{stem}_i4i8_gemm_{k}x32_" in asm and f"_{rows}x1_u2_" in asm
     vmfb = eo.compile(save_to=None, extra_args=flags)
     _check(load_module(vmfb, parameters=parameters), m, (1, 5, 33))
