@@ -48,7 +48,7 @@ def test_the_blocking_follows_the_kernel_instruction_set():
             6, 16, 512, 112, 96, 16,
         )  # fmt: skip
         assert g.for_rows(8).prefetch == 1  # few rows: the next block into L2, one line a step
-        assert g.for_rows(1).mr == g.for_rows(13).mr == g.for_rows(None).mr == 6
+        assert g.for_rows(1).mr == g.for_rows(12).mr == g.for_rows(None).mr == 6
         with kernels_for("avx512"):
             assert Avx512Gemm.for_shape(512, 100).for_rows(8).mr == 4  # AVX-512's own 4 x 64
         assert g.for_rows(1).prefetch == 0  # but not one row (a decode step) on AVX2
@@ -83,19 +83,63 @@ class _Net(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def test_seven_or_eight_rows_take_two_blocks_of_four_on_avx2(monkeypatch):
+def test_few_rows_spread_evenly_over_the_register_blocks_on_avx2(monkeypatch):
     """6 + 2 rows leave the block of two waiting on its four FMA chains (10 cycles a step of
-    ``K`` against 8 for 4 + 4); elsewhere the count promises under 20 % and the 6-row block
-    stays (at 32 rows blocks of 4 measured slower). ``TURBINE_CPU_MATMUL_ROWS=fixed``: 6 rows
-    for every ``M``, the A/B baseline."""
+    ``K`` against 8 for 4 + 4): the rows are spread evenly over the same number of blocks where
+    that takes fewer cycles, never over more (32 rows stay in blocks of 6); a convolution's
+    pixels too. ``TURBINE_CPU_MATMUL_ROWS=fixed``: 6 rows for every ``M``, the A/B baseline."""
     monkeypatch.delenv(MATMUL_ROWS_ENV, raising=False)
-    assert {m: avx2_row_block(m) for m in range(1, 97) if avx2_row_block(m) != 6} == {7: 4, 8: 4}
+    changed = {m: avx2_row_block(m, 6, 96) for m in range(1, 200) if avx2_row_block(m, 6, 96) != 6}
+    assert changed == {7: 4, 8: 4, 9: 5, 13: 5, 14: 5, 15: 5, 19: 5, 20: 5, 25: 5}
     with kernels_for("avx2"):
         g = Avx512Gemm.for_shape(1024, 1024)
         assert g.for_rows(8).mr == 4 and g.for_rows(8).name.endswith("_4x16x512_96x16_pf1")
-        assert g.for_rows(7).mr == 4 and g.for_rows(9).mr == 6
+        assert g.for_rows(9).mr == 5 and g.for_rows(32).mr == 6
+        eo = export(_Pointwise(), args=(torch.randn(1, 64, 3, 3),))  # kept: its ops are read
+        tiny = conv_geometry(direct_convs(eo.mlir_module.operation)[0])
+        assert tiny is not None and conv_kernel_for(tiny).mr == 5  # 9 pixels: 5 + 4
         monkeypatch.setenv(MATMUL_ROWS_ENV, "fixed")
-        assert g.for_rows(8).mr == 6
+        assert g.for_rows(8).mr == 6 and conv_kernel_for(tiny).mr == 6
+
+
+class _Pointwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(64, 64, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class _SmallMap(torch.nn.Module):
+    """A 3 x 3 convolution and a pointwise one over a map of a few pixels (the last stage of
+    a mobile CNN), then a linear over the batch's rows."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Conv2d(24, 40, 3, 1, 1), torch.nn.Conv2d(40, 40, 1)
+        self.fc = torch.nn.Linear(40, 24)
+
+    def forward(self, x):
+        y = self.b(torch.relu(self.a(x))) + torch.relu(self.a(x))
+        return self.fc(y.mean((2, 3)))
+
+
+@needs_avx2
+@pytest.mark.parametrize(("batch", "h", "w"), [(1, 3, 3), (1, 2, 4), (9, 1, 1), (1, 3, 5)])
+def test_few_rows_in_even_blocks_match_eager_and_the_avx512_blocking_bit_for_bit(batch, h, w):
+    """9, 8 and 15 pixels (blocks of 5 + 4, 4 + 4, 5 + 5 + 5) and 9 rows of a linear."""
+    model = _SmallMap().eval()
+    x = torch.randn(batch, 24, h, w)
+    eo = export(model, args=(x,))
+    asm = compile_copy_asm(eo, host_flags(*AVX2))
+    assert "_5x16x" in asm or "_4x16x" in asm
+    got = load_module(eo.compile(None, extra_args=AVX2)).main(x)
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    other = load_module(eo.compile(None, extra_args=["--turbine-cpu-matmul=avx512"])).main(x)
+    assert torch.equal(got, other)
 
 
 def test_the_compile_copy_calls_the_avx2_blocking_and_records_what_it_needs():

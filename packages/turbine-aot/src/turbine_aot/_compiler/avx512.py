@@ -54,9 +54,9 @@ __all__ = [
 #: ``off``: no products prefetch their weight's next block (:meth:`Avx512Gemm.for_rows`), for
 #: measurements; unset or anything else: the default.
 MATMUL_PREFETCH_ENV = "TURBINE_CPU_MATMUL_PREFETCH"
-#: ``fixed``: AVX2 products of few static rows keep the 6-row register block whatever their
-#: row count (:meth:`Avx512Gemm.for_rows`), the A/B baseline; unset or anything else: the
-#: default.
+#: ``fixed``: AVX2 products and convolutions of few static rows keep the 6-row register block
+#: whatever their row count (:func:`avx2_row_block`), the A/B baseline; unset or anything
+#: else: the default.
 MATMUL_ROWS_ENV = "TURBINE_CPU_MATMUL_ROWS"
 #: FMA latency in cycles of the AVX2 CPUs the row model of :func:`avx2_row_block` assumes
 #: (AMD Zen 2-4, Intel Skylake to Golden Cove: 4, two FMAs issued a cycle).
@@ -209,22 +209,28 @@ def fma(a: str, b: str, acc: str, bf16: bool) -> str:
     )
 
 
-def avx2_row_block(m: int, mr: int = 6) -> int:
-    """The register block's rows (at most ``mr``) for an AVX2 product of ``m`` rows, 16 columns a
-    block (two ymm accumulators a row). A block of ``r`` rows issues ``2 r`` FMAs a step of
-    ``K``, each on its own dependency chain, so it takes at least ``max(latency, r)`` cycles at
-    two FMAs a cycle; the rows go in blocks of ``b`` and a last shorter one. A ``b`` other than
-    ``mr`` is taken only where this count promises 20 % or more: 7 or 8 rows, two blocks of 4
-    (8 cycles a step) instead of 6 + 2 (10, the short block waiting on its chains), measured
-    6-12 % faster on the AMD Zen 3; at 32 rows blocks of 4 (a 6 % promise) measured 5-10 %
-    slower, more loads of ``B`` a FMA (docs/performance.md section 23)."""
+def avx2_row_block(m: int, mr: int = 6, rows_per_workgroup: int | None = None) -> int:
+    """The register block's rows (at most ``mr``) for an AVX2 product of ``m`` static rows, 16
+    columns a block (two ymm accumulators a row). A block of ``r`` rows issues ``2 r`` FMAs a
+    step of ``K``, each on its own dependency chain, so it takes at least ``max(latency, r)``
+    cycles at two FMAs a cycle; ``mr``'s blocks leave a short last one whose chains wait (8 rows
+    as 6 + 2: 10 cycles a step). The rows are spread evenly over the same number of blocks where
+    that takes fewer cycles (8 rows as 4 + 4: 8 cycles, measured 6-12 % faster on the AMD Zen
+    3; 9 as 5 + 4; 13 as 5 + 5 + 3), never over more blocks (each pass reads the panel of ``B``
+    again: 32 rows in blocks of 4 measured 5-10 % slower than 6). ``mr`` itself where ``m`` is
+    larger than a workgroup's rows (``rows_per_workgroup``) or ``TURBINE_CPU_MATMUL_ROWS`` is
+    ``fixed`` (docs/performance.md section 23)."""
+    if os.environ.get(MATMUL_ROWS_ENV, "").strip().lower() == "fixed":
+        return mr
+    if m <= mr or (rows_per_workgroup is not None and m > rows_per_workgroup):
+        return mr
 
     def cycles(block: int) -> int:
         full, last = divmod(m, block)
         return full * max(_FMA_LATENCY, block) + (max(_FMA_LATENCY, last) if last else 0)
 
-    best = min(range(mr, 0, -1), key=lambda block: (cycles(block), -block))
-    return best if 5 * cycles(mr) >= 6 * cycles(best) else mr
+    even = -(-m // -(-m // mr))
+    return even if cycles(even) < cycles(mr) else mr
 
 
 @dataclass(frozen=True)
@@ -297,15 +303,8 @@ class Avx512Gemm:
             # interleaved: 50.3 -> 57.0 tokens/s without; docs/performance.md section 19)
             return self
         kernel = self
-        rows_choice = os.environ.get(MATMUL_ROWS_ENV, "").strip().lower()
-        if (
-            kernel_isa() == "avx2"
-            and not self.bf16
-            and self.nr == 16
-            and m <= self.rows_per_workgroup
-            and rows_choice != "fixed"
-        ):
-            kernel = replace(self, mr=avx2_row_block(m, self.mr))
+        if kernel_isa() == "avx2" and not self.bf16 and self.nr == 16:
+            kernel = replace(self, mr=avx2_row_block(m, self.mr, self.rows_per_workgroup))
         blocks = -(-min(m, kernel.rows_per_workgroup) // kernel.mr)
         return replace(kernel, prefetch=-(-(kernel.nr // 16) // blocks))
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from .avx512 import (
     ACTIVATIONS,
+    avx2_row_block,
     emit_accumulator_init,
     emit_epilogue,
     fma,
@@ -493,7 +494,10 @@ def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
         # 16 ymm registers: 6 x 16 accumulators (12 ymm), docs/performance.md section 19
         np_ = -(-g.f // 16) * 16
         cols = next(c for c in (32, 16) if np_ % c == 0)
-        return Avx512Conv(g, mr=6, nr=16, kc=CONV_KC, cols_per_workgroup=cols)
+        kernel = Avx512Conv(g, mr=6, nr=16, kc=CONV_KC, cols_per_workgroup=cols)
+        # few pixels (a 3 x 3 map: 9 rows as 5 + 4, not 6 + 3; section 23)
+        mr = avx2_row_block(kernel.m, kernel.mr, kernel.rows_per_workgroup)
+        return replace(kernel, mr=mr) if mr != kernel.mr else kernel
     # Measured per CPU vendor (docs/performance.md, section 10; the values are the same
     # whatever the blocking: each element's sum runs in the same order).
     kernel = _vendor_blocking(g, bf16)

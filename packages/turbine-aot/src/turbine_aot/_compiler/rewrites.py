@@ -188,8 +188,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: on AVX2 in the nibble-masks form; 56: products of two activations with few rows per batch
 #: entry (a decode step's attention) read their operands in place (:mod:`.few_row_products`);
 #: 57: the nibble-masks form reads its row prepared once per call (``avx2_quant.row_executable``);
-#: 58: AVX2 products of few static rows choose their register block's rows (``avx512.avx2_row_block``).
-REVISION = 58
+#: 58: AVX2 products of few static rows choose their register block's rows (``avx512.avx2_row_block``);
+#: 59: the rows spread evenly over the blocks, convolutions' pixels too.
+REVISION = 59
 
 _log = logging.getLogger("turbine.aot")
 
