@@ -188,8 +188,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: on AVX2 in the nibble-masks form; 56: products of two activations with few rows per batch
 #: entry (a decode step's attention) read their operands in place (:mod:`.few_row_products`);
 #: 57: the nibble-masks form reads its row prepared once per call (``avx2_quant.row_executable``);
-#: 58: AVX2 products of few static rows choose their register block's rows (``avx512.avx2_row_block``);
-#: 59: the rows spread evenly over the blocks, convolutions' pixels too.
+#: 58: AVX2 products of few static rows choose their register block's rows
+#: (``avx512.avx2_row_block``); 59: the rows spread evenly over the blocks, convolutions'
+#: pixels too.
 REVISION = 59
 
 _log = logging.getLogger("turbine.aot")
@@ -220,9 +221,10 @@ def environment_key() -> str:
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
     ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
-    ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_MATMUL_ROWS``, ``TURBINE_CPU_WINOGRAD``,
-    ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``), for the compile cache's keys: a module
-    compiled under one choice is not served for another."""
+    ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_MATMUL_ROWS``,
+    ``TURBINE_CPU_WINOGRAD``, ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``),
+    for the compile cache's keys: a module compiled under one choice is not served for
+    another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
 

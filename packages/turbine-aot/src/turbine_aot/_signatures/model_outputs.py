@@ -72,8 +72,9 @@ class ModelOutputBuilder:
         self._disabled = False
 
     def __call__(self, leaves: Sequence[Any]) -> Any:
-        if self._attributes is not None:
-            return self._build(self._values(leaves))
+        attributes = self._attributes
+        if attributes is not None:
+            return self._build(self._values(leaves), attributes)
         result = self._unflatten(leaves, self._spec)
         if not self._disabled:
             self._attributes = self._template(result)
@@ -87,14 +88,12 @@ class ModelOutputBuilder:
             for first, n, sub in self._children
         ]
 
-    def _build(self, values: list[Any]) -> Any:
+    def _build(self, values: list[Any], attributes: list[tuple[str, int | None, Any]]) -> Any:
         out = self._type.__new__(self._type)
         for key, value in zip(self._keys, values, strict=True):
             OrderedDict.__setitem__(out, key, value)
-        assert self._attributes is not None
         out.__dict__.update(
-            (name, const if index is None else values[index])
-            for name, index, const in self._attributes
+            (name, const if index is None else values[index]) for name, index, const in attributes
         )
         return out
 
@@ -115,11 +114,7 @@ class ModelOutputBuilder:
                 attributes.append((name, None, None))
             else:  # an attribute that is neither an item nor None: not a plain ModelOutput
                 return None
-        self._attributes = attributes
-        try:
-            copy = self._build(values)
-        finally:
-            self._attributes = None
+        copy = self._build(values, attributes)
         same = (
             type(copy) is type(made)
             and list(copy.keys()) == list(made.keys())
