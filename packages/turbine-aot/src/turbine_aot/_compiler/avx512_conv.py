@@ -496,8 +496,7 @@ def conv_kernel_for(g: Conv, bf16: bool = False) -> Avx512Conv:
         cols = next(c for c in (32, 16) if np_ % c == 0)
         kernel = Avx512Conv(g, mr=6, nr=16, kc=CONV_KC, cols_per_workgroup=cols)
         # few pixels (a 3 x 3 map: 9 rows as 5 + 4, not 6 + 3; section 23)
-        mr = avx2_row_block(kernel.m, kernel.mr, kernel.rows_per_workgroup)
-        return replace(kernel, mr=mr) if mr != kernel.mr else kernel
+        return replace(kernel, mr=avx2_row_block(kernel.m, kernel.mr, kernel.rows_per_workgroup))
     # Measured per CPU vendor (docs/performance.md, section 10; the values are the same
     # whatever the blocking: each element's sum runs in the same order).
     kernel = _vendor_blocking(g, bf16)

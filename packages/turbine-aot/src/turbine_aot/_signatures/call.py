@@ -447,11 +447,12 @@ def rebuild_results(sig: CallSignature, flat: Sequence[Any]) -> Any:
     if builder is not None:
         return builder(leaves)
     spec = sig.tree("return_schema")
-    if is_model_output_type(spec.type) and "return_schema" in sig.__dict__.get("_trees", {}):
-        # a ModelOutput at the root, of a tree kept for the signature: built from a template
-        # after the first call (model_outputs.py)
-        builder = sig.__dict__.setdefault(
-            "_result_builder", ModelOutputBuilder(spec, tree_unflatten)
-        )
-        return builder(leaves)
-    return tree_unflatten(leaves, spec)
+    if "return_schema" not in sig.__dict__.get("_trees", {}):
+        return tree_unflatten(leaves, spec)  # a tree parsed anew each call (CallSignature.tree)
+    # a tree kept for the signature: its builder too (a ModelOutput at the root from a template
+    # after the first call: model_outputs.py)
+    if is_model_output_type(spec.type):
+        builder = ModelOutputBuilder(spec, tree_unflatten)
+    else:
+        builder = lambda flat_leaves: tree_unflatten(flat_leaves, spec)  # noqa: E731
+    return sig.__dict__.setdefault("_result_builder", builder)(leaves)

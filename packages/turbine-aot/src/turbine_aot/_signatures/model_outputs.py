@@ -10,7 +10,7 @@ model's call (the zoo's Whisper encoder: 0.25 ms in its dispatches).
 
 :class:`ModelOutputBuilder` builds the first result of a signature with the constructor and
 keeps it as a template: the order of the instance's attributes and items, which of them are the
-call's values and which the template's constants (the fields left None). Later results are made
+call's values and which the fields left None. Later results are made
 from the template (``__new__``, the items set as ``OrderedDict``'s, the attributes as a dict),
 an instance equal to the constructor's in type, attributes and items, each value the same
 object. The template is only kept after a second instance built from it for the first call's
@@ -67,8 +67,9 @@ class ModelOutputBuilder:
             n = child.num_leaves
             self._children.append((first, n, None if child.is_leaf() else child))
             first += n
-        #: per attribute of the template, in its order: (name, index of the value, constant)
-        self._attributes: list[tuple[str, int | None, Any]] | None = None
+        #: per attribute of the template, in its order: (name, index of its value or None for
+        #: a field left None)
+        self._attributes: list[tuple[str, int | None]] | None = None
         self._disabled = False
 
     def __call__(self, leaves: Sequence[Any]) -> Any:
@@ -88,30 +89,30 @@ class ModelOutputBuilder:
             for first, n, sub in self._children
         ]
 
-    def _build(self, values: list[Any], attributes: list[tuple[str, int | None, Any]]) -> Any:
+    def _build(self, values: list[Any], attributes: list[tuple[str, int | None]]) -> Any:
         out = self._type.__new__(self._type)
         for key, value in zip(self._keys, values, strict=True):
             OrderedDict.__setitem__(out, key, value)
         out.__dict__.update(
-            (name, const if index is None else values[index]) for name, index, const in attributes
+            (name, None if index is None else values[index]) for name, index in attributes
         )
         return out
 
-    def _template(self, made: Any) -> list[tuple[str, int | None, Any]] | None:
+    def _template(self, made: Any) -> list[tuple[str, int | None]] | None:
         """The attributes' template of ``made`` (the constructor's instance), or None where an
         instance built from it would differ."""
         if type(made) is not self._type or list(made.keys()) != self._keys:
             return None
         values = list(made.values())
-        attributes: list[tuple[str, int | None, Any]] = []
+        attributes: list[tuple[str, int | None]] = []
         for name, value in made.__dict__.items():
             if name in self._keys:
                 index = self._keys.index(name)
                 if value is not values[index]:
                     return None
-                attributes.append((name, index, None))
+                attributes.append((name, index))
             elif value is None:
-                attributes.append((name, None, None))
+                attributes.append((name, None))
             else:  # an attribute that is neither an item nor None: not a plain ModelOutput
                 return None
         copy = self._build(values, attributes)
