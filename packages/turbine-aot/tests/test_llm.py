@@ -316,44 +316,33 @@ def test_half_precision_numerics_vs_fp32(dtype, llama_model):
     del eager_half
 
 
-# ----------------------------------------------------------------------------- other families (eager)
+# ----------------------------------------------------------------------------- other families
+_SMALL = dict(
+    vocab_size=200, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4
+)
+#: The other supported transformers families, small and random-init (seeded by the tests).
+_FAMILIES = {
+    "mistral": lambda: transformers.MistralForCausalLM(
+        transformers.MistralConfig(**_SMALL, num_key_value_heads=1, sliding_window=None)
+    ),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(**_SMALL, num_key_value_heads=2)
+    ),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(
+        transformers.Qwen3Config(**_SMALL, num_key_value_heads=2, head_dim=16)
+    ),
+    # the LM head shares the embedding's weight (quantize= quantizes the head, not the table)
+    "llama-tied": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**_SMALL, num_key_value_heads=2, tie_word_embeddings=True)
+    ),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=200, n_positions=128, n_embd=64, n_layer=2, n_head=4)
+    ),
+}
+
+
 @pytest.mark.parametrize(
-    "make",
-    [
-        lambda: transformers.MistralForCausalLM(
-            transformers.MistralConfig(
-                vocab_size=200,
-                hidden_size=64,
-                intermediate_size=96,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=1,
-                sliding_window=None,
-            )
-        ),
-        lambda: transformers.Qwen2ForCausalLM(
-            transformers.Qwen2Config(
-                vocab_size=200,
-                hidden_size=64,
-                intermediate_size=96,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            )
-        ),
-        lambda: transformers.Qwen3ForCausalLM(
-            transformers.Qwen3Config(
-                vocab_size=200,
-                hidden_size=64,
-                intermediate_size=96,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=16,
-            )
-        ),
-    ],
-    ids=["mistral", "qwen2", "qwen3"],
+    "make", [_FAMILIES[k] for k in ("mistral", "qwen2", "qwen3")], ids=["mistral", "qwen2", "qwen3"]
 )
 def test_adapter_programs_in_eager_match_transformers(make):
     """The prefill/decode programs (before export) give HF's greedy ids for the other families."""
@@ -378,6 +367,40 @@ def test_adapter_programs_in_eager_match_transformers(make):
             tok = root.decode(tok.unsqueeze(1), torch.tensor([5 + i])).argmax(-1)
             got.append(tok)
     assert_same_greedy(torch.cat(got), want, logits, type(model).__name__)
+
+
+@pytest.mark.parametrize(
+    "family, quantize",
+    [
+        ("mistral", None),
+        ("qwen2", None),
+        ("qwen3", None),
+        ("mistral", "int4"),
+        ("qwen2", "int4"),
+        ("qwen3", "int4"),
+        ("llama-tied", "int8"),
+        ("gpt2", "int4"),
+    ],
+)
+def test_other_families_compiled_generate_eager_greedy_ids(family, quantize):
+    """Each supported family compiled (fp32, and quantized as ``llm.quantized_copy`` quantizes
+    it: int4 in groups of 32, int8 per channel) generates the greedy ids of its eager model (the
+    quantized copy's for quantize=), over two prompts."""
+    if quantize is not None:
+        _torchao_or_skip()
+    torch.manual_seed(0)
+    model = _FAMILIES[family]().eval()
+    group_size = 32 if quantize == "int4" else None
+    eo = llm.export_causal_lm(model, max_seq_len=48, quantize=quantize, group_size=group_size)
+    lm = llm.load(eo)
+    eager = (
+        model if quantize is None else llm.quantized_copy(model, quantize, group_size=group_size)
+    )
+    for i, p in enumerate(_prompts(200, [5, 11], seed=3)):
+        want, logits = _eager_greedy(eager, p, 16)
+        lm.reset()
+        out = lm.generate(p, 16)
+        assert_same_greedy(out[0, p.numel() :], want, logits, f"{family} {quantize} prompt {i}")
 
 
 # ----------------------------------------------------------------------------- plain nn.Module
