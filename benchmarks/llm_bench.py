@@ -286,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.child_json).write_text(json.dumps(res, indent=1))
         return 0
     rows = []
+    # (GPT-2's Conv1D projections are quantized too: llm.quantized_copy makes them nn.Linear)
     runs = [
         (name, threads, weights)
         for name in args.models
         for weights in args.weights
         for threads in args.threads
-        if weights == "fp32" or MODELS[name]["kind"] != "gpt2"  # Conv1D: torchao leaves it
     ]
     for name, threads, weights in runs:
         print(f"[llm_bench] {name} {weights}, {threads} thread(s) ...", flush=True)

@@ -392,6 +392,11 @@ def test_other_families_compiled_generate_eager_greedy_ids(family, quantize):
     model = _FAMILIES[family]().eval()
     group_size = 32 if quantize == "int4" else None
     eo = llm.export_causal_lm(model, max_seq_len=48, quantize=quantize, group_size=group_size)
+    if family == "gpt2" and quantize is not None:
+        # GPT-2's projections are transformers' Conv1D, not nn.Linear: quantized all the same
+        ir = str(eo.mlir_module)
+        for proj in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            assert f'"transformer.h.1.{proj}.weight.qdata"' in ir, proj
     lm = llm.load(eo)
     eager = (
         model if quantize is None else llm.quantized_copy(model, quantize, group_size=group_size)

@@ -11,7 +11,10 @@ products, on turbine's AVX-512 VNNI kernel where the CPU has it, docs/quantizati
 weight_granularity=PerGroup(group_size))`` (int4 weights per group as ``"int4"``, the activations
 quantized to int8 per row at run time: llama.cpp Q4_0's integer math, on turbine's AVX-512 VNNI
 w4a8 kernel where the CPU has it). Every ``nn.Linear`` is quantized (the LM head too),
-embeddings and norms are not. torchao is an optional dependency (``pip install turbine-aot[quant]``).
+embeddings and norms are not. ``transformers``' ``Conv1D`` layers (GPT-2's projections: a
+linear layer with its weight stored transposed, which torchao's ``quantize_`` does not touch)
+become the equivalent ``nn.Linear`` in the copy first, so that they are quantized too. torchao
+is an optional dependency (``pip install turbine-aot[quant]``).
 """
 
 from __future__ import annotations
@@ -94,12 +97,14 @@ def quantized_copy(model: nn.Module, quantize: str, *, group_size: int | None = 
             f"output channel); leave it out for {quantize!r}"
         )
     size = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    quantized = copy.deepcopy(model).eval()
+    _conv1d_as_linear(quantized)
     if quantize in GROUPED:
         if isinstance(size, bool) or not isinstance(size, int) or size < 2 or size % 2:
             raise LLMExportError(f"group_size must be an even int >= 2; got {group_size!r}")
         bad = [
             f"{name} ({m.in_features} inputs)"
-            for name, m in model.named_modules()
+            for name, m in quantized.named_modules()
             if isinstance(m, nn.Linear) and m.in_features % size
         ]
         if bad:
@@ -109,6 +114,33 @@ def quantized_copy(model: nn.Module, quantize: str, *, group_size: int | None = 
                 + "; choose a group size that divides every linear layer's inputs (32, 64, "
                 "128 for most LLMs)"
             )
-    quantized = copy.deepcopy(model).eval()
     _torchao_quantize(quantized, quantize, size)
     return quantized
+
+
+def _conv1d_as_linear(model: nn.Module) -> int:
+    """Replaces each ``transformers`` ``Conv1D`` in ``model`` by the ``nn.Linear`` that computes
+    the same (``x @ weight + bias`` with ``weight`` ``[in, out]``: a linear layer of weight
+    ``weight.T``); returns how many (0 without ``transformers``)."""
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return 0
+    import torch
+
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if not isinstance(child, Conv1D):
+                continue
+            w = child.weight
+            linear = nn.Linear(
+                w.shape[0], w.shape[1], bias=child.bias is not None, device=w.device, dtype=w.dtype
+            )
+            with torch.no_grad():
+                linear.weight.copy_(w.t())
+                if child.bias is not None:
+                    linear.bias.copy_(child.bias)
+            setattr(parent, name, linear)
+            n += 1
+    return n
