@@ -97,11 +97,12 @@ def quantized_copy(model: nn.Module, quantize: str, *, group_size: int | None = 
             f"output channel); leave it out for {quantize!r}"
         )
     size = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    grouped = quantize in GROUPED
+    if grouped and (isinstance(size, bool) or not isinstance(size, int) or size < 2 or size % 2):
+        raise LLMExportError(f"group_size must be an even int >= 2; got {group_size!r}")
     quantized = copy.deepcopy(model).eval()
     _conv1d_as_linear(quantized)
-    if quantize in GROUPED:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 2 or size % 2:
-            raise LLMExportError(f"group_size must be an even int >= 2; got {group_size!r}")
+    if grouped:
         bad = [
             f"{name} ({m.in_features} inputs)"
             for name, m in quantized.named_modules()
