@@ -49,7 +49,7 @@ for _p in (HERE, HERE.parent / "tools"):
         sys.path.insert(0, str(_p))
 
 import _harness  # noqa: E402
-from peer_profile import _STAT, _UNIT, _runtime_tool  # noqa: E402
+from peer_profile import _STAT, _UNIT, _runtime_tool, profile_statistics  # noqa: E402
 
 WEIGHTS = ("fp32", "int8", "int4", "w8a8", "w4a8")
 _REAL = re.compile(r"BM_decode/process_time/real_time\s+([\d.]+) (ms|us)")
@@ -113,13 +113,7 @@ def profile_step(vmfb: Path, irpa: Path, threads: int, steps: int, td: Path) -> 
     wall = _REAL.search(_benchmark(vmfb, irpa, threads, steps, None))
     prof = td / f"step-{threads}.ireeprof"
     profiled = _REAL.search(_benchmark(vmfb, irpa, threads, steps, prof))
-    stats = subprocess.run(
-        [_runtime_tool("iree-profile"), "statistics", str(prof)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    stats = profile_statistics(prof)
     queue = {m.group(1): _ms(m.group(3), m.group(4)) / steps for m in _QUEUE.finditer(stats)}
     kinds: dict[str, float] = collections.defaultdict(float)
     top: dict[str, float] = {}

@@ -59,6 +59,17 @@ def _runtime_tool(name: str) -> str:
     return name
 
 
+def profile_statistics(profile: Path) -> str:
+    """``iree-profile statistics`` of a host-execution profile (its text)."""
+    return subprocess.run(
+        [_runtime_tool("iree-profile"), "statistics", str(profile)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+
+
 def iree_dispatch_times(vmfb: Path, inputs: list, threads: int, calls: int, td: Path) -> dict:
     """Dispatch name -> ms per call, from a host-execution profile of ``calls`` calls."""
     import numpy as np
@@ -76,13 +87,7 @@ def iree_dispatch_times(vmfb: Path, inputs: list, threads: int, calls: int, td: 
     if threads > 1:
         cmd.append(f"--task_topology_max_group_count={threads}")
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    out = subprocess.run(
-        [_runtime_tool("iree-profile"), "statistics", str(prof)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    out = profile_statistics(prof)
     rows: dict[str, float] = collections.defaultdict(float)
     counts = [int(m.group(2)) for m in _STAT.finditer(out)]
     runs = min(counts) if counts else 1  # the dispatch that runs once per call
