@@ -4,13 +4,17 @@ bit for bit those of the unfused module, ``TURBINE_CPU_EPILOGUES=keep``)."""
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 import torch
 from ir_check import check_ir
-from kernel_testing import compile_copy_asm, needs_avx512
+from kernel_testing import compile_copy_asm, needs_avx2, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls
+from turbine_aot._compiler.epilogues import EPILOGUE_ENV
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot.runtime import load_module
 
@@ -211,8 +215,9 @@ def test_hardswish_is_absorbed_into_the_direct_and_depthwise_kernels(monkeypatch
         r"arith.minimumf %\w+, %\w+ : vector<16xf32>",
         r"arith.divf %\w+, %\w+ : vector<16xf32>",
         r"arith.mulf %\w+, %\w+ : vector<16xf32>",
+        # c2: read only by the depthwise convolution (padding 1): written padded for it too
         r"stream.executable private @__turbine_avx512_f32_conv_n1_c64_h8_w8_f64_k3x3_\w+"
-        r"_scale_shift_hardswish ",
+        r"_scale_shift_hardswish_opad1x1 ",
     )
     assert (
         "@__turbine_avx512_f32_dwconv_n1_c64_h4_w4_k3x3_s1x1_p1x1_d1x1_scale_shift_hardswish" in asm
@@ -364,3 +369,184 @@ def test_fused_convolutions_match_eager(model, x, monkeypatch):
     # (x - mean) / sqrt(var + eps) * weight + bias: equal within fp32 tolerance, not bit for bit
     torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kept, expected, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------ an expansion written padded for its depthwise
+class _Expansion(torch.nn.Module):
+    """An inverted residual block as EfficientNet and MobileNetV3 have it: a 1x1 expansion +
+    batch norm + activation read only by a depthwise ``k`` x ``k`` convolution (padding
+    ``k // 2``) + batch norm + activation, then a 1x1 projection (and the residual add at
+    stride 1)."""
+
+    def __init__(self, c: int, e: int, k: int = 3, stride: int = 1, act: str = "silu"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.act = getattr(torch.nn.functional, act)
+        self.stride = stride
+        self.expand, self.b1 = torch.nn.Conv2d(c, e, 1, bias=False), _bn(e)
+        self.dw = torch.nn.Conv2d(e, e, k, stride, k // 2, groups=e, bias=False)
+        self.b2 = _bn(e)
+        self.proj = torch.nn.Conv2d(e, c, 1)
+
+    def forward(self, x):
+        y = self.act(self.b2(self.dw(self.act(self.b1(self.expand(x))))))
+        y = self.proj(y)
+        return y + x if self.stride == 1 else y
+
+
+def _private(asm: str, name: str) -> str:
+    """The text of the compile copy's private function ``name``."""
+    start = asm.index(f"func.func private @{name}(")
+    return asm[start : asm.index("\n  }", start)]
+
+
+@pytest.mark.parametrize(("c", "e"), [(16, 96), (24, 72)])
+def test_an_expansion_is_written_padded_for_the_depthwise_convolution_after_it(c, e):
+    """The 1x1 kernel writes its C zero-padded as the depthwise kernel reads it, all of its
+    panels' columns (72 channels: 80, the zero columns being the channels the depthwise kernel
+    pads with), so IREE copies nothing between the two (EfficientNet-B0: 16 copies, 126 us of
+    a 5 ms call, on the Zen 3 of docs/performance.md section 24)."""
+    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    eo = export(_Expansion(c, e).eval(), args=(torch.randn(1, c, 12, 12),))
+    asm = compile_copy_asm(eo, flags)
+    np_ = -(-e // 16) * 16
+    check_ir(
+        asm,
+        rf"stream.executable private @__turbine_avx512_f32_conv_n1_c{c}_h12_w12_f{np_}_k1x1_\w+"
+        r"_scale_shift_silu_opad1x1 ",
+        # 14 x 14 rows: the 12 x 12 pixels and their zero border
+        rf"flow.dispatch @__turbine_avx512_f32_conv_n1_c{c}_h12_w12_f{np_}_\w+::.* -> "
+        rf"tensor<196x{np_}xf32>$",
+    )
+    dw = _private(asm, "__turbine_avx512_conv_depthwise_0")
+    # the depthwise kernel reads that C as it is (no transpose to channels-last, no padding)
+    assert dw.startswith(
+        f"func.func private @__turbine_avx512_conv_depthwise_0(%arg0: tensor<{196 * np_}xf32>"
+    )
+    assert "linalg.transpose ins(%arg0" not in dw
+    conv = re.search(r"%(\w+):2 = call @__turbine_avx512_conv_0\(", _main(asm))
+    assert conv is not None
+    assert f"call @__turbine_avx512_conv_depthwise_0(%{conv[1]}#1, " in _main(asm)
+    # TURBINE_CPU_EPILOGUES=nopad (or no-depthwise-pad): the depthwise function pads its
+    # input itself again
+    for setting in ("nopad", "no-depthwise-pad"):
+        os.environ[EPILOGUE_ENV] = setting
+        try:
+            nopad = compile_copy_asm(eo, flags)
+        finally:
+            del os.environ[EPILOGUE_ENV]
+        assert "_opad" not in nopad, setting
+        dw = _private(nopad, "__turbine_avx512_conv_depthwise_0")
+        assert "linalg.transpose ins(%arg0" in dw, setting
+
+
+@needs_avx2
+@pytest.mark.parametrize(
+    ("c", "e", "k", "stride", "x"),
+    [
+        (16, 96, 3, 1, (1, 16, 12, 12)),
+        (24, 72, 5, 2, (2, 24, 11, 9)),  # 72 channels: the panels' zero columns are read
+        (24, 72, 3, 1, (1, 24, 7, 7)),
+        (40, 240, 5, 1, (1, 40, 6, 6)),
+    ],
+    ids=["96", "72-k5-s2", "72", "240-k5"],
+)
+def test_expansions_written_padded_match_eager(c, e, k, stride, x, monkeypatch):
+    module = _Expansion(c, e, k, stride).eval()
+    torch.manual_seed(1)
+    inp = torch.randn(*x)
+    eo = export(module, args=(inp,))
+    fused = load_module(eo.compile(save_to=None)).main(inp)
+    monkeypatch.setenv(EPILOGUE_ENV, "nopad")
+    nopad = load_module(eo.compile(save_to=None)).main(inp)
+    assert torch.equal(fused, nopad)  # the padded C holds the values the copy held
+    torch.testing.assert_close(fused, module(inp), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------- a squeeze-excitation's gate
+class _SqueezeExcite(torch.nn.Module):
+    """EfficientNet's (SiLU, sigmoid gate), RegNetY's (ReLU, sigmoid) or MobileNetV3's (ReLU,
+    hardsigmoid) squeeze-excitation, as torchvision's ``SqueezeExcitation`` computes it, after
+    a convolution + batch norm + SiLU and before a 1x1 projection."""
+
+    def __init__(self, c: int = 32, squeeze: int = 8, act: str = "silu", gate: str = "sigmoid"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.bn = torch.nn.Conv2d(16, c, 3, padding=1, bias=False), _bn(c)
+        self.se = torchvision_se(c, squeeze, act, gate)
+        self.proj = torch.nn.Conv2d(c, 16, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.bn(self.conv(x)))
+        return self.proj(self.se(y))
+
+
+def torchvision_se(c: int, squeeze: int, act: str, gate: str) -> torch.nn.Module:
+    """``torchvision.ops.SqueezeExcitation`` without torchvision: an average pooling, two 1x1
+    convolutions with ``act`` between them, then ``gate`` scaling the input."""
+
+    class SqueezeExcitation(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Conv2d(c, squeeze, 1)
+            self.fc2 = torch.nn.Conv2d(squeeze, c, 1)
+            self.act = {"relu": torch.nn.ReLU(), "silu": torch.nn.SiLU()}[act]
+            self.gate = {"sigmoid": torch.nn.Sigmoid(), "hardsigmoid": torch.nn.Hardsigmoid()}[gate]
+
+        def forward(self, x):
+            s = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+            return self.gate(self.fc2(self.act(self.fc1(s)))) * x
+
+    return SqueezeExcitation()
+
+
+@pytest.mark.parametrize("gate", ["sigmoid", "hardsigmoid"])
+def test_the_gate_of_a_squeeze_excitation_is_absorbed(gate):
+    """IREE would fuse the gate into the product it scales and compute it again for every
+    element of that product (an ``exp`` and a division per element for a sigmoid); in the
+    store of the second 1x1 convolution it is computed once per channel, as IREE computes it:
+    sigmoid ``1 / (1 + exp(-x))``, hardsigmoid ``max(min((x + 3) / 6, 1), 0)``."""
+    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    eo = export(_SqueezeExcite(gate=gate).eval(), args=(torch.randn(1, 16, 12, 12),))
+    asm = compile_copy_asm(eo, flags)
+    body = (
+        [r"arith.negf %\w+ : vector<16xf32>", r"math.exp %\w+ : vector<16xf32>"]
+        if gate == "sigmoid"
+        else [r"arith.divf %\w+, %\w+ : vector<16xf32>", r"arith.minimumf %\w+, %\w+"]
+    )
+    check_ir(
+        asm,
+        rf"stream.executable private @__turbine_avx512_f32_conv_n1_c8_h1_w1_f32_k1x1_\w+_shift_{gate} ",
+        *body,
+        r"arith.maximumf %\w+, %\w+ : vector<16xf32>" if gate == "hardsigmoid" else "arith.divf",
+    )
+    main = _main(asm)
+    assert f"torch.aten.{gate}" not in main and "torch.aten.mul.Tensor" in main
+    for setting in ("keep", "no-gates", "nopad,no-gates"):  # the gate left to IREE
+        os.environ[EPILOGUE_ENV] = setting
+        try:
+            assert f"torch.aten.{gate}" in _main(compile_copy_asm(eo, flags)), setting
+        finally:
+            del os.environ[EPILOGUE_ENV]
+
+
+@needs_avx2
+@pytest.mark.parametrize(
+    ("act", "gate", "x"),
+    [
+        ("silu", "sigmoid", (1, 16, 12, 12)),
+        ("relu", "sigmoid", (2, 16, 7, 9)),
+        ("relu", "hardsigmoid", (1, 16, 12, 12)),
+    ],
+    ids=["efficientnet", "regnety", "mobilenet-v3"],
+)
+def test_absorbed_gates_match_eager(act, gate, x, monkeypatch):
+    module = _SqueezeExcite(40, 10, act, gate).eval()
+    torch.manual_seed(1)
+    inp = torch.randn(*x)
+    eo = export(module, args=(inp,))
+    fused = load_module(eo.compile(save_to=None)).main(inp)
+    monkeypatch.setenv(EPILOGUE_ENV, "keep")
+    kept = load_module(eo.compile(save_to=None)).main(inp)
+    torch.testing.assert_close(fused, module(inp), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused, kept, rtol=1e-6, atol=1e-6)

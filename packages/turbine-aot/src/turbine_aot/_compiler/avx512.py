@@ -49,6 +49,7 @@ __all__ = [
     "fma",
     "host_avx512_bf16_missing",
     "host_avx512_missing",
+    "store_activation",
 ]
 
 #: ``off``: no products prefetch their weight's next block (:meth:`Avx512Gemm.for_rows`), for
@@ -158,8 +159,16 @@ def emit_epilogue(
     e(f"{p}}}")
 
 
-#: The epilogue steps that take no operand: the activations a kernel's store may apply.
-ACTIVATIONS = ("relu", "hardswish", "silu")
+#: The epilogue steps that take no operand: the activations a kernel's store may apply
+#: (a kernel has a bool field of each name; the ones after ``relu`` are
+#: :func:`emit_activation`'s).
+ACTIVATIONS = ("relu", "hardswish", "silu", "sigmoid", "hardsigmoid")
+
+
+def store_activation(kernel: Any) -> str | None:
+    """The activation of ``kernel``'s store other than ReLU (one of ``ACTIVATIONS[1:]``,
+    each a bool field of the kernel), if any."""
+    return next((a for a in ACTIVATIONS[1:] if getattr(kernel, a)), None)
 
 
 def emit_activation_constants(e: Any, p: str) -> None:
@@ -171,11 +180,13 @@ def emit_activation_constants(e: Any, p: str) -> None:
 
 
 def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
-    """Emits torch's ``kind`` activation (``hardswish`` or ``silu``) of ``v``
-    (``vector<16xf32>``) in the order and rounding of the ops IREE compiles from
-    ``torch.aten.hardswish`` (``min(max(x + 3, 0), 6) / 6 * x``) and ``torch.aten.silu``
-    (``1 / (1 + exp(-x)) * x``), so that the values are IREE's own; returns the result's name.
-    Needs :func:`emit_activation_constants` in the same region."""
+    """Emits torch's ``kind`` activation (``hardswish``, ``silu``, ``sigmoid`` or
+    ``hardsigmoid``) of ``v`` (``vector<16xf32>``) in the order and rounding of the ops IREE
+    compiles from ``torch.aten.hardswish`` (``min(max(x + 3, 0), 6) / 6 * x``),
+    ``torch.aten.silu`` (``1 / (1 + exp(-x)) * x``), ``torch.aten.sigmoid`` (``1 / (1 +
+    exp(-x))``) and ``torch.aten.hardsigmoid`` (``max(min((x + 3) / 6, 1), 0)``), so that the
+    values are IREE's own; returns the result's name. Needs :func:`emit_activation_constants`
+    in the same region."""
     vt = "vector<16xf32>"
     if kind == "hardswish":
         e(f"{p}%hsa{tag} = arith.addf {v}, %act_three : {vt}")
@@ -191,6 +202,18 @@ def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
         e(f"{p}%sid{tag} = arith.divf %act_one, %sic{tag} : {vt}")
         e(f"{p}%sie{tag} = arith.mulf %sid{tag}, {v} : {vt}")
         return f"%sie{tag}"
+    if kind == "sigmoid":
+        e(f"{p}%sga{tag} = arith.negf {v} : {vt}")
+        e(f"{p}%sgb{tag} = math.exp %sga{tag} : {vt}")
+        e(f"{p}%sgc{tag} = arith.addf %sgb{tag}, %act_one : {vt}")
+        e(f"{p}%sgd{tag} = arith.divf %act_one, %sgc{tag} : {vt}")
+        return f"%sgd{tag}"
+    if kind == "hardsigmoid":
+        e(f"{p}%hga{tag} = arith.addf {v}, %act_three : {vt}")
+        e(f"{p}%hgb{tag} = arith.divf %hga{tag}, %act_six : {vt}")
+        e(f"{p}%hgc{tag} = arith.minimumf %hgb{tag}, %act_one : {vt}")
+        e(f"{p}%hgd{tag} = arith.maximumf %hgc{tag}, %act_zero : {vt}")
+        return f"%hgd{tag}"
     raise ValueError(f"no activation {kind!r}")
 
 

@@ -44,6 +44,7 @@ from .avx512 import (
     emit_accumulator_init,
     emit_epilogue,
     fma,
+    store_activation,
 )
 from .convs import Conv
 from .host import cpu_vendor
@@ -84,10 +85,11 @@ class Avx512Conv:
             the step's ``nr / 16`` lines, so a workgroup's row blocks together fetch the whole
             next block (docs/performance.md, section 10).
         prefetch_locality: ``memref.prefetch``'s locality: 3 (L1, ``prefetcht0``), 2 (L2).
-        scale, shift, residual, relu, hardswish, silu: the epilogue of the last reduction
-            block's store (:mod:`.epilogues`): ``* scale[f]``, ``+ shift[f]`` (each an
-            ``Np``-float operand), ``+ residual[m, f]`` (an ``M x Np`` operand), then
-            ``max(., 0)``, torch's hardswish or its SiLU (one at most).
+        scale, shift, residual, relu, hardswish, silu, sigmoid, hardsigmoid: the epilogue of
+            the last reduction block's store (:mod:`.epilogues`): ``* scale[f]``, ``+
+            shift[f]`` (each an ``Np``-float operand), ``+ residual[m, f]`` (an ``M x Np``
+            operand), then ``max(., 0)``, torch's hardswish, SiLU, sigmoid or hardsigmoid (one
+            at most; the last two: a squeeze-excitation's gate).
         out_pad: C written zero-padded by ``(rows, columns)`` on each side, as the next
             convolution reads it (``[N, OH + 2 * ph, OW + 2 * pw, Np]``: the border zeros, the
             interior the output); ``(0, 0)``: C is ``[M, Np]``.
@@ -107,6 +109,8 @@ class Avx512Conv:
     relu: bool = False
     hardswish: bool = False
     silu: bool = False
+    sigmoid: bool = False
+    hardsigmoid: bool = False
     out_pad: tuple[int, int] = (0, 0)
     bf16: bool = False
 
@@ -194,8 +198,8 @@ class Avx512Conv:
 
     @property
     def activation(self) -> str | None:
-        """The activation of the store other than ReLU (``hardswish``, ``silu``), if any."""
-        return "hardswish" if self.hardswish else "silu" if self.silu else None
+        """The activation of the store other than ReLU, if any."""
+        return store_activation(self)
 
     @property
     def epilogue(self) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .avx512 import ACTIVATIONS, emit_activation, emit_activation_constants
+from .avx512 import ACTIVATIONS, emit_activation, emit_activation_constants, store_activation
 from .convs import Conv
 
 __all__ = ["DepthwiseConv"]
@@ -39,9 +39,10 @@ class DepthwiseConv:
         group_width: channels per group, in and out (1: depthwise; a divisor of 16, so that
             no group straddles two vectors: the input vector is shuffled so that each output
             lane sees its group's ``j``-th input channel, one FMA per ``j``).
-        scale, shift, relu, hardswish, silu: the epilogue (:mod:`.epilogues`): ``* scale[c]``,
-            ``+ shift[c]`` (each a ``Cp``-float operand), then ``max(., 0)``, torch's hardswish
-            or its SiLU (one at most).
+        scale, shift, relu, hardswish, silu, sigmoid, hardsigmoid: the epilogue
+            (:mod:`.epilogues`): ``* scale[c]``, ``+ shift[c]`` (each a ``Cp``-float operand),
+            then ``max(., 0)``, torch's hardswish, SiLU, sigmoid or hardsigmoid (one at
+            most).
     """
 
     g: Conv
@@ -51,6 +52,8 @@ class DepthwiseConv:
     relu: bool = False
     hardswish: bool = False
     silu: bool = False
+    sigmoid: bool = False
+    hardsigmoid: bool = False
     #: the fields the direct-convolution function's helpers read (never set here)
     residual: bool = False
     out_pad: tuple[int, int] = (0, 0)
@@ -91,8 +94,8 @@ class DepthwiseConv:
 
     @property
     def activation(self) -> str | None:
-        """The activation of the store other than ReLU (``hardswish``, ``silu``), if any."""
-        return "hardswish" if self.hardswish else "silu" if self.silu else None
+        """The activation of the store other than ReLU, if any."""
+        return store_activation(self)
 
     @property
     def name(self) -> str:

@@ -69,8 +69,10 @@ from .depthwise import DepthwiseConv
 from .epilogues import (
     BatchNorm,
     channel_affine,
+    depthwise_padded_outputs_enabled,
     eval_batch_norm,
     fusion_enabled,
+    gates_enabled,
     only_user,
     padded_outputs_enabled,
     replace_with_absorbed,
@@ -87,7 +89,25 @@ __all__ = ["depthwise_convs", "direct_convs", "rewrite_convs_avx512"]
 _CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
 _FUNC_PREFIX = "__turbine_avx512_conv"
 #: The activations the direct and depthwise kernels apply in their store besides ReLU.
-_ACTIVATIONS = {"torch.aten.hardswish": "hardswish", "torch.aten.silu": "silu"}
+#: The activations the direct and depthwise kernels apply in their store besides ReLU (a
+#: squeeze-excitation's gate among them: its sigmoid, else computed again for every element of
+#: the product it scales, docs/performance.md section 24).
+_ACTIVATIONS = {
+    "torch.aten.hardswish": "hardswish",
+    "torch.aten.silu": "silu",
+    "torch.aten.sigmoid": "sigmoid",
+    "torch.aten.hardsigmoid": "hardsigmoid",
+}
+
+
+#: The gates among them (``TURBINE_CPU_EPILOGUES=no-gates`` leaves them to IREE).
+_GATES = ("torch.aten.sigmoid", "torch.aten.hardsigmoid")
+
+
+def _activation_fields(op_name: str | None) -> dict[str, bool]:
+    """The kernels' activation fields for the absorbed op ``op_name`` (all false for none)."""
+    act = _ACTIVATIONS.get(op_name or "")
+    return {kind: kind == act for kind in _ACTIVATIONS.values()}
 
 
 def _spec(op: Any) -> Conv | None:
@@ -176,7 +196,7 @@ def _function(
     if kernel.residual:
         args += f", %res: {out_t}"
     padded_out = any(kernel.out_pad)
-    results_t = f"({out_t}, {_tensor(kernel.c_rows * f)})" if padded_out else out_t
+    results_t = f"({out_t}, {_tensor(kernel.c_rows * kernel.np_)})" if padded_out else out_t
     lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
@@ -280,7 +300,7 @@ def _winograd_function(
     if kernel.residual:
         args += f", %res: {out_t}"
     padded_out = any(kernel.out_pad)
-    results_t = f"({out_t}, {_tensor(kernel.c_rows * f)})" if padded_out else out_t
+    results_t = f"({out_t}, {_tensor(kernel.c_rows * kernel.np_)})" if padded_out else out_t
     lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
@@ -310,17 +330,21 @@ def _depthwise_function(
     kernel: DepthwiseConv,
     bn_eps: float | None = None,
     affine: list[tuple[str, list[Any]]] | None = None,
+    padded_input: bool = False,
 ) -> str:
     """The private function computing a depthwise (or grouped) convolution on
     :mod:`.depthwise`'s kernel: ``(%x NCHW, %w [C, gw, KH, KW][, %b], epilogue parameters as
     :func:`_function`'s) -> NCHW``. The input is written once channels-last, zero-padded
-    (rows, columns, and channels to whole vectors); the weight packed once (constant
-    hoisting) as ``[KH * KW * gw, Cp]``."""
+    (rows, columns, and channels to whole vectors), unless ``padded_input``: ``%x`` is then
+    the previous direct kernel's C as this kernel reads it (flat, :attr:`Avx512Conv.out_pad`);
+    the weight packed once (constant hoisting) as ``[KH * KW * gw, Cp]``."""
     g = kernel.g
     assert g.n is not None
     n, c, h, w = g.n, g.c, g.h, g.w
     cp, gw = kernel.np_, kernel.group_width
     x_t, w_t, out_t = _tensor(n, c, h, w), _tensor(c, gw, g.kh, g.kw), _tensor(n, c, g.oh, g.ow)
+    if padded_input:
+        x_t = _tensor(kernel.input_size)
     f_t = _tensor(c)
     args = f"%x: {x_t}, %w: {w_t}" + (f", %b: {f_t}" if g.bias else "")
     if bn_eps is not None:
@@ -331,7 +355,10 @@ def _depthwise_function(
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
     extra = _epilogue_operands(e, kernel, bn_eps, affine)
-    _input(e, kernel, x_t, c, channels=cp)
+    if padded_input:
+        e(f"  %a = tensor.cast %x : {x_t} to {x_t}")
+    else:
+        _input(e, kernel, x_t, c, channels=cp)
     # the weight: [C, gw, KH, KW] -> [KH, KW, gw, C] -> [KH * KW * gw, C] -> pad C -> flat
     rows = kernel.taps * gw
     wt_t = _tensor(g.kh, g.kw, gw, c)
@@ -474,25 +501,26 @@ def _results(e: Any, kernel: Avx512Conv | WinogradConv | DepthwiseConv, out_t: s
     m = kernel.m
     cm, cm_t = "%cm", _tensor(m, np_)
     padded_out = any(kernel.out_pad)
-    if padded_out:  # np_ == f: C flat for the next kernel, and its interior as the output
+    if padded_out:  # C flat for the next kernel (all Np channels), and its interior
         qh, qw = kernel.out_pad
         ohp, owp = g.oh + 2 * qh, g.ow + 2 * qw
+        c_t = _tensor(kernel.c_rows, np_)
         e(
-            f"  %cflat = tensor.collapse_shape %cm [[0, 1]] : {_tensor(kernel.c_rows, f)} into {_tensor(kernel.c_rows * f)}"
+            f"  %cflat = tensor.collapse_shape %cm [[0, 1]] : {c_t} into {_tensor(kernel.c_rows * np_)}"
         )
-        p4_t = _tensor(n, ohp, owp, f)
+        p4_t = _tensor(n, ohp, owp, np_)
         e(
-            f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {ohp}, {owp}, {f}] : {_tensor(kernel.c_rows, f)} into {p4_t}"
-        )
-        e(
-            f"  %ci = tensor.extract_slice %c4[0, {qh}, {qw}, 0] [{n}, {g.oh}, {g.ow}, {f}] [1, 1, 1, 1] : {p4_t} to {_tensor(n, g.oh, g.ow, f)}"
+            f"  %c4 = tensor.expand_shape %cm [[0, 1, 2], [3]] output_shape [{n}, {ohp}, {owp}, {np_}] : {c_t} into {p4_t}"
         )
         e(
-            f"  %cm2 = tensor.collapse_shape %ci [[0, 1, 2], [3]] : {_tensor(n, g.oh, g.ow, f)} into {cm_t}"
+            f"  %ci = tensor.extract_slice %c4[0, {qh}, {qw}, 0] [{n}, {g.oh}, {g.ow}, {np_}] [1, 1, 1, 1] : {p4_t} to {_tensor(n, g.oh, g.ow, np_)}"
+        )
+        e(
+            f"  %cm2 = tensor.collapse_shape %ci [[0, 1, 2], [3]] : {_tensor(n, g.oh, g.ow, np_)} into {cm_t}"
         )
         cm = "%cm2"
     if np_ != f:
-        e(f"  %cs = tensor.extract_slice %cm[0, 0] [{m}, {f}] [1, 1] : {cm_t} to {_tensor(m, f)}")
+        e(f"  %cs = tensor.extract_slice {cm}[0, 0] [{m}, {f}] [1, 1] : {cm_t} to {_tensor(m, f)}")
         cm, cm_t = "%cs", _tensor(m, f)
     o_t = _tensor(n, g.oh, g.ow, f)
     e(
@@ -500,7 +528,7 @@ def _results(e: Any, kernel: Avx512Conv | WinogradConv | DepthwiseConv, out_t: s
     )
     _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.shift)
     if padded_out:
-        e(f"  return %out, %cflat : {out_t}, {_tensor(kernel.c_rows * f)}")
+        e(f"  return %out, %cflat : {out_t}, {_tensor(kernel.c_rows * np_)}")
     else:
         e(f"  return %out : {out_t}")
     e("}")
@@ -891,11 +919,12 @@ def _amx_consumer(
 
 
 def _rewrite_depthwise(
-    top: TopLevel, conv: Any, g: Conv, width: int, index: int, fuse: bool
+    top: TopLevel, conv: Any, g: Conv, width: int, index: int, fuse: bool, padded: Any = None
 ) -> None:
     """Replaces the depthwise (``width`` 1) or grouped ``conv`` (and the batch norm or
     per-channel steps and ReLU its epilogue absorbs, with ``fuse``) by a call of
-    :func:`_depthwise_function`."""
+    :func:`_depthwise_function`; ``padded``: its input as the kernel reads it (an earlier
+    direct kernel's padded C, :func:`_depthwise_consumer`)."""
     assert g.n is not None
     bn, affine, _, absorbed = (
         _absorbed(conv, g, False, activations_ok=True) if fuse else (None, [], None, [])
@@ -908,8 +937,7 @@ def _rewrite_depthwise(
         scale=bn is not None or "mul" in kinds,
         shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
         relu=last == "torch.aten.relu",
-        hardswish=_ACTIVATIONS.get(last or "") == "hardswish",
-        silu=_ACTIVATIONS.get(last or "") == "silu",
+        **_activation_fields(last),
     )
     if not fuse:  # TURBINE_CPU_EPILOGUES=keep: even the bias as IREE's op
         kernel = DepthwiseConv(g, width)
@@ -918,9 +946,10 @@ def _rewrite_depthwise(
     name = top.unique(f"{_FUNC_PREFIX}_depthwise_{index}")
     steps = [(kind, TensorType.of(p).sizes) for _, kind, p in affine]  # type: ignore[union-attr]
     eps = bn.eps if bn is not None else None
-    top.append(_depthwise_function(name, kernel, eps, steps))
+    top.append(_depthwise_function(name, kernel, eps, steps, padded_input=padded is not None))
     operands, types = _call_operands(conv, g, bn, affine, None, width=width)
-    _replace_by_call(conv, absorbed, name, operands, types, [_tensor(g.n, g.f, g.oh, g.ow)])
+    results = [_tensor(g.n, g.f, g.oh, g.ow)]
+    _replace_by_call(conv, absorbed, name, operands, types, results, padded)
 
 
 def _vector_op(e: Any, result: str, ins: list[str], body: list[str], f: int) -> None:
@@ -1056,8 +1085,8 @@ def _absorbed(
     """What the kernel absorbs after ``conv`` (:mod:`.epilogues`): ``(batch norm, per-channel
     steps, residual, ops)``, ``ops`` the absorbed ops in order (the last one's result is the
     call's); a residual add only where ``residual_ok`` (the AVX-512 and AMX kernels with whole
-    panels); a hardswish or SiLU instead of
-    a ReLU only where ``activations_ok`` (the direct and depthwise AVX-512 kernels)."""
+    panels); a hardswish, SiLU, sigmoid or hardsigmoid (``_ACTIVATIONS``) instead of a ReLU
+    only where ``activations_ok`` (the direct and depthwise AVX-512 kernels)."""
     ops: list[Any] = []
     value = conv.results[0]
     bn = eval_batch_norm(value, g.f)
@@ -1076,8 +1105,9 @@ def _absorbed(
         ops.append(add[0])
         residual, value = add[1], add[0].results[0]
     act = only_user(value, "torch.aten.relu")
+    gates = gates_enabled()
     for name in _ACTIVATIONS if activations_ok else ():
-        if act is None:
+        if act is None and (gates or name not in _GATES):
             act = only_user(value, name)
     if act is not None:
         ops.append(act)
@@ -1102,6 +1132,27 @@ def _padded_consumer(
     return None
 
 
+def _depthwise_consumer(value: Any, depthwise: list[Any], np_: int) -> tuple[int, Conv] | None:
+    """``(index, geometry)`` of the depthwise (or grouped) convolution of ``depthwise`` reading
+    ``value`` as its input, ``value``'s one use, with padding, whose kernel reads as many
+    channels as the direct kernel producing ``value`` writes (``np_``: its panels' zero
+    columns are the channels the depthwise kernel pads with zeros): that kernel then writes
+    ``value`` zero-padded as the depthwise kernel reads it, and IREE copies nothing in
+    between (EfficientNet's and MobileNet's expansions before their depthwise convolutions)."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].operand_number != 0:
+        return None
+    user = uses[0].owner
+    for i, o in enumerate(depthwise):
+        if o.operation != user.operation:
+            continue
+        spec = _depthwise_spec(o)
+        if spec is None or not any(spec[0].padding):
+            return None
+        return (i, spec[0]) if DepthwiseConv(spec[0], spec[1]).np_ == np_ else None
+    return None
+
+
 def rewrite_convs_avx512(
     module_op: Any, bf16: bool = False, amx: bool = False, pools: bool = False
 ) -> int:
@@ -1120,8 +1171,11 @@ def rewrite_convs_avx512(
     top = TopLevel(op)
     found = [(o, _spec(o)) for o in direct_convs(op)]
     fuse = fusion_enabled()
+    depthwise = depthwise_convs(op)  # not rewritten by the loop below: the same ops after it
     # convolutions (their index in found) whose input is an earlier kernel's padded output
     padded_inputs: dict[int, Any] = {}
+    # the same for the depthwise convolutions (their index in depthwise)
+    padded_depthwise: dict[int, Any] = {}
     # the Winograd-transformed weights: (weight global, tile) -> the packed global's name
     packed_weights: dict[tuple[str, int], str] = {}
     # the AMX kernels' results kept in bf16 for the residual adds of later ones
@@ -1167,24 +1221,27 @@ def rewrite_convs_avx512(
             else (None, [], None, [])
         )
         kinds = [kind for _, kind, _ in affine]
-        consumer = None
+        consumer = dw_consumer = None
         if fuse:
             final = absorbed[-1].results[0] if absorbed else conv.results[0]
             # not in bf16: the next kernel reads bf16, so a conversion pass stays anyway
-            if padded_outputs_enabled() and kernel.np_ == g.f and not bf16:
-                consumer = _padded_consumer(final, found, index + 1)
+            if padded_outputs_enabled() and not bf16:
+                if kernel.np_ == g.f:  # a direct consumer reads exactly F channels
+                    consumer = _padded_consumer(final, found, index + 1)
+                if consumer is None and depthwise_padded_outputs_enabled():
+                    dw_consumer = _depthwise_consumer(final, depthwise, kernel.np_)
+            reader = consumer or dw_consumer
             kernel = replace(
                 kernel,
                 scale=bn is not None or "mul" in kinds,
                 shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
                 residual=residual is not None,
                 relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
-                out_pad=consumer[1].padding if consumer is not None else (0, 0),
+                out_pad=reader[1].padding if reader is not None else (0, 0),
             )
-            act = _ACTIVATIONS.get(absorbed[-1].name) if absorbed else None
             # isinstance, not `direct`: it narrows the type for replace
-            if isinstance(kernel, Avx512Conv) and act is not None:
-                kernel = replace(kernel, hardswish=act == "hardswish", silu=act == "silu")
+            if isinstance(kernel, Avx512Conv) and absorbed:
+                kernel = replace(kernel, **_activation_fields(absorbed[-1].name))
         operands, types = _call_operands(conv, g, bn, affine, residual)
         padded = padded_inputs.pop(index, None)
         name = top.unique(f"{_FUNC_PREFIX}_{index}")
@@ -1233,16 +1290,19 @@ def rewrite_convs_avx512(
             declarations.append(f"util.global private @{packed} : {_tensor(elems)}")
         top.append(text, declarations=declarations)
         results = [out_t]
-        if consumer is not None:
-            results.append(_tensor(kernel.c_rows * g.f))
+        if consumer is not None or dw_consumer is not None:
+            results.append(_tensor(kernel.c_rows * kernel.np_))
         # with ``padded``: the previous kernel's C, as this kernel reads it
         call, _ = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
         if consumer is not None:
             padded_inputs[consumer[0]] = call.results[1]
-    for index, conv in enumerate(depthwise_convs(op)):
+        if dw_consumer is not None:
+            padded_depthwise[dw_consumer[0]] = call.results[1]
+    for index, conv in enumerate(depthwise):
         spec = _depthwise_spec(conv)
         assert spec is not None
-        _rewrite_depthwise(top, conv, spec[0], spec[1], index, fuse)
+        padded = padded_depthwise.pop(index, None)
+        _rewrite_depthwise(top, conv, spec[0], spec[1], index, fuse, padded)
         any_avx512 = True
     for value in unwritten:  # a reader left would read memory no kernel wrote
         if list(value.uses):

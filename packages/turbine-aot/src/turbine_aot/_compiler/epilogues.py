@@ -19,15 +19,19 @@ the absorbed ones by the call's result.
   ``torch.aten.add.Tensor`` of a same-shape tensor, then ``torch.aten.relu``, each only after
   the ones before it. The direct (not its Winograd form) and the depthwise kernels also take
   ``torch.aten.hardswish`` or ``torch.aten.silu`` in the ReLU's place (MobileNetV3's and
-  EfficientNet's), computed in the order of IREE's own code for them
+  EfficientNet's), or ``torch.aten.sigmoid`` / ``torch.aten.hardsigmoid`` (the gate of a
+  squeeze-excitation block, which IREE would otherwise compute again for every element of the
+  activation it scales), computed in the order of IREE's own code for them
   (:func:`.avx512.emit_activation`).
 
-A direct convolution whose (absorbed) output is read only by another direct convolution with
-padding writes it zero-padded as that one reads it, so IREE copies nothing between the two
-kernels.
+A direct convolution whose (absorbed) output is read only by another direct convolution, or
+by a depthwise one, with padding writes it zero-padded as that one reads it, so IREE copies
+nothing between the two kernels (docs/performance.md, sections 11 and 24).
 
 ``TURBINE_CPU_EPILOGUES=keep`` keeps the ops as separate dispatches, ``=nopad`` absorbs them but
-writes no padded outputs (for A/B measurements).
+writes no padded outputs; for A/B measurements of the two latest steps, ``=no-depthwise-pad``
+writes padded outputs for direct consumers only, ``=no-gates`` leaves sigmoids and hardsigmoids
+to IREE (the words combine, comma-separated).
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ __all__ = [
     "EPILOGUE_ENV",
     "BatchNorm",
     "channel_affine",
+    "depthwise_padded_outputs_enabled",
     "eval_batch_norm",
     "fusion_enabled",
+    "gates_enabled",
     "only_user",
     "padded_outputs_enabled",
     "replace_with_absorbed",
@@ -55,16 +61,33 @@ __all__ = [
 EPILOGUE_ENV = "TURBINE_CPU_EPILOGUES"
 
 
+def _words() -> set[str]:
+    """The comma-separated words of ``TURBINE_CPU_EPILOGUES``."""
+    return {w.strip() for w in os.environ.get(EPILOGUE_ENV, "").lower().split(",") if w.strip()}
+
+
 def fusion_enabled() -> bool:
     """Whether the rewrites absorb element-wise ops into the kernels (unless
     ``TURBINE_CPU_EPILOGUES=keep``)."""
-    return os.environ.get(EPILOGUE_ENV, "").strip().lower() != "keep"
+    return "keep" not in _words()
 
 
 def padded_outputs_enabled() -> bool:
     """Whether a convolution kernel may write its output padded for the next one (with the
     epilogues, unless ``TURBINE_CPU_EPILOGUES=nopad``)."""
-    return fusion_enabled() and os.environ.get(EPILOGUE_ENV, "").strip().lower() != "nopad"
+    return fusion_enabled() and "nopad" not in _words()
+
+
+def depthwise_padded_outputs_enabled() -> bool:
+    """Whether a direct convolution kernel may write its output padded for a depthwise one
+    (with padded outputs, unless ``TURBINE_CPU_EPILOGUES=no-depthwise-pad``)."""
+    return padded_outputs_enabled() and "no-depthwise-pad" not in _words()
+
+
+def gates_enabled() -> bool:
+    """Whether the kernels absorb a sigmoid or hardsigmoid (with the epilogues, unless
+    ``TURBINE_CPU_EPILOGUES=no-gates``)."""
+    return fusion_enabled() and "no-gates" not in _words()
 
 
 def only_user(value: Any, name: str) -> Any:

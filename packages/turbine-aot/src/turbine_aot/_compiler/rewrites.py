@@ -190,8 +190,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 57: the nibble-masks form reads its row prepared once per call (``avx2_quant.row_executable``);
 #: 58: AVX2 products of few static rows choose their register block's rows
 #: (``avx512.avx2_row_block``); 59: the rows spread evenly over the blocks, convolutions'
-#: pixels too.
-REVISION = 59
+#: pixels too; 60: direct convolutions write their output padded for a depthwise one reading
+#: it, and the kernels' stores take sigmoids and hardsigmoids (squeeze-excitation gates).
+REVISION = 60
 
 _log = logging.getLogger("turbine.aot")
 
