@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ir_check import check_ir
-from kernel_testing import compile_copy_asm, needs_avx512
+from kernel_testing import compile_copy_asm, needs_avx2, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler.conv_forms import MAX_GROUPS, convs_to_reform
@@ -112,3 +112,66 @@ def test_conv2d_with_one_element_lists_is_reformed_right():
     assert len(convs_to_reform(eo.mlir_module)) == 1
     got = load_module(eo.compile(save_to=None), device="local-task").main(x)
     torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------- AVX2: few groups the depthwise kernel takes stay grouped
+def _avx2_asm(eo) -> str:
+    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    return compile_copy_asm(eo, flags)
+
+
+def test_on_avx2_few_groups_the_depthwise_kernel_takes_stay_grouped():
+    """RegNetY's grouped convolutions (groups of 8 channels, 3 or 7 of them) and wav2vec2's
+    positional one (4 groups of 16, 1-D): where the kernels are built for AVX2 the depthwise
+    kernel's grouped form takes them (2-4x faster there than the dense form, docs/performance.md
+    section 24); built for AVX-512 they are made dense as before."""
+    regnet = export(
+        torch.nn.Conv2d(56, 56, 3, stride=2, padding=1, groups=7).eval(),
+        args=(torch.randn(1, 56, 24, 24),),
+    )
+    assert convs_to_reform(regnet.mlir_module, "avx2") == []
+    assert len(convs_to_reform(regnet.mlir_module, "avx512")) == 1
+    asm = _avx2_asm(regnet)
+    assert "@__turbine_avx512_f32_dwconv_n1_c64_h24_w24_k3x3_s2x2_p1x1_d1x1_gw8" in asm
+    assert "constant_pad_nd" not in asm and "_f32_conv_n1" not in asm
+    wav2vec2 = export(
+        torch.nn.Conv1d(64, 64, 16, padding=8, groups=4).eval(), args=(torch.randn(1, 64, 199),)
+    )
+    assert len(convs_to_reform(wav2vec2.mlir_module, "avx2")) == 1  # made 2-D, still grouped
+    asm = _avx2_asm(wav2vec2)
+    assert "@__turbine_avx512_f32_dwconv_n1_c64_h1_w199_k1x16_s1x1_p0x8_d1x1_gw16" in asm
+    assert "constant_pad_nd" not in asm
+    # more filters than channels: not the depthwise kernel's, made dense as before
+    wide = export(
+        torch.nn.Conv2d(32, 64, 3, padding=1, groups=4).eval(), args=(torch.randn(1, 32, 8, 8),)
+    )
+    assert len(convs_to_reform(wide.mlir_module, "avx2")) == 1
+    assert "constant_pad_nd" in _avx2_asm(wide)
+
+
+@needs_avx2
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        (lambda: torch.nn.Conv2d(56, 56, 3, stride=2, padding=1, groups=7), (1, 56, 24, 24)),
+        (lambda: torch.nn.Conv2d(24, 24, 3, padding=1, groups=3, bias=False), (2, 24, 9, 11)),
+        (lambda: torch.nn.Conv1d(64, 64, 16, padding=8, groups=4), (1, 64, 199)),
+    ],
+    ids=["regnety-7-groups", "3-groups", "wav2vec2-1d"],
+)
+def test_grouped_on_the_depthwise_kernel_match_eager(make, shape):
+    torch.manual_seed(0)
+    m = make().eval()
+    x = torch.randn(*shape)
+    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    got = load_module(export(m, args=(x,)).compile(save_to=None, extra_args=flags)).main(x)
+    torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_turbine_cpu_grouped_dense_keeps_the_dense_form(monkeypatch):
+    eo = export(
+        torch.nn.Conv2d(56, 56, 3, padding=1, groups=7).eval(), args=(torch.randn(1, 56, 6, 6),)
+    )
+    monkeypatch.setenv("TURBINE_CPU_GROUPED", "dense")
+    assert len(convs_to_reform(eo.mlir_module, "avx2")) == 1
+    assert "constant_pad_nd" in _avx2_asm(eo)

@@ -18,7 +18,9 @@ GFLOP/s. Two rewrites of the torch-dialect op, before the kernel's rewrite match
   hoisting builds it once, at load. Convolutions of more groups (``G`` above
   :data:`MAX_GROUPS`) are not made dense, the blow-up would outgrow the gain: depthwise ones
   and those of up to 16 channels a group go to the depthwise kernel (:mod:`.depthwise`), the
-  others keep IREE's code.
+  others keep IREE's code. Where the kernels are built for AVX2, the few-group ones that the
+  depthwise kernel takes (as many filters as channels, groups of 1, 2, 4, 8 or 16 channels) go
+  there too instead of being made dense (:data:`GROUPED_MAX_WIDTH`).
 
 Only fp32, not transposed, static shapes, where the direct-convolution kernel is the choice
 (``rewrites.module_for_compile``); the exported IR is not changed.
@@ -26,15 +28,25 @@ Only fp32, not transposed, static shapes, where the direct-convolution kernel is
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from .isa import kernel_isa
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, constant, constant_int_list, walk
 
-__all__ = ["MAX_GROUPS", "convs_to_reform", "reform_convs"]
+__all__ = ["GROUPED_ENV", "GROUPED_MAX_WIDTH", "MAX_GROUPS", "convs_to_reform", "reform_convs"]
 
 #: Grouped convolutions with at most this many groups are made dense (measured in
 #: docs/performance.md, section 10: wav2vec2's 4-group convolution 3.5 -> 0.3 ms).
 MAX_GROUPS = 8
+#: ... unless the kernels are built for AVX2 and they have as many filters as channels and
+#: groups of a divisor of this many channels: the depthwise kernel's grouped form computes
+#: those without the dense form's ``G``-fold multiply-adds, 2-4x faster there (RegNetY's groups
+#: of 8, wav2vec2's of 16; docs/performance.md section 24; not measured on AVX-512 CPUs, which
+#: keep the dense form); 1-D ones are made 2-D, their groups kept. ``TURBINE_CPU_GROUPED=dense``
+#: makes them dense there too (for A/B measurements).
+GROUPED_MAX_WIDTH = 16
+GROUPED_ENV = "TURBINE_CPU_GROUPED"
 _CONVOLUTION = "torch.aten.convolution"
 _CONV_OPS = ("torch.aten.convolution", "torch.aten.conv1d", "torch.aten.conv2d")
 
@@ -55,7 +67,7 @@ def _operands(op: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def _form(op: Any) -> tuple[int, int] | None:
+def _form(op: Any, isa: str) -> tuple[int, int] | None:
     """``(spatial rank, groups)`` of a convolution to reform (1-D, or grouped with at most
     :data:`MAX_GROUPS` groups and more than one channel per group), else ``None``."""
     parts = _operands(op)
@@ -81,21 +93,26 @@ def _form(op: Any) -> tuple[int, int] | None:
     c, f = int(xt.sizes[1]), int(wt.sizes[0])  # type: ignore[arg-type]
     if g > 1 and (g > MAX_GROUPS or c % g or f % g or c == g):
         return None  # many groups, or depthwise: IREE's code
+    grouped_kernel = isa == "avx2" and os.environ.get(GROUPED_ENV, "").strip().lower() != "dense"
+    if g > 1 and grouped_kernel and f == c and GROUPED_MAX_WIDTH % (c // g) == 0:
+        g = 1  # the depthwise kernel's grouped form (2-D) takes it, faster than dense
     if g == 1 and rank == 2:
-        return None  # already the kernel's form
+        return None  # already the kernel's form (direct or depthwise)
     return rank, g
 
 
-def _to_reform(module_op: Any) -> list[tuple[Any, tuple[int, int]]]:
-    """The convolutions to reform, each with its :func:`_form` (read once)."""
+def _to_reform(module_op: Any, isa: str | None) -> list[tuple[Any, tuple[int, int]]]:
+    """The convolutions to reform, each with its :func:`_form` (read once), for kernels built
+    for ``isa`` (None: :func:`.isa.kernel_isa`)."""
     op = getattr(module_op, "operation", module_op)
-    found = ((o, _form(o)) for o in walk(op) if o.name in _CONV_OPS)
+    isa = isa or kernel_isa()
+    found = ((o, _form(o, isa)) for o in walk(op) if o.name in _CONV_OPS)
     return [(o, form) for o, form in found if form is not None]
 
 
-def convs_to_reform(module_op: Any) -> list[Any]:
+def convs_to_reform(module_op: Any, isa: str | None = None) -> list[Any]:
     """The convolutions of ``module_op`` that :func:`reform_convs` rewrites."""
-    return [o for o, _ in _to_reform(module_op)]
+    return [o for o, _ in _to_reform(module_op, isa)]
 
 
 def _block_diagonal(b: Builder, w: Any, wt: TensorType, groups: int, channels: int) -> Any:
@@ -128,7 +145,7 @@ def _reform_one(op: Any, form: tuple[int, int]) -> None:
     # the operands read now: an earlier rewrite may have replaced this op's input
     parts = _operands(op)
     assert parts is not None
-    x, w, bias, stride, padding, dilation, _ = parts
+    x, w, bias, stride, padding, dilation, op_groups = parts
     xt, wt, rt = TensorType.of(x), TensorType.of(w), TensorType.of(op.results[0])
     assert xt is not None and wt is not None and rt is not None
     channels = int(xt.sizes[1])  # type: ignore[arg-type]
@@ -164,7 +181,7 @@ def _reform_one(op: Any, form: tuple[int, int]) -> None:
             bld.int_list(d),
             bld.false(),
             bld.int_list([0] * len(s)),
-            bld.int(1),
+            bld.int(1 if groups > 1 else int(constant(op_groups))),  # dense, or as it was
         ],
     )
     if rank == 1:
@@ -173,10 +190,11 @@ def _reform_one(op: Any, form: tuple[int, int]) -> None:
     op.erase()
 
 
-def reform_convs(module_op: Any) -> int:
+def reform_convs(module_op: Any, isa: str | None = None) -> int:
     """Rewrites, in place, each 1-D and few-group convolution (see the module doc) as a 2-D dense
-    convolution. Returns how many were rewritten."""
-    convs = _to_reform(module_op)
+    convolution (or a 2-D grouped one, see :data:`GROUPED_MAX_WIDTH`), for kernels built for
+    ``isa`` (None: :func:`.isa.kernel_isa`). Returns how many were rewritten."""
+    convs = _to_reform(module_op, isa)
     for conv, form in convs:  # each form read once, before any rewrite
         _reform_one(conv, form)
     return len(convs)

@@ -70,7 +70,7 @@ from .avx512_conv import CONV_BLOCKING_ENV
 from .avx512_vnni import host_vnni_missing
 from .bf16 import bf16_kernel_kind, check_precision, precision_of, rewrite_matmuls_bf16
 from .casts import fix_float_to_int_casts, float_to_int_casts
-from .conv_forms import convs_to_reform, reform_convs
+from .conv_forms import GROUPED_ENV, convs_to_reform, reform_convs
 from .convs import convs_as_matmuls, rewrite_convs_as_matmuls
 from .direct_convs import depthwise_convs, direct_convs, rewrite_convs_avx512
 from .dynamic_matmuls import (
@@ -191,7 +191,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 58: AVX2 products of few static rows choose their register block's rows
 #: (``avx512.avx2_row_block``); 59: the rows spread evenly over the blocks, convolutions'
 #: pixels too; 60: direct convolutions write their output padded for a depthwise one reading
-#: it, and the kernels' stores take sigmoids and hardsigmoids (squeeze-excitation gates).
+#: it, the kernels' stores take sigmoids and hardsigmoids (squeeze-excitation gates), and on
+#: AVX2 few-group convolutions the depthwise kernel takes are no longer made dense.
 REVISION = 60
 
 _log = logging.getLogger("turbine.aot")
@@ -206,6 +207,7 @@ _ENVIRONMENT = (
     CONV_BLOCKING_ENV,
     CPU_POOLS_ENV,
     EPILOGUE_ENV,
+    GROUPED_ENV,
     AMX_CONV_ENV,
     CPU_SOFTMAX_ENV,
     QUANT_AMX_ENV,
@@ -292,7 +294,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # TURBINE_CPU_AMX_CONV=off
     amx_convs = bf16_convs and bf16_kernel_kind() == "amx" and amx_conv_enabled()
     # 1-D and few-group convolutions made 2-D and dense for that kernel (conv_forms)
-    reform = conv_kernel and bool(convs_to_reform(op))
+    reform = conv_kernel and bool(convs_to_reform(op, isa))
     direct = conv_kernel and (reform or bool(direct_convs(op)) or bool(depthwise_convs(op)))
     # beside those convolutions (NHWC), the max poolings NHWC too unless TURBINE_CPU_POOLS=keep
     keep_pools = os.environ.get(CPU_POOLS_ENV, "").strip().lower() == "keep"
@@ -352,8 +354,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             count = rewrite_global_avg_pools(copy)
             _log.info("llvm-cpu target: %d global average pooling(s) as means", count)
         if reform:
-            count = reform_convs(copy)
-            _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D and dense", count)
+            count = reform_convs(copy, isa)
+            _log.info("llvm-cpu target: %d 1-D / grouped convolution(s) made 2-D", count)
         if direct:
             count = rewrite_convs_avx512(
                 copy, bf16=bf16_convs, amx=bf16_convs and amx_convs, pools=pools
