@@ -57,7 +57,7 @@ the convolutions' inputs are; docs/performance.md, sections 8 and 18).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from .amx import AMX_FEATURES
 from .amx import padded as amx_padded
@@ -104,10 +104,24 @@ _ACTIVATIONS = {
 _GATES = ("torch.aten.sigmoid", "torch.aten.hardsigmoid")
 
 
-def _activation_fields(op_name: str | None) -> dict[str, bool]:
+class _ActivationFields(TypedDict):
+    """The kernels' activation fields other than ReLU."""
+
+    hardswish: bool
+    silu: bool
+    sigmoid: bool
+    hardsigmoid: bool
+
+
+def _activation_fields(op_name: str | None) -> _ActivationFields:
     """The kernels' activation fields for the absorbed op ``op_name`` (all false for none)."""
     act = _ACTIVATIONS.get(op_name or "")
-    return {kind: kind == act for kind in _ACTIVATIONS.values()}
+    return _ActivationFields(
+        hardswish=act == "hardswish",
+        silu=act == "silu",
+        sigmoid=act == "sigmoid",
+        hardsigmoid=act == "hardsigmoid",
+    )
 
 
 def _spec(op: Any) -> Conv | None:
