@@ -5,13 +5,15 @@ transformers BERT with a dynamic sequence."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from kernel_testing import compile_copy_asm
 
 from turbine_aot import export
 from turbine_aot._compiler.flags import default_compile_flags
-from turbine_aot._compiler.gathers import arange_gathers
+from turbine_aot._compiler.gathers import arange_gathers, outer_gathers
 from turbine_aot._compiler.isa import host_isa
 from turbine_aot.runtime import load_module
 
@@ -112,3 +114,66 @@ def test_a_transformers_bert_with_a_dynamic_sequence_matches_eager():
         got = compiled.main(input_ids=ids, attention_mask=mask)
         got = getattr(got, "last_hidden_state", got[0] if isinstance(got, (tuple, list)) else got)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ outer-product gathers
+class _Upsample(torch.nn.Module):
+    """LR-ASPP's head: a bilinear (or nearest) upsampling to a given size, and a gather by an
+    outer product of indices written as the user would."""
+
+    def __init__(self, size, mode="bilinear"):
+        super().__init__()
+        self.size, self.mode = size, mode
+
+    def forward(self, x):
+        kw = {"align_corners": False} if self.mode == "bilinear" else {}
+        up = torch.nn.functional.interpolate(x, size=self.size, mode=self.mode, **kw)
+        rows = torch.tensor([[2], [0], [1]])
+        return up, x[:, :, rows, torch.tensor([1, 1, 0, 3])]
+
+
+def test_outer_product_gathers_become_two_index_selects():
+    """``F.interpolate`` reaches the copy as ``x[:, :, h[:, None], w]`` gathers (four for a
+    bilinear one); each is written as a gather along the last dimension then one of whole rows
+    (docs/performance.md, section 24)."""
+    eo = export(_Upsample((16, 12)).eval(), args=(torch.randn(1, 5, 4, 6),))
+    exported = str(eo.mlir_module)
+    assert exported.count(INDEX) == 5 and len(outer_gathers(eo.mlir_module)) == 5
+    asm = compile_copy_asm(eo, _flags())
+    assert INDEX not in asm
+    # the gathers along the last dimension: two of the bilinear one's four are the same (CSE
+    # may merge them later), plus the user's; then the rows
+    assert asm.count("torch.aten.index_select") == 10
+    assert str(eo.mlir_module) == exported  # the exported module is the reference's
+    for setting, other in (("keep", _flags()), (None, ["--iree-hal-target-device=vmvx"])):
+        if setting:
+            os.environ["TURBINE_CPU_OUTER_GATHERS"] = setting
+        try:
+            assert INDEX in compile_copy_asm(eo, other)
+        finally:
+            os.environ.pop("TURBINE_CPU_OUTER_GATHERS", None)
+
+
+@pytest.mark.parametrize(
+    ("size", "mode", "shape"),
+    [
+        ((128, 128), "bilinear", (1, 5, 16, 16)),  # LR-ASPP's classifier output
+        ((16, 16), "bilinear", (1, 128, 8, 8)),  # and its head
+        ((13, 7), "bilinear", (2, 3, 5, 9)),  # shrinking one side
+        ((12, 20), "nearest", (1, 4, 6, 5)),
+    ],
+    ids=["lraspp-out", "lraspp-head", "odd", "nearest"],
+)
+def test_outer_product_gathers_match_eager(size, mode, shape, monkeypatch):
+    torch.manual_seed(0)
+    m = _Upsample(size, mode).eval()
+    x = torch.randn(*shape)
+    eo = export(m, args=(x,))
+    got = load_module(eo.compile(save_to=None)).main(x)
+    want = m(x)
+    # eager interpolates in its own kernel: its roundings, not the decomposition's
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1], want[1])  # a gather: the same elements
+    monkeypatch.setenv("TURBINE_CPU_OUTER_GATHERS", "keep")
+    kept = load_module(eo.compile(save_to=None)).main(x)
+    assert torch.equal(got[0], kept[0])  # the same elements into the same arithmetic

@@ -1,5 +1,7 @@
 """CPU targets: gathers whose indices are ``arange``\\ s over whole dimensions, over a dynamic
-shape, written in the compile copy as the views they are.
+shape, written in the compile copy as the views they are; and gathers over the last two
+dimensions by an outer product of indices (bilinear and nearest upsampling as ``torch.export``
+decomposes them) as two gathers of one dimension each.
 
 Hugging Face builds an attention's padding mask from ``attention_mask`` ``[B, S]`` as
 ``attention_mask[batch_idx, kv_idx]`` with ``batch_idx = arange(B)[:, None, None, None]`` and
@@ -17,6 +19,17 @@ Rewritten: ``torch.aten.index.Tensor(x, [i_0, ..., i_{r-1}])`` indexing every di
 common rank, one non-1 dimension ``p_k`` each, ``p_0 < p_1 < ...``, and the result of a dynamic
 shape. The values are the gather's (the same elements; ``arange`` indices within bounds, as
 eager requires).
+
+**Outer-product gathers** (:func:`rewrite_outer_gathers`): ``F.interpolate(x, mode="bilinear")``
+reaches the compile copy as four ``x[:, :, h[:, None], w]`` (``h`` ``[OH, 1]``, ``w`` ``[OW]``
+integer tensors) and the lerps between them. IREE 3.13 fuses the four gathers into the lerps
+and computes every output element with four scalar loads at indices it computes in i64 (on the
+Zen 3, 234 us for LR-ASPP's 5 x 128 x 128 output from 16 x 16, 2.9 ns an element; its 128 x 16 x
+16 one 102 us; docs/performance.md, section 24). Written as ``index_select(index_select(x, -1,
+w), -2, h.view(OH))`` (the same elements), the first gather is a small one over ``H x OW``,
+and the second copies whole rows, which IREE vectorizes along ``OW``. Taken: a static ``x`` of
+rank 3 or more, indexed ``[None, ..., None, h, w]`` with ``h`` ``[P, 1]`` and ``w`` ``[Q]``
+integers.
 """
 
 from __future__ import annotations
@@ -25,9 +38,17 @@ from typing import Any
 
 from .torch_ir import Builder, TensorType, constant, erase_unused, producer, walk
 
-__all__ = ["arange_gathers", "rewrite_arange_gathers"]
+__all__ = [
+    "OUTER_GATHERS_ENV",
+    "arange_gathers",
+    "outer_gathers",
+    "rewrite_arange_gathers",
+    "rewrite_outer_gathers",
+]
 
 _INDEX = "torch.aten.index.Tensor"
+#: ``keep`` leaves the outer-product gathers as they are (for A/B measurements).
+OUTER_GATHERS_ENV = "TURBINE_CPU_OUTER_GATHERS"
 #: What a rewritten gather leaves unused (erased with it).
 _INDEX_OPS = frozenset(
     {
@@ -130,5 +151,68 @@ def rewrite_arange_gathers(module_op: Any) -> int:
         op.results[0].replace_all_uses_with(value)
         op.erase()
         erase_unused(indices, _INDEX_OPS)
+        done += 1
+    return done
+
+
+def _outer_spec(op: Any) -> tuple[Any, Any, Any] | None:
+    """``(x, h, w)`` of an outer-product gather (module doc), else None."""
+    if op.name != _INDEX or len(list(op.operands)) != 2:
+        return None
+    x, indices = op.operands
+    xt, out_t = TensorType.of(x), TensorType.of(op.results[0])
+    lst = producer(indices)
+    if xt is None or out_t is None or lst is None or lst.name != "torch.prim.ListConstruct":
+        return None
+    items = list(lst.operands)
+    rank = len(xt.sizes)
+    if rank < 3 or len(items) != rank or None in xt.sizes or None in out_t.sizes:
+        return None
+    if any(constant(v) is not None or "none" not in str(v.type) for v in items[:-2]):
+        return None
+    h, w = items[-2:]
+    ht, wt = TensorType.of(h), TensorType.of(w)
+    if ht is None or wt is None or len(ht.sizes) != 2 or ht.sizes[1] != 1 or len(wt.sizes) != 1:
+        return None
+    if not all(t.dtype.startswith(("si", "ui", "i")) for t in (ht, wt)):
+        return None
+    if out_t.sizes != [*xt.sizes[:-2], ht.sizes[0], wt.sizes[0]]:
+        return None
+    return x, h, w
+
+
+def outer_gathers(module_op: Any) -> list[Any]:
+    """The gathers of ``module_op`` that :func:`rewrite_outer_gathers` rewrites."""
+    op = getattr(module_op, "operation", module_op)
+    return [o for o in walk(op) if o.name == _INDEX and _outer_spec(o) is not None]
+
+
+def rewrite_outer_gathers(module_op: Any) -> int:
+    """Rewrites each of :func:`outer_gathers` in place as two ``index_select``\\ s (module
+    doc); returns how many."""
+    done = 0
+    for op in outer_gathers(module_op):
+        spec = _outer_spec(op)
+        assert spec is not None
+        x, h, w = spec
+        xt, ht, out_t = TensorType.of(x), TensorType.of(h), TensorType.of(op.results[0])
+        assert xt is not None and ht is not None and out_t is not None
+        rank = len(xt.sizes)
+        b = Builder(op, location=op.location)
+        cols = b.op(
+            "torch.aten.index_select",
+            xt.with_sizes([*xt.sizes[:-1], out_t.sizes[-1]]).asm(),
+            [x, b.int(rank - 1), w],
+        )
+        rows = b.op(
+            "torch.aten.view",
+            ht.with_sizes([ht.sizes[0]]).asm(),
+            [h, b.int_list([ht.sizes[0]])],  # type: ignore[list-item]
+        )
+        value = b.op("torch.aten.index_select", out_t.asm(), [cols, b.int(rank - 2), rows])
+        indices = op.operands[1]
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+        erase_unused(indices, frozenset({"torch.prim.ListConstruct"}))
         done += 1
     return done

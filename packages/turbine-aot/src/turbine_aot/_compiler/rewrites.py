@@ -4,7 +4,9 @@ The exported IR stays target-neutral (and the reference's); each compile rewrite
 flags:
 
 - CPU targets: gathers whose indices are aranges over whole dimensions, over dynamic shapes
-  (Hugging Face's padding masks), as the views they are (:mod:`.gathers`).
+  (Hugging Face's padding masks), as the views they are (:mod:`.gathers`); on ``llvm-cpu``,
+  gathers over the last two dimensions by an outer product of indices (bilinear and nearest
+  upsampling) as two one-dimension gathers (``TURBINE_CPU_OUTER_GATHERS=keep`` skips it).
 - CPU targets: attention as matmul + softmax (:mod:`.attention`; IREE's CPU attention is
   ~50x slower), a mask over dynamic sizes computed once. ``TURBINE_CPU_ATTENTION=keep`` skips
   it.
@@ -85,7 +87,13 @@ from .few_row_products import (
     few_row_products_enabled,
     rewrite_few_row_products,
 )
-from .gathers import arange_gathers, rewrite_arange_gathers
+from .gathers import (
+    OUTER_GATHERS_ENV,
+    arange_gathers,
+    outer_gathers,
+    rewrite_arange_gathers,
+    rewrite_outer_gathers,
+)
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
 from .matmuls import (
@@ -192,8 +200,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: (``avx512.avx2_row_block``); 59: the rows spread evenly over the blocks, convolutions'
 #: pixels too; 60: direct convolutions write their output padded for a depthwise one reading
 #: it, the kernels' stores take sigmoids and hardsigmoids (squeeze-excitation gates), and on
-#: AVX2 few-group convolutions the depthwise kernel takes are no longer made dense.
-REVISION = 60
+#: AVX2 few-group convolutions the depthwise kernel takes are no longer made dense; 61: gathers
+#: by an outer product of indices (upsamplings) as two one-dimension gathers on llvm-cpu.
+REVISION = 61
 
 _log = logging.getLogger("turbine.aot")
 
@@ -208,6 +217,7 @@ _ENVIRONMENT = (
     CPU_POOLS_ENV,
     EPILOGUE_ENV,
     GROUPED_ENV,
+    OUTER_GATHERS_ENV,
     AMX_CONV_ENV,
     CPU_SOFTMAX_ENV,
     QUANT_AMX_ENV,
@@ -254,6 +264,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     casts = bool(float_to_int_casts(op, vmvx))
     # gathers by aranges over whole dimensions (Hugging Face's padding masks) as views
     gathers = targets_only_cpu(flags) and bool(arange_gathers(op))
+    # gathers by an outer product of indices (upsamplings) as two one-dimension gathers, unless
+    # TURBINE_CPU_OUTER_GATHERS=keep
+    outer = (
+        targets == {"llvm-cpu"}
+        and os.environ.get(OUTER_GATHERS_ENV, "").strip().lower() != "keep"
+        and bool(outer_gathers(op))
+    )
     shared_globals = bool(shared_mutable_globals(op))
     conv_choice = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower()
     keep_convs = conv_choice == "keep"
@@ -319,6 +336,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     if not (
         attention
         or gathers
+        or outer
         or softmax
         or reciprocal
         or casts
@@ -339,6 +357,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if gathers:  # before attention: the masks it reads are built from them
             count = rewrite_arange_gathers(copy)
             _log.info("CPU target: %d gather(s) by aranges written as views", count)
+        if outer:
+            count = rewrite_outer_gathers(copy)
+            _log.info("llvm-cpu target: %d outer-product gather(s) as two gathers", count)
         if attention:
             count = decompose_attention(copy)
             _log.info("CPU target: %d attention op(s) written as matmul + softmax", count)
