@@ -88,7 +88,6 @@ __all__ = ["depthwise_convs", "direct_convs", "rewrite_convs_avx512"]
 
 _CONV_OPS = ("torch.aten.conv2d", "torch.aten.convolution")
 _FUNC_PREFIX = "__turbine_avx512_conv"
-#: The activations the direct and depthwise kernels apply in their store besides ReLU.
 #: The activations the direct and depthwise kernels apply in their store besides ReLU (a
 #: squeeze-excitation's gate among them: its sigmoid, else computed again for every element of
 #: the product it scales, docs/performance.md section 24).
@@ -1149,10 +1148,11 @@ def _padded_consumer(
 def _depthwise_consumer(value: Any, depthwise: list[Any], np_: int) -> tuple[int, Conv] | None:
     """``(index, geometry)`` of the depthwise (or grouped) convolution of ``depthwise`` reading
     ``value`` as its input, ``value``'s one use, with padding, whose kernel reads as many
-    channels as the direct kernel producing ``value`` writes (``np_``: its panels' zero
-    columns are the channels the depthwise kernel pads with zeros): that kernel then writes
-    ``value`` zero-padded as the depthwise kernel reads it, and IREE copies nothing in
-    between (EfficientNet's and MobileNet's expansions before their depthwise convolutions)."""
+    channels as the direct kernel producing ``value`` writes (``np_``: its panels' columns past
+    ``F``, computed from zero-padded weights, stand where the depthwise kernel reads channels
+    it computes and drops; no real channel reads them): that kernel then writes ``value``
+    zero-padded as the depthwise kernel reads it, and IREE copies nothing in between
+    (EfficientNet's and MobileNet's expansions before their depthwise convolutions)."""
     uses = list(value.uses)
     if len(uses) != 1 or uses[0].operand_number != 0:
         return None
