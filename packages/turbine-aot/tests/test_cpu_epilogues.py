@@ -440,6 +440,18 @@ def test_an_expansion_is_written_padded_for_the_depthwise_convolution_after_it(c
         assert "linalg.transpose ins(%arg0" in dw, setting
 
 
+def _built_both_ways(module, x, monkeypatch, setting: str):
+    """``(the default build's result, the result with TURBINE_CPU_EPILOGUES=setting)`` of
+    ``module`` on a ``randn(*x)``, the first checked against eager."""
+    torch.manual_seed(1)
+    inp = torch.randn(*x)
+    eo = export(module, args=(inp,))
+    fused = load_module(eo.compile(save_to=None)).main(inp)
+    torch.testing.assert_close(fused, module(inp), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv(EPILOGUE_ENV, setting)
+    return fused, load_module(eo.compile(save_to=None)).main(inp)
+
+
 @needs_avx2
 @pytest.mark.parametrize(
     ("c", "e", "k", "stride", "x"),
@@ -452,15 +464,8 @@ def test_an_expansion_is_written_padded_for_the_depthwise_convolution_after_it(c
     ids=["96", "72-k5-s2", "72", "240-k5"],
 )
 def test_expansions_written_padded_match_eager(c, e, k, stride, x, monkeypatch):
-    module = _Expansion(c, e, k, stride).eval()
-    torch.manual_seed(1)
-    inp = torch.randn(*x)
-    eo = export(module, args=(inp,))
-    fused = load_module(eo.compile(save_to=None)).main(inp)
-    monkeypatch.setenv(EPILOGUE_ENV, "nopad")
-    nopad = load_module(eo.compile(save_to=None)).main(inp)
+    fused, nopad = _built_both_ways(_Expansion(c, e, k, stride).eval(), x, monkeypatch, "nopad")
     assert torch.equal(fused, nopad)  # the padded C holds the values the copy held
-    torch.testing.assert_close(fused, module(inp), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------- a squeeze-excitation's gate
@@ -542,11 +547,5 @@ def test_the_gate_of_a_squeeze_excitation_is_absorbed(gate):
 )
 def test_absorbed_gates_match_eager(act, gate, x, monkeypatch):
     module = _SqueezeExcite(40, 10, act, gate).eval()
-    torch.manual_seed(1)
-    inp = torch.randn(*x)
-    eo = export(module, args=(inp,))
-    fused = load_module(eo.compile(save_to=None)).main(inp)
-    monkeypatch.setenv(EPILOGUE_ENV, "keep")
-    kept = load_module(eo.compile(save_to=None)).main(inp)
-    torch.testing.assert_close(fused, module(inp), rtol=1e-5, atol=1e-5)
+    fused, kept = _built_both_ways(module, x, monkeypatch, "keep")
     torch.testing.assert_close(fused, kept, rtol=1e-6, atol=1e-6)

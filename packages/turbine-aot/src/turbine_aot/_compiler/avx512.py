@@ -195,19 +195,15 @@ def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
         e(f"{p}%hsd{tag} = arith.divf %hsc{tag}, %act_six : {vt}")
         e(f"{p}%hse{tag} = arith.mulf %hsd{tag}, {v} : {vt}")
         return f"%hse{tag}"
-    if kind == "silu":
-        e(f"{p}%sia{tag} = arith.negf {v} : {vt}")
-        e(f"{p}%sib{tag} = math.exp %sia{tag} : {vt}")
-        e(f"{p}%sic{tag} = arith.addf %sib{tag}, %act_one : {vt}")
-        e(f"{p}%sid{tag} = arith.divf %act_one, %sic{tag} : {vt}")
-        e(f"{p}%sie{tag} = arith.mulf %sid{tag}, {v} : {vt}")
-        return f"%sie{tag}"
-    if kind == "sigmoid":
+    if kind in ("silu", "sigmoid"):  # SiLU: the sigmoid, times x
         e(f"{p}%sga{tag} = arith.negf {v} : {vt}")
         e(f"{p}%sgb{tag} = math.exp %sga{tag} : {vt}")
         e(f"{p}%sgc{tag} = arith.addf %sgb{tag}, %act_one : {vt}")
         e(f"{p}%sgd{tag} = arith.divf %act_one, %sgc{tag} : {vt}")
-        return f"%sgd{tag}"
+        if kind == "sigmoid":
+            return f"%sgd{tag}"
+        e(f"{p}%sie{tag} = arith.mulf %sgd{tag}, {v} : {vt}")
+        return f"%sie{tag}"
     if kind == "hardsigmoid":
         e(f"{p}%hga{tag} = arith.addf {v}, %act_three : {vt}")
         e(f"{p}%hgb{tag} = arith.divf %hga{tag}, %act_six : {vt}")

@@ -86,8 +86,9 @@ def _arange_index(value: Any) -> tuple[Any, int, int] | None:
     return op.operands[0], rank, p
 
 
-def _spec(op: Any) -> list[tuple[Any, int]] | None:
-    """``[(n_k, p_k)]`` of a gather this rewrite takes (module doc), else None."""
+def _gather(op: Any) -> tuple[Any, TensorType, TensorType, list[Any]] | None:
+    """``(x, x's type, the result's type, the index list's items)`` of an
+    ``aten.index.Tensor`` whose index list is a ``ListConstruct``, else None."""
     if op.name != _INDEX or len(list(op.operands)) != 2:
         return None
     x, indices = op.operands
@@ -95,9 +96,18 @@ def _spec(op: Any) -> list[tuple[Any, int]] | None:
     lst = producer(indices)
     if xt is None or out_t is None or lst is None or lst.name != "torch.prim.ListConstruct":
         return None
-    if None not in out_t.sizes or len(list(lst.operands)) != len(xt.sizes):
+    return x, xt, out_t, list(lst.operands)
+
+
+def _spec(op: Any) -> list[tuple[Any, int]] | None:
+    """``[(n_k, p_k)]`` of a gather this rewrite takes (module doc), else None."""
+    gather = _gather(op)
+    if gather is None:
         return None
-    found = [_arange_index(i) for i in lst.operands]
+    _, xt, out_t, items = gather
+    if None not in out_t.sizes or len(items) != len(xt.sizes):
+        return None
+    found = [_arange_index(i) for i in items]
     if any(f is None for f in found):
         return None
     ranks = {f[1] for f in found}  # type: ignore[index]
@@ -157,14 +167,10 @@ def rewrite_arange_gathers(module_op: Any) -> int:
 
 def _outer_spec(op: Any) -> tuple[Any, Any, Any] | None:
     """``(x, h, w)`` of an outer-product gather (module doc), else None."""
-    if op.name != _INDEX or len(list(op.operands)) != 2:
+    gather = _gather(op)
+    if gather is None:
         return None
-    x, indices = op.operands
-    xt, out_t = TensorType.of(x), TensorType.of(op.results[0])
-    lst = producer(indices)
-    if xt is None or out_t is None or lst is None or lst.name != "torch.prim.ListConstruct":
-        return None
-    items = list(lst.operands)
+    x, xt, out_t, items = gather
     rank = len(xt.sizes)
     if rank < 3 or len(items) != rank or None in xt.sizes or None in out_t.sizes:
         return None
