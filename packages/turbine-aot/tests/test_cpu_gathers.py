@@ -128,8 +128,8 @@ class _Upsample(torch.nn.Module):
     def forward(self, x):
         kw = {"align_corners": False} if self.mode == "bilinear" else {}
         up = torch.nn.functional.interpolate(x, size=self.size, mode=self.mode, **kw)
-        rows = torch.tensor([[2], [0], [1]])
-        return up, x[:, :, rows, torch.tensor([1, 1, 0, 3])]
+        rows = torch.tensor([[2], [0], [-1]])  # negative: from the end, as torch counts
+        return up, x[:, :, rows, torch.tensor([1, -2, 0, 3])]
 
 
 def test_outer_product_gathers_become_two_index_selects():

@@ -29,7 +29,7 @@ Zen 3, 234 us for LR-ASPP's 5 x 128 x 128 output from 16 x 16, 2.9 ns an element
 w), -2, h.view(OH))`` (the same elements), the first gather is a small one over ``H x OW``,
 and the second copies whole rows, which IREE vectorizes along ``OW``. Taken: a static ``x`` of
 rank 3 or more, indexed ``[None, ..., None, h, w]`` with ``h`` ``[P, 1]`` and ``w`` ``[Q]``
-integers.
+integers (taken modulo the sizes, so negative ones count from the end as they do in the gather).
 """
 
 from __future__ import annotations
@@ -187,6 +187,12 @@ def _outer_spec(op: Any) -> tuple[Any, Any, Any] | None:
     return x, h, w
 
 
+def _wrapped(b: Builder, i: Any, size: Any) -> Any:
+    """``i mod size``: a negative index counts from the end, as in the gather (which IREE
+    wraps; its ``index_select`` would not)."""
+    return b.op("torch.aten.remainder.Scalar", str(i.type), [i, b.int(size)])
+
+
 def outer_gathers(module_op: Any) -> list[Any]:
     """The gathers of ``module_op`` that :func:`rewrite_outer_gathers` rewrites."""
     op = getattr(module_op, "operation", module_op)
@@ -208,13 +214,14 @@ def rewrite_outer_gathers(module_op: Any) -> int:
         cols = b.op(
             "torch.aten.index_select",
             xt.with_sizes([*xt.sizes[:-1], out_t.sizes[-1]]).asm(),
-            [x, b.int(rank - 1), w],
+            [x, b.int(rank - 1), _wrapped(b, w, xt.sizes[-1])],
         )
         rows = b.op(
             "torch.aten.view",
             ht.with_sizes([ht.sizes[0]]).asm(),
             [h, b.int_list([ht.sizes[0]])],  # type: ignore[list-item]
         )
+        rows = _wrapped(b, rows, xt.sizes[-2])
         value = b.op("torch.aten.index_select", out_t.asm(), [cols, b.int(rank - 2), rows])
         indices = op.operands[1]
         op.results[0].replace_all_uses_with(value)
