@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ir_check import check_ir
-from kernel_testing import compile_copy_asm, needs_avx2, needs_avx512
+from kernel_testing import compile_copy_asm, host_flags, needs_avx2, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler.conv_forms import MAX_GROUPS, convs_to_reform
@@ -116,8 +116,7 @@ def test_conv2d_with_one_element_lists_is_reformed_right():
 
 # ------------------------------------- AVX2: few groups the depthwise kernel takes stay grouped
 def _avx2_asm(eo) -> str:
-    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
-    return compile_copy_asm(eo, flags)
+    return compile_copy_asm(eo, host_flags("--turbine-cpu-matmul=avx2"))
 
 
 def test_on_avx2_few_groups_the_depthwise_kernel_takes_stay_grouped():
@@ -163,7 +162,7 @@ def test_grouped_on_the_depthwise_kernel_match_eager(make, shape):
     torch.manual_seed(0)
     m = make().eval()
     x = torch.randn(*shape)
-    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    flags = host_flags("--turbine-cpu-matmul=avx2")
     got = load_module(export(m, args=(x,)).compile(save_to=None, extra_args=flags)).main(x)
     torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
 

@@ -4,13 +4,12 @@ bit for bit those of the unfused module, ``TURBINE_CPU_EPILOGUES=keep``)."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 import torch
 from ir_check import check_ir
-from kernel_testing import compile_copy_asm, needs_avx2, needs_avx512
+from kernel_testing import compile_copy_asm, host_flags, needs_avx2, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls
@@ -401,12 +400,12 @@ def _private(asm: str, name: str) -> str:
 
 
 @pytest.mark.parametrize(("c", "e"), [(16, 96), (24, 72)])
-def test_an_expansion_is_written_padded_for_the_depthwise_convolution_after_it(c, e):
+def test_an_expansion_is_written_padded_for_the_depthwise_convolution_after_it(c, e, monkeypatch):
     """The 1x1 kernel writes its C zero-padded as the depthwise kernel reads it, all of its
     panels' columns (72 channels: 80, the zero columns being the channels the depthwise kernel
     pads with), so IREE copies nothing between the two (EfficientNet-B0: 16 copies, 126 us of
     a 5 ms call, on the Zen 3 of docs/performance.md section 24)."""
-    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    flags = host_flags("--turbine-cpu-matmul=avx2")
     eo = export(_Expansion(c, e).eval(), args=(torch.randn(1, c, 12, 12),))
     asm = compile_copy_asm(eo, flags)
     np_ = -(-e // 16) * 16
@@ -430,11 +429,8 @@ def test_an_expansion_is_written_padded_for_the_depthwise_convolution_after_it(c
     # TURBINE_CPU_EPILOGUES=nopad (or no-depthwise-pad): the depthwise function pads its
     # input itself again
     for setting in ("nopad", "no-depthwise-pad"):
-        os.environ[EPILOGUE_ENV] = setting
-        try:
-            nopad = compile_copy_asm(eo, flags)
-        finally:
-            del os.environ[EPILOGUE_ENV]
+        monkeypatch.setenv(EPILOGUE_ENV, setting)
+        nopad = compile_copy_asm(eo, flags)
         assert "_opad" not in nopad, setting
         dw = _private(nopad, "__turbine_avx512_conv_depthwise_0")
         assert "linalg.transpose ins(%arg0" in dw, setting
@@ -506,12 +502,12 @@ def torchvision_se(c: int, squeeze: int, act: str, gate: str) -> torch.nn.Module
 
 
 @pytest.mark.parametrize("gate", ["sigmoid", "hardsigmoid"])
-def test_the_gate_of_a_squeeze_excitation_is_absorbed(gate):
+def test_the_gate_of_a_squeeze_excitation_is_absorbed(gate, monkeypatch):
     """IREE would fuse the gate into the product it scales and compute it again for every
     element of that product (an ``exp`` and a division per element for a sigmoid); in the
     store of the second 1x1 convolution it is computed once per channel, as IREE computes it:
     sigmoid ``1 / (1 + exp(-x))``, hardsigmoid ``max(min((x + 3) / 6, 1), 0)``."""
-    flags = [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx2"]
+    flags = host_flags("--turbine-cpu-matmul=avx2")
     eo = export(_SqueezeExcite(gate=gate).eval(), args=(torch.randn(1, 16, 12, 12),))
     asm = compile_copy_asm(eo, flags)
     body = (
@@ -528,11 +524,8 @@ def test_the_gate_of_a_squeeze_excitation_is_absorbed(gate):
     main = _main(asm)
     assert f"torch.aten.{gate}" not in main and "torch.aten.mul.Tensor" in main
     for setting in ("keep", "no-gates", "nopad,no-gates"):  # the gate left to IREE
-        os.environ[EPILOGUE_ENV] = setting
-        try:
-            assert f"torch.aten.{gate}" in _main(compile_copy_asm(eo, flags)), setting
-        finally:
-            del os.environ[EPILOGUE_ENV]
+        monkeypatch.setenv(EPILOGUE_ENV, setting)
+        assert f"torch.aten.{gate}" in _main(compile_copy_asm(eo, flags)), setting
 
 
 @needs_avx2

@@ -67,9 +67,10 @@ def _operands(op: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def _form(op: Any, isa: str) -> tuple[int, int] | None:
+def _form(op: Any, grouped_kernel: bool) -> tuple[int, int] | None:
     """``(spatial rank, groups)`` of a convolution to reform (1-D, or grouped with at most
-    :data:`MAX_GROUPS` groups and more than one channel per group), else ``None``."""
+    :data:`MAX_GROUPS` groups and more than one channel per group), else ``None``;
+    ``grouped_kernel``: those the depthwise kernel takes stay grouped (:data:`GROUPED_MAX_WIDTH`)."""
     parts = _operands(op)
     if parts is None:
         return None
@@ -93,7 +94,6 @@ def _form(op: Any, isa: str) -> tuple[int, int] | None:
     c, f = int(xt.sizes[1]), int(wt.sizes[0])  # type: ignore[arg-type]
     if g > 1 and (g > MAX_GROUPS or c % g or f % g or c == g):
         return None  # many groups, or depthwise: IREE's code
-    grouped_kernel = isa == "avx2" and os.environ.get(GROUPED_ENV, "").strip().lower() != "dense"
     if g > 1 and grouped_kernel and f == c and GROUPED_MAX_WIDTH % (c // g) == 0:
         g = 1  # the depthwise kernel's grouped form (2-D) takes it, faster than dense
     if g == 1 and rank == 2:
@@ -105,8 +105,10 @@ def _to_reform(module_op: Any, isa: str | None) -> list[tuple[Any, tuple[int, in
     """The convolutions to reform, each with its :func:`_form` (read once), for kernels built
     for ``isa`` (None: :func:`.isa.kernel_isa`)."""
     op = getattr(module_op, "operation", module_op)
-    isa = isa or kernel_isa()
-    found = ((o, _form(o, isa)) for o in walk(op) if o.name in _CONV_OPS)
+    grouped_kernel = (isa or kernel_isa()) == "avx2" and (
+        os.environ.get(GROUPED_ENV, "").strip().lower() != "dense"
+    )
+    found = ((o, _form(o, grouped_kernel)) for o in walk(op) if o.name in _CONV_OPS)
     return [(o, form) for o, form in found if form is not None]
 
 
