@@ -36,7 +36,7 @@ from turbine_aot import runtime  # noqa: E402
 def measure(name: str, rounds: int, sweep_mb: int) -> dict:
     import zoo
 
-    case = getattr(zoo, name.replace("-", "_"))()
+    case = zoo.model_case(name)
     case.module.eval()
     inputs = zoo._flat_inputs(case.args, case.kwargs)
     eo = turbine_aot.export(

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.model not in zoo.ZOO:
             p.error(f"unknown model {args.model!r}: see --help")
-        case = zoo.ZOO[args.model]()
+        case = zoo.model_case(args.model)
         module, margs, mkwargs, what = case.module.eval(), case.args, case.kwargs, case.what
         dynamic = case.dynamic_shapes  # exported as zoo.py does (a dynamic sequence...)
     result: dict[str, Any] = {"model": args.model, "what": what, "threads": args.threads}

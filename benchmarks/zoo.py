@@ -434,6 +434,17 @@ def _calibrate_batchnorm(case: ZooCase, batches: int = 4) -> bool:
     return True
 
 
+def model_case(name: str) -> ZooCase:
+    """The zoo's case ``name`` as :func:`run_model` measures it: built, its BatchNorm statistics
+    calibrated (with the random initial ones, an uncalibrated network's activations shrink layer
+    by layer: EfficientNet-B0's logits come out near 1e-20), in eval
+    mode. For the tools that measure a zoo model outside this script."""
+    case = ZOO[name]()
+    _calibrate_batchnorm(case)
+    case.module.eval()
+    return case
+
+
 def _leaves(out: Any) -> list:
     import torch
     from torch.utils import _pytree as pytree

@@ -48,7 +48,7 @@ def _with_env(key: str, value: str | None):
 def measure(name: str, key: str, value: str, rounds: int, round_s: float) -> dict[str, Any]:
     import zoo
 
-    case = zoo.ZOO[name]()
+    case = zoo.model_case(name)
     module = case.module.eval()
     eo = turbine_aot.export(
         module, args=case.args, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes

@@ -13,6 +13,7 @@ from kernel_testing import compile_copy_asm, host_flags, needs_avx2, needs_avx51
 
 from turbine_aot import export
 from turbine_aot._compiler import matmuls
+from turbine_aot._compiler.activations import SILU_ENV
 from turbine_aot._compiler.epilogues import EPILOGUE_ENV
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot.runtime import load_module
@@ -232,7 +233,7 @@ def test_hardswish_is_absorbed_into_the_direct_and_depthwise_kernels(monkeypatch
     assert "call @__turbine_avx512_conv_0(" in main and "torch.aten.hardswish" in main
 
 
-def test_silu_is_absorbed_as_iree_computes_it(monkeypatch):
+def test_silu_is_absorbed_with_turbines_exp(monkeypatch):
     monkeypatch.setattr(matmuls, "host_avx512_missing", lambda: [])
     eo = export(_Activated("silu").eval(), args=(torch.randn(1, 16, 16, 16),))
     asm = compile_copy_asm(eo, _flags())
@@ -240,15 +241,76 @@ def test_silu_is_absorbed_as_iree_computes_it(monkeypatch):
         asm,
         r"stream.executable private @__turbine_avx512_f32_conv_n1_c16_h16_w16_f64_k3x3_\w+"
         r"_scale_shift_silu_opad1x1 ",
-        # 1 / (1 + exp(-x)) * x, as IREE compiles torch-mlir's SiLU
+        # 1 / (1 + exp(-x)) * x, exp(-x) as 2^n exp(r): exp(r) a polynomial, 2^n added into
+        # the exponent's bits
         r"arith.negf %\w+ : vector<16xf32>",
-        r"math.exp %\w+ : vector<16xf32>",
+        r"arith.cmpf ogt, %\w+, %\w+ : vector<16xf32>",  # the clamp
+        r"arith.cmpf olt, %\w+, %\w+ : vector<16xf32>",
+        r"(%\w+) = vector.fma %\w+, %\w+, %\w+ : vector<16xf32>",  # n, rounded
+        *[r"vector.fma %\w+, %\w+, %\w+ : vector<16xf32>"] * 8,  # r; the polynomial
+        r"arith.shli %\w+, %\w+ : vector<16xi32>",
+        r"arith.addi %\w+, %\w+ : vector<16xi32>",
         r"arith.addf %\w+, %\w+ : vector<16xf32>",
         r"arith.divf %\w+, %\w+ : vector<16xf32>",
         r"arith.mulf %\w+, %\w+ : vector<16xf32>",
     )
+    assert "math.exp" not in asm
     assert "_dwconv_n1_c64_h4_w4_k3x3_s1x1_p1x1_d1x1_scale_shift_silu" in asm
     assert "torch.aten.silu" not in _main(asm)
+    # the A/B baseline: IREE's math.exp, as IREE compiles torch-mlir's SiLU
+    monkeypatch.setenv(SILU_ENV, "iree")
+    check_ir(
+        compile_copy_asm(eo, _flags()),
+        r"_scale_shift_silu_opad1x1 ",
+        r"arith.negf %\w+ : vector<16xf32>",
+        r"math.exp %\w+ : vector<16xf32>",
+        r"arith.divf %\w+, %\w+ : vector<16xf32>",
+    )
+
+
+class _Identity(torch.nn.Module):
+    """A 1x1 convolution (``depthwise``: a 3x3 depthwise one) whose weights copy each channel
+    (a sum of the input times 1 and zeros: exact), then SiLU, in turbine's direct (depthwise)
+    kernel: its output is SiLU of the input itself."""
+
+    def __init__(self, depthwise: bool):
+        super().__init__()
+        if depthwise:
+            self.conv = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False)
+            w = torch.zeros(16, 1, 3, 3)
+            w[:, :, 1, 1] = 1
+        else:
+            self.conv = torch.nn.Conv2d(16, 16, 1, bias=False)
+            w = torch.eye(16).reshape(16, 16, 1, 1)
+        self.conv.weight.data.copy_(w)
+
+    def forward(self, x):
+        return torch.nn.functional.silu(self.conv(x))
+
+
+@needs_avx2
+@pytest.mark.parametrize("depthwise", [False, True], ids=["direct", "depthwise"])
+def test_silu_is_accurate_over_its_whole_range(depthwise):
+    """SiLU of -100 .. 100 (past both ends of exp's clamp, [-88, 86.5] in -x) and a NaN, in
+    the direct and the depthwise kernels: within 2.5e-7 (2 ulp) of the exact value (float64), as close
+    as eager's (its own exp); beyond the clamp, where the exact value is below 1e-36, off by
+    at most 1e-35; NaN stays NaN."""
+    x = torch.cat([torch.linspace(-100, 100, 16 * 12 * 12 - 3), torch.tensor([-1e-30, 0.0, 5e-8])])
+    x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(0))]
+    x = x.reshape(1, 16, 12, 12).contiguous()
+    x[0, 3, 5, 7] = float("nan")  # the 1x1 kernel sums 0 * NaN: that pixel is NaN throughout
+    module = _Identity(depthwise).eval()
+    eo = export(module, args=(x,))
+    asm = compile_copy_asm(eo, host_flags())
+    assert ("_dwconv_" if depthwise else "_conv_") in asm and "_silu" in asm
+    got = load_module(eo.compile(save_to=None)).main(x)
+    eager = module(x)
+    assert torch.equal(got.isnan(), eager.isnan()) and got.isnan().any()
+    exact = torch.nn.functional.silu(module.conv.double()(x.double()))
+    ok = ~exact.isnan()
+    got, exact, eager = got[ok].double(), exact[ok], eager[ok].double()
+    torch.testing.assert_close(got, exact, rtol=2.5e-7, atol=1e-35)
+    torch.testing.assert_close(eager, exact, rtol=2.5e-7, atol=1e-35)
 
 
 def test_a_decomposed_batch_norm_is_absorbed(monkeypatch):

@@ -31,25 +31,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .activations import emit_activation, emit_activation_constants
 from .host import cpu_flags
 from .isa import AVX512_FEATURES, kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = [
-    "ACTIVATIONS",
     "AVX512_BF16_FEATURES",
     "AVX512_FEATURES",
     "MATMUL_PREFETCH_ENV",
     "MATMUL_ROWS_ENV",
     "Avx512Gemm",
     "emit_accumulator_init",
-    "emit_activation",
-    "emit_activation_constants",
     "emit_epilogue",
     "fma",
     "host_avx512_bf16_missing",
     "host_avx512_missing",
-    "store_activation",
 ]
 
 #: ``off``: no products prefetch their weight's next block (:meth:`Avx512Gemm.for_rows`), for
@@ -157,60 +154,6 @@ def emit_epilogue(
         for j in range(nv):
             store(values[r * nv + j], r, j, p + "  ")
     e(f"{p}}}")
-
-
-#: The epilogue steps that take no operand: the activations a kernel's store may apply
-#: (a kernel has a bool field of each name; the ones after ``relu`` are
-#: :func:`emit_activation`'s).
-ACTIVATIONS = ("relu", "hardswish", "silu", "sigmoid", "hardsigmoid")
-
-
-def store_activation(kernel: Any) -> str | None:
-    """The activation of ``kernel``'s store other than ReLU (one of ``ACTIVATIONS[1:]``,
-    each a bool field of the kernel), if any."""
-    return next((a for a in ACTIVATIONS[1:] if getattr(kernel, a)), None)
-
-
-def emit_activation_constants(e: Any, p: str) -> None:
-    """Emits the vectors :func:`emit_activation` uses (``%act_zero``, ``%act_one``,
-    ``%act_three``, ``%act_six``), in the region where it is called."""
-    vt = "vector<16xf32>"
-    for name, value in (("zero", 0.0), ("one", 1.0), ("three", 3.0), ("six", 6.0)):
-        e(f"{p}%act_{name} = arith.constant dense<{value}> : {vt}")
-
-
-def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
-    """Emits torch's ``kind`` activation (``hardswish``, ``silu``, ``sigmoid`` or
-    ``hardsigmoid``) of ``v`` (``vector<16xf32>``) in the order and rounding of the ops IREE
-    compiles from ``torch.aten.hardswish`` (``min(max(x + 3, 0), 6) / 6 * x``),
-    ``torch.aten.silu`` (``1 / (1 + exp(-x)) * x``), ``torch.aten.sigmoid`` (``1 / (1 +
-    exp(-x))``) and ``torch.aten.hardsigmoid`` (``max(min((x + 3) / 6, 1), 0)``), so that the
-    values are IREE's own; returns the result's name. Needs :func:`emit_activation_constants`
-    in the same region."""
-    vt = "vector<16xf32>"
-    if kind == "hardswish":
-        e(f"{p}%hsa{tag} = arith.addf {v}, %act_three : {vt}")
-        e(f"{p}%hsb{tag} = arith.maximumf %hsa{tag}, %act_zero : {vt}")
-        e(f"{p}%hsc{tag} = arith.minimumf %hsb{tag}, %act_six : {vt}")
-        e(f"{p}%hsd{tag} = arith.divf %hsc{tag}, %act_six : {vt}")
-        e(f"{p}%hse{tag} = arith.mulf %hsd{tag}, {v} : {vt}")
-        return f"%hse{tag}"
-    if kind in ("silu", "sigmoid"):  # SiLU: the sigmoid, times x
-        e(f"{p}%sga{tag} = arith.negf {v} : {vt}")
-        e(f"{p}%sgb{tag} = math.exp %sga{tag} : {vt}")
-        e(f"{p}%sgc{tag} = arith.addf %sgb{tag}, %act_one : {vt}")
-        e(f"{p}%sgd{tag} = arith.divf %act_one, %sgc{tag} : {vt}")
-        if kind == "sigmoid":
-            return f"%sgd{tag}"
-        e(f"{p}%sie{tag} = arith.mulf %sgd{tag}, {v} : {vt}")
-        return f"%sie{tag}"
-    if kind == "hardsigmoid":
-        e(f"{p}%hga{tag} = arith.addf {v}, %act_three : {vt}")
-        e(f"{p}%hgb{tag} = arith.divf %hga{tag}, %act_six : {vt}")
-        e(f"{p}%hgc{tag} = arith.minimumf %hgb{tag}, %act_one : {vt}")
-        e(f"{p}%hgd{tag} = arith.maximumf %hgc{tag}, %act_zero : {vt}")
-        return f"%hgd{tag}"
-    raise ValueError(f"no activation {kind!r}")
 
 
 def fma(a: str, b: str, acc: str, bf16: bool) -> str:

@@ -38,14 +38,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .avx512 import (
-    ACTIVATIONS,
-    avx2_row_block,
-    emit_accumulator_init,
-    emit_epilogue,
-    fma,
-    store_activation,
-)
+from .activations import ACTIVATIONS, store_activation
+from .avx512 import avx2_row_block, emit_accumulator_init, emit_epilogue, fma
 from .convs import Conv
 from .host import cpu_vendor
 from .isa import kernel_isa

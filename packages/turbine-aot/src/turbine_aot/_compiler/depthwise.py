@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .avx512 import ACTIVATIONS, emit_activation, emit_activation_constants, store_activation
+from .activations import ACTIVATIONS, emit_activation, emit_activation_constants, store_activation
 from .convs import Conv
 
 __all__ = ["DepthwiseConv"]

@@ -22,7 +22,7 @@ the absorbed ones by the call's result.
   EfficientNet's), or ``torch.aten.sigmoid`` / ``torch.aten.hardsigmoid`` (the gate of a
   squeeze-excitation block, which IREE would otherwise compute again for every element of the
   activation it scales), computed in the order of IREE's own code for them
-  (:func:`.avx512.emit_activation`).
+  (:func:`.activations.emit_activation`).
 
 A direct convolution whose (absorbed) output is read only by another direct convolution, or
 by a depthwise one, with padding writes it zero-padded as that one reads it, so IREE copies

@@ -202,8 +202,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: it, the kernels' stores take sigmoids and hardsigmoids (squeeze-excitation gates), and on
 #: AVX2 few-group convolutions the depthwise kernel takes are no longer made dense; 61: gathers
 #: by an outer product of indices (upsamplings) as two one-dimension gathers on llvm-cpu; 62:
-#: and their negative indices wrapped.
-REVISION = 62
+#: and their negative indices wrapped; 63: the kernels' SiLU computes exp by turbine's own
+#: polynomial.
+REVISION = 63
 
 _log = logging.getLogger("turbine.aot")
 
