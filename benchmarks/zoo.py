@@ -436,9 +436,9 @@ def _calibrate_batchnorm(case: ZooCase, batches: int = 4) -> bool:
 
 def model_case(name: str) -> ZooCase:
     """The zoo's case ``name`` as :func:`run_model` measures it: built, its BatchNorm statistics
-    calibrated (with the random initial ones, an uncalibrated network's activations shrink layer
-    by layer: EfficientNet-B0's logits come out near 1e-20), in eval
-    mode. For the tools that measure a zoo model outside this script."""
+    calibrated (with the initial ones a network's activations shrink layer by layer:
+    EfficientNet-B0's logits come out near 1e-20), in eval mode. For the tools that measure a
+    zoo model outside this script."""
     case = ZOO[name]()
     _calibrate_batchnorm(case)
     case.module.eval()
