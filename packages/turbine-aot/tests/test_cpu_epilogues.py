@@ -16,6 +16,7 @@ from turbine_aot._compiler import matmuls
 from turbine_aot._compiler.activations import SILU_ENV
 from turbine_aot._compiler.epilogues import EPILOGUE_ENV
 from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot.runtime import load_module
 
 
@@ -257,8 +258,11 @@ def test_silu_is_absorbed_with_turbines_exp(monkeypatch):
     assert "math.exp" not in asm
     assert "_dwconv_n1_c64_h4_w4_k3x3_s1x1_p1x1_d1x1_scale_shift_silu" in asm
     assert "torch.aten.silu" not in _main(asm)
-    # the A/B baseline: IREE's math.exp, as IREE compiles torch-mlir's SiLU
+    # the A/B baseline: IREE's math.exp, as IREE compiles torch-mlir's SiLU; the compile cache
+    # keys on the choice
+    key = environment_key()
     monkeypatch.setenv(SILU_ENV, "iree")
+    assert environment_key() != key
     check_ir(
         compile_copy_asm(eo, _flags()),
         r"_scale_shift_silu_opad1x1 ",

@@ -58,6 +58,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import softmax as softmax_rules  # its DYNAMIC_SOFTMAX_ISAS, read per compile
+from .activations import SILU_ENV
 from .amx_conv import AMX_CONV_ENV, amx_conv_enabled
 from .amx_quant import QUANT_AMX_ENV, quant_amx_enabled
 from .attention import decompose_attention, has_attention, targets_only_cpu
@@ -218,6 +219,7 @@ _ENVIRONMENT = (
     CONV_BLOCKING_ENV,
     CPU_POOLS_ENV,
     EPILOGUE_ENV,
+    SILU_ENV,
     GROUPED_ENV,
     OUTER_GATHERS_ENV,
     AMX_CONV_ENV,
@@ -235,7 +237,8 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GROUPED``,
+    ``TURBINE_CPU_OUTER_GATHERS``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
     ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_MATMUL_ROWS``,
     ``TURBINE_CPU_WINOGRAD``, ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``),
     for the compile cache's keys: a module compiled under one choice is not served for
