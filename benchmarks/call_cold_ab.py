@@ -36,8 +36,7 @@ from turbine_aot import runtime  # noqa: E402
 def measure(name: str, rounds: int, sweep_mb: int) -> dict:
     import zoo
 
-    case = zoo.model_case(name)
-    case.module.eval()
+    case = zoo.model_case(name)  # in eval mode
     inputs = zoo._flat_inputs(case.args, case.kwargs)
     eo = turbine_aot.export(
         case.module, args=case.args, kwargs=case.kwargs, dynamic_shapes=case.dynamic_shapes

@@ -295,10 +295,10 @@ class _Identity(torch.nn.Module):
 @needs_avx2
 @pytest.mark.parametrize("depthwise", [False, True], ids=["direct", "depthwise"])
 def test_silu_is_accurate_over_its_whole_range(depthwise):
-    """SiLU of -100 .. 100 (past both ends of exp's clamp, [-88, 86.5] in -x) and a NaN, in
-    the direct and the depthwise kernels: within 2.5e-7 (2 ulp) of the exact value (float64), as close
-    as eager's (its own exp); beyond the clamp, where the exact value is below 1e-36, off by
-    at most 1e-35; NaN stays NaN."""
+    """SiLU of -100 .. 100 (past both ends of exp's clamp: [-86.5, 88] in -x, so [-88, 86.5] in
+    x) and a NaN, in the direct and the depthwise kernels: within 2.5e-7 (2 ulp) of the exact
+    value (float64), as close as eager's (its own exp); beyond the clamp, where the exact value
+    is below 1e-36, off by at most 1e-35; NaN stays NaN."""
     x = torch.cat([torch.linspace(-100, 100, 16 * 12 * 12 - 3), torch.tensor([-1e-30, 0.0, 5e-8])])
     x = x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(0))]
     x = x.reshape(1, 16, 12, 12).contiguous()
