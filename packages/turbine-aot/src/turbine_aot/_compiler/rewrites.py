@@ -20,6 +20,9 @@ flags:
   stride-1 convolutions of many channels and large enough outputs run in Winograd form
   (:mod:`.winograd`; ``TURBINE_CPU_WINOGRAD=off|2|4``), and depthwise convolutions run on the
   AVX-512 depthwise kernel (:mod:`.depthwise`).
+- ``llvm-cpu`` targets: torch's exact f32 GELU through a rational ``erf`` of turbine's own
+  instead of IREE's ``math.erf`` expansion (:mod:`.gelu`; ``TURBINE_CPU_GELU=iree`` keeps
+  IREE's).
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -95,6 +98,7 @@ from .gathers import (
     rewrite_arange_gathers,
     rewrite_outer_gathers,
 )
+from .gelu import GELU_ENV, erf_gelus, fast_gelu_enabled, rewrite_gelus
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
 from .matmuls import (
@@ -204,8 +208,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: AVX2 few-group convolutions the depthwise kernel takes are no longer made dense; 61: gathers
 #: by an outer product of indices (upsamplings) as two one-dimension gathers on llvm-cpu; 62:
 #: and their negative indices wrapped; 63: the kernels' SiLU computes exp by turbine's own
-#: polynomial.
-REVISION = 63
+#: polynomial; 64: f32 GELUs by turbine's rational ``erf`` on llvm-cpu (:mod:`.gelu`).
+REVISION = 64
 
 _log = logging.getLogger("turbine.aot")
 
@@ -220,6 +224,7 @@ _ENVIRONMENT = (
     CPU_POOLS_ENV,
     EPILOGUE_ENV,
     SILU_ENV,
+    GELU_ENV,
     GROUPED_ENV,
     OUTER_GATHERS_ENV,
     AMX_CONV_ENV,
@@ -237,7 +242,7 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GROUPED``,
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GELU``, ``TURBINE_CPU_GROUPED``,
     ``TURBINE_CPU_OUTER_GATHERS``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
     ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_MATMUL_ROWS``,
     ``TURBINE_CPU_WINOGRAD``, ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``),
@@ -338,6 +343,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # ... and a model's own softmax in that form over a dynamic shape, which IREE 3.13 computes
     # wrongly, handed to IREE as a softmax (always: a correctness fix)
     reciprocal = targets == {"llvm-cpu"} and bool(reciprocal_forms(op))
+    # f32 GELUs by turbine's rational erf, unless TURBINE_CPU_GELU=iree
+    gelu = targets == {"llvm-cpu"} and fast_gelu_enabled() and bool(erf_gelus(op))
     if not (
         attention
         or gathers
@@ -355,6 +362,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or direct
         or means
         or absmax
+        or gelu
     ):
         return module_op, False
     copy = op.clone()
@@ -452,6 +460,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
                 count,
                 isa,
             )
+        if gelu:
+            count = rewrite_gelus(copy)
+            _log.info("llvm-cpu target: %d GELU(s) by turbine's rational erf", count)
     return copy, True
 
 
