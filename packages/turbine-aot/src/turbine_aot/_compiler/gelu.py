@@ -1,30 +1,43 @@
-"""llvm-cpu: torch's exact GELU (``gelu(x, approximate="none")``, ``x Phi(x)``) computed by a
-rational ``erf`` of turbine's own in the compile copy.
+"""llvm-cpu: torch's GELU, exact (``x Phi(x)``) and tanh form, f32, computed by a rational
+function of turbine's own in the compile copy.
 
-torch-mlir lowers ``torch.aten.gelu`` to ``0.5 x (1 + erf(x / sqrt 2))`` and IREE 3.13 expands
-``math.erf`` into a piecewise rational approximation whose coefficients it selects per element
-among three intervals (a compare and a select per coefficient and interval) before one
-division: 1.26 ns a value on an AMD EPYC Zen 3 core, 12 % of ConvNeXt-atto's call there
-(docs/performance.md, section 26). Here each f32 GELU becomes a call of a private function over
-builtin tensors (IREE inlines it; one element-wise dispatch as before) that computes, per element,
-with ``c`` = :data:`CLAMP`::
+torch-mlir lowers ``torch.aten.gelu`` to ``0.5 x (1 + erf(x / sqrt 2))``, or for
+``approximate="tanh"`` (GPT-2's, Gemma's) to ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715
+x^3)))``. IREE 3.13 expands ``math.erf`` into a rational approximation on three intervals whose
+coefficients it selects per element (a compare and a select per coefficient and interval)
+before one division: 1.26 ns a value on an AMD EPYC Zen 3 core, 12 % of ConvNeXt-atto's call
+there. Its ``math.tanh`` costs 0.83 ns a value and is coarse: the tanh-form GELU it computes is
+up to 5.1e-5 off (eager's 4.3e-7; docs/performance.md, section 26). Here each f32 GELU becomes
+a call of a private function over builtin tensors (IREE inlines it; one element-wise dispatch as
+before) that computes, per element, with ``P``, ``Q``, ``c`` of the form (:data:`FORMS`)::
 
     xc = min(max(x, -c), c);  t = xc * xc
     r  = xc * P(t) / Q(t)                 (P degree 5, Q degree 5, Horner, one FMA a term)
     h  = 0.5 * x;  gelu = fma(h, r, h)    (h (1 + r))
 
-``r`` is ``erf(x / sqrt 2)`` to 1.7e-8 relative on ``[0, c]`` (a minimax fit made by
-``tools/fit_gelu_erf.py``); ``c`` is a point where ``r`` evaluates in f32 to exactly 1 (and, the
-function being odd, -1 at ``-c``), so every ``|x| >= c`` gets ``r = +-1`` and ``gelu`` exactly
-``x`` (the exact GELU rounded to f32 there) or 0 (the exact value is above -1.7e-7). The result is within 1.9e-7 relative of the exact GELU for ``x >= 0``
-(eager's 5.2e-7, IREE's form's 1.9e-7), and within 2 ulp of the result's magnitude elsewhere
-(``1 + r`` cancels for negative ``x`` as it does in eager's and IREE's forms); NaN and infinities
-give eager's values (``gelu(-inf)`` is NaN in all three). About 17 vector instructions for 8
-values, no selects of coefficients.
+``r`` is ``erf(x / sqrt 2)`` (exact form) or ``tanh(sqrt(2 / pi) (x + 0.044715 x^3))`` (tanh
+form: odd in ``x`` too) to 1.7e-8 / 1.9e-8 relative on ``[0, c]`` (minimax fits made by
+``tools/fit_gelu_erf.py``); ``c`` is a point where ``r`` evaluates in f32 to exactly 1 (and,
+the function being odd, -1 at ``-c``), so every ``|x| >= c`` gets ``r = +-1`` and ``gelu``
+exactly ``x`` (the GELU rounded to f32 there) or 0 (the GELU is above -1.7e-7 there). The
+result is within 1.9e-7 relative of the exact value for ``x >= 0`` (eager's 5.2e-7 and 1.4e-7
+for the two forms, IREE's 1.9e-7 and 5.6e-5), and within 2 ulp of ``max(|x|, 1)`` elsewhere
+(``1 + r`` cancels for negative ``x`` as it does in eager's and IREE's code); NaN and infinities
+give eager's values (``gelu(-inf)`` is NaN in all: ``-inf * 0``). About 17 vector instructions
+for 8 values, no selects of coefficients: 0.47 ns a value.
 
-Taken: ``torch.aten.gelu`` with ``approximate="none"`` of an f32 tensor (static or dynamic
-sizes). The tanh form and other dtypes stay as they are. ``TURBINE_CPU_GELU=iree`` leaves every
-GELU to IREE (the A/B baseline).
+Taken: ``torch.aten.gelu`` of an f32 tensor (static or dynamic sizes), either form; other
+dtypes stay as they are. ``TURBINE_CPU_GELU=iree`` leaves every GELU to IREE (the A/B
+baseline).
+
+**Every target**: torch-mlir lowers the tanh form with ``sqrt(2 / pi)`` written as ``0.797724``
+(it is 0.7978846), so that the GELU IREE computes is up to 5.1e-5 off at ``x`` near 1.3 (eager:
+4.3e-7). Where the rational form above does not apply (other targets, ``TURBINE_CPU_GELU=iree``),
+an f32 tanh-form GELU is written out as the torch ops of eager's formula, ``0.5 x (1 +
+tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, with the right constant
+(:func:`rewrite_tanh_gelus_as_ops`). f16 and bf16 ones keep torch-mlir's lowering (the error is
+far below their precision); f64 ones too (IREE 3.13 cannot link an f64 ``tanh`` on llvm-cpu
+either way).
 """
 
 from __future__ import annotations
@@ -37,17 +50,24 @@ from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, walk
 
 __all__ = [
     "CLAMP",
+    "CLAMP_TANH",
+    "FORMS",
     "GELU_ENV",
     "GELU_FUNC_PREFIX",
+    "P_TANH",
+    "Q_TANH",
     "P",
     "Q",
-    "erf_gelus",
     "fast_gelu_enabled",
     "gelu_function",
+    "rewritable_gelus",
     "rewrite_gelus",
+    "rewrite_tanh_gelus_as_ops",
+    "tanh_gelus",
 ]
 
-#: Environment variable: ``iree`` leaves GELU's ``erf`` to IREE (the A/B baseline).
+#: Environment variable: ``iree`` leaves every GELU to IREE's ``math.erf`` / ``math.tanh`` (the
+#: A/B baseline).
 GELU_ENV = "TURBINE_CPU_GELU"
 
 #: The private functions' names start so.
@@ -74,6 +94,29 @@ Q = (
 #: ``x`` is clamped to ``[-CLAMP, CLAMP]`` for ``r``; ``r(CLAMP)`` is exactly 1.0 in f32, and
 #: ``CLAMP`` is the exact GELU of ``CLAMP`` rounded to f32 (an f32 value).
 CLAMP = 5.417895317077637
+
+#: The tanh form's ``tanh(sqrt(2 / pi) (x + 0.044715 x^3)) ~ x P_TANH(x^2) / Q_TANH(x^2)``
+#: (``tools/fit_gelu_erf.py --form tanh``), clamped at ``CLAMP_TANH`` as :data:`CLAMP`.
+P_TANH = (
+    0.7978845834732056,
+    0.061199650168418884,
+    0.007291432470083237,
+    0.00027060872525908053,
+    1.4126467249298003e-05,
+    4.794985031253418e-08,
+)
+Q_TANH = (
+    1.0,
+    0.24419431388378143,
+    0.024466438218951225,
+    0.0013096488546580076,
+    7.630823529325426e-05,
+    1.3138869690010324e-06,
+)
+CLAMP_TANH = 5.253472328186035
+
+#: Per ``approximate``: the numerator, the denominator and the clamp.
+FORMS = {"none": (P, Q, CLAMP), "tanh": (P_TANH, Q_TANH, CLAMP_TANH)}
 
 _GELU = "torch.aten.gelu"
 
@@ -104,19 +147,20 @@ def _taken(op: Any) -> bool:
         and xt.dtype == "f32"
         and rt.dtype == "f32"
         and rt.sizes == xt.sizes
-        and _approximate(op) == "none"
+        and _approximate(op) in ("none", "tanh")
     )
 
 
-def erf_gelus(module_op: Any) -> list[Any]:
+def rewritable_gelus(module_op: Any) -> list[Any]:
     """The GELUs of ``module_op`` that :func:`rewrite_gelus` rewrites."""
     op = getattr(module_op, "operation", module_op)
     return [o for o in walk(op) if _taken(o)]
 
 
-def gelu_function(name: str, sizes: Sequence[int | None]) -> str:
+def gelu_function(name: str, sizes: Sequence[int | None], approximate: str = "none") -> str:
     """The private function ``@name(%x) -> gelu(%x)`` over the builtin f32 tensor of ``sizes``
-    (``None``: a dynamic size), computing the module doc's form element by element."""
+    (``None``: a dynamic size), computing the module doc's form of ``approximate`` (``none``
+    or ``tanh``) element by element."""
     t = builtin_tensor(sizes, "f32")
     rank = len(sizes)
     lines = [f"func.func private @{name}(%x: {t}) -> {t} {{"]
@@ -136,9 +180,20 @@ def gelu_function(name: str, sizes: Sequence[int | None]) -> str:
         f"iterator_types = [{iterators}]}} ins(%x : {t}) outs(%init : {t}) {{"
     )
     e("  ^bb0(%v: f32, %o: f32):")
-    for label, value in (("lo", -CLAMP), ("hi", CLAMP), ("half", 0.5)):
+    result = _rational_form(e, *FORMS[approximate])
+    e(f"    linalg.yield {result} : f32")
+    e(f"  }} -> {t}")
+    e(f"  return %y : {t}")
+    e("}")
+    return "\n".join(lines)
+
+
+def _rational_form(e: Any, p: Sequence[float], q: Sequence[float], clamp: float) -> str:
+    """The body of the module doc's form for ``r = x p(x^2) / q(x^2)`` clamped at ``clamp``;
+    returns its result's name."""
+    for label, value in (("lo", -clamp), ("hi", clamp), ("half", 0.5)):
         e(f"    %{label} = arith.constant {value!r} : f32")
-    for which, coeffs in (("p", P), ("q", Q)):
+    for which, coeffs in (("p", p), ("q", q)):
         for i, c in enumerate(coeffs):
             e(f"    %{which}c{i} = arith.constant {c!r} : f32")
     # max(x, -c) and min(., c) as compare + select (one x86 instruction each; a NaN x goes
@@ -148,7 +203,7 @@ def gelu_function(name: str, sizes: Sequence[int | None]) -> str:
     e("    %above = arith.cmpf olt, %hi, %xa : f32")
     e("    %xc = arith.select %above, %hi, %xa : f32")
     e("    %t = arith.mulf %xc, %xc : f32")
-    for which, coeffs in (("p", P), ("q", Q)):
+    for which, coeffs in (("p", p), ("q", q)):
         acc = f"%{which}c{len(coeffs) - 1}"
         for i in range(len(coeffs) - 2, -1, -1):
             e(f"    %{which}{i} = math.fma {acc}, %t, %{which}c{i} : f32")
@@ -157,35 +212,86 @@ def gelu_function(name: str, sizes: Sequence[int | None]) -> str:
     e("    %r = arith.divf %num, %q0 : f32")
     e("    %h = arith.mulf %v, %half : f32")
     e("    %g = math.fma %h, %r, %h : f32")
-    e("    linalg.yield %g : f32")
-    e(f"  }} -> {t}")
-    e(f"  return %y : {t}")
-    e("}")
-    return "\n".join(lines)
+    return "%g"
 
 
 def rewrite_gelus(module_op: Any) -> int:
-    """Rewrites, in place, each of :func:`erf_gelus` as a call of :func:`gelu_function` (one
-    function per tensor type).
+    """Rewrites, in place, each of :func:`rewritable_gelus` as a call of :func:`gelu_function`
+    (one function per form and tensor type).
 
     Returns:
         How many GELUs were rewritten.
     """
     op = getattr(module_op, "operation", module_op)
     top = TopLevel(op)
-    found = erf_gelus(op)
-    functions: dict[tuple[int | None, ...], str] = {}
+    found = rewritable_gelus(op)
+    functions: dict[tuple[str, tuple[int | None, ...]], str] = {}
     for gelu in found:
         xt = TensorType.of(gelu.operands[0])
         assert xt is not None
-        sizes = tuple(xt.sizes)
-        t = builtin_tensor(sizes, "f32")
-        if sizes not in functions:
-            functions[sizes] = top.unique(f"{GELU_FUNC_PREFIX}_{len(functions)}")
-            top.append(gelu_function(functions[sizes], sizes))
+        approximate = _approximate(gelu)
+        assert approximate is not None
+        key = (approximate, tuple(xt.sizes))
+        t = builtin_tensor(xt.sizes, "f32")
+        if key not in functions:
+            form = "" if approximate == "none" else "_tanh"
+            functions[key] = top.unique(f"{GELU_FUNC_PREFIX}{form}_{len(functions)}")
+            top.append(gelu_function(functions[key], xt.sizes, approximate))
         back = Builder(gelu).call_on_builtins(
-            functions[sizes], [(gelu.operands[0], t)], t, gelu.results[0].type
+            functions[key], [(gelu.operands[0], t)], t, gelu.results[0].type
         )
         gelu.results[0].replace_all_uses_with(back)
         gelu.erase()
     return len(found)
+
+
+#: ``sqrt(2 / pi)``, the tanh form's scale (torch-mlir's ``0.797724`` is off in the fourth
+#: digit), and its cube's coefficient.
+SQRT_2_OVER_PI = 0.7978845608028654
+KAPPA = 0.044715
+
+
+def tanh_gelus(module_op: Any) -> list[Any]:
+    """The f32 tanh-form GELUs of ``module_op`` (:func:`rewrite_tanh_gelus_as_ops`)."""
+    op = getattr(module_op, "operation", module_op)
+    found = []
+    for o in walk(op):
+        if o.name != _GELU or len(list(o.operands)) != 2 or _approximate(o) != "tanh":
+            continue
+        xt, rt = TensorType.of(o.operands[0]), TensorType.of(o.results[0])
+        if xt is None or rt is None or rt.dtype != xt.dtype or rt.sizes != xt.sizes:
+            continue
+        if xt.dtype == "f32":
+            found.append(o)
+    return found
+
+
+def rewrite_tanh_gelus_as_ops(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`tanh_gelus` as the torch ops of eager's formula,
+    ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`` (``x^3`` as ``x * x * x``), with the
+    right ``sqrt(2 / pi)`` (module doc).
+
+    Returns:
+        How many GELUs were rewritten.
+    """
+    found = tanh_gelus(module_op)
+    for gelu in found:
+        gelu.results[0].replace_all_uses_with(_tanh_formula(Builder(gelu), gelu))
+        gelu.erase()
+    return len(found)
+
+
+def _tanh_formula(b: Builder, gelu: Any) -> Any:
+    """The torch ops of :func:`rewrite_tanh_gelus_as_ops` for ``gelu``, before it; returns the
+    result."""
+    x, t = gelu.operands[0], str(gelu.results[0].type)
+
+    def op(name: str, *operands: Any) -> Any:
+        return b.op(name, t, list(operands))
+
+    cube = op("torch.aten.mul.Tensor", op("torch.aten.mul.Tensor", x, x), x)
+    kappa_cube = op("torch.aten.mul.Scalar", cube, b.float(KAPPA))
+    inner = op("torch.aten.add.Tensor", x, kappa_cube, b.int(1))
+    tanh = op("torch.aten.tanh", op("torch.aten.mul.Scalar", inner, b.float(SQRT_2_OVER_PI)))
+    one_plus = op("torch.aten.add.Scalar", tanh, b.float(1.0), b.int(1))
+    return op("torch.aten.mul.Tensor", op("torch.aten.mul.Scalar", x, b.float(0.5)), one_plus)

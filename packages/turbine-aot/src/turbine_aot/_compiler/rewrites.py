@@ -20,9 +20,10 @@ flags:
   stride-1 convolutions of many channels and large enough outputs run in Winograd form
   (:mod:`.winograd`; ``TURBINE_CPU_WINOGRAD=off|2|4``), and depthwise convolutions run on the
   AVX-512 depthwise kernel (:mod:`.depthwise`).
-- ``llvm-cpu`` targets: torch's exact f32 GELU through a rational ``erf`` of turbine's own
-  instead of IREE's ``math.erf`` expansion (:mod:`.gelu`; ``TURBINE_CPU_GELU=iree`` keeps
-  IREE's).
+- ``llvm-cpu`` targets: torch's f32 GELU (exact and tanh form) by rational functions of
+  turbine's own instead of IREE's ``math.erf`` / ``math.tanh`` expansions (:mod:`.gelu`;
+  ``TURBINE_CPU_GELU=iree`` keeps IREE's). Every target: the tanh-form GELUs left written out
+  as eager's formula, with the ``sqrt(2 / pi)`` torch-mlir gets wrong (a correctness fix).
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -98,7 +99,14 @@ from .gathers import (
     rewrite_arange_gathers,
     rewrite_outer_gathers,
 )
-from .gelu import GELU_ENV, erf_gelus, fast_gelu_enabled, rewrite_gelus
+from .gelu import (
+    GELU_ENV,
+    fast_gelu_enabled,
+    rewritable_gelus,
+    rewrite_gelus,
+    rewrite_tanh_gelus_as_ops,
+    tanh_gelus,
+)
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
 from .matmuls import (
@@ -208,8 +216,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: AVX2 few-group convolutions the depthwise kernel takes are no longer made dense; 61: gathers
 #: by an outer product of indices (upsamplings) as two one-dimension gathers on llvm-cpu; 62:
 #: and their negative indices wrapped; 63: the kernels' SiLU computes exp by turbine's own
-#: polynomial; 64: f32 GELUs by turbine's rational ``erf`` on llvm-cpu (:mod:`.gelu`).
-REVISION = 64
+#: polynomial; 64: f32 GELUs by turbine's rational ``erf`` on llvm-cpu (:mod:`.gelu`); 65: and
+#: tanh-form ones by a rational ``tanh``, and on every target the tanh-form GELUs left written
+#: out with the right ``sqrt(2 / pi)`` (torch-mlir's is off in the fourth digit).
+REVISION = 65
 
 _log = logging.getLogger("turbine.aot")
 
@@ -343,8 +353,11 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # ... and a model's own softmax in that form over a dynamic shape, which IREE 3.13 computes
     # wrongly, handed to IREE as a softmax (always: a correctness fix)
     reciprocal = targets == {"llvm-cpu"} and bool(reciprocal_forms(op))
-    # f32 GELUs by turbine's rational erf, unless TURBINE_CPU_GELU=iree
-    gelu = targets == {"llvm-cpu"} and fast_gelu_enabled() and bool(erf_gelus(op))
+    # f32 GELUs by turbine's rational functions, unless TURBINE_CPU_GELU=iree
+    gelu = targets == {"llvm-cpu"} and fast_gelu_enabled() and bool(rewritable_gelus(op))
+    # ... and on every target, the tanh-form GELUs left with the right sqrt(2 / pi) (a
+    # correctness fix: torch-mlir writes it 0.797724)
+    tanh_fix = bool(tanh_gelus(op))
     if not (
         attention
         or gathers
@@ -363,6 +376,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or means
         or absmax
         or gelu
+        or tanh_fix
     ):
         return module_op, False
     copy = op.clone()
@@ -462,7 +476,10 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             )
         if gelu:
             count = rewrite_gelus(copy)
-            _log.info("llvm-cpu target: %d GELU(s) by turbine's rational erf", count)
+            _log.info("llvm-cpu target: %d GELU(s) by turbine's rational functions", count)
+        if tanh_fix and tanh_gelus(copy):  # the ones the rational form left
+            count = rewrite_tanh_gelus_as_ops(copy)
+            _log.info("%d tanh-form GELU(s) as ops with the right sqrt(2 / pi)", count)
     return copy, True
 
 
