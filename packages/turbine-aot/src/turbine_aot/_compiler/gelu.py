@@ -46,7 +46,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, walk
+from .elementwise import Body, rewrite_unary_ops, unary_function
+from .torch_ir import Builder, TensorType, walk
 
 __all__ = [
     "CLAMP",
@@ -161,57 +162,37 @@ def gelu_function(name: str, sizes: Sequence[int | None], approximate: str = "no
     """The private function ``@name(%x) -> gelu(%x)`` over the builtin f32 tensor of ``sizes``
     (``None``: a dynamic size), computing the module doc's form of ``approximate`` (``none``
     or ``tanh``) element by element."""
-    t = builtin_tensor(sizes, "f32")
-    rank = len(sizes)
-    lines = [f"func.func private @{name}(%x: {t}) -> {t} {{"]
-    e = lines.append
-    dims = []
-    for i, s in enumerate(sizes):
-        if s is None:
-            e(f"  %c{i} = arith.constant {i} : index")
-            e(f"  %d{i} = tensor.dim %x, %c{i} : {t}")
-            dims.append(f"%d{i}")
-    e(f"  %init = tensor.empty({', '.join(dims)}) : {t}")
-    loops = ", ".join(f"d{i}" for i in range(rank))
-    ident = f"affine_map<({loops}) -> ({loops})>"
-    iterators = ", ".join(['"parallel"'] * rank)
-    e(
-        f"  %y = linalg.generic {{indexing_maps = [{ident}, {ident}], "
-        f"iterator_types = [{iterators}]}} ins(%x : {t}) outs(%init : {t}) {{"
-    )
-    e("  ^bb0(%v: f32, %o: f32):")
-    result = _rational_form(e, *FORMS[approximate])
-    e(f"    linalg.yield {result} : f32")
-    e(f"  }} -> {t}")
-    e(f"  return %y : {t}")
-    e("}")
-    return "\n".join(lines)
+    return unary_function(name, sizes, _body(approximate))
+
+
+def _body(approximate: str) -> Body:
+    return lambda e: _rational_form(e, *FORMS[approximate])
 
 
 def _rational_form(e: Any, p: Sequence[float], q: Sequence[float], clamp: float) -> str:
     """The body of the module doc's form for ``r = x p(x^2) / q(x^2)`` clamped at ``clamp``;
     returns its result's name."""
     for label, value in (("lo", -clamp), ("hi", clamp), ("half", 0.5)):
-        e(f"    %{label} = arith.constant {value!r} : f32")
+        e(f"%{label} = arith.constant {value!r} : f32")
     for which, coeffs in (("p", p), ("q", q)):
         for i, c in enumerate(coeffs):
-            e(f"    %{which}c{i} = arith.constant {c!r} : f32")
+            e(f"%{which}c{i} = arith.constant {c!r} : f32")
     # max(x, -c) and min(., c) as compare + select (one x86 instruction each; a NaN x goes
     # through as NaN, and h carries it into the result anyway)
-    e("    %below = arith.cmpf ogt, %lo, %v : f32")
-    e("    %xa = arith.select %below, %lo, %v : f32")
-    e("    %above = arith.cmpf olt, %hi, %xa : f32")
-    e("    %xc = arith.select %above, %hi, %xa : f32")
-    e("    %t = arith.mulf %xc, %xc : f32")
+    e("%below = arith.cmpf ogt, %lo, %v : f32")
+    e("%xa = arith.select %below, %lo, %v : f32")
+    e("%above = arith.cmpf olt, %hi, %xa : f32")
+    e("%xc = arith.select %above, %hi, %xa : f32")
+    e("%t = arith.mulf %xc, %xc : f32")
     for which, coeffs in (("p", p), ("q", q)):
         acc = f"%{which}c{len(coeffs) - 1}"
         for i in range(len(coeffs) - 2, -1, -1):
-            e(f"    %{which}{i} = math.fma {acc}, %t, %{which}c{i} : f32")
+            e(f"%{which}{i} = math.fma {acc}, %t, %{which}c{i} : f32")
             acc = f"%{which}{i}"
-    e("    %num = arith.mulf %xc, %p0 : f32")
-    e("    %r = arith.divf %num, %q0 : f32")
-    e("    %h = arith.mulf %v, %half : f32")
-    e("    %g = math.fma %h, %r, %h : f32")
+    e("%num = arith.mulf %xc, %p0 : f32")
+    e("%r = arith.divf %num, %q0 : f32")
+    e("%h = arith.mulf %v, %half : f32")
+    e("%g = math.fma %h, %r, %h : f32")
     return "%g"
 
 
@@ -222,27 +203,13 @@ def rewrite_gelus(module_op: Any) -> int:
     Returns:
         How many GELUs were rewritten.
     """
-    op = getattr(module_op, "operation", module_op)
-    top = TopLevel(op)
-    found = rewritable_gelus(op)
-    functions: dict[tuple[str, tuple[int | None, ...]], str] = {}
-    for gelu in found:
-        xt = TensorType.of(gelu.operands[0])
-        assert xt is not None
+
+    def form(gelu: Any) -> tuple[str, str, Body]:
         approximate = _approximate(gelu)
         assert approximate is not None
-        key = (approximate, tuple(xt.sizes))
-        t = builtin_tensor(xt.sizes, "f32")
-        if key not in functions:
-            form = "" if approximate == "none" else "_tanh"
-            functions[key] = top.unique(f"{GELU_FUNC_PREFIX}{form}_{len(functions)}")
-            top.append(gelu_function(functions[key], xt.sizes, approximate))
-        back = Builder(gelu).call_on_builtins(
-            functions[key], [(gelu.operands[0], t)], t, gelu.results[0].type
-        )
-        gelu.results[0].replace_all_uses_with(back)
-        gelu.erase()
-    return len(found)
+        return approximate, "" if approximate == "none" else "_tanh", _body(approximate)
+
+    return rewrite_unary_ops(module_op, rewritable_gelus(module_op), GELU_FUNC_PREFIX, form)
 
 
 #: ``sqrt(2 / pi)``, the tanh form's scale (torch-mlir's ``0.797724`` is off in the fourth

@@ -24,6 +24,9 @@ flags:
   turbine's own instead of IREE's ``math.erf`` / ``math.tanh`` expansions (:mod:`.gelu`;
   ``TURBINE_CPU_GELU=iree`` keeps IREE's). Every target: the tanh-form GELUs left written out
   as eager's formula, with the ``sqrt(2 / pi)`` torch-mlir gets wrong (a correctness fix).
+- ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` with a range reduction by ``pi / 2`` in three
+  parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
+  embeddings at long positions); ``TURBINE_CPU_TRIG=iree`` keeps IREE's.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -139,6 +142,7 @@ from .softmax import (
     softmaxes,
 )
 from .targets import flag_targets
+from .trig import TRIG_ENV, rewritable_trig, rewrite_trig, trig_enabled
 from .winograd import WINOGRAD_ENV
 
 __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_compile"]
@@ -218,8 +222,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: and their negative indices wrapped; 63: the kernels' SiLU computes exp by turbine's own
 #: polynomial; 64: f32 GELUs by turbine's rational ``erf`` on llvm-cpu (:mod:`.gelu`); 65: and
 #: tanh-form ones by a rational ``tanh``, and on every target the tanh-form GELUs left written
-#: out with the right ``sqrt(2 / pi)`` (torch-mlir's is off in the fourth digit).
-REVISION = 65
+#: out with the right ``sqrt(2 / pi)`` (torch-mlir's is off in the fourth digit); 66: f32 sin /
+#: cos on llvm-cpu with a three-part ``pi / 2`` (:mod:`.trig`).
+REVISION = 66
 
 _log = logging.getLogger("turbine.aot")
 
@@ -235,6 +240,7 @@ _ENVIRONMENT = (
     EPILOGUE_ENV,
     SILU_ENV,
     GELU_ENV,
+    TRIG_ENV,
     GROUPED_ENV,
     OUTER_GATHERS_ENV,
     AMX_CONV_ENV,
@@ -252,7 +258,7 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GELU``, ``TURBINE_CPU_GROUPED``,
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GELU``, ``TURBINE_CPU_TRIG``, ``TURBINE_CPU_GROUPED``,
     ``TURBINE_CPU_OUTER_GATHERS``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
     ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_MATMUL_ROWS``,
     ``TURBINE_CPU_WINOGRAD``, ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``),
@@ -358,6 +364,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # ... and on every target, the tanh-form GELUs left with the right sqrt(2 / pi) (a
     # correctness fix: torch-mlir writes it 0.797724)
     tanh_fix = bool(tanh_gelus(op))
+    # f32 sin / cos with an exact range reduction, unless TURBINE_CPU_TRIG=iree
+    trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
     if not (
         attention
         or gathers
@@ -377,6 +385,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or absmax
         or gelu
         or tanh_fix
+        or trig
     ):
         return module_op, False
     copy = op.clone()
@@ -480,6 +489,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if tanh_fix and tanh_gelus(copy):  # the ones the rational form left
             count = rewrite_tanh_gelus_as_ops(copy)
             _log.info("%d tanh-form GELU(s) as ops with the right sqrt(2 / pi)", count)
+        if trig:
+            count = rewrite_trig(copy)
+            _log.info("llvm-cpu target: %d sin / cos op(s) with an exact range reduction", count)
     return copy, True
 
 

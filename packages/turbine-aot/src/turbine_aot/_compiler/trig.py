@@ -1,0 +1,171 @@
+"""llvm-cpu: ``torch.sin`` and ``torch.cos`` (f32) by turbine's own code in the compile copy,
+accurate for large arguments.
+
+IREE 3.13 expands ``math.sin`` / ``math.cos`` with one f32 constant for ``pi / 2`` in its range
+reduction, ``r = x - k * 1.5707964``: the constant's error (4.4e-8) grows with ``k``, so the
+result is off by about ``2.8e-8 * |x|``: 2.8e-5 at ``|x|`` = 1000, 1.1e-4 at 4096, 9e-4 at 32768,
+2.8e-2 at 1e6 (eager: 3.6e-8 everywhere; docs/performance.md, section 27). Rotary position
+embeddings compute ``cos`` and ``sin`` of ``position * frequency`` in the graph (Hugging Face's
+Llama, Qwen, Mistral; ``inv_freq[0]`` is 1, so the argument is the position), so a long decode's
+rotations drift. Here each f32 ``sin`` / ``cos`` becomes a call of an element-wise function
+(:mod:`.elementwise`) computing, per element::
+
+    p + err = x * 2 / pi      (p = x * T0 rounded; err = its rounding error, an FMA, + x T1 + x T2)
+    k = floor(p + 1/2),  f = (p - k) + err,  k2 = floor(f + 1/2),  f = f - k2
+    r = f * pi / 2            (pi / 2 in two parts);  quadrant = (k + k2) mod 4
+    s = r + r^3 S(r^2),  c = 1 - r^2 / 2 + r^4 C(r^2)   (|r| <= pi / 4, degree 2 in r^2 each)
+    sin x = +-s or +-c by the quadrant (cos: the quadrant plus one)
+
+``T0 + T1 + T2`` is ``2 / pi`` in three f32 parts and ``p - k`` is exact, so ``f``, the
+fraction of ``x 2 / pi``, is right to the rounding of ``x T1`` (which can exceed 1/2 for large
+``|x|``, hence the second rounding). The polynomials are minimax fits for relative error on
+``[0, pi / 4]`` (3.8e-9 and 1.2e-10). Measured against float64: within 1.3e-7 for ``|x|`` up to
+1e7 (IREE's: 2.8e-2 at 1e6), 4.3e-7 up to 1e8, 1.3e-5 up to 3.3e9; beyond 2^31 ``pi / 2`` the
+quadrant overflows and the values, though within [-1, 1], are wrong (f32 arguments there are
+256 or more apart). NaN and infinities give NaN, as eager; subnormal arguments are flushed to
+zero (IREE's CPU code flushes them). About 1.3x IREE's time a value (0.75 against 0.56 ns on a
+Zen 3 core), a small share of any model. The reduction relies on fused FMAs, which llvm-cpu
+has; Vulkan's ``Fma`` may round twice (on lavapipe this form is still 1.9e-4 off at 4096), so
+other targets keep IREE's code.
+
+``TURBINE_CPU_TRIG=iree`` leaves them to IREE (the A/B baseline).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .elementwise import Body, rewrite_unary_ops
+from .torch_ir import TensorType, walk
+
+__all__ = [
+    "COS_POLY",
+    "PIO2",
+    "SIN_POLY",
+    "TRIG_ENV",
+    "TRIG_FUNC_PREFIX",
+    "TWO_OVER_PI",
+    "rewritable_trig",
+    "rewrite_trig",
+    "trig_enabled",
+]
+
+#: Environment variable: ``iree`` leaves ``sin`` and ``cos`` to IREE (the A/B baseline).
+TRIG_ENV = "TURBINE_CPU_TRIG"
+
+#: The private functions' names start so.
+TRIG_FUNC_PREFIX = "__turbine_"
+
+#: ``2 / pi`` as three f32 values (their sum), and ``pi / 2`` as two.
+TWO_OVER_PI = (0.6366197466850281, 2.5682552973194106e-08, 2.937095479631555e-16)
+PIO2 = (1.5707963705062866, -4.371138828673793e-08)
+
+#: ``sin(r) = r + r^3 (S0 + S1 r^2 + S2 r^4)`` and ``cos(r) = 1 - r^2 / 2 + r^4 (C0 + C1 r^2 + C2
+#: r^4)`` on ``|r| <= pi / 4`` (f32 values; minimax for relative error).
+SIN_POLY = (-0.16666655242443085, 0.00833216030150652, -0.00019515282474458218)
+COS_POLY = (0.04166664555668831, -0.0013887316454201937, 2.44331567955669e-05)
+
+_OPS = {"torch.aten.sin": "sin", "torch.aten.cos": "cos"}
+
+
+def trig_enabled() -> bool:
+    """Whether f32 ``sin`` / ``cos`` are rewritten (unless ``TURBINE_CPU_TRIG=iree``)."""
+    return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
+
+
+def _taken(op: Any) -> bool:
+    if op.name not in _OPS or len(list(op.operands)) != 1:
+        return False
+    xt, rt = TensorType.of(op.operands[0]), TensorType.of(op.results[0])
+    return (
+        xt is not None
+        and rt is not None
+        and xt.dtype == "f32"
+        and rt.dtype == "f32"
+        and rt.sizes == xt.sizes
+    )
+
+
+def rewritable_trig(module_op: Any) -> list[Any]:
+    """The f32 ``sin`` / ``cos`` ops of ``module_op`` that :func:`rewrite_trig` rewrites."""
+    return [o for o in walk(getattr(module_op, "operation", module_op)) if _taken(o)]
+
+
+def _body(kind: str) -> Body:
+    def body(e: Any) -> str:
+        for name, value in (
+            *((f"tp{i}", c) for i, c in enumerate(TWO_OVER_PI)),
+            *((f"pio{i}", c) for i, c in enumerate(PIO2)),
+            ("half", 0.5),
+            ("one", 1.0),
+            ("mhalf", -0.5),
+            *((f"s{i}", c) for i, c in enumerate(SIN_POLY)),
+            *((f"c{i}", c) for i, c in enumerate(COS_POLY)),
+        ):
+            e(f"%{name} = arith.constant {value!r} : f32")
+        for name, value in (("i1", 1), ("i2", 2), ("i30", 30)):
+            e(f"%{name} = arith.constant {value} : i32")
+        # x 2 / pi = p + err exactly enough: p rounded, err its rounding error (an FMA) plus x
+        # times the rest of 2 / pi
+        e("%p = arith.mulf %v, %tp0 : f32")
+        e("%np = arith.negf %p : f32")
+        e("%err0 = math.fma %v, %tp0, %np : f32")
+        e("%err1 = math.fma %v, %tp1, %err0 : f32")
+        e("%err = math.fma %v, %tp2, %err1 : f32")
+        # k, an integer nearest p (floor(p + 1/2): one vroundps); p - k is exact
+        e("%ph = arith.addf %p, %half : f32")
+        e("%k = math.floor %ph : f32")
+        e("%pk = arith.subf %p, %k : f32")
+        e("%frac1 = arith.addf %pk, %err : f32")
+        # err can exceed 1/2 for large |x| (x times the rest of 2 / pi): rounded off once more
+        e("%fh = arith.addf %frac1, %half : f32")
+        e("%k2 = math.floor %fh : f32")
+        e("%frac = arith.subf %frac1, %k2 : f32")
+        e("%ki1 = arith.fptosi %k : f32 to i32")
+        e("%ki2 = arith.fptosi %k2 : f32 to i32")
+        e("%ki = arith.addi %ki1, %ki2 : i32")
+        q = "%ki"
+        if kind == "cos":  # cos x = sin(x + pi / 2): one quadrant on
+            e("%kc = arith.addi %ki, %i1 : i32")
+            q = "%kc"
+        # r = frac pi / 2, pi / 2 in two parts
+        e("%rlo = arith.mulf %frac, %pio1 : f32")
+        e("%r = math.fma %frac, %pio0, %rlo : f32")
+        e("%t = arith.mulf %r, %r : f32")
+        e("%sp1 = math.fma %s2, %t, %s1 : f32")
+        e("%sp = math.fma %sp1, %t, %s0 : f32")
+        e("%rt = arith.mulf %r, %t : f32")
+        e("%sn = math.fma %rt, %sp, %r : f32")
+        e("%cp1 = math.fma %c2, %t, %c1 : f32")
+        e("%cp = math.fma %cp1, %t, %c0 : f32")
+        e("%ch = math.fma %t, %mhalf, %one : f32")
+        e("%tt = arith.mulf %t, %t : f32")
+        e("%cs = math.fma %tt, %cp, %ch : f32")
+        # odd quadrants take the other polynomial, quadrants 2 and 3 the opposite sign
+        e(f"%odd = arith.andi {q}, %i1 : i32")
+        e("%swap = arith.trunci %odd : i32 to i1")
+        e("%val = arith.select %swap, %cs, %sn : f32")
+        e(f"%upper = arith.andi {q}, %i2 : i32")
+        e("%sign = arith.shli %upper, %i30 : i32")
+        e("%bits = arith.bitcast %val : f32 to i32")
+        e("%flip = arith.xori %bits, %sign : i32")
+        e("%res = arith.bitcast %flip : i32 to f32")
+        return "%res"
+
+    return body
+
+
+def rewrite_trig(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`rewritable_trig` as a call of an element-wise
+    function computing the module doc's form (one function per op kind and tensor type).
+
+    Returns:
+        How many ops were rewritten.
+    """
+
+    def form(op: Any) -> tuple[str, str, Body]:
+        kind = _OPS[op.name]
+        return kind, kind, _body(kind)
+
+    return rewrite_unary_ops(module_op, rewritable_trig(module_op), TRIG_FUNC_PREFIX, form)

@@ -1,0 +1,136 @@
+"""f32 ``sin`` / ``cos`` on llvm-cpu by turbine's own range reduction (``_compiler.trig``): which
+ops the compile copy rewrites, and that the compiled values stay within about 1e-7 of the exact
+ones however large the argument (rotary embeddings at long positions), where IREE 3.13's own
+code drifts by 2.8e-8 * |x| (pinned)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ir_check import check_ir
+from kernel_testing import compile_copy_asm
+
+from turbine_aot import export
+from turbine_aot._compiler import trig
+from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.rewrites import environment_key
+from turbine_aot.runtime import load_module
+
+
+@pytest.fixture(autouse=True)
+def _default_trig(monkeypatch):
+    """Every test starts from the default (``TURBINE_CPU_TRIG`` unset)."""
+    monkeypatch.delenv(trig.TRIG_ENV, raising=False)
+
+
+class _SinCos(torch.nn.Module):
+    def forward(self, x):
+        return torch.sin(x), torch.cos(x)
+
+
+class _Rotary(torch.nn.Module):
+    """Hugging Face Llama's rotary tables: ``cos`` / ``sin`` of positions times ``inv_freq``."""
+
+    def __init__(self, dim: int = 64, base: float = 10000.0):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / base ** (torch.arange(0, dim, 2).float() / dim))
+
+    def forward(self, position_ids):
+        freqs = position_ids.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _max_err(got, x):
+    s, c = got
+    xd = x.double()
+    return max(
+        (s.double() - xd.sin()).abs().max().item(), (c.double() - xd.cos()).abs().max().item()
+    )
+
+
+def test_sin_and_cos_are_rewritten(monkeypatch):
+    flags = default_compile_flags("llvm-cpu", use_env=False)
+    eo = export(_SinCos(), args=(torch.randn(4, 8),))
+    asm = compile_copy_asm(eo, flags)
+    assert "torch.aten.sin" not in asm and "torch.aten.cos" not in asm
+    check_ir(
+        asm,
+        r"call @__turbine_sin_0\(%\w+\) : \(tensor<4x8xf32>\) -> tensor<4x8xf32>",
+        r"call @__turbine_cos_1\(%\w+\) : \(tensor<4x8xf32>\) -> tensor<4x8xf32>",
+        r"func.func private @__turbine_sin_0\(%arg0: tensor<4x8xf32>\)",
+        r"arith.constant 0.636619746 : f32",  # 2 / pi in three parts
+        r"arith.constant 2.5682553E-8 : f32",
+        *[r"math.fma %in, %\w+, %\w+ : f32"] * 3,  # p's rounding error, x times the rest
+        r"math.floor %\w+ : f32",  # k
+        r"math.floor %\w+ : f32",  # k2
+        r"arith.select %\w+, %\w+, %\w+ : f32",  # the quadrant's polynomial
+        r"arith.xori %\w+, %\w+ : i32",  # and sign
+        r"func.func private @__turbine_cos_1",
+    )
+    assert "math.sin" not in asm and "math.cos" not in asm and "math.roundeven" not in asm
+    key = environment_key()
+    monkeypatch.setenv(trig.TRIG_ENV, "iree")
+    assert environment_key() != key
+    assert "torch.aten.sin" in compile_copy_asm(eo, flags)
+    monkeypatch.delenv(trig.TRIG_ENV)
+    # other dtypes and targets keep IREE's
+    half = export(_SinCos(), args=(torch.randn(4, 8, dtype=torch.bfloat16),))
+    assert "torch.aten.sin" in compile_copy_asm(half, flags)
+    assert "torch.aten.sin" in compile_copy_asm(eo, default_compile_flags("vmvx"))
+
+
+@pytest.mark.parametrize(
+    "lo, hi, tol",
+    [(-10.0, 10.0, 1.3e-7), (-1e6, 1e6, 1.3e-7), (1e7, 1e8, 5e-7), (1e8, 3.3e9, 2e-5)],
+)
+def test_sin_and_cos_are_accurate_for_large_arguments(lo, hi, tol):
+    """Within 1.3e-7 of float64 up to |x| = 1e6 (eager: 3.6e-8; IREE's own: 2.8e-2 at 1e6),
+    then degrading slowly (the rounding of x times 2 / pi's second part)."""
+    if lo > 0:
+        x = torch.logspace(torch.tensor(lo).log10().item(), torch.tensor(hi).log10().item(), 50001)
+        x = torch.cat([x, -x])
+    else:
+        x = torch.linspace(lo, hi, 100001)
+    compiled = load_module(export(_SinCos(), args=(x,)).compile(save_to=None))
+    assert _max_err(compiled.main(x), x) <= tol
+
+
+def test_special_values():
+    x = torch.tensor([0.0, -0.0, 1e-30, -1e-30, float("inf"), float("-inf"), float("nan"), 1e20])
+    s, c = load_module(export(_SinCos(), args=(x,)).compile(save_to=None)).main(x)
+    torch.testing.assert_close(s[:4], torch.sin(x[:4]), atol=0, rtol=1e-7)
+    torch.testing.assert_close(c[:4], torch.cos(x[:4]), atol=0, rtol=0)
+    assert s[4:7].isnan().all() and c[4:7].isnan().all()
+    assert s[7].abs() <= 1 and c[7].abs() <= 1  # beyond 2^31 pi / 2: bounded, not right
+
+
+def test_rotary_tables_at_long_positions_match_float64(monkeypatch):
+    """Llama's rotary tables at positions 30000 .. 30063: turbine's within 2e-7 of float64's
+    ``cos`` / ``sin`` of the same f32 angles (eager's too); IREE's own ``sin`` / ``cos`` are off
+    by more than 1e-4 there. When that assertion fails,
+    IREE's range reduction got exact: measure whether ``_compiler.trig`` still pays
+    (docs/performance.md, section 27)."""
+    module = _Rotary()
+    positions = torch.arange(30000, 30064)
+    eo = export(module, args=(positions,))
+    freqs = positions.float()[:, None] * module.inv_freq[None, :]  # the f32 angles
+    emb = torch.cat((freqs, freqs), dim=-1).double()
+    cos, sin = load_module(eo.compile(save_to=None)).main(positions)
+    err = max((cos.double() - emb.cos()).abs().max().item(), (sin.double() - emb.sin()).abs().max())
+    assert err < 2e-7
+    monkeypatch.setenv(trig.TRIG_ENV, "iree")
+    cos, sin = load_module(eo.compile(save_to=None)).main(positions)
+    err = max((cos.double() - emb.cos()).abs().max().item(), (sin.double() - emb.sin()).abs().max())
+    assert err > 1e-4
+
+
+def test_dynamic_shapes():
+    """A dynamic dimension (the frame's ``tensor.dim``) beside the body's own constants."""
+    batch = torch.export.Dim("batch", min=1, max=64)
+    x = torch.randn(5, 8)
+    eo = export(_SinCos(), args=(x,), dynamic_shapes={"x": {0: batch}})
+    compiled = load_module(eo.compile(save_to=None))
+    for rows in (1, 7):
+        x = torch.randn(rows, 8) * 1000
+        assert _max_err(compiled.main(x), x) <= 1.3e-7
