@@ -27,6 +27,8 @@ flags:
 - ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` with a range reduction by ``pi / 2`` in three
   parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
   embeddings at long positions); ``TURBINE_CPU_TRIG=iree`` keeps IREE's.
+- ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.libm`; IREE 3.13
+  lowers it to a ``log10f`` call its executables cannot link).
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -112,6 +114,7 @@ from .gelu import (
 )
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
+from .libm import log10_ops, rewrite_log10
 from .matmuls import (
     CPU_MATMUL_ENV,
     cpu_matmul_kernel,
@@ -223,8 +226,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: polynomial; 64: f32 GELUs by turbine's rational ``erf`` on llvm-cpu (:mod:`.gelu`); 65: and
 #: tanh-form ones by a rational ``tanh``, and on every target the tanh-form GELUs left written
 #: out with the right ``sqrt(2 / pi)`` (torch-mlir's is off in the fourth digit); 66: f32 sin /
-#: cos on llvm-cpu with a three-part ``pi / 2`` (:mod:`.trig`).
-REVISION = 66
+#: cos on llvm-cpu with a three-part ``pi / 2`` (:mod:`.trig`); 67: f32 log10 as ``log * (1 /
+#: ln 10)`` on llvm-cpu (:mod:`.libm`: IREE 3.13 cannot link ``log10f``).
+REVISION = 67
 
 _log = logging.getLogger("turbine.aot")
 
@@ -364,6 +368,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # ... and on every target, the tanh-form GELUs left with the right sqrt(2 / pi) (a
     # correctness fix: torch-mlir writes it 0.797724)
     tanh_fix = bool(tanh_gelus(op))
+    # f32 log10 as log * (1 / ln 10): IREE 3.13's llvm-cpu executables lack log10f (a fix)
+    log10 = targets == {"llvm-cpu"} and bool(log10_ops(op))
     # f32 sin / cos with an exact range reduction, unless TURBINE_CPU_TRIG=iree
     trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
     if not (
@@ -386,6 +392,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or gelu
         or tanh_fix
         or trig
+        or log10
     ):
         return module_op, False
     copy = op.clone()
@@ -489,6 +496,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if tanh_fix and tanh_gelus(copy):  # the ones the rational form left
             count = rewrite_tanh_gelus_as_ops(copy)
             _log.info("%d tanh-form GELU(s) as ops with the right sqrt(2 / pi)", count)
+        if log10:
+            count = rewrite_log10(copy)
+            _log.info("llvm-cpu target: %d log10 op(s) as log * (1 / ln 10)", count)
         if trig:
             count = rewrite_trig(copy)
             _log.info("llvm-cpu target: %d sin / cos op(s) with an exact range reduction", count)
