@@ -134,3 +134,11 @@ def test_dynamic_shapes():
     for rows in (1, 7):
         x = torch.randn(rows, 8) * 1000
         assert _max_err(compiled.main(x), x) <= 1.3e-7
+
+
+def test_a_scalar_tensor():
+    """A 0-d tensor: the frame's ``linalg.generic`` over no loops."""
+    x = torch.tensor(12345.678)
+    s, c = load_module(export(_SinCos(), args=(x,)).compile(save_to=None)).main(x)
+    assert abs(s.item() - torch.sin(x.double()).item()) < 1.3e-7
+    assert abs(c.item() - torch.cos(x.double()).item()) < 1.3e-7

@@ -22,17 +22,17 @@ Body = Callable[[Callable[[str], None]], str]
 
 
 def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:
-    """The private function ``@name(%x) -> f(%x)`` over the builtin f32 tensor of ``sizes``
+    """The private function ``@name(x) -> f(x)`` over the builtin f32 tensor of ``sizes``
     (``None``: a dynamic size), ``f`` computed element by element by ``body``."""
     t = builtin_tensor(sizes, "f32")
     rank = len(sizes)
-    lines = [f"func.func private @{name}(%x: {t}) -> {t} {{"]
+    lines = [f"func.func private @{name}(%frame_x: {t}) -> {t} {{"]
     e = lines.append
     dims = []
     for i, s in enumerate(sizes):
         if s is None:
             e(f"  %frame_c{i} = arith.constant {i} : index")
-            e(f"  %frame_d{i} = tensor.dim %x, %frame_c{i} : {t}")
+            e(f"  %frame_d{i} = tensor.dim %frame_x, %frame_c{i} : {t}")
             dims.append(f"%frame_d{i}")
     e(f"  %frame_init = tensor.empty({', '.join(dims)}) : {t}")
     loops = ", ".join(f"d{i}" for i in range(rank))
@@ -40,7 +40,7 @@ def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:
     iterators = ", ".join(['"parallel"'] * rank)
     e(
         f"  %frame_y = linalg.generic {{indexing_maps = [{ident}, {ident}], "
-        f"iterator_types = [{iterators}]}} ins(%x : {t}) outs(%frame_init : {t}) {{"
+        f"iterator_types = [{iterators}]}} ins(%frame_x : {t}) outs(%frame_init : {t}) {{"
     )
     e("  ^bb0(%v: f32, %frame_out: f32):")
     result = body(lambda line: e(f"    {line}"))

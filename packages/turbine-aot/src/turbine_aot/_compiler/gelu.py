@@ -6,10 +6,11 @@ torch-mlir lowers ``torch.aten.gelu`` to ``0.5 x (1 + erf(x / sqrt 2))``, or for
 x^3)))``. IREE 3.13 expands ``math.erf`` into a rational approximation on three intervals whose
 coefficients it selects per element (a compare and a select per coefficient and interval)
 before one division: 1.26 ns a value on an AMD EPYC Zen 3 core, 12 % of ConvNeXt-atto's call
-there. Its ``math.tanh`` costs 0.83 ns a value and is coarse: the tanh-form GELU it computes is
-up to 5.1e-5 off (eager's 4.3e-7; docs/performance.md, section 26). Here each f32 GELU becomes
-a call of a private function over builtin tensors (IREE inlines it; one element-wise dispatch as
-before) that computes, per element, with ``P``, ``Q``, ``c`` of the form (:data:`FORMS`)::
+there; the tanh form with its ``math.tanh`` 0.83 ns, and that form is up to 5.1e-5 off through a
+wrong constant in torch-mlir's lowering (below; docs/performance.md, section 26). Here each f32
+GELU becomes a call of a private element-wise function (:mod:`.elementwise`; IREE inlines it:
+one dispatch as before) that computes, per element, with ``P``, ``Q``, ``c`` of the form
+(:data:`FORMS`)::
 
     xc = min(max(x, -c), c);  t = xc * xc
     r  = xc * P(t) / Q(t)                 (P degree 5, Q degree 5, Horner, one FMA a term)

@@ -262,12 +262,12 @@ def environment_key() -> str:
     """The rewrite choices the environment makes (``TURBINE_CPU_ATTENTION``,
     ``TURBINE_CPU_CONV_MATMUL``, ``TURBINE_CPU_MATMUL``, ``TURBINE_CPU_QUANT_KERNEL``,
     ``TURBINE_CPU_INT8_MATMUL``, ``TURBINE_CPU_CONV_BLOCKING``, ``TURBINE_CPU_POOLS``,
-    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GELU``, ``TURBINE_CPU_TRIG``, ``TURBINE_CPU_GROUPED``,
-    ``TURBINE_CPU_OUTER_GATHERS``, ``TURBINE_CPU_AMX_CONV``, ``TURBINE_CPU_SOFTMAX``,
-    ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``, ``TURBINE_CPU_MATMUL_ROWS``,
-    ``TURBINE_CPU_WINOGRAD``, ``TURBINE_CPU_DYNAMIC_MATMUL``, ``TURBINE_CPU_FEW_ROW_PRODUCTS``),
-    for the compile cache's keys: a module compiled under one choice is not served for
-    another."""
+    ``TURBINE_CPU_EPILOGUES``, ``TURBINE_CPU_SILU``, ``TURBINE_CPU_GELU``, ``TURBINE_CPU_TRIG``,
+    ``TURBINE_CPU_GROUPED``, ``TURBINE_CPU_OUTER_GATHERS``, ``TURBINE_CPU_AMX_CONV``,
+    ``TURBINE_CPU_SOFTMAX``, ``TURBINE_CPU_QUANT_AMX``, ``TURBINE_CPU_MATMUL_PREFETCH``,
+    ``TURBINE_CPU_MATMUL_ROWS``, ``TURBINE_CPU_WINOGRAD``, ``TURBINE_CPU_DYNAMIC_MATMUL``,
+    ``TURBINE_CPU_FEW_ROW_PRODUCTS``), for the compile cache's keys: a module compiled under one
+    choice is not served for another."""
     return ";".join(f"{k}={os.environ.get(k, '').strip().lower()}" for k in _ENVIRONMENT)
 
 
