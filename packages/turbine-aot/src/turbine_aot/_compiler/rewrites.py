@@ -27,8 +27,9 @@ flags:
 - ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` with a range reduction by ``pi / 2`` in three
   parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
   embeddings at long positions); ``TURBINE_CPU_TRIG=iree`` keeps IREE's.
-- ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.libm`; IREE 3.13
-  lowers it to a ``log10f`` call its executables cannot link).
+- ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
+  lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
+  scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that).
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -114,13 +115,13 @@ from .gelu import (
 )
 from .globals import separate_shared_globals, shared_mutable_globals
 from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
-from .libm import log10_ops, rewrite_log10
 from .matmuls import (
     CPU_MATMUL_ENV,
     cpu_matmul_kernel,
     rewritable_matmuls,
     rewrite_matmuls_avx512,
 )
+from .op_forms import fmod_scalars, log10_ops, rewrite_fmod_scalars, rewrite_log10
 from .pools import (
     CPU_POOLS_ENV,
     global_avg_pools,
@@ -227,8 +228,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: tanh-form ones by a rational ``tanh``, and on every target the tanh-form GELUs left written
 #: out with the right ``sqrt(2 / pi)`` (torch-mlir's is off in the fourth digit); 66: f32 sin /
 #: cos on llvm-cpu with a three-part ``pi / 2`` (:mod:`.trig`); 67: f32 log10 as ``log * (1 /
-#: ln 10)`` on llvm-cpu (:mod:`.libm`: IREE 3.13 cannot link ``log10f``).
-REVISION = 67
+#: ln 10)`` on llvm-cpu (:mod:`.op_forms`: IREE 3.13 cannot link ``log10f``); 68: ``fmod`` by
+#: a scalar as ``fmod`` by a 0-d tensor on every target (torch-mlir lowers only that).
+REVISION = 68
 
 _log = logging.getLogger("turbine.aot")
 
@@ -370,6 +372,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     tanh_fix = bool(tanh_gelus(op))
     # f32 log10 as log * (1 / ln 10): IREE 3.13's llvm-cpu executables lack log10f (a fix)
     log10 = targets == {"llvm-cpu"} and bool(log10_ops(op))
+    # fmod by a scalar as fmod by a 0-d tensor: torch-mlir lowers only that (every target)
+    fmod = bool(fmod_scalars(op))
     # f32 sin / cos with an exact range reduction, unless TURBINE_CPU_TRIG=iree
     trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
     if not (
@@ -393,6 +397,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or tanh_fix
         or trig
         or log10
+        or fmod
     ):
         return module_op, False
     copy = op.clone()
@@ -496,6 +501,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if tanh_fix and tanh_gelus(copy):  # the ones the rational form left
             count = rewrite_tanh_gelus_as_ops(copy)
             _log.info("%d tanh-form GELU(s) as ops with the right sqrt(2 / pi)", count)
+        if fmod:
+            count = rewrite_fmod_scalars(copy)
+            _log.info("%d fmod(s) by a scalar as fmod by a 0-d tensor", count)
         if log10:
             count = rewrite_log10(copy)
             _log.info("llvm-cpu target: %d log10 op(s) as log * (1 / ln 10)", count)

@@ -1,6 +1,6 @@
-"""llvm-cpu: ops whose lowering calls a C math function IREE 3.13 does not link
-(``_compiler.libm``): f32 ``log10`` compiles and matches float64 (``10 log10``: 2.5e-7
-relative)."""
+"""Ops IREE 3.13 cannot compile as exported, in forms it can (``_compiler.op_forms``): f32
+``log10`` on llvm-cpu (matches float64; ``10 log10``: 2.5e-7 relative), ``fmod`` by a scalar on
+every backend."""
 
 from __future__ import annotations
 
@@ -35,10 +35,33 @@ def test_log10_is_written_as_log_and_computed_right():
 def test_iree_still_cannot_link_log10f(iree_device, tmp_path):
     """Why ``log10`` is rewritten: compiled as exported, IREE 3.13's llvm-cpu executable calls
     ``log10f``, which it does not link. When this test fails, IREE links it (or expands
-    ``log10`` itself): drop ``_compiler.libm``'s rewrite (docs/performance.md, section 27)."""
+    ``log10`` itself): drop ``_compiler.op_forms.rewrite_log10`` (docs/performance.md, section
+    27)."""
     if iree_device.spec.target_backend != "llvm-cpu":
         pytest.skip(f"the missing log10f is llvm-cpu's; this run's device is {iree_device.name}")
     eo = export(_Decibels(), args=(torch.rand(64) + 0.1,))
     eo.save_mlir(str(tmp_path / "db.mlir"))
     with pytest.raises(Exception, match="undefined symbol: log10f"):
         iree_device.compile((tmp_path / "db.mlir").read_text())
+
+
+class _Wrap(torch.nn.Module):
+    def forward(self, x):
+        return torch.fmod(x, 1.3)
+
+
+def test_fmod_by_a_scalar_compiles_on_every_backend(iree_device, tmp_path):
+    """torch-mlir cannot lower ``fmod.Scalar`` (pinned: the exported program fails to
+    compile); turbine compiles it as ``fmod`` by a 0-d tensor: eager's values, except where
+    ``x / 1.3`` rounds onto an integer (IREE's ``x - trunc(x / y) y``), one divisor away."""
+    x = torch.linspace(-100, 100, 20001)
+    eo = export(_Wrap(), args=(x,))
+    eo.save_mlir(str(tmp_path / "fmod.mlir"))
+    with pytest.raises(Exception, match="failed to legalize"):
+        iree_device.compile((tmp_path / "fmod.mlir").read_text())
+    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+    got = load_module(vmfb, device=iree_device.driver).main(x)
+    want = _Wrap()(x)
+    off = (got - want).abs() > 1e-5
+    assert off.float().mean() < 1e-3  # 4 of these 20001 points
+    torch.testing.assert_close((got - want)[off].abs(), torch.full((int(off.sum()),), 1.3))
