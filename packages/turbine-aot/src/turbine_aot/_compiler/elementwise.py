@@ -14,11 +14,20 @@ from typing import Any
 
 from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor
 
-__all__ = ["Body", "rewrite_unary_ops", "unary_function"]
+__all__ = ["Body", "f32_same_shape", "rewrite_unary_ops", "unary_function"]
 
 #: Emits the scalar body for the element ``%v`` (f32) through the line emitter it is given and
 #: returns the name of the result (f32); the frame's own names start with ``%frame_``.
 Body = Callable[[Callable[[str], None]], str]
+
+
+def f32_same_shape(op: Any) -> bool:
+    """Whether ``op``'s first operand and first result are f32 tensors of the same sizes (the
+    ops these functions replace)."""
+    xt, rt = TensorType.of(op.operands[0]), TensorType.of(op.results[0])
+    return (
+        xt is not None and rt is not None and xt.dtype == rt.dtype == "f32" and rt.sizes == xt.sizes
+    )
 
 
 def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:

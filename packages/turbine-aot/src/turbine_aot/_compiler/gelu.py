@@ -47,8 +47,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .elementwise import Body, rewrite_unary_ops, unary_function
-from .torch_ir import Builder, TensorType, walk
+from .elementwise import Body, f32_same_shape, rewrite_unary_ops, unary_function
+from .torch_ir import Builder, walk
 
 __all__ = [
     "CLAMP",
@@ -142,15 +142,7 @@ def _approximate(op: Any) -> str | None:
 def _taken(op: Any) -> bool:
     if op.name != _GELU or len(list(op.operands)) != 2:
         return False
-    xt, rt = TensorType.of(op.operands[0]), TensorType.of(op.results[0])
-    return (
-        xt is not None
-        and rt is not None
-        and xt.dtype == "f32"
-        and rt.dtype == "f32"
-        and rt.sizes == xt.sizes
-        and _approximate(op) in ("none", "tanh")
-    )
+    return f32_same_shape(op) and _approximate(op) in ("none", "tanh")
 
 
 def rewritable_gelus(module_op: Any) -> list[Any]:
@@ -222,16 +214,14 @@ KAPPA = 0.044715
 def tanh_gelus(module_op: Any) -> list[Any]:
     """The f32 tanh-form GELUs of ``module_op`` (:func:`rewrite_tanh_gelus_as_ops`)."""
     op = getattr(module_op, "operation", module_op)
-    found = []
-    for o in walk(op):
-        if o.name != _GELU or len(list(o.operands)) != 2 or _approximate(o) != "tanh":
-            continue
-        xt, rt = TensorType.of(o.operands[0]), TensorType.of(o.results[0])
-        if xt is None or rt is None or rt.dtype != xt.dtype or rt.sizes != xt.sizes:
-            continue
-        if xt.dtype == "f32":
-            found.append(o)
-    return found
+    return [
+        o
+        for o in walk(op)
+        if o.name == _GELU
+        and len(list(o.operands)) == 2
+        and _approximate(o) == "tanh"
+        and f32_same_shape(o)
+    ]
 
 
 def rewrite_tanh_gelus_as_ops(module_op: Any) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .elementwise import f32_same_shape
 from .torch_ir import Builder, TensorType, walk
 
 __all__ = ["INV_LN10", "fmod_scalars", "log10_ops", "rewrite_fmod_scalars", "rewrite_log10"]
@@ -39,10 +40,7 @@ def log10_ops(module_op: Any) -> list[Any]:
     """The f32 ``torch.aten.log10`` ops of ``module_op``."""
     found = []
     for o in walk(getattr(module_op, "operation", module_op)):
-        if o.name != _LOG10 or len(list(o.operands)) != 1:
-            continue
-        xt, rt = TensorType.of(o.operands[0]), TensorType.of(o.results[0])
-        if xt is not None and rt is not None and xt.dtype == rt.dtype == "f32":
+        if o.name == _LOG10 and len(list(o.operands)) == 1 and f32_same_shape(o):
             found.append(o)
     return found
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .elementwise import Body, rewrite_unary_ops
-from .torch_ir import TensorType, walk
+from .elementwise import Body, f32_same_shape, rewrite_unary_ops
+from .torch_ir import walk
 
 __all__ = [
     "COS_POLY",
@@ -75,16 +75,7 @@ def trig_enabled() -> bool:
 
 
 def _taken(op: Any) -> bool:
-    if op.name not in _OPS or len(list(op.operands)) != 1:
-        return False
-    xt, rt = TensorType.of(op.operands[0]), TensorType.of(op.results[0])
-    return (
-        xt is not None
-        and rt is not None
-        and xt.dtype == "f32"
-        and rt.dtype == "f32"
-        and rt.sizes == xt.sizes
-    )
+    return op.name in _OPS and len(list(op.operands)) == 1 and f32_same_shape(op)
 
 
 def rewritable_trig(module_op: Any) -> list[Any]:
