@@ -1,5 +1,6 @@
-"""Element-wise ops IREE 3.13 cannot compile as exported, written in the compile copy in
-equivalent forms it can (found by ``tools/op_accuracy.py``; docs/performance.md, section 27).
+"""Element-wise ops IREE 3.13 cannot compile, or computes wrongly, as exported, written in the
+compile copy in equivalent forms it compiles right (found by ``tools/op_accuracy.py``;
+docs/performance.md, section 27).
 
 - llvm-cpu: IREE lowers ``math.log10`` to a call of ``log10f``, which no executable provides:
   ``torch.log10`` of an f32 tensor (a decibel conversion, ``10 * log10(power)``) fails in
@@ -14,6 +15,13 @@ equivalent forms it can (found by ``tools/op_accuracy.py``; docs/performance.md,
   dtype (:func:`rewrite_fmod_scalars`). That is IREE's ``x - trunc(x / y) y``: where ``x / y``
   rounds onto an integer it is one divisor away from eager's exact ``fmod`` (2 of 200 K points
   over -100 .. 100 by 1.3), as ``torch.fmod`` of two tensors always was.
+- CPU targets: IREE expands ``math.asinh`` as ``log(x + sqrt(x^2 + 1))``, which cancels for
+  negative ``x`` (1.2e-3 off at -100; eager 2.9e-7). Each f32 ``torch.aten.asinh`` becomes
+  ``sign(x) asinh(|x|)`` with ``asinh(a) = log1p(a + a^2 / (1 + sqrt(1 + a^2)))`` (no
+  cancellation), and ``log(a) + ln 2`` above ``a = 4096`` (where ``a^2`` would overflow further
+  on; the terms dropped are below 2e-9 relative) (:func:`rewrite_asinh`). Not on GPU targets:
+  Vulkan's ``log1p`` is ``log(1 + y)`` (2e-4 off in relative terms at 2.5e-4 on lavapipe), on
+  which this form is no better.
 """
 
 from __future__ import annotations
@@ -24,7 +32,16 @@ from typing import Any
 from .elementwise import f32_same_shape
 from .torch_ir import Builder, TensorType, walk
 
-__all__ = ["INV_LN10", "fmod_scalars", "log10_ops", "rewrite_fmod_scalars", "rewrite_log10"]
+__all__ = [
+    "ASINH_LARGE",
+    "INV_LN10",
+    "asinh_ops",
+    "fmod_scalars",
+    "log10_ops",
+    "rewrite_asinh",
+    "rewrite_fmod_scalars",
+    "rewrite_log10",
+]
 
 #: ``1 / ln 10``, the factor from ``log`` to ``log10``.
 INV_LN10 = 1 / math.log(10)
@@ -96,3 +113,51 @@ def rewrite_fmod_scalars(module_op: Any) -> int:
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
+
+
+#: Above this ``|x|``, ``asinh(x)`` is ``sign(x) (log |x| + ln 2)``.
+ASINH_LARGE = 4096.0
+
+
+def asinh_ops(module_op: Any) -> list[Any]:
+    """The f32 ``torch.aten.asinh`` ops of ``module_op``."""
+    return [
+        o
+        for o in walk(getattr(module_op, "operation", module_op))
+        if o.name == "torch.aten.asinh" and len(list(o.operands)) == 1 and f32_same_shape(o)
+    ]
+
+
+def rewrite_asinh(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`asinh_ops` in the module doc's form.
+
+    Returns:
+        How many ops were rewritten.
+    """
+    found = asinh_ops(module_op)
+    for op in found:
+        op.results[0].replace_all_uses_with(_asinh_form(Builder(op), op))
+        op.erase()
+    return len(found)
+
+
+def _asinh_form(b: Builder, op: Any) -> Any:
+    """The torch ops of :func:`rewrite_asinh` for ``op``, before it; returns the result."""
+    x, t = op.operands[0], str(op.results[0].type)
+    rt = TensorType.of(op.results[0])
+    assert rt is not None
+    bools = TensorType(rt.sizes, "i1").asm()
+
+    def f(name: str, *operands: Any, result: str = t) -> Any:
+        return b.op(name, result, list(operands))
+
+    a = f("torch.aten.abs", x)
+    sq = f("torch.aten.mul.Tensor", a, a)
+    root = f("torch.aten.sqrt", f("torch.aten.add.Scalar", sq, b.float(1.0), b.int(1)))
+    frac = f("torch.aten.div.Tensor", sq, f("torch.aten.add.Scalar", root, b.float(1.0), b.int(1)))
+    small = f("torch.aten.log1p", f("torch.aten.add.Tensor", a, frac, b.int(1)))
+    large = f("torch.aten.add.Scalar", f("torch.aten.log", a), b.float(math.log(2.0)), b.int(1))
+    is_large = f("torch.aten.gt.Scalar", a, b.float(ASINH_LARGE), result=bools)
+    y = f("torch.aten.where.self", is_large, large, small)
+    negative = f("torch.aten.lt.Scalar", x, b.float(0.0), result=bools)
+    return f("torch.aten.where.self", negative, f("torch.aten.neg", y), y)

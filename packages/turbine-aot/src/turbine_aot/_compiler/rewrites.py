@@ -29,7 +29,8 @@ flags:
   embeddings at long positions); ``TURBINE_CPU_TRIG=iree`` keeps IREE's.
 - ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
   lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
-  scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that).
+  scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that); CPU targets: f32 ``asinh``
+  without IREE's cancellation for negative arguments.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
   otherwise).
@@ -121,7 +122,14 @@ from .matmuls import (
     rewritable_matmuls,
     rewrite_matmuls_avx512,
 )
-from .op_forms import fmod_scalars, log10_ops, rewrite_fmod_scalars, rewrite_log10
+from .op_forms import (
+    asinh_ops,
+    fmod_scalars,
+    log10_ops,
+    rewrite_asinh,
+    rewrite_fmod_scalars,
+    rewrite_log10,
+)
 from .pools import (
     CPU_POOLS_ENV,
     global_avg_pools,
@@ -229,8 +237,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: out with the right ``sqrt(2 / pi)`` (torch-mlir's is off in the fourth digit); 66: f32 sin /
 #: cos on llvm-cpu with a three-part ``pi / 2`` (:mod:`.trig`); 67: f32 log10 as ``log * (1 /
 #: ln 10)`` on llvm-cpu (:mod:`.op_forms`: IREE 3.13 cannot link ``log10f``); 68: ``fmod`` by
-#: a scalar as ``fmod`` by a 0-d tensor on every target (torch-mlir lowers only that).
-REVISION = 68
+#: a scalar as ``fmod`` by a 0-d tensor on every target (torch-mlir lowers only that); 69: f32
+#: ``asinh`` without IREE's cancellation for negative arguments on CPU targets.
+REVISION = 69
 
 _log = logging.getLogger("turbine.aot")
 
@@ -374,6 +383,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     log10 = targets == {"llvm-cpu"} and bool(log10_ops(op))
     # fmod by a scalar as fmod by a 0-d tensor: torch-mlir lowers only that (every target)
     fmod = bool(fmod_scalars(op))
+    # asinh without IREE's cancellation for negative x (CPU targets: a correctness fix)
+    asinh = targets_only_cpu(flags) and bool(asinh_ops(op))
     # f32 sin / cos with an exact range reduction, unless TURBINE_CPU_TRIG=iree
     trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
     if not (
@@ -398,6 +409,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or trig
         or log10
         or fmod
+        or asinh
     ):
         return module_op, False
     copy = op.clone()
@@ -504,6 +516,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if fmod:
             count = rewrite_fmod_scalars(copy)
             _log.info("%d fmod(s) by a scalar as fmod by a 0-d tensor", count)
+        if asinh:
+            count = rewrite_asinh(copy)
+            _log.info("%d asinh op(s) without cancellation", count)
         if log10:
             count = rewrite_log10(copy)
             _log.info("llvm-cpu target: %d log10 op(s) as log * (1 / ln 10)", count)
