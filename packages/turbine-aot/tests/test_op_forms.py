@@ -1,6 +1,7 @@
-"""Ops IREE 3.13 cannot compile as exported, in forms it can (``_compiler.op_forms``): f32
-``log10`` on llvm-cpu (matches float64; ``10 log10``: 2.5e-7 relative), ``fmod`` by a scalar on
-every backend."""
+"""Ops IREE 3.13 cannot compile, or computes wrongly, as exported, in forms it compiles right
+(``_compiler.op_forms``): f32 ``log10`` on llvm-cpu (matches float64; ``10 log10``: 2.5e-7
+relative), ``fmod`` by a scalar on every backend, ``asinh`` of negative arguments on the CPU
+backends; each upstream failure pinned."""
 
 from __future__ import annotations
 
