@@ -9,12 +9,12 @@ Used where IREE's expansion of a math function is slow or inaccurate for what to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
-from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor
+from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, replace_each, walk
 
-__all__ = ["Body", "f32_same_shape", "rewrite_unary_ops", "unary_function"]
+__all__ = ["Body", "f32_ops", "f32_same_shape", "rewrite_unary_ops", "unary_function"]
 
 #: Emits the scalar body for the element ``%v`` (f32) through the line emitter it is given and
 #: returns the name of the result (f32); the frame's own names start with ``%frame_``.
@@ -28,6 +28,16 @@ def f32_same_shape(op: Any) -> bool:
     return (
         xt is not None and rt is not None and xt.dtype == rt.dtype == "f32" and rt.sizes == xt.sizes
     )
+
+
+def f32_ops(module_op: Any, names: Collection[str], operands: int) -> list[Any]:
+    """The ops of ``module_op`` named one of ``names``, with ``operands`` operands, whose first
+    operand and result are f32 tensors of the same sizes (:func:`f32_same_shape`)."""
+    return [
+        o
+        for o in walk(getattr(module_op, "operation", module_op))
+        if o.name in names and len(list(o.operands)) == operands and f32_same_shape(o)
+    ]
 
 
 def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:
@@ -76,7 +86,8 @@ def rewrite_unary_ops(
     """
     top = TopLevel(getattr(module_op, "operation", module_op))
     functions: dict[tuple[Hashable, tuple[int | None, ...]], str] = {}
-    for op in ops:
+
+    def call(b: Builder, op: Any) -> Any:
         xt = TensorType.of(op.operands[0])
         assert xt is not None
         key, part, body = form(op)
@@ -86,9 +97,8 @@ def rewrite_unary_ops(
             name = top.unique(f"{prefix}{part}_{len(functions)}")
             functions[key, sizes] = name
             top.append(unary_function(name, sizes, body))
-        back = Builder(op).call_on_builtins(
+        return b.call_on_builtins(
             functions[key, sizes], [(op.operands[0], t)], t, op.results[0].type
         )
-        op.results[0].replace_all_uses_with(back)
-        op.erase()
-    return len(ops)
+
+    return replace_each(ops, call)

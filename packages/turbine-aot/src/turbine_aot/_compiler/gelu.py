@@ -47,8 +47,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .elementwise import Body, f32_same_shape, rewrite_unary_ops, unary_function
-from .torch_ir import Builder, walk
+from .elementwise import Body, f32_ops, rewrite_unary_ops, unary_function
+from .torch_ir import Builder, replace_each
 
 __all__ = [
     "CLAMP",
@@ -139,16 +139,9 @@ def _approximate(op: Any) -> str | None:
     return str(StringAttr(owner.attributes["value"]).value)
 
 
-def _taken(op: Any) -> bool:
-    if op.name != _GELU or len(list(op.operands)) != 2:
-        return False
-    return f32_same_shape(op) and _approximate(op) in ("none", "tanh")
-
-
 def rewritable_gelus(module_op: Any) -> list[Any]:
-    """The GELUs of ``module_op`` that :func:`rewrite_gelus` rewrites."""
-    op = getattr(module_op, "operation", module_op)
-    return [o for o in walk(op) if _taken(o)]
+    """The GELUs of ``module_op`` that :func:`rewrite_gelus` rewrites: f32, either form."""
+    return [o for o in f32_ops(module_op, {_GELU}, 2) if _approximate(o) in FORMS]
 
 
 def gelu_function(name: str, sizes: Sequence[int | None], approximate: str = "none") -> str:
@@ -213,15 +206,7 @@ KAPPA = 0.044715
 
 def tanh_gelus(module_op: Any) -> list[Any]:
     """The f32 tanh-form GELUs of ``module_op`` (:func:`rewrite_tanh_gelus_as_ops`)."""
-    op = getattr(module_op, "operation", module_op)
-    return [
-        o
-        for o in walk(op)
-        if o.name == _GELU
-        and len(list(o.operands)) == 2
-        and _approximate(o) == "tanh"
-        and f32_same_shape(o)
-    ]
+    return [o for o in f32_ops(module_op, {_GELU}, 2) if _approximate(o) == "tanh"]
 
 
 def rewrite_tanh_gelus_as_ops(module_op: Any) -> int:
@@ -232,11 +217,7 @@ def rewrite_tanh_gelus_as_ops(module_op: Any) -> int:
     Returns:
         How many GELUs were rewritten.
     """
-    found = tanh_gelus(module_op)
-    for gelu in found:
-        gelu.results[0].replace_all_uses_with(_tanh_formula(Builder(gelu), gelu))
-        gelu.erase()
-    return len(found)
+    return replace_each(tanh_gelus(module_op), _tanh_formula)
 
 
 def _tanh_formula(b: Builder, gelu: Any) -> Any:

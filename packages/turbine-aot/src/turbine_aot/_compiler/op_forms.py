@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .elementwise import f32_same_shape
-from .torch_ir import Builder, TensorType, walk
+from .elementwise import f32_ops
+from .torch_ir import Builder, TensorType, replace_each, walk
 
 __all__ = [
     "ASINH_LARGE",
@@ -55,11 +55,7 @@ _SCALAR_TYPES = {"f16": 5, "f32": 6, "f64": 7, "bf16": 15}
 
 def log10_ops(module_op: Any) -> list[Any]:
     """The f32 ``torch.aten.log10`` ops of ``module_op``."""
-    found = []
-    for o in walk(getattr(module_op, "operation", module_op)):
-        if o.name == _LOG10 and len(list(o.operands)) == 1 and f32_same_shape(o):
-            found.append(o)
-    return found
+    return f32_ops(module_op, {_LOG10}, 1)
 
 
 def rewrite_log10(module_op: Any) -> int:
@@ -68,15 +64,13 @@ def rewrite_log10(module_op: Any) -> int:
     Returns:
         How many ops were rewritten.
     """
-    found = log10_ops(module_op)
-    for op in found:
-        b = Builder(op)
-        t = str(op.results[0].type)
-        log = b.op("torch.aten.log", t, [op.operands[0]])
-        scaled = b.op("torch.aten.mul.Scalar", t, [log, b.float(INV_LN10)])
-        op.results[0].replace_all_uses_with(scaled)
-        op.erase()
-    return len(found)
+    return replace_each(log10_ops(module_op), _log10_form)
+
+
+def _log10_form(b: Builder, op: Any) -> Any:
+    t = str(op.results[0].type)
+    log = b.op("torch.aten.log", t, [op.operands[0]])
+    return b.op("torch.aten.mul.Scalar", t, [log, b.float(INV_LN10)])
 
 
 def fmod_scalars(module_op: Any) -> list[Any]:
@@ -98,21 +92,19 @@ def rewrite_fmod_scalars(module_op: Any) -> int:
     Returns:
         How many ops were rewritten.
     """
-    found = fmod_scalars(module_op)
-    for op in found:
-        b = Builder(op)
-        rt = TensorType.of(op.results[0])
-        assert rt is not None
-        zero_d = TensorType([], rt.dtype).asm()
-        divisor = b.op(
-            "torch.aten.scalar_tensor",
-            zero_d,
-            [op.operands[1], b.int(_SCALAR_TYPES[rt.dtype]), b.none(), b.none(), b.none()],
-        )
-        result = b.op("torch.aten.fmod.Tensor", str(op.results[0].type), [op.operands[0], divisor])
-        op.results[0].replace_all_uses_with(result)
-        op.erase()
-    return len(found)
+    return replace_each(fmod_scalars(module_op), _fmod_form)
+
+
+def _fmod_form(b: Builder, op: Any) -> Any:
+    rt = TensorType.of(op.results[0])
+    assert rt is not None
+    zero_d = TensorType([], rt.dtype).asm()
+    divisor = b.op(
+        "torch.aten.scalar_tensor",
+        zero_d,
+        [op.operands[1], b.int(_SCALAR_TYPES[rt.dtype]), b.none(), b.none(), b.none()],
+    )
+    return b.op("torch.aten.fmod.Tensor", str(op.results[0].type), [op.operands[0], divisor])
 
 
 #: Above this ``|x|``, ``asinh(x)`` is ``sign(x) (log |x| + ln 2)``.
@@ -121,11 +113,7 @@ ASINH_LARGE = 4096.0
 
 def asinh_ops(module_op: Any) -> list[Any]:
     """The f32 ``torch.aten.asinh`` ops of ``module_op``."""
-    return [
-        o
-        for o in walk(getattr(module_op, "operation", module_op))
-        if o.name == "torch.aten.asinh" and len(list(o.operands)) == 1 and f32_same_shape(o)
-    ]
+    return f32_ops(module_op, {"torch.aten.asinh"}, 1)
 
 
 def rewrite_asinh(module_op: Any) -> int:
@@ -134,11 +122,7 @@ def rewrite_asinh(module_op: Any) -> int:
     Returns:
         How many ops were rewritten.
     """
-    found = asinh_ops(module_op)
-    for op in found:
-        op.results[0].replace_all_uses_with(_asinh_form(Builder(op), op))
-        op.erase()
-    return len(found)
+    return replace_each(asinh_ops(module_op), _asinh_form)
 
 
 def _asinh_form(b: Builder, op: Any) -> Any:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .convs import _pair
-from .torch_ir import Builder, TensorType, TopLevel, constant, constant_int_list, walk
+from .torch_ir import Builder, TensorType, TopLevel, constant, constant_int_list, replace_each, walk
 
 __all__ = [
     "CPU_POOLS_ENV",
@@ -259,14 +259,12 @@ def rewrite_global_avg_pools(module_op: Any) -> int:
     Returns:
         How many were rewritten.
     """
-    found = global_avg_pools(module_op)
-    for pool in found:
-        b = Builder(pool)
-        mean = b.op(
+
+    def mean(b: Builder, pool: Any) -> Any:
+        return b.op(
             "torch.aten.mean.dim",
             str(pool.results[0].type),
             [pool.operands[0], b.int_list([-2, -1]), b.true(), b.none()],
         )
-        pool.results[0].replace_all_uses_with(mean)
-        pool.erase()
-    return len(found)
+
+    return replace_each(global_avg_pools(module_op), mean)

@@ -510,8 +510,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if gelu:
             count = rewrite_gelus(copy)
             _log.info("llvm-cpu target: %d GELU(s) by turbine's rational functions", count)
-        if tanh_fix and tanh_gelus(copy):  # the ones the rational form left
-            count = rewrite_tanh_gelus_as_ops(copy)
+        if tanh_fix and (count := rewrite_tanh_gelus_as_ops(copy)):  # what the rational form left
             _log.info("%d tanh-form GELU(s) as ops with the right sqrt(2 / pi)", count)
         if fmod:
             count = rewrite_fmod_scalars(copy)

@@ -7,7 +7,7 @@ private functions) under symbol names unique in the module."""
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "erase_unused",
     "producer",
     "public_functions",
+    "replace_each",
     "top_level_ops",
     "walk",
 ]
@@ -234,6 +235,15 @@ def erase_unused(value: Any, removable: frozenset[str]) -> None:
         stack = [x for x in stack if x is None or x != op]
         op.erase()
         stack.extend(producer(v) for v in operands)
+
+
+def replace_each(ops: Sequence[Any], form: Callable[[Builder, Any], Any]) -> int:
+    """Replaces each op of ``ops`` (one result) by the value ``form(Builder(op), op)`` builds
+    before it, and erases the op; returns how many were replaced."""
+    for op in ops:
+        op.results[0].replace_all_uses_with(form(Builder(op), op))
+        op.erase()
+    return len(ops)
 
 
 class Builder:

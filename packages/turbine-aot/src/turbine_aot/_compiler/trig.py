@@ -36,8 +36,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .elementwise import Body, f32_same_shape, rewrite_unary_ops
-from .torch_ir import walk
+from .elementwise import Body, f32_ops, rewrite_unary_ops
 
 __all__ = [
     "COS_POLY",
@@ -74,13 +73,9 @@ def trig_enabled() -> bool:
     return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
 
 
-def _taken(op: Any) -> bool:
-    return op.name in _OPS and len(list(op.operands)) == 1 and f32_same_shape(op)
-
-
 def rewritable_trig(module_op: Any) -> list[Any]:
     """The f32 ``sin`` / ``cos`` ops of ``module_op`` that :func:`rewrite_trig` rewrites."""
-    return [o for o in walk(getattr(module_op, "operation", module_op)) if _taken(o)]
+    return f32_ops(module_op, _OPS, 1)
 
 
 def _body(kind: str) -> Body:
