@@ -18,9 +18,10 @@ own child process:
 
 Both decode greedily after the same ``--prompt``-token prompt. Per round every variant generates
 ``--new-tokens`` tokens (interleaved, so load from other processes hits all alike); a round's
-decode tokens/s is 1000 / the mean wall ms of its decode steps (turbine: ``decode`` calls,
-``CausalLM.timings``, logits copied to the host; llama.cpp: ``eval`` of one token and the argmax
-of its logits, read in place);
+decode tokens/s is 1000 / the mean wall ms of its decode steps (turbine: ``generate``'s steps,
+``CausalLM.timings``: the call and the argmax of its logits, read in place by the prepared step
+unless ``--baseline-env TURBINE_LLM_STEP=generic`` asks for the loop over ``decode`` beside it;
+llama.cpp: ``eval`` of one token and the argmax of its logits, read in place);
 the figure is the median over rounds. Correctness: llama.cpp F32's greedy ids and turbine fp32's
 against HF eager's for the same prompt ids, and each GGUF's logits (token by token over the prompt
 and 8 greedy tokens) against HF eager fp32's, relative RMS (llama.cpp keeps its KV cache in f16:

@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is a tes
 from turbine_aot import llm  # noqa: E402
 from turbine_aot._cli.main import main as cli_main  # noqa: E402
 from turbine_aot._compiler.isa import host_isa  # noqa: E402
+from turbine_aot.llm._runner import STEP_ENV  # noqa: E402
 
 NEW_TOKENS = 32
 TIE = 1e-4
@@ -205,7 +206,8 @@ def test_argument_cache_generates_the_same_ids_and_reset(llama_model):
 
 # ----------------------------------------------------------------------------- decode windows
 def _count_decodes(lm) -> dict[str, int]:
-    """Wraps the loaded module's decode functions to count the calls of each."""
+    """Wraps the loaded module's decode functions (or, where ``generate`` runs the prepared
+    step, its call of them by index) to count the calls of each."""
     calls: dict[str, int] = {}
 
     def counted(name, fn):
@@ -215,15 +217,28 @@ def _count_decodes(lm) -> dict[str, int]:
 
         return call
 
+    step = lm._prepared_step()
+    if step is not None:
+        names = ["decode", *lm._decodes]
+        prepared = step._call
+        step._call = lambda index: counted(names[index], prepared)(index)
+        return calls
     lm._decode = counted("decode", lm._decode)
     lm._decodes = {name: counted(name, fn) for name, fn in lm._decodes.items()}
     return calls
 
 
-@pytest.mark.parametrize("kv_cache", ["global", "argument"])
-def test_decode_windows_generate_eager_greedy_ids_across_their_boundaries(llama_model, kv_cache):
+@pytest.mark.parametrize(
+    ("kv_cache", "step"), [("global", "prepared"), ("global", "generic"), ("argument", "generic")]
+)
+def test_decode_windows_generate_eager_greedy_ids_across_their_boundaries(
+    llama_model, kv_cache, step, monkeypatch
+):
     """decode_16 / decode_32 attend to the cache's first 16 / 32 positions: each step takes the
-    smallest that holds its positions, and the ids are eager's across both boundaries."""
+    smallest that holds its positions, and the ids are eager's across both boundaries, through
+    the prepared step and through ``decode`` alike."""
+    if step == "generic":
+        monkeypatch.setenv(STEP_ENV, "generic")
     eo = llm.export_causal_lm(
         llama_model, max_seq_len=64, batch_size=2, decode_windows=(32, 16), kv_cache=kv_cache
     )
@@ -235,6 +250,7 @@ def test_decode_windows_generate_eager_greedy_ids_across_their_boundaries(llama_
     ]
     lm = llm.load(eo)
     calls = _count_decodes(lm)
+    assert (lm._prepared_step() is not None) == (step == "prepared")
     prompts = _prompts(320, [5, 12, 20], seed=9)
     for p in prompts:  # 5 + 40 new tokens: positions 5..44, through all three functions
         out = lm.generate(p, 40)
@@ -275,6 +291,44 @@ def test_decode_windows_auto_options_and_older_modules():
     del info["decode_windows"]
     older = llm.CausalLMInfo.from_json(json.dumps(info))
     assert older.decode_windows == () and older.decode_function(5) == "decode"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_prepared_step_generates_what_the_decode_calls_generate(llama_model, dtype, monkeypatch):
+    """``generate``'s prepared step (arguments written in place, the argmax of the logits read
+    in place; bfloat16 logits widened from their bits) gives the ids of the loop over
+    ``decode`` (torch tensors, ``argmax``): three prompts of different lengths in batches of
+    two (the second batch filled with a copy), an eos that finishes rows at different steps,
+    and decode windows crossed; one timing per step either way."""
+    eo = llm.export_causal_lm(
+        llama_model, max_seq_len=48, batch_size=2, decode_windows=(16,), dtype=dtype
+    )
+    prompts = [p.tolist() for p in _prompts(320, [3, 9, 6], seed=21)]
+    eos = None
+    runs = {}
+    for step in ("generic", "prepared"):  # the mode is read when the model is loaded
+        if step == "generic":
+            monkeypatch.setenv(STEP_ENV, "generic")
+        else:
+            monkeypatch.delenv(STEP_ENV, raising=False)
+        lm = llm.load(eo)
+        assert (lm._prepared_step() is not None) == (step == "prepared")
+        out = lm.generate(prompts, 30)
+        if eos is None:
+            eos = int(out[1, -20])  # a token the second row makes mid-way
+        stopped = lm.generate(prompts, 30, eos_token_id=eos, pad_token_id=0)
+        runs[step] = (out, stopped, lm.timings.decode_steps, lm.timings.new_tokens)
+    assert torch.equal(runs["prepared"][0], runs["generic"][0])
+    assert runs["prepared"][0].dtype == torch.int64
+    assert torch.equal(runs["prepared"][1], runs["generic"][1])
+    assert runs["prepared"][2:] == runs["generic"][2:]
+    assert (runs["prepared"][1] == eos).any()  # the eos was generated and rows were padded
+
+
+def test_prepared_step_is_not_used_where_it_does_not_apply(llama_model):
+    """An ``argument`` cache goes through ``decode`` (the cache is a call's argument)."""
+    lm = llm.load(llm.export_causal_lm(llama_model, max_seq_len=32, kv_cache="argument"))
+    assert lm._prepared_step() is None
 
 
 def test_eos_stops_and_pads():

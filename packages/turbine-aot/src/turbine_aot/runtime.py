@@ -36,6 +36,7 @@ from turbine_aot._runtime.numerics import (
     default_tolerance,
 )
 from turbine_aot._runtime.parameters import DEFAULT_PARAMETER_SCOPE
+from turbine_aot._runtime.prepared_calls import PreparedCall
 from turbine_aot._signatures.abi import (
     FlatSignature,
     FunctionSignature,
@@ -63,6 +64,7 @@ __all__ = [
     "NumericsError",
     "NumericsReport",
     "OutputComparison",
+    "PreparedCall",
     "TensorSpec",
     "TurbineRuntimeError",
     "check_numerics",

@@ -9,6 +9,8 @@ Modules, lowest first:
 - :mod:`.parameters`: parameter archives per scope as an ``io_parameters`` module.
 - :mod:`.loaded_module`: :class:`~.loaded_module.LoadedModule` and its
   :class:`~.loaded_module.LoadedFunction`\\ s.
+- :mod:`.prepared_calls`: :class:`~.prepared_calls.PreparedCall`, repeated calls with the
+  arguments kept in device buffers (an LLM's decode loop).
 - :mod:`.module_check`: checked loading of untrusted modules in a short-lived child process.
 - :mod:`.loading`: ``load_module``.
 - :mod:`.numerics`: comparing a compiled function with eager PyTorch.

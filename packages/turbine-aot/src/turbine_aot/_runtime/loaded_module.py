@@ -110,12 +110,22 @@ class LoadedFunction:
     def call_flat(self, *args: Any) -> list[Any]:
         """Calls with the compiled function's flat arguments (one per ABI argument, as
         ``iree-run-module`` takes them); returns the flat results. Checked like a call."""
+        self.check_flat(args)
+        return self._invoke(args)
+
+    def check_flat(self, args: Sequence[Any]) -> None:
+        """Checks flat arguments as :meth:`call_flat` does, without calling.
+
+        Raises:
+            CallArgumentTypeError: wrong count or type.
+            CallArgumentValueError: dtype, rank, a static dimension, a dynamic dimension outside
+                its exported range.
+        """
         call = self.signature.call
         if call is not None:
             call.check_flat(self.label, args)
         else:
             _check_flat_args(self.label, args, self.signature.inputs)
-        return self._invoke(args)
 
     def _invoke(self, args: Sequence[Any]) -> list[Any]:
         import iree.runtime as rt

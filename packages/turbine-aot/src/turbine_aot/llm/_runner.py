@@ -16,13 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import runtime as R
 from ._errors import LLMError
 from ._export import REFLECTION_KEY, CausalLMInfo
 
-__all__ = ["CausalLM", "GenerationTimings", "load"]
+__all__ = ["STEP_ENV", "CausalLM", "GenerationTimings", "load"]
+
+#: ``TURBINE_LLM_STEP=generic`` when a model is loaded (``load``, ``reset``): its ``generate``
+#: decodes through :meth:`CausalLM.decode` (torch tensors in and out, each call bound and
+#: checked) instead of the prepared step (A/B measurements: docs/llms.md, "The decode loop").
+STEP_ENV = "TURBINE_LLM_STEP"
+#: The compute dtypes whose logits the prepared step reads (numpy has no other float type
+#: turbine's LLMs compute in; bfloat16 is widened from its bits).
+_STEP_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass
@@ -85,6 +94,10 @@ class CausalLM:
         self._decodes = {
             name: self.module[name] for name in (f"decode_{w}" for w in self.info.decode_windows)
         }
+        # the prepared decode (:meth:`_prepared_step`): False until the first generation, None
+        # where it does not apply or the module was loaded with $TURBINE_LLM_STEP=generic
+        generic = os.environ.get(STEP_ENV, "").strip().lower() == "generic"
+        self._step: _PreparedDecode | bool | None = None if generic else False
 
     def reset(self) -> None:
         """Starts from a fresh module state: a zero KV cache, no timings.
@@ -197,13 +210,16 @@ class CausalLM:
         if eos is not None:
             done |= token == eos
         position = lens.clone()
+        step = self._prepared_step()
+        if step is not None:
+            return self._decode_prepared(step, token, position, done, max_new, eos, pad, n)
         for _ in range(max_new - 1):
             if bool(done.all()):
                 break
             t0 = time.perf_counter()
             logits = self.decode(token.unsqueeze(1), position)
-            self.timings.decode_ms.append((time.perf_counter() - t0) * 1e3)
             token = logits.argmax(-1)
+            self.timings.decode_ms.append((time.perf_counter() - t0) * 1e3)
             if eos is not None:
                 token = torch.where(done, torch.full_like(token, pad), token)
                 done |= token == eos
@@ -211,6 +227,94 @@ class CausalLM:
             position += 1
         self.timings.new_tokens = max(self.timings.new_tokens, len(out))
         return torch.stack(out, dim=1)[:n]
+
+    # ------------------------------------------------------------------ prepared steps
+    def _prepared_step(self) -> _PreparedDecode | None:
+        """The decode functions as one prepared call (docs/llms.md, "The decode loop"), made
+        at the first generation of a module: None where it does not apply (an ``argument``
+        cache, a device other than the CPU's, logits torch reads as another dtype) or where
+        the module was loaded with ``$TURBINE_LLM_STEP=generic``."""
+        if self._step is False:
+            self._step = _PreparedDecode.create(self)
+        return self._step if isinstance(self._step, _PreparedDecode) else None
+
+    def _decode_prepared(
+        self,
+        step: _PreparedDecode,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        done: torch.Tensor,
+        max_new: int,
+        eos: int | None,
+        pad: int,
+        n: int,
+    ) -> torch.Tensor:
+        """:meth:`_generate_batch`'s loop on the prepared step: the tokens, positions and
+        finished rows as numpy arrays, written into the step's argument buffers in place."""
+        tok = token.numpy().copy()
+        pos = position.numpy().copy()
+        fin = done.numpy().copy()
+        top = int(pos.max())  # the furthest position: it picks the decode window
+        ids = [tok]
+        timings = self.timings.decode_ms
+        clock = time.perf_counter
+        for _ in range(max_new - 1):
+            if fin.all():
+                break
+            t0 = clock()
+            tok = step(tok, pos, top)
+            timings.append((clock() - t0) * 1e3)
+            if eos is not None:
+                tok = np.where(fin, pad, tok)
+                fin |= tok == eos
+            ids.append(tok)
+            pos += 1
+            top += 1
+        self.timings.new_tokens = max(self.timings.new_tokens, len(ids))
+        return torch.from_numpy(np.stack(ids, axis=1)[:n])
+
+
+class _PreparedDecode:
+    """A :class:`CausalLM`'s ``decode`` and ``decode_<W>`` functions as one
+    :class:`~turbine_aot.runtime.PreparedCall`: per token, the token ids and positions written
+    into the call's argument buffers, the function of the window chosen, the call, and the
+    argmax of the logits read in place (numpy)."""
+
+    __slots__ = ("_call", "_function_at", "_pos", "_tok", "_widen")
+
+    def __init__(self, call: Any, info: CausalLMInfo, names: list[str]) -> None:
+        self._call = call
+        index = {name: i for i, name in enumerate(names)}
+        # the function for each furthest position (a list: one index per step, no search)
+        self._function_at = [index.get(info.decode_function(p), 0) for p in range(info.max_seq_len)]
+        self._tok, self._pos = call.inputs
+        # bfloat16 logits arrive as their uint16 bits: widened to float32 before the argmax
+        self._widen = info.torch_dtype == torch.bfloat16
+
+    @classmethod
+    def create(cls, lm: CausalLM) -> _PreparedDecode | None:
+        """The prepared decode of ``lm``, or None where it does not apply."""
+        info = lm.info
+        if info.kv_cache != "global" or info.torch_dtype not in _STEP_DTYPES:
+            return None
+        names = ["decode", *lm._decodes]
+        functions = [lm._decode, *lm._decodes.values()]
+        b = info.batch_size
+        try:
+            call = R.PreparedCall(functions, [np.zeros((b, 1), np.int64), np.zeros((b,), np.int64)])
+        except (ValueError, TypeError):  # not a local driver, or another signature
+            return None
+        return cls(call, info, names)
+
+    def __call__(self, tok: np.ndarray, pos: np.ndarray, top: int) -> np.ndarray:
+        """One decode step at positions ``pos`` (``top`` the furthest): the next greedy token
+        of each row (``[batch]`` int64)."""
+        self._tok[:, 0] = tok
+        self._pos[...] = pos
+        (logits,) = self._call(self._function_at[top])
+        if self._widen:
+            logits = (logits.astype(np.uint32) << 16).view(np.float32)
+        return logits.argmax(-1).astype(np.int64)
 
 
 def _as_batch(
