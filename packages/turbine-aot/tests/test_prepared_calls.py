@@ -34,6 +34,16 @@ func.func @rows_bf16(%x: tensor<?x4xbf16>) -> tensor<?x4xbf16> {
 func.func @other(%x: tensor<4xf32>) -> tensor<4xf32> {
   return %x : tensor<4xf32>
 }
+util.global private mutable @kept = dense<0.0> : tensor<4xf32>
+func.func @keep(%x: tensor<4xf32>) -> tensor<4xf32> {
+  util.global.store %x, @kept : tensor<4xf32>
+  %k = util.global.load @kept : tensor<4xf32>
+  return %k : tensor<4xf32>
+}
+func.func @read_kept(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %k = util.global.load @kept : tensor<4xf32>
+  return %k : tensor<4xf32>
+}
 }
 """
 
@@ -92,3 +102,21 @@ def test_arguments_the_functions_do_not_take_are_refused(vmfb):
     other = R.load_module(vmfb, device="local-sync")
     with pytest.raises(ValueError, match=r"different modules"):
         R.PreparedCall([m.step, other.step_neg], [x, s])
+
+
+@pytest.mark.parametrize("device", ["local-sync", "local-task"])
+def test_an_argument_stored_in_a_global_is_not_changed_by_the_next_writes(vmfb, device):
+    """The argument buffers are rewritten between calls: a program that keeps an argument in
+    its state must hold a copy, not the buffer (IREE copies what it stores: pinned here), and
+    a result that is the argument itself (``@other`` returns it) is the buffer, which the
+    docs say is valid until the next call."""
+    m = R.load_module(vmfb, device=device)
+    call = R.PreparedCall([m.keep, m.read_kept, m.other], [np.arange(4, dtype=np.float32)])
+    (first,) = call(0)
+    assert np.array_equal(first, [0, 1, 2, 3])
+    call.inputs[0][...] = 100.0
+    (state,) = call(1)
+    assert np.array_equal(state, [0, 1, 2, 3])  # the global kept the first call's values
+    (echo,) = call(2)
+    call.inputs[0][...] = 7.0
+    assert np.array_equal(echo, [7, 7, 7, 7])  # the argument's own buffer
