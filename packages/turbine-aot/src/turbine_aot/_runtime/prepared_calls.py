@@ -33,11 +33,12 @@ class PreparedCall:
     """Calls of ``functions`` (of one loaded module, all taking arguments of the same shapes
     and dtypes) on arguments kept in device buffers.
 
-    Write the arguments into :attr:`inputs` (numpy views of the buffers; bfloat16 and float8
-    as their unsigned integer carrier), call with the index of the function; the results are numpy arrays viewing the result buffers (bfloat16 and
-    float8 as their unsigned integer carrier, as :mod:`.tensors` reads them; the torch dtype of
-    each is in :attr:`result_dtypes` after the call), valid until the next call: copy what is
-    kept. Not thread-safe: one caller at a time, as for the module's state.
+    Write the arguments into :attr:`inputs` (numpy views of the buffers), call with the index
+    of the function; the results are numpy arrays viewing the result buffers (the torch dtype
+    of each is in :attr:`result_dtypes` after the call), valid until the next call: copy what
+    is kept. bfloat16 and float8 travel as their unsigned integer bits both ways, as
+    :mod:`.tensors` reads them. Not thread-safe: one caller at a time, as for the module's
+    state.
 
     Attributes:
         inputs: the arguments' writable numpy arrays, in the functions' argument order.
@@ -50,6 +51,7 @@ class PreparedCall:
         "_labels",
         "_list",
         "_module",
+        "_outputs",
         "_results",
         "_types",
         "inputs",
@@ -127,6 +129,7 @@ class PreparedCall:
         #: per function, per result: (shape, numpy dtype, torch dtype) where the signature
         #: declares them all (read without asking the buffer view), else None
         self._results = [[_declared(spec) for spec in fn.signature.outputs] for fn in functions]
+        self._outputs = [max(len(fn.signature.outputs), 1) for fn in functions]
 
     def __call__(self, index: int = 0) -> list[np.ndarray]:
         """Invokes function ``index`` on :attr:`inputs`; returns its results as numpy views.
@@ -137,7 +140,7 @@ class PreparedCall:
         import iree.runtime as rt
 
         m = self._module
-        outputs = rt.VmVariantList(1)
+        outputs = rt.VmVariantList(self._outputs[index])
         try:
             if m._batch_calls:  # docs/running.md, "The calling thread during a call"
                 with BatchWhileCalling():
