@@ -51,6 +51,7 @@ OPS = {
     "sin": (torch.sin, (-100, 100)),
     "cos": (torch.cos, (-100, 100)),
     "tan": (torch.tan, (-1.5, 1.5)),
+    "tan_poles": (torch.tan, (-100, 100)),
     "sinh": (torch.sinh, (-10, 10)),
     "cosh": (torch.cosh, (-10, 10)),
     "asinh": (torch.asinh, (-100, 100)),

@@ -22,6 +22,12 @@ docs/performance.md, section 27).
   on; the terms dropped are below 2e-9 relative) (:func:`rewrite_asinh`). Not on GPU targets:
   Vulkan's ``log1p`` is ``log(1 + y)`` (2e-4 off in relative terms at 2.5e-4 on lavapipe), on
   which this form is no better.
+- vmvx: IREE 3.13 has no vmvx lowering of ``math.tan`` (``iree-compile``: "failed to legalize
+  operation 'math.tan'"). Each f32 ``torch.aten.tan`` becomes ``sin(x) / cos(x)``
+  (:func:`rewrite_tan_as_sin_over_cos`), which is what IREE computes for ``tan`` elsewhere;
+  vmvx's ``sin`` and ``cos`` are accurate (3.2e-8 at 4096), so its ``tan`` is within 1.5e-7
+  relative over -100 .. 100, poles included. (llvm-cpu's ``tan`` is turbine's own,
+  :mod:`.trig`.)
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ __all__ = [
     "rewrite_asinh",
     "rewrite_fmod_scalars",
     "rewrite_log10",
+    "rewrite_tan_as_sin_over_cos",
+    "tan_ops",
 ]
 
 #: ``1 / ln 10``, the factor from ``log`` to ``log10``.
@@ -145,3 +153,25 @@ def _asinh_form(b: Builder, op: Any) -> Any:
     y = f("torch.aten.where.self", is_large, large, small)
     negative = f("torch.aten.lt.Scalar", x, b.float(0.0), result=bools)
     return f("torch.aten.where.self", negative, f("torch.aten.neg", y), y)
+
+
+def tan_ops(module_op: Any) -> list[Any]:
+    """The f32 ``torch.aten.tan`` ops of ``module_op``."""
+    return f32_ops(module_op, {"torch.aten.tan"}, 1)
+
+
+def rewrite_tan_as_sin_over_cos(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`tan_ops` as ``sin(x) / cos(x)`` (for vmvx, which
+    cannot compile ``math.tan``).
+
+    Returns:
+        How many ops were rewritten.
+    """
+    return replace_each(tan_ops(module_op), _tan_form)
+
+
+def _tan_form(b: Builder, op: Any) -> Any:
+    t, x = str(op.results[0].type), op.operands[0]
+    sin = b.op("torch.aten.sin", t, [x])
+    cos = b.op("torch.aten.cos", t, [x])
+    return b.op("torch.aten.div.Tensor", t, [sin, cos])

@@ -24,9 +24,11 @@ flags:
   turbine's own instead of IREE's ``math.erf`` / ``math.tanh`` expansions (:mod:`.gelu`;
   ``TURBINE_CPU_GELU=iree`` keeps IREE's). Every target: the tanh-form GELUs left written out
   as eager's formula, with the ``sqrt(2 / pi)`` torch-mlir gets wrong (a correctness fix).
-- ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` with a range reduction by ``pi / 2`` in three
-  parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
-  embeddings at long positions); ``TURBINE_CPU_TRIG=iree`` keeps IREE's.
+- ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` / ``tan`` with a range reduction by ``pi / 2``
+  in three parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
+  embeddings at long positions, ``tan`` near its poles); ``TURBINE_CPU_TRIG=iree`` keeps
+  IREE's; vmvx: f32 ``tan`` as ``sin / cos`` (:mod:`.op_forms`: IREE 3.13 has no vmvx
+  lowering of ``math.tan``).
 - ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
   lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
   scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that); CPU targets: f32 ``asinh``
@@ -129,6 +131,8 @@ from .op_forms import (
     rewrite_asinh,
     rewrite_fmod_scalars,
     rewrite_log10,
+    rewrite_tan_as_sin_over_cos,
+    tan_ops,
 )
 from .pools import (
     CPU_POOLS_ENV,
@@ -238,8 +242,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: cos on llvm-cpu with a three-part ``pi / 2`` (:mod:`.trig`); 67: f32 log10 as ``log * (1 /
 #: ln 10)`` on llvm-cpu (:mod:`.op_forms`: IREE 3.13 cannot link ``log10f``); 68: ``fmod`` by
 #: a scalar as ``fmod`` by a 0-d tensor on every target (torch-mlir lowers only that); 69: f32
-#: ``asinh`` without IREE's cancellation for negative arguments on CPU targets.
-REVISION = 69
+#: ``asinh`` without IREE's cancellation for negative arguments on CPU targets; 70: f32 ``tan``
+#: on llvm-cpu by the same reduction as sin / cos, and on vmvx as ``sin / cos``.
+REVISION = 70
 
 _log = logging.getLogger("turbine.aot")
 
@@ -385,8 +390,10 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     fmod = bool(fmod_scalars(op))
     # asinh without IREE's cancellation for negative x (CPU targets: a correctness fix)
     asinh = targets_only_cpu(flags) and bool(asinh_ops(op))
-    # f32 sin / cos with an exact range reduction, unless TURBINE_CPU_TRIG=iree
+    # f32 sin / cos / tan with an exact range reduction, unless TURBINE_CPU_TRIG=iree
     trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
+    # f32 tan as sin / cos on vmvx, which has no lowering of math.tan (a fix)
+    tan = targets == {"vmvx"} and bool(tan_ops(op))
     if not (
         attention
         or gathers
@@ -410,6 +417,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or log10
         or fmod
         or asinh
+        or tan
     ):
         return module_op, False
     copy = op.clone()
@@ -521,9 +529,14 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if log10:
             count = rewrite_log10(copy)
             _log.info("llvm-cpu target: %d log10 op(s) as log * (1 / ln 10)", count)
+        if tan:
+            count = rewrite_tan_as_sin_over_cos(copy)
+            _log.info("vmvx target: %d tan op(s) as sin / cos", count)
         if trig:
             count = rewrite_trig(copy)
-            _log.info("llvm-cpu target: %d sin / cos op(s) with an exact range reduction", count)
+            _log.info(
+                "llvm-cpu target: %d sin / cos / tan op(s) with an exact range reduction", count
+            )
     return copy, True
 
 

@@ -1,5 +1,5 @@
-"""llvm-cpu: ``torch.sin`` and ``torch.cos`` (f32) by turbine's own code in the compile copy,
-accurate for large arguments.
+"""llvm-cpu: ``torch.sin``, ``torch.cos`` and ``torch.tan`` (f32) by turbine's own code in the
+compile copy, accurate for large arguments.
 
 IREE 3.13 expands ``math.sin`` / ``math.cos`` with one f32 constant for ``pi / 2`` in its range
 reduction, ``r = x - k * 1.5707964``: the constant's error (4.4e-8) grows with ``k``, so the
@@ -15,12 +15,17 @@ rotations drift. Here each f32 ``sin`` / ``cos`` becomes a call of an element-wi
     r = f * pi / 2            (pi / 2 in two parts);  quadrant = (k + k2) mod 4
     s = r + r^3 S(r^2),  c = 1 - r^2 / 2 + r^4 C(r^2)   (|r| <= pi / 4, degree 2 in r^2 each)
     sin x = +-s or +-c by the quadrant (cos: the quadrant plus one)
+    tan x = s / c in even quadrants, -c / s in odd ones
+
+IREE's ``tan`` is its ``sin`` over its ``cos``, so the same drift, divided by a small ``cos``
+near the poles, made it 0.66 off in relative terms over -100 .. 100 (5.5e-6 at x = 30, 9.6e-4
+at 1e4; eager 8.4e-8); this form is within 2.5e-7 there (2.1e-6 up to 1e4, near the poles).
 
 ``T0 + T1 + T2`` is ``2 / pi`` in three f32 parts and ``p - k`` is exact, so ``f``, the
 fraction of ``x 2 / pi``, is right to the rounding of ``x T1`` (which can exceed 1/2 for large
 ``|x|``, hence the second rounding). The polynomials are minimax fits for relative error on
-``[0, pi / 4]`` (3.8e-9 and 1.2e-10; ``tools/fit_sin_cos.py``). Measured against float64: within 1.3e-7 for ``|x|`` up to
-1e7 (IREE's: 2.8e-2 at 1e6), 4.3e-7 up to 1e8, 1.3e-5 up to 3.3e9; beyond 2^31 ``pi / 2`` the
+``[0, pi / 4]`` (3.8e-9 and 1.2e-10; ``tools/fit_sin_cos.py``). Measured against float64:
+within 1.3e-7 for ``|x|`` up to 1e7 (IREE's: 2.8e-2 at 1e6), 4.3e-7 up to 1e8, 1.3e-5 up to 3.3e9; beyond 2^31 ``pi / 2`` the
 quadrant overflows and the values, though within [-1, 1], are wrong (f32 arguments there are
 256 or more apart). NaN and infinities give NaN, as eager; subnormal arguments are flushed to
 zero (IREE's CPU code flushes them). About 1.3x IREE's time a value (0.75 against 0.56 ns on a
@@ -50,7 +55,7 @@ __all__ = [
     "trig_enabled",
 ]
 
-#: Environment variable: ``iree`` leaves ``sin`` and ``cos`` to IREE (the A/B baseline).
+#: Environment variable: ``iree`` leaves ``sin``, ``cos`` and ``tan`` to IREE (the A/B baseline).
 TRIG_ENV = "TURBINE_CPU_TRIG"
 
 #: The private functions' names start so.
@@ -65,16 +70,17 @@ PIO2 = (1.5707963705062866, -4.371138828673793e-08)
 SIN_POLY = (-0.16666655242443085, 0.00833216030150652, -0.00019515282474458218)
 COS_POLY = (0.04166664555668831, -0.0013887316454201937, 2.44331567955669e-05)
 
-_OPS = {"torch.aten.sin": "sin", "torch.aten.cos": "cos"}
+_OPS = {"torch.aten.sin": "sin", "torch.aten.cos": "cos", "torch.aten.tan": "tan"}
 
 
 def trig_enabled() -> bool:
-    """Whether f32 ``sin`` / ``cos`` are rewritten (unless ``TURBINE_CPU_TRIG=iree``)."""
+    """Whether f32 ``sin`` / ``cos`` / ``tan`` are rewritten (unless ``TURBINE_CPU_TRIG=iree``)."""
     return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
 
 
 def rewritable_trig(module_op: Any) -> list[Any]:
-    """The f32 ``sin`` / ``cos`` ops of ``module_op`` that :func:`rewrite_trig` rewrites."""
+    """The f32 ``sin`` / ``cos`` / ``tan`` ops of ``module_op`` that :func:`rewrite_trig`
+    rewrites."""
     return f32_ops(module_op, _OPS, 1)
 
 
@@ -128,9 +134,16 @@ def _body(kind: str) -> Body:
         e("%ch = math.fma %t, %mhalf, %one : f32")
         e("%tt = arith.mulf %t, %t : f32")
         e("%cs = math.fma %tt, %cp, %ch : f32")
-        # odd quadrants take the other polynomial, quadrants 2 and 3 the opposite sign
         e(f"%odd = arith.andi {q}, %i1 : i32")
         e("%swap = arith.trunci %odd : i32 to i1")
+        if kind == "tan":  # period pi: tan r, or -cos r / sin r one quadrant on
+            e("%num = arith.select %swap, %cs, %sn : f32")
+            e("%den = arith.select %swap, %sn, %cs : f32")
+            e("%quo = arith.divf %num, %den : f32")
+            e("%neg = arith.negf %quo : f32")
+            e("%tan = arith.select %swap, %neg, %quo : f32")
+            return "%tan"
+        # odd quadrants take the other polynomial, quadrants 2 and 3 the opposite sign
         e("%val = arith.select %swap, %cs, %sn : f32")
         e(f"%upper = arith.andi {q}, %i2 : i32")
         e("%sign = arith.shli %upper, %i30 : i32")
