@@ -1,5 +1,5 @@
-"""llvm-cpu: ``torch.sin``, ``torch.cos`` and ``torch.tan`` (f32) by turbine's own code in the
-compile copy, accurate for large arguments.
+"""llvm-cpu: ``torch.sin``, ``torch.cos``, ``torch.tan`` and ``torch.atan`` (f32) by turbine's
+own code in the compile copy, accurate for large arguments.
 
 IREE 3.13 expands ``math.sin`` / ``math.cos`` with one f32 constant for ``pi / 2`` in its range
 reduction, ``r = x - k * 1.5707964``: the constant's error (4.4e-8) grows with ``k``, so the
@@ -33,6 +33,18 @@ Zen 3 core), a small share of any model. The reduction relies on fused FMAs, whi
 has; Vulkan's ``Fma`` may round twice (on lavapipe this form is still 1.9e-4 off at 4096), so
 other targets keep IREE's code.
 
+IREE's ``atan`` is a polynomial 4.1e-6 off in relative terms (eager 7.8e-8). Here::
+
+    a = |x|;  t, offset = -1 / a, pi / 2            (a > tan(3 pi / 8))
+                        = (a - 1) / (a + 1), pi / 4 (a > tan(pi / 8))
+                        = a, 0                      (otherwise)
+    atan x = sign(x) (offset + t + t^3 P(t^2))      (|t| <= tan(pi / 8); the offset in two parts)
+
+with ``P`` of four terms (minimax for relative error, 2.1e-8; ``tools/fit_atan.py``): within
+1.3e-7 relative of float64 from 1e-30 to 1e30 in magnitude; infinities give ``+-pi / 2``, NaN
+NaN, ``-0`` ``-0``. One division a value. (IREE's ``atan2`` has the same polynomial; it is
+left as it is.)
+
 ``TURBINE_CPU_TRIG=iree`` leaves them to IREE (the A/B baseline).
 """
 
@@ -44,6 +56,8 @@ from typing import Any
 from .elementwise import Body, f32_ops, rewrite_unary_ops
 
 __all__ = [
+    "ATAN_BOUNDS",
+    "ATAN_POLY",
     "COS_POLY",
     "PIO2",
     "SIN_POLY",
@@ -55,7 +69,8 @@ __all__ = [
     "trig_enabled",
 ]
 
-#: Environment variable: ``iree`` leaves ``sin``, ``cos`` and ``tan`` to IREE (the A/B baseline).
+#: Environment variable: ``iree`` leaves ``sin``, ``cos``, ``tan`` and ``atan`` to IREE (the A/B
+#: baseline).
 TRIG_ENV = "TURBINE_CPU_TRIG"
 
 #: The private functions' names start so.
@@ -70,17 +85,29 @@ PIO2 = (1.5707963705062866, -4.371138828673793e-08)
 SIN_POLY = (-0.16666655242443085, 0.00833216030150652, -0.00019515282474458218)
 COS_POLY = (0.04166664555668831, -0.0013887316454201937, 2.44331567955669e-05)
 
-_OPS = {"torch.aten.sin": "sin", "torch.aten.cos": "cos", "torch.aten.tan": "tan"}
+#: ``atan(t) = t + t^3 (A0 + A1 t^2 + A2 t^4 + A3 t^6)`` on ``|t| <= tan(pi / 8)`` (f32 values;
+#: minimax for relative error, ``tools/fit_atan.py``).
+ATAN_POLY = (-0.3333294987678528, 0.19977709650993347, -0.1387767791748047, 0.08053722232580185)
+#: ``tan(3 pi / 8)`` and ``tan(pi / 8)``: where the argument is reduced by ``pi / 2`` or ``pi / 4``.
+ATAN_BOUNDS = (2.4142136573791504, 0.41421356797218323)
+
+_OPS = {
+    "torch.aten.sin": "sin",
+    "torch.aten.cos": "cos",
+    "torch.aten.tan": "tan",
+    "torch.aten.atan": "atan",
+}
 
 
 def trig_enabled() -> bool:
-    """Whether f32 ``sin`` / ``cos`` / ``tan`` are rewritten (unless ``TURBINE_CPU_TRIG=iree``)."""
+    """Whether f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` are rewritten (unless
+    ``TURBINE_CPU_TRIG=iree``)."""
     return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
 
 
 def rewritable_trig(module_op: Any) -> list[Any]:
-    """The f32 ``sin`` / ``cos`` / ``tan`` ops of ``module_op`` that :func:`rewrite_trig`
-    rewrites."""
+    """The f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` ops of ``module_op`` that
+    :func:`rewrite_trig` rewrites."""
     return f32_ops(module_op, _OPS, 1)
 
 
@@ -155,6 +182,49 @@ def _body(kind: str) -> Body:
     return body
 
 
+def _atan_body(e: Any) -> str:
+    """``atan``: ``|x|`` reduced to ``|t| <= tan(pi / 8)`` (``t = -1 / |x|`` plus ``pi / 2``
+    above ``tan(3 pi / 8)``, ``t = (|x| - 1) / (|x| + 1)`` plus ``pi / 4`` above ``tan(pi /
+    8)``), the polynomial, the offset added in two parts, the sign of ``x``."""
+    for name, value in (
+        *((f"a{i}", c) for i, c in enumerate(ATAN_POLY)),
+        ("hi", ATAN_BOUNDS[0]),
+        ("lo", ATAN_BOUNDS[1]),
+        ("one", 1.0),
+        ("mone", -1.0),
+        ("zero", 0.0),
+        ("pio2h", PIO2[0]),
+        ("pio2l", PIO2[1]),
+        ("pio4h", PIO2[0] / 2),
+        ("pio4l", PIO2[1] / 2),
+    ):
+        e(f"%{name} = arith.constant {value!r} : f32")
+    e("%ax = math.absf %v : f32")
+    e("%big = arith.cmpf ogt, %ax, %hi : f32")
+    e("%mid = arith.cmpf ogt, %ax, %lo : f32")
+    # the two reduced arguments, computed as one quotient: -1 / a, or (a - 1) / (a + 1)
+    e("%am1 = arith.subf %ax, %one : f32")
+    e("%ap1 = arith.addf %ax, %one : f32")
+    e("%num = arith.select %big, %mone, %am1 : f32")
+    e("%den = arith.select %big, %ax, %ap1 : f32")
+    e("%quo = arith.divf %num, %den : f32")
+    e("%t = arith.select %mid, %quo, %ax : f32")
+    e("%oh1 = arith.select %mid, %pio4h, %zero : f32")
+    e("%oh = arith.select %big, %pio2h, %oh1 : f32")
+    e("%ol1 = arith.select %mid, %pio4l, %zero : f32")
+    e("%ol = arith.select %big, %pio2l, %ol1 : f32")
+    e("%z = arith.mulf %t, %t : f32")
+    e("%p2 = math.fma %a3, %z, %a2 : f32")
+    e("%p1 = math.fma %p2, %z, %a1 : f32")
+    e("%p0 = math.fma %p1, %z, %a0 : f32")
+    e("%tz = arith.mulf %t, %z : f32")
+    e("%lo_t = math.fma %tz, %p0, %ol : f32")  # t^3 P(z) + the offset's low part
+    e("%small = arith.addf %t, %lo_t : f32")
+    e("%r = arith.addf %oh, %small : f32")
+    e("%res = math.copysign %r, %v : f32")
+    return "%res"
+
+
 def rewrite_trig(module_op: Any) -> int:
     """Rewrites, in place, each of :func:`rewritable_trig` as a call of an element-wise
     function computing the module doc's form (one function per op kind and tensor type).
@@ -165,6 +235,6 @@ def rewrite_trig(module_op: Any) -> int:
 
     def form(op: Any) -> tuple[str, str, Body]:
         kind = _OPS[op.name]
-        return kind, kind, _body(kind)
+        return kind, kind, _atan_body if kind == "atan" else _body(kind)
 
     return rewrite_unary_ops(module_op, rewritable_trig(module_op), TRIG_FUNC_PREFIX, form)
