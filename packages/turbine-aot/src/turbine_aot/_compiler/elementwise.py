@@ -1,10 +1,12 @@
 """Element-wise functions of turbine's own in the compile copy: a torch op of one f32 tensor
-replaced by a call of a private function over builtin tensors whose ``linalg.generic`` computes
-each element with scalar ``arith`` / ``math`` ops (IREE inlines the call and vectorizes the body
-as it does torch-mlir's own element-wise code: one dispatch, as before).
+(or of two of the same sizes) replaced by a call of a private function over builtin tensors
+whose ``linalg.generic`` computes each element with scalar ``arith`` / ``math`` ops (IREE inlines
+the call and vectorizes the body as it does torch-mlir's own element-wise code: one dispatch,
+as before).
 
 Used where IREE's expansion of a math function is slow or inaccurate for what torch computes:
-:mod:`.gelu` (GELU's ``erf`` and ``tanh`` forms) and :mod:`.trig` (``sin`` and ``cos``).
+:mod:`.gelu` (GELU's ``erf`` and ``tanh`` forms) and :mod:`.trig` (``sin``, ``cos``, ``tan``,
+``atan``, ``atan2``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,17 @@ from typing import Any
 
 from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, replace_each, walk
 
-__all__ = ["Body", "f32_ops", "f32_same_shape", "rewrite_unary_ops", "unary_function"]
+__all__ = [
+    "Body",
+    "elementwise_function",
+    "f32_ops",
+    "f32_same_shape",
+    "rewrite_elementwise_ops",
+]
 
-#: Emits the scalar body for the element ``%v`` (f32) through the line emitter it is given and
-#: returns the name of the result (f32); the frame's own names start with ``%frame_``.
+#: Emits the scalar body for the element ``%v`` (f32; a second input's is ``%w``) through the
+#: line emitter it is given and returns the name of the result (f32); the frame's own names
+#: start with ``%frame_``.
 Body = Callable[[Callable[[str], None]], str]
 
 
@@ -30,22 +39,38 @@ def f32_same_shape(op: Any) -> bool:
     )
 
 
-def f32_ops(module_op: Any, names: Collection[str], operands: int) -> list[Any]:
+def f32_ops(module_op: Any, names: Collection[str], operands: int, tensors: int = 1) -> list[Any]:
     """The ops of ``module_op`` named one of ``names``, with ``operands`` operands, whose first
-    operand and result are f32 tensors of the same sizes (:func:`f32_same_shape`)."""
-    return [
-        o
-        for o in walk(getattr(module_op, "operation", module_op))
-        if o.name in names and len(list(o.operands)) == operands and f32_same_shape(o)
-    ]
+    operand and result are f32 tensors of the same sizes (:func:`f32_same_shape`), and the
+    first ``tensors`` operands all of that type."""
+    found = []
+    for o in walk(getattr(module_op, "operation", module_op)):
+        if o.name not in names or len(list(o.operands)) != operands or not f32_same_shape(o):
+            continue
+        first = TensorType.of(o.operands[0])
+        others = [TensorType.of(o.operands[i]) for i in range(1, tensors)]
+        if all(
+            t is not None
+            and first is not None
+            and t.sizes == first.sizes
+            and t.dtype == first.dtype
+            for t in others
+        ):
+            found.append(o)
+    return found
 
 
-def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:
-    """The private function ``@name(x) -> f(x)`` over the builtin f32 tensor of ``sizes``
-    (``None``: a dynamic size), ``f`` computed element by element by ``body``."""
+def elementwise_function(
+    name: str, sizes: Sequence[int | None], body: Body, inputs: int = 1
+) -> str:
+    """The private function ``@name(x) -> f(x)`` (``@name(x, y) -> f(x, y)`` for two
+    ``inputs``) over builtin f32 tensors of ``sizes`` (``None``: a dynamic size), ``f``
+    computed element by element by ``body``."""
     t = builtin_tensor(sizes, "f32")
     rank = len(sizes)
-    lines = [f"func.func private @{name}(%frame_x: {t}) -> {t} {{"]
+    args = ["%frame_x", "%frame_y2"][:inputs]
+    params = ", ".join(f"{a}: {t}" for a in args)
+    lines = [f"func.func private @{name}({params}) -> {t} {{"]
     e = lines.append
     dims = []
     for i, s in enumerate(sizes):
@@ -57,11 +82,15 @@ def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:
     loops = ", ".join(f"d{i}" for i in range(rank))
     ident = f"affine_map<({loops}) -> ({loops})>"
     iterators = ", ".join(['"parallel"'] * rank)
+    maps = ", ".join([ident] * (inputs + 1))
+    ins = ", ".join(args)
     e(
-        f"  %frame_y = linalg.generic {{indexing_maps = [{ident}, {ident}], "
-        f"iterator_types = [{iterators}]}} ins(%frame_x : {t}) outs(%frame_init : {t}) {{"
+        f"  %frame_y = linalg.generic {{indexing_maps = [{maps}], "
+        f"iterator_types = [{iterators}]}} ins({ins} : {', '.join([t] * inputs)}) "
+        f"outs(%frame_init : {t}) {{"
     )
-    e("  ^bb0(%v: f32, %frame_out: f32):")
+    elements = ", ".join(f"{v}: f32" for v in ["%v", "%w"][:inputs])
+    e(f"  ^bb0({elements}, %frame_out: f32):")
     result = body(lambda line: e(f"    {line}"))
     e(f"    linalg.yield {result} : f32")
     e(f"  }} -> {t}")
@@ -70,16 +99,17 @@ def unary_function(name: str, sizes: Sequence[int | None], body: Body) -> str:
     return "\n".join(lines)
 
 
-def rewrite_unary_ops(
+def rewrite_elementwise_ops(
     module_op: Any,
     ops: Sequence[Any],
     prefix: str,
     form: Callable[[Any], tuple[Hashable, str, Body]],
+    inputs: int = 1,
 ) -> int:
-    """Replaces, in place, each op of ``ops`` (of ``module_op``; one f32 operand first, one
-    result of its type) by a call of :func:`unary_function`. ``form(op)`` gives the op's key
-    (ops of equal key and sizes share one function), a name part and the body; functions are
-    named ``<prefix><name part>_<n>``.
+    """Replaces, in place, each op of ``ops`` (of ``module_op``; ``inputs`` f32 operands of one
+    type first, one result of that type) by a call of :func:`elementwise_function`.
+    ``form(op)`` gives the op's key (ops of equal key and sizes share one function), a name
+    part and the body; functions are named ``<prefix><name part>_<n>``.
 
     Returns:
         How many ops were replaced.
@@ -96,9 +126,8 @@ def rewrite_unary_ops(
         if (key, sizes) not in functions:
             name = top.unique(f"{prefix}{part}_{len(functions)}")
             functions[key, sizes] = name
-            top.append(unary_function(name, sizes, body))
-        return b.call_on_builtins(
-            functions[key, sizes], [(op.operands[0], t)], t, op.results[0].type
-        )
+            top.append(elementwise_function(name, sizes, body, inputs))
+        operands = [(op.operands[i], t) for i in range(inputs)]
+        return b.call_on_builtins(functions[key, sizes], operands, t, op.results[0].type)
 
     return replace_each(ops, call)

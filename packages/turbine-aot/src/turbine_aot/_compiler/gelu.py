@@ -47,7 +47,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .elementwise import Body, f32_ops, rewrite_unary_ops, unary_function
+from .elementwise import Body, elementwise_function, f32_ops, rewrite_elementwise_ops
 from .torch_ir import Builder, replace_each
 
 __all__ = [
@@ -148,7 +148,7 @@ def gelu_function(name: str, sizes: Sequence[int | None], approximate: str = "no
     """The private function ``@name(%x) -> gelu(%x)`` over the builtin f32 tensor of ``sizes``
     (``None``: a dynamic size), computing the module doc's form of ``approximate`` (``none``
     or ``tanh``) element by element."""
-    return unary_function(name, sizes, _body(approximate))
+    return elementwise_function(name, sizes, _body(approximate))
 
 
 def _body(approximate: str) -> Body:
@@ -195,7 +195,7 @@ def rewrite_gelus(module_op: Any) -> int:
         assert approximate is not None
         return approximate, "" if approximate == "none" else "_tanh", _body(approximate)
 
-    return rewrite_unary_ops(module_op, rewritable_gelus(module_op), GELU_FUNC_PREFIX, form)
+    return rewrite_elementwise_ops(module_op, rewritable_gelus(module_op), GELU_FUNC_PREFIX, form)
 
 
 #: ``sqrt(2 / pi)``, the tanh form's scale (torch-mlir's ``0.797724`` is off in the fourth

@@ -26,8 +26,8 @@ flags:
   as eager's formula, with the ``sqrt(2 / pi)`` torch-mlir gets wrong (a correctness fix).
 - ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` / ``tan`` with a range reduction by ``pi / 2``
   in three parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
-  embeddings at long positions, ``tan`` near its poles), f32 ``atan`` by turbine's own
-  polynomial (IREE's is 4e-6 off); ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos`` (:mod:`.op_forms`: IREE 3.13 has no vmvx
+  embeddings at long positions, ``tan`` near its poles), f32 ``atan`` / ``atan2`` by turbine's
+  own polynomial (IREE's is 4e-6 off, its ``atan2(0, 0)`` NaN); ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos`` (:mod:`.op_forms`: IREE 3.13 has no vmvx
   lowering of ``math.tan``).
 - ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
   lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
@@ -244,8 +244,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: a scalar as ``fmod`` by a 0-d tensor on every target (torch-mlir lowers only that); 69: f32
 #: ``asinh`` without IREE's cancellation for negative arguments on CPU targets; 70: f32 ``tan``
 #: on llvm-cpu by the same reduction as sin / cos, and on vmvx as ``sin / cos``; 71: f32
-#: ``atan`` on llvm-cpu by turbine's own reduction and polynomial.
-REVISION = 71
+#: ``atan`` on llvm-cpu by turbine's own reduction and polynomial; 72: and ``atan2``.
+REVISION = 72
 
 _log = logging.getLogger("turbine.aot")
 
@@ -537,7 +537,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if trig:
             count = rewrite_trig(copy)
             _log.info(
-                "llvm-cpu target: %d sin / cos / tan / atan op(s) by turbine's own code", count
+                "llvm-cpu target: %d sin / cos / tan / atan / atan2 op(s) by turbine's own code",
+                count,
             )
     return copy, True
 

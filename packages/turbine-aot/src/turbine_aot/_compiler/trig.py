@@ -1,5 +1,5 @@
-"""llvm-cpu: ``torch.sin``, ``torch.cos``, ``torch.tan`` and ``torch.atan`` (f32) by turbine's
-own code in the compile copy, accurate for large arguments.
+"""llvm-cpu: ``torch.sin``, ``torch.cos``, ``torch.tan``, ``torch.atan`` and ``torch.atan2`` (f32)
+by turbine's own code in the compile copy, accurate for large arguments.
 
 IREE 3.13 expands ``math.sin`` / ``math.cos`` with one f32 constant for ``pi / 2`` in its range
 reduction, ``r = x - k * 1.5707964``: the constant's error (4.4e-8) grows with ``k``, so the
@@ -42,18 +42,30 @@ IREE's ``atan`` is a polynomial 4.1e-6 off in relative terms (eager 7.8e-8). Her
 
 with ``P`` of four terms (minimax for relative error, 2.1e-8; ``tools/fit_atan.py``): within
 1.3e-7 relative of float64 from 1e-30 to 1e30 in magnitude; infinities give ``+-pi / 2``, NaN
-NaN, ``-0`` ``-0``. One division a value. (IREE's ``atan2`` has the same polynomial; it is
-left as it is.)
+NaN, ``-0`` ``-0``. One division a value.
+
+IREE's ``atan2`` has the same polynomial (4.1e-6 off) and returns NaN for ``atan2(0, 0)``
+(eager: 0). ``atan2(y, x)`` of two f32 tensors of the result's shape (a broadcast operand keeps
+IREE's) is here ``atan q`` of ``q = min(|x|, |y|) / max(|x|, |y|)`` (0 for two zeros, 1 for two
+infinities), reduced as above by ``(min - max) / (min + max)``, then ``k pi / 4 +- s`` with
+``k`` 0 .. 4 by the swap and the sign bit of ``x`` (a table of ``k pi / 4`` in two parts, added
+last), and the sign of ``y``: within 2e-7 relative of float64 (eager 6.9e-8; the reduced
+branch's results near 0.39 lose about two ulp), C's special values for signed zeros,
+infinities and NaN, and results below f32's smallest normal flushed to zero, as IREE's CPU
+code flushes subnormals.
 
 ``TURBINE_CPU_TRIG=iree`` leaves them to IREE (the A/B baseline).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
-from .elementwise import Body, f32_ops, rewrite_unary_ops
+import numpy as np
+
+from .elementwise import Body, f32_ops, rewrite_elementwise_ops
 
 __all__ = [
     "ATAN_BOUNDS",
@@ -64,6 +76,7 @@ __all__ = [
     "TRIG_ENV",
     "TRIG_FUNC_PREFIX",
     "TWO_OVER_PI",
+    "atan2_ops",
     "rewritable_trig",
     "rewrite_trig",
     "trig_enabled",
@@ -88,6 +101,14 @@ COS_POLY = (0.04166664555668831, -0.0013887316454201937, 2.44331567955669e-05)
 #: ``atan(t) = t + t^3 (A0 + A1 t^2 + A2 t^4 + A3 t^6)`` on ``|t| <= tan(pi / 8)`` (f32 values;
 #: minimax for relative error, ``tools/fit_atan.py``).
 ATAN_POLY = (-0.3333294987678528, 0.19977709650993347, -0.1387767791748047, 0.08053722232580185)
+#: ``k pi / 4`` for ``k`` 0 .. 4, each as an f32 and the f32 nearest its rounding error.
+PI_QUARTERS = tuple(
+    (
+        float(np.float32(k * math.pi / 4)),
+        float(np.float32(k * math.pi / 4 - float(np.float32(k * math.pi / 4)))),
+    )
+    for k in range(5)
+)
 #: ``tan(3 pi / 8)`` and ``tan(pi / 8)``: where the argument is reduced by ``pi / 2`` or ``pi / 4``.
 ATAN_BOUNDS = (2.4142136573791504, 0.41421356797218323)
 
@@ -105,10 +126,16 @@ def trig_enabled() -> bool:
     return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
 
 
+def atan2_ops(module_op: Any) -> list[Any]:
+    """The ``torch.aten.atan2`` ops of ``module_op`` on two f32 tensors of the result's sizes
+    (a broadcast one keeps IREE's)."""
+    return f32_ops(module_op, {"torch.aten.atan2"}, 2, tensors=2)
+
+
 def rewritable_trig(module_op: Any) -> list[Any]:
-    """The f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` ops of ``module_op`` that
+    """The f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``atan2`` ops of ``module_op`` that
     :func:`rewrite_trig` rewrites."""
-    return f32_ops(module_op, _OPS, 1)
+    return f32_ops(module_op, _OPS, 1) + atan2_ops(module_op)
 
 
 def _body(kind: str) -> Body:
@@ -225,6 +252,80 @@ def _atan_body(e: Any) -> str:
     return "%res"
 
 
+def _atan2_body(e: Any) -> str:
+    """``atan2(y, x)`` (``%v``, ``%w``): the smaller magnitude over the larger, ``q`` in
+    ``[0, 1]`` (0 where both are zero, 1 where both are infinite), ``atan q`` as in
+    :func:`_atan_body` (``q`` above ``tan(pi / 8)`` by ``(q - 1) / (q + 1)`` plus ``pi / 4``),
+    then ``pi / 2 - r`` where ``|y| > |x|``, ``pi - r`` where ``x`` is negative (its sign bit:
+    ``-0`` too), the sign of ``y``: C's and torch's special values."""
+    for name, value in (
+        *((f"a{i}", c) for i, c in enumerate(ATAN_POLY)),
+        ("lo", ATAN_BOUNDS[1]),
+        ("one", 1.0),
+        ("zero", 0.0),
+    ):
+        e(f"%{name} = arith.constant {value!r} : f32")
+    e("%inf = arith.constant 0x7F800000 : f32")  # +inf
+    e("%ay = math.absf %v : f32")
+    e("%ax = math.absf %w : f32")
+    e("%swap = arith.cmpf ogt, %ay, %ax : f32")
+    e("%num = arith.select %swap, %ax, %ay : f32")
+    e("%den = arith.select %swap, %ay, %ax : f32")
+    e("%q0 = arith.divf %num, %den : f32")
+    e("%yz = arith.cmpf oeq, %ay, %zero : f32")
+    e("%xz = arith.cmpf oeq, %ax, %zero : f32")
+    e("%zz = arith.andi %yz, %xz : i1")
+    e("%yi = arith.cmpf oeq, %ay, %inf : f32")
+    e("%xi = arith.cmpf oeq, %ax, %inf : f32")
+    e("%ii = arith.andi %yi, %xi : i1")
+    e("%q1 = arith.select %zz, %zero, %q0 : f32")
+    e("%q = arith.select %ii, %one, %q1 : f32")
+    e("%mid = arith.cmpf ogt, %q, %lo : f32")
+    # (q - 1) / (q + 1) as (num - den) / (num + den): one rounding fewer (0 for two infinities)
+    e("%dif = arith.subf %num, %den : f32")
+    e("%sum = arith.addf %num, %den : f32")
+    e("%red0 = arith.divf %dif, %sum : f32")
+    e("%red = arith.select %ii, %zero, %red0 : f32")
+    e("%t = arith.select %mid, %red, %q : f32")
+    e("%z = arith.mulf %t, %t : f32")
+    e("%p2 = math.fma %a3, %z, %a2 : f32")
+    e("%p1 = math.fma %p2, %z, %a1 : f32")
+    e("%p0 = math.fma %p1, %z, %a0 : f32")
+    e("%tz = arith.mulf %t, %z : f32")
+    # atan q = k pi / 4 + s (k: 0 or 1; s = t + t^3 P); |y| > |x| gives pi / 2 - atan q,
+    # a negative x pi minus that: k' pi / 4 +- s, k' in 0 .. 4, the multiple in two parts
+    # from a table and added last (one rounding)
+    e("%s3 = arith.mulf %tz, %p0 : f32")
+    e("%s = arith.addf %t, %s3 : f32")
+    e("%i1 = arith.constant 1 : i32")
+    e("%i2 = arith.constant 2 : i32")
+    e("%i4 = arith.constant 4 : i32")
+    e("%k0 = arith.extui %mid : i1 to i32")
+    e("%k1s = arith.subi %i2, %k0 : i32")
+    e("%k1 = arith.select %swap, %k1s, %k0 : i32")
+    e("%xbits = arith.bitcast %w : f32 to i32")
+    e("%izero = arith.constant 0 : i32")
+    e("%xneg = arith.cmpi slt, %xbits, %izero : i32")
+    e("%k2s = arith.subi %i4, %k1 : i32")
+    e("%k = arith.select %xneg, %k2s, %k1 : i32")
+    e("%flip = arith.xori %swap, %xneg : i1")  # s enters negated
+    e("%ns = arith.negf %s : f32")
+    e("%ss = arith.select %flip, %ns, %s : f32")
+    hi, lo = "%zero", "%zero"
+    for j in range(1, 5):
+        e(f"%kh{j} = arith.constant {PI_QUARTERS[j][0]!r} : f32")
+        e(f"%kl{j} = arith.constant {PI_QUARTERS[j][1]!r} : f32")
+        e(f"%ic{j} = arith.constant {j} : i32")
+        e(f"%is{j} = arith.cmpi eq, %k, %ic{j} : i32")
+        e(f"%hsel{j} = arith.select %is{j}, %kh{j}, {hi} : f32")
+        e(f"%lsel{j} = arith.select %is{j}, %kl{j}, {lo} : f32")
+        hi, lo = f"%hsel{j}", f"%lsel{j}"
+    e(f"%tail = arith.addf {lo}, %ss : f32")
+    e(f"%r2 = arith.addf {hi}, %tail : f32")
+    e("%res = math.copysign %r2, %v : f32")
+    return "%res"
+
+
 def rewrite_trig(module_op: Any) -> int:
     """Rewrites, in place, each of :func:`rewritable_trig` as a call of an element-wise
     function computing the module doc's form (one function per op kind and tensor type).
@@ -237,4 +338,8 @@ def rewrite_trig(module_op: Any) -> int:
         kind = _OPS[op.name]
         return kind, kind, _atan_body if kind == "atan" else _body(kind)
 
-    return rewrite_unary_ops(module_op, rewritable_trig(module_op), TRIG_FUNC_PREFIX, form)
+    count = rewrite_elementwise_ops(module_op, f32_ops(module_op, _OPS, 1), TRIG_FUNC_PREFIX, form)
+    atan2 = atan2_ops(module_op)
+    return count + rewrite_elementwise_ops(
+        module_op, atan2, TRIG_FUNC_PREFIX, lambda op: ("atan2", "atan2", _atan2_body), inputs=2
+    )
