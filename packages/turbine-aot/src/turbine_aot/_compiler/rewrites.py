@@ -27,8 +27,9 @@ flags:
 - ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` / ``tan`` with a range reduction by ``pi / 2``
   in three parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
   embeddings at long positions, ``tan`` near its poles), f32 ``atan`` / ``atan2`` by turbine's
-  own polynomial (IREE's is 4e-6 off, its ``atan2(0, 0)`` NaN); ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos`` (:mod:`.op_forms`: IREE 3.13 has no vmvx
-  lowering of ``math.tan``).
+  own polynomial (IREE's is 4e-6 off, its ``atan2(0, 0)`` NaN; Vulkan too);
+  ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos``
+  (:mod:`.op_forms`: IREE 3.13 has no vmvx lowering of ``math.tan``).
 - ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
   lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
   scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that); CPU targets: f32 ``asinh``
@@ -244,8 +245,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: a scalar as ``fmod`` by a 0-d tensor on every target (torch-mlir lowers only that); 69: f32
 #: ``asinh`` without IREE's cancellation for negative arguments on CPU targets; 70: f32 ``tan``
 #: on llvm-cpu by the same reduction as sin / cos, and on vmvx as ``sin / cos``; 71: f32
-#: ``atan`` on llvm-cpu by turbine's own reduction and polynomial; 72: and ``atan2``.
-REVISION = 72
+#: ``atan`` on llvm-cpu by turbine's own reduction and polynomial; 72: and ``atan2``; 73: both
+#: on Vulkan too.
+REVISION = 73
 
 _log = logging.getLogger("turbine.aot")
 
@@ -394,6 +396,10 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # f32 sin / cos / tan with an exact range reduction, atan by turbine's polynomial, unless
     # TURBINE_CPU_TRIG=iree
     trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
+    # ... and on Vulkan f32 atan / atan2 (IREE's are 4e-6 off there too, atan2(0, 0) NaN)
+    inverse_trig = (
+        targets == {"vulkan-spirv"} and trig_enabled() and bool(rewritable_trig(op, True))
+    )
     # f32 tan as sin / cos on vmvx, which has no lowering of math.tan (a fix)
     tan = targets == {"vmvx"} and bool(tan_ops(op))
     if not (
@@ -416,6 +422,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or gelu
         or tanh_fix
         or trig
+        or inverse_trig
         or log10
         or fmod
         or asinh
@@ -534,6 +541,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if tan:
             count = rewrite_tan_as_sin_over_cos(copy)
             _log.info("vmvx target: %d tan op(s) as sin / cos", count)
+        if inverse_trig:
+            count = rewrite_trig(copy, inverse_only=True)
+            _log.info("vulkan target: %d atan / atan2 op(s) by turbine's own code", count)
         if trig:
             count = rewrite_trig(copy)
             _log.info(

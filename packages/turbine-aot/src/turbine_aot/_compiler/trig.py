@@ -52,7 +52,8 @@ infinities), reduced as above by ``(min - max) / (min + max)``, then ``k pi / 4 
 last), and the sign of ``y``: within 2e-7 relative of float64 (eager 6.9e-8; the reduced
 branch's results near 0.39 lose about two ulp), C's special values for signed zeros,
 infinities and NaN, and results below f32's smallest normal flushed to zero, as IREE's CPU
-code flushes subnormals.
+code flushes subnormals. ``atan`` and ``atan2`` are rewritten on Vulkan too (``inverse_only``:
+they need no fused FMA; lavapipe 1.3e-7 and 1.7e-7, IREE's 4.1e-6 there).
 
 ``TURBINE_CPU_TRIG=iree`` leaves them to IREE (the A/B baseline).
 """
@@ -132,10 +133,14 @@ def atan2_ops(module_op: Any) -> list[Any]:
     return f32_ops(module_op, {"torch.aten.atan2"}, 2, tensors=2)
 
 
-def rewritable_trig(module_op: Any) -> list[Any]:
+def rewritable_trig(module_op: Any, inverse_only: bool = False) -> list[Any]:
     """The f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``atan2`` ops of ``module_op`` that
-    :func:`rewrite_trig` rewrites."""
-    return f32_ops(module_op, _OPS, 1) + atan2_ops(module_op)
+    :func:`rewrite_trig` rewrites (``inverse_only``: ``atan`` and ``atan2``)."""
+    return f32_ops(module_op, _unary(inverse_only), 1) + atan2_ops(module_op)
+
+
+def _unary(inverse_only: bool) -> dict[str, str]:
+    return {k: v for k, v in _OPS.items() if v == "atan"} if inverse_only else _OPS
 
 
 def _body(kind: str) -> Body:
@@ -326,9 +331,11 @@ def _atan2_body(e: Any) -> str:
     return "%res"
 
 
-def rewrite_trig(module_op: Any) -> int:
+def rewrite_trig(module_op: Any, inverse_only: bool = False) -> int:
     """Rewrites, in place, each of :func:`rewritable_trig` as a call of an element-wise
-    function computing the module doc's form (one function per op kind and tensor type).
+    function computing the module doc's form (one function per op kind and tensor type);
+    ``inverse_only``: ``atan`` and ``atan2`` only (Vulkan, where the forward functions' range
+    reduction would need fused FMAs).
 
     Returns:
         How many ops were rewritten.
@@ -338,7 +345,8 @@ def rewrite_trig(module_op: Any) -> int:
         kind = _OPS[op.name]
         return kind, kind, _atan_body if kind == "atan" else _body(kind)
 
-    count = rewrite_elementwise_ops(module_op, f32_ops(module_op, _OPS, 1), TRIG_FUNC_PREFIX, form)
+    unary = f32_ops(module_op, _unary(inverse_only), 1)
+    count = rewrite_elementwise_ops(module_op, unary, TRIG_FUNC_PREFIX, form)
     atan2 = atan2_ops(module_op)
     return count + rewrite_elementwise_ops(
         module_op, atan2, TRIG_FUNC_PREFIX, lambda op: ("atan2", "atan2", _atan2_body), inputs=2
