@@ -68,7 +68,7 @@ def elementwise_function(
     computed element by element by ``body``."""
     t = builtin_tensor(sizes, "f32")
     rank = len(sizes)
-    args = ["%frame_x", "%frame_y2"][:inputs]
+    args = ["%frame_x", "%frame_x2"][:inputs]
     params = ", ".join(f"{a}: {t}" for a in args)
     lines = [f"func.func private @{name}({params}) -> {t} {{"]
     e = lines.append

@@ -1,5 +1,6 @@
-"""llvm-cpu: ``torch.sin``, ``torch.cos``, ``torch.tan``, ``torch.atan`` and ``torch.atan2`` (f32)
-by turbine's own code in the compile copy, accurate for large arguments.
+"""``torch.sin``, ``torch.cos``, ``torch.tan`` (llvm-cpu), ``torch.atan`` and ``torch.atan2``
+(llvm-cpu and Vulkan), f32, by turbine's own code in the compile copy: accurate, for large
+arguments too.
 
 IREE 3.13 expands ``math.sin`` / ``math.cos`` with one f32 constant for ``pi / 2`` in its range
 reduction, ``r = x - k * 1.5707964``: the constant's error (4.4e-8) grows with ``k``, so the
@@ -25,13 +26,13 @@ at 1e4; eager 8.4e-8); this form is within 2.5e-7 there (2.1e-6 up to 1e4, near 
 fraction of ``x 2 / pi``, is right to the rounding of ``x T1`` (which can exceed 1/2 for large
 ``|x|``, hence the second rounding). The polynomials are minimax fits for relative error on
 ``[0, pi / 4]`` (3.8e-9 and 1.2e-10; ``tools/fit_sin_cos.py``). Measured against float64:
-within 1.3e-7 for ``|x|`` up to 1e7 (IREE's: 2.8e-2 at 1e6), 4.3e-7 up to 1e8, 1.3e-5 up to 3.3e9; beyond 2^31 ``pi / 2`` the
-quadrant overflows and the values, though within [-1, 1], are wrong (f32 arguments there are
-256 or more apart). NaN and infinities give NaN, as eager; subnormal arguments are flushed to
-zero (IREE's CPU code flushes them). About 1.3x IREE's time a value (0.75 against 0.56 ns on a
-Zen 3 core), a small share of any model. The reduction relies on fused FMAs, which llvm-cpu
-has; Vulkan's ``Fma`` may round twice (on lavapipe this form is still 1.9e-4 off at 4096), so
-other targets keep IREE's code.
+within 1.3e-7 for ``|x|`` up to 1e7 (IREE's: 2.8e-2 at 1e6), 4.3e-7 up to 1e8, 1.3e-5 up to
+3.3e9; beyond 2^31 ``pi / 2`` the quadrant overflows and the values, though within [-1, 1],
+are wrong (f32 arguments there are 256 or more apart). NaN and infinities give NaN, as eager;
+subnormal arguments are flushed to zero (IREE's CPU code flushes them). About 1.3x IREE's time
+a value (0.75 against 0.56 ns on a Zen 3 core), a small share of any model. The reduction
+relies on fused FMAs, which llvm-cpu has; Vulkan's ``Fma`` may round twice (on lavapipe this
+form is still 1.9e-4 off at 4096), so other targets keep IREE's ``sin`` / ``cos`` / ``tan``.
 
 IREE's ``atan`` is a polynomial 4.1e-6 off in relative terms (eager 7.8e-8). Here::
 
@@ -83,8 +84,8 @@ __all__ = [
     "trig_enabled",
 ]
 
-#: Environment variable: ``iree`` leaves ``sin``, ``cos``, ``tan`` and ``atan`` to IREE (the A/B
-#: baseline).
+#: Environment variable: ``iree`` leaves ``sin``, ``cos``, ``tan``, ``atan`` and ``atan2`` to
+#: IREE (the A/B baseline).
 TRIG_ENV = "TURBINE_CPU_TRIG"
 
 #: The private functions' names start so.
@@ -122,7 +123,7 @@ _OPS = {
 
 
 def trig_enabled() -> bool:
-    """Whether f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` are rewritten (unless
+    """Whether f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``atan2`` are rewritten (unless
     ``TURBINE_CPU_TRIG=iree``)."""
     return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
 
@@ -140,6 +141,7 @@ def rewritable_trig(module_op: Any, inverse_only: bool = False) -> list[Any]:
 
 
 def _unary(inverse_only: bool) -> dict[str, str]:
+    """The one-operand ops rewritten: all, or ``atan`` alone."""
     return {k: v for k, v in _OPS.items() if v == "atan"} if inverse_only else _OPS
 
 
