@@ -27,6 +27,15 @@ docs/performance.md, section 27).
   llvm-cpu, 100 % on lavapipe (eager's ``expm1``: 6e-8). Each f32 one becomes ``where(x > 0,
   x scale, expm1(x input_scale) alpha scale)`` (:func:`rewrite_elus`): within 2.5e-7 on the
   CPU targets, 1.1e-6 on lavapipe (its ``expm1``).
+- CPU targets: IREE's ``sinh``, ``atanh``, ``acosh`` and torch-mlir's ``log_sigmoid`` cancel
+  (``(e^x - e^-x) / 2`` near 0: 3.8e-4 off in relative terms; ``log((1 + x) / (1 - x)) / 2``
+  near 0: 6e-3; ``log(x + sqrt(x^2 - 1))`` near 1: 1.5e-6; ``log(sigmoid(x))`` for large
+  ``x``: 0 where it is ``-e^-x``). Each f32 one becomes a form without the cancellation
+  (:func:`rewrite_cancelling_ops`): ``sinh x = sign(x) (u + u / (u + 1)) / 2`` with ``u =
+  expm1 |x|`` (``e^|x| / 2`` above 88, where ``u`` overflows); ``atanh x = sign(x) log1p(2 a /
+  (1 - a)) / 2``, ``a = |x|``; ``acosh x = log1p(t + sqrt(2 t + t^2))``, ``t = x - 1``
+  (``log x + ln 2`` above 4096); ``log_sigmoid x = min(x, 0) - log1p(e^-|x|)``. Not on
+  Vulkan, whose ``log1p`` is ``log(1 + y)``.
 - vmvx: IREE 3.13 has no vmvx lowering of ``math.tan`` (``iree-compile``: "failed to legalize
   operation 'math.tan'"). Each f32 ``torch.aten.tan`` becomes ``sin(x) / cos(x)``
   (:func:`rewrite_tan_as_sin_over_cos`), which is what IREE computes for ``tan`` elsewhere;
@@ -47,10 +56,12 @@ __all__ = [
     "ASINH_LARGE",
     "INV_LN10",
     "asinh_ops",
+    "cancelling_ops",
     "elu_ops",
     "fmod_scalars",
     "log10_ops",
     "rewrite_asinh",
+    "rewrite_cancelling_ops",
     "rewrite_elus",
     "rewrite_fmod_scalars",
     "rewrite_log10",
@@ -229,3 +240,80 @@ def _elu_form(b: Builder, op: Any) -> Any:
         high = x
     positive = f("torch.aten.gt.Scalar", x, b.float(0.0), result=bools)
     return f("torch.aten.where.self", positive, high, low)
+
+
+#: Above this ``|x|``, ``sinh`` is ``e^|x| / 2`` (``expm1`` overflows a little further on).
+SINH_LARGE = 88.0
+#: The ops :func:`rewrite_cancelling_ops` writes without their cancellation.
+_CANCELLING = ("torch.aten.sinh", "torch.aten.atanh", "torch.aten.acosh", "torch.aten.log_sigmoid")
+
+
+def cancelling_ops(module_op: Any) -> list[Any]:
+    """The f32 ``sinh`` / ``atanh`` / ``acosh`` / ``log_sigmoid`` ops of ``module_op``."""
+    return f32_ops(module_op, set(_CANCELLING), 1)
+
+
+def rewrite_cancelling_ops(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`cancelling_ops` in the module doc's form.
+
+    Returns:
+        How many ops were rewritten.
+    """
+    return replace_each(cancelling_ops(module_op), _cancelling_form)
+
+
+def _cancelling_form(b: Builder, op: Any) -> Any:
+    """The torch ops of :func:`rewrite_cancelling_ops` for ``op``, before it."""
+    x, t = op.operands[0], str(op.results[0].type)
+    rt = TensorType.of(op.results[0])
+    assert rt is not None
+    bools = TensorType(rt.sizes, "i1").asm()
+
+    def f(name: str, *operands: Any, result: str = t) -> Any:
+        return b.op(name, result, list(operands))
+
+    def half(v: Any) -> Any:
+        return f("torch.aten.mul.Scalar", v, b.float(0.5))
+
+    def odd(v: Any) -> Any:  # v of |x|, with x's sign; x itself at +-0 (keeps -0)
+        negative = f("torch.aten.lt.Scalar", x, b.float(0.0), result=bools)
+        signed = f("torch.aten.where.self", negative, f("torch.aten.neg", v), v)
+        zero = f("torch.aten.eq.Scalar", x, b.float(0.0), result=bools)
+        return f("torch.aten.where.self", zero, x, signed)
+
+    if op.name == "torch.aten.log_sigmoid":
+        low = f("torch.aten.clamp_max", x, b.float(0.0))
+        tail = f(
+            "torch.aten.log1p", f("torch.aten.exp", f("torch.aten.neg", f("torch.aten.abs", x)))
+        )
+        return f("torch.aten.sub.Tensor", low, tail, b.int(1))
+    if op.name == "torch.aten.acosh":
+        s = f("torch.aten.sub.Scalar", x, b.float(1.0), b.int(1))
+        root = f(
+            "torch.aten.sqrt",
+            f(
+                "torch.aten.add.Tensor",
+                f("torch.aten.mul.Scalar", s, b.float(2.0)),
+                f("torch.aten.mul.Tensor", s, s),
+                b.int(1),
+            ),
+        )
+        near = f("torch.aten.log1p", f("torch.aten.add.Tensor", s, root, b.int(1)))
+        far = f("torch.aten.add.Scalar", f("torch.aten.log", x), b.float(math.log(2.0)), b.int(1))
+        large = f("torch.aten.gt.Scalar", x, b.float(ASINH_LARGE), result=bools)
+        return f("torch.aten.where.self", large, far, near)
+    a = f("torch.aten.abs", x)
+    if op.name == "torch.aten.atanh":
+        ratio = f(
+            "torch.aten.div.Tensor",
+            f("torch.aten.mul.Scalar", a, b.float(2.0)),
+            f("torch.aten.rsub.Scalar", a, b.float(1.0), b.int(1)),
+        )
+        return odd(half(f("torch.aten.log1p", ratio)))
+    # sinh
+    u = f("torch.aten.expm1", a)
+    frac = f("torch.aten.div.Tensor", u, f("torch.aten.add.Scalar", u, b.float(1.0), b.int(1)))
+    near = half(f("torch.aten.add.Tensor", u, frac, b.int(1)))
+    far = half(f("torch.aten.exp", a))
+    large = f("torch.aten.gt.Scalar", a, b.float(SINH_LARGE), result=bools)
+    return odd(f("torch.aten.where.self", large, far, near))

@@ -31,7 +31,8 @@ flags:
   ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos``
   (:mod:`.op_forms`: IREE 3.13 has no vmvx lowering of ``math.tan``); CPU targets and
   Vulkan: f32 ``elu`` / ``selu`` / ``celu`` with ``expm1`` (torch-mlir's ``exp(x) - 1``
-  cancels near 0).
+  cancels near 0); CPU targets: f32 ``sinh`` / ``atanh`` / ``acosh`` / ``log_sigmoid`` in
+  forms without IREE's cancellation.
 - ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
   lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
   scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that); CPU targets: f32 ``asinh``
@@ -129,10 +130,12 @@ from .matmuls import (
 )
 from .op_forms import (
     asinh_ops,
+    cancelling_ops,
     elu_ops,
     fmod_scalars,
     log10_ops,
     rewrite_asinh,
+    rewrite_cancelling_ops,
     rewrite_elus,
     rewrite_fmod_scalars,
     rewrite_log10,
@@ -250,8 +253,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: ``asinh`` without IREE's cancellation for negative arguments on CPU targets; 70: f32 ``tan``
 #: on llvm-cpu by the same reduction as sin / cos, and on vmvx as ``sin / cos``; 71: f32
 #: ``atan`` on llvm-cpu by turbine's own reduction and polynomial; 72: and ``atan2``; 73: both
-#: on Vulkan too; 74: f32 ELU / SELU / CELU with ``expm1`` on CPU targets and Vulkan.
-REVISION = 74
+#: on Vulkan too; 74: f32 ELU / SELU / CELU with ``expm1`` on CPU targets and Vulkan; 75: f32
+#: sinh / atanh / acosh / log_sigmoid without cancellation on CPU targets.
+REVISION = 75
 
 _log = logging.getLogger("turbine.aot")
 
@@ -397,6 +401,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     fmod = bool(fmod_scalars(op))
     # asinh without IREE's cancellation for negative x (CPU targets: a correctness fix)
     asinh = targets_only_cpu(flags) and bool(asinh_ops(op))
+    # sinh / atanh / acosh / log_sigmoid without cancellation (CPU targets: a correctness fix)
+    cancelling = targets_only_cpu(flags) and bool(cancelling_ops(op))
     # ELUs with expm1 rather than torch-mlir's exp - 1 (CPU targets and Vulkan: a correctness
     # fix; on lavapipe exp - 1 is 100 % off just below 0)
     elus = (targets_only_cpu(flags) or targets == {"vulkan-spirv"}) and bool(elu_ops(op))
@@ -434,6 +440,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or fmod
         or asinh
         or elus
+        or cancelling
         or tan
     ):
         return module_op, False
@@ -543,6 +550,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if asinh:
             count = rewrite_asinh(copy)
             _log.info("%d asinh op(s) without cancellation", count)
+        if cancelling:
+            count = rewrite_cancelling_ops(copy)
+            _log.info("%d sinh / atanh / acosh / log_sigmoid op(s) without cancellation", count)
         if elus:
             count = rewrite_elus(copy)
             _log.info("%d elu / selu / celu op(s) with expm1", count)
