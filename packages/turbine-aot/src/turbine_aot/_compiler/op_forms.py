@@ -47,6 +47,7 @@ docs/performance.md, section 27).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .elementwise import f32_ops
@@ -77,6 +78,20 @@ _FMOD_SCALAR = "torch.aten.fmod.Scalar"
 
 #: torch's ScalarType numbers of the float dtypes a 0-d divisor is made in.
 _SCALAR_TYPES = {"f16": 5, "f32": 6, "f64": 7, "bf16": 15}
+
+
+def _emitter(b: Builder, op: Any) -> tuple[Any, Callable[..., Any], str]:
+    """What a form is written with: ``op``'s first operand, ``f(name, *operands, result=<op's
+    result type>)`` emitting a torch op before ``op``, and the boolean tensor type of the
+    result's sizes."""
+    t = str(op.results[0].type)
+    rt = TensorType.of(op.results[0])
+    assert rt is not None
+
+    def f(name: str, *operands: Any, result: str = t) -> Any:
+        return b.op(name, result, list(operands))
+
+    return op.operands[0], f, TensorType(rt.sizes, "i1").asm()
 
 
 def log10_ops(module_op: Any) -> list[Any]:
@@ -133,7 +148,8 @@ def _fmod_form(b: Builder, op: Any) -> Any:
     return b.op("torch.aten.fmod.Tensor", str(op.results[0].type), [op.operands[0], divisor])
 
 
-#: Above this ``|x|``, ``asinh(x)`` is ``sign(x) (log |x| + ln 2)``.
+#: Above this ``|x|``, ``asinh(x)`` is ``sign(x) (log |x| + ln 2)`` (and ``acosh x`` is
+#: ``log x + ln 2``).
 ASINH_LARGE = 4096.0
 
 
@@ -153,14 +169,7 @@ def rewrite_asinh(module_op: Any) -> int:
 
 def _asinh_form(b: Builder, op: Any) -> Any:
     """The torch ops of :func:`rewrite_asinh` for ``op``, before it; returns the result."""
-    x, t = op.operands[0], str(op.results[0].type)
-    rt = TensorType.of(op.results[0])
-    assert rt is not None
-    bools = TensorType(rt.sizes, "i1").asm()
-
-    def f(name: str, *operands: Any, result: str = t) -> Any:
-        return b.op(name, result, list(operands))
-
+    x, f, bools = _emitter(b, op)
     a = f("torch.aten.abs", x)
     sq = f("torch.aten.mul.Tensor", a, a)
     root = f("torch.aten.sqrt", f("torch.aten.add.Scalar", sq, b.float(1.0), b.int(1)))
@@ -217,14 +226,7 @@ def rewrite_elus(module_op: Any) -> int:
 
 def _elu_form(b: Builder, op: Any) -> Any:
     """``where(x > 0, x scale, expm1(x input_scale) alpha scale)`` for ``op``, before it."""
-    x, t = op.operands[0], str(op.results[0].type)
-    rt = TensorType.of(op.results[0])
-    assert rt is not None
-    bools = TensorType(rt.sizes, "i1").asm()
-
-    def f(name: str, *operands: Any, result: str = t) -> Any:
-        return b.op(name, result, list(operands))
-
+    x, f, bools = _emitter(b, op)
     if op.name == "torch.aten.elu":  # (x, alpha, scale, input_scale)
         alpha, scale, input_scale = op.operands[1], op.operands[2], op.operands[3]
         small = f("torch.aten.expm1", f("torch.aten.mul.Scalar", x, input_scale))
@@ -264,13 +266,7 @@ def rewrite_cancelling_ops(module_op: Any) -> int:
 
 def _cancelling_form(b: Builder, op: Any) -> Any:
     """The torch ops of :func:`rewrite_cancelling_ops` for ``op``, before it."""
-    x, t = op.operands[0], str(op.results[0].type)
-    rt = TensorType.of(op.results[0])
-    assert rt is not None
-    bools = TensorType(rt.sizes, "i1").asm()
-
-    def f(name: str, *operands: Any, result: str = t) -> Any:
-        return b.op(name, result, list(operands))
+    x, f, bools = _emitter(b, op)
 
     def half(v: Any) -> Any:
         return f("torch.aten.mul.Scalar", v, b.float(0.5))
