@@ -256,23 +256,37 @@ def test_atan2_is_accurate_and_gives_the_special_values(monkeypatch):
 
 
 class _Inverse(torch.nn.Module):
-    def forward(self, y, x):
-        return torch.atan(y), torch.atan2(y, x)
+    def forward(self, y, x, z):
+        return torch.atan(y), torch.atan2(y, x), torch.asin(z)
 
 
-def test_atan_and_atan2_on_each_backend(iree_device):
-    """``atan`` / ``atan2`` within 2e-7 relative of float64 and ``atan2(0, 0)`` 0 on every
-    backend this run has: turbine's own on llvm-cpu and Vulkan (where IREE's are 4.1e-6 off,
-    ``atan2(0, 0)`` NaN), IREE's on vmvx (accurate there)."""
+def test_atan_atan2_and_asin_on_each_backend(iree_device, monkeypatch):
+    """``atan`` / ``atan2`` / ``asin`` within 2.5e-7 relative of float64 and ``atan2(0, 0)`` 0 on
+    every backend this run has: turbine's own on llvm-cpu and Vulkan (where IREE's are 4.1e-6
+    off, ``atan2(0, 0)`` NaN, ``asin`` 5e-7; ``asin`` as ``atan2(x, sqrt((1 - x)(1 + x)))``);
+    on vmvx IREE's ``atan`` / ``atan2`` (accurate there) and ``asin`` in that form (vmvx cannot
+    compile ``math.asin``). IREE's ``asin`` pinned on llvm-cpu."""
     g = torch.Generator().manual_seed(1)
     mags = torch.logspace(-30, 30, 2001)
     y = torch.cat([torch.randn(50000, generator=g) * 10, mags, -mags, torch.zeros(2)])
     x = torch.cat([torch.randn(50000, generator=g) * 10, mags.flip(0), mags, torch.zeros(2)])
-    eo = export(_Inverse(), args=(y, x))
+    z = torch.cat([torch.linspace(-1, 1, 50001), torch.logspace(-30, 0, 2001), torch.zeros(1)])
+    z = torch.cat([z, -z[-2002:]])  # -1e-30 .. -1, -0
+    eo = export(_Inverse(), args=(y, x, z))
     vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    a, b = load_module(vmfb, device=iree_device.driver).main(y, x)
-    for got, want in ((a, y.double().atan()), (b, torch.atan2(y.double(), x.double()))):
+    a, b, c = load_module(vmfb, device=iree_device.driver).main(y, x, z)
+
+    def err(got, want):
         normal = (want.abs() >= torch.finfo(torch.float32).tiny) | (want == 0)
-        err = ((got.double() - want).abs() / want.abs().clamp_min(1e-38))[normal].max().item()
-        assert err <= 2e-7, f"{iree_device.name}: {err:.3g}"
+        return ((got.double() - want).abs() / want.abs().clamp_min(1e-38))[normal].max().item()
+
+    wants = (y.double().atan(), torch.atan2(y.double(), x.double()), z.double().asin())
+    for got, want in zip((a, b, c), wants):
+        assert err(got, want) <= 2.5e-7, f"{iree_device.name}: {err(got, want):.3g}"
     assert b[-2:].tolist() == [0.0, 0.0]
+    assert torch.equal(c[-1:].signbit(), torch.tensor([True]))  # asin(-0) is -0
+    if iree_device.spec.target_backend == "llvm-cpu":
+        monkeypatch.setenv(trig.TRIG_ENV, "iree")
+        raw = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+        c = load_module(raw, device=iree_device.driver).main(y, x, z)[2]
+        assert err(c, wants[2]) > 3e-7

@@ -36,12 +36,12 @@ docs/performance.md, section 27).
   (1 - a)) / 2``, ``a = |x|``; ``acosh x = log1p(t + sqrt(2 t + t^2))``, ``t = x - 1``
   (``log x + ln 2`` above 4096); ``log_sigmoid x = min(x, 0) - log1p(e^-|x|)``. Not on
   Vulkan, whose ``log1p`` is ``log(1 + y)``.
-- vmvx: IREE 3.13 has no vmvx lowering of ``math.tan`` (``iree-compile``: "failed to legalize
-  operation 'math.tan'"). Each f32 ``torch.aten.tan`` becomes ``sin(x) / cos(x)``
-  (:func:`rewrite_tan_as_sin_over_cos`), which is what IREE computes for ``tan`` elsewhere;
-  vmvx's ``sin`` and ``cos`` are accurate (3.2e-8 at 4096), so its ``tan`` is within 1.5e-7
-  relative over -100 .. 100, poles included. (llvm-cpu's ``tan`` is turbine's own,
-  :mod:`.trig`.)
+- vmvx: IREE 3.13 has no vmvx lowering of ``math.tan`` or ``math.asin`` (``iree-compile``:
+  "failed to legalize operation 'math.tan'"). Each f32 ``torch.aten.tan`` becomes ``sin(x) /
+  cos(x)`` (:func:`rewrite_vmvx_trig`), which is what IREE computes for ``tan`` elsewhere, and
+  each ``asin`` ``atan2(x, sqrt((1 - x) (1 + x)))``; vmvx's ``sin``, ``cos`` and ``atan2`` are
+  accurate (``sin`` 3.2e-8 at 4096), so its ``tan`` is within 1.5e-7 relative over -100 ..
+  100, poles included, and ``asin`` within 2e-7. (llvm-cpu's are turbine's own, :mod:`.trig`.)
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ __all__ = [
     "rewrite_elus",
     "rewrite_fmod_scalars",
     "rewrite_log10",
-    "rewrite_tan_as_sin_over_cos",
-    "tan_ops",
+    "rewrite_vmvx_trig",
+    "vmvx_trig_ops",
 ]
 
 #: ``1 / ln 10``, the factor from ``log`` to ``log10``.
@@ -182,26 +182,30 @@ def _asinh_form(b: Builder, op: Any) -> Any:
     return f("torch.aten.where.self", negative, f("torch.aten.neg", y), y)
 
 
-def tan_ops(module_op: Any) -> list[Any]:
-    """The f32 ``torch.aten.tan`` ops of ``module_op``."""
-    return f32_ops(module_op, {"torch.aten.tan"}, 1)
+def vmvx_trig_ops(module_op: Any) -> list[Any]:
+    """The f32 ``torch.aten.tan`` and ``torch.aten.asin`` ops of ``module_op``."""
+    return f32_ops(module_op, {"torch.aten.tan", "torch.aten.asin"}, 1)
 
 
-def rewrite_tan_as_sin_over_cos(module_op: Any) -> int:
-    """Rewrites, in place, each of :func:`tan_ops` as ``sin(x) / cos(x)`` (for vmvx, which
-    cannot compile ``math.tan``).
+def rewrite_vmvx_trig(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`vmvx_trig_ops` as ``sin(x) / cos(x)`` or
+    ``atan2(x, sqrt((1 - x) (1 + x)))`` (for vmvx, which cannot compile ``math.tan`` and
+    ``math.asin``).
 
     Returns:
         How many ops were rewritten.
     """
-    return replace_each(tan_ops(module_op), _tan_form)
+    return replace_each(vmvx_trig_ops(module_op), _vmvx_trig_form)
 
 
-def _tan_form(b: Builder, op: Any) -> Any:
-    t, x = str(op.results[0].type), op.operands[0]
-    sin = b.op("torch.aten.sin", t, [x])
-    cos = b.op("torch.aten.cos", t, [x])
-    return b.op("torch.aten.div.Tensor", t, [sin, cos])
+def _vmvx_trig_form(b: Builder, op: Any) -> Any:
+    x, f, _ = _emitter(b, op)
+    if op.name == "torch.aten.tan":
+        return f("torch.aten.div.Tensor", f("torch.aten.sin", x), f("torch.aten.cos", x))
+    below = f("torch.aten.rsub.Scalar", x, b.float(1.0), b.int(1))
+    above = f("torch.aten.add.Scalar", x, b.float(1.0), b.int(1))
+    root = f("torch.aten.sqrt", f("torch.aten.mul.Tensor", below, above))
+    return f("torch.aten.atan2", x, root)
 
 
 #: SELU's ``alpha`` and ``scale`` (torch's constants).

@@ -26,10 +26,10 @@ flags:
   as eager's formula, with the ``sqrt(2 / pi)`` torch-mlir gets wrong (a correctness fix).
 - ``llvm-cpu`` targets: f32 ``sin`` / ``cos`` / ``tan`` with a range reduction by ``pi / 2``
   in three parts (:mod:`.trig`; IREE's one-constant reduction is off by ~2.8e-8 * |x|: rotary
-  embeddings at long positions, ``tan`` near its poles), f32 ``atan`` / ``atan2`` by turbine's
-  own polynomial (IREE's is 4e-6 off, its ``atan2(0, 0)`` NaN; Vulkan too);
-  ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos``
-  (:mod:`.op_forms`: IREE 3.13 has no vmvx lowering of ``math.tan``); CPU targets and
+  embeddings at long positions, ``tan`` near its poles), f32 ``atan`` / ``atan2`` / ``asin`` by
+  turbine's own polynomial (IREE's are 4e-6 / 5e-7 off, its ``atan2(0, 0)`` NaN; Vulkan too);
+  ``TURBINE_CPU_TRIG=iree`` keeps IREE's; vmvx: f32 ``tan`` as ``sin / cos``, ``asin`` by
+  ``atan2`` (:mod:`.op_forms`: IREE 3.13 has no vmvx lowering of ``math.tan`` / ``math.asin``); CPU targets and
   Vulkan: f32 ``elu`` / ``selu`` / ``celu`` with ``expm1`` (torch-mlir's ``exp(x) - 1``
   cancels near 0); CPU targets: f32 ``sinh`` / ``atanh`` / ``acosh`` / ``log_sigmoid`` in
   forms without IREE's cancellation.
@@ -139,8 +139,8 @@ from .op_forms import (
     rewrite_elus,
     rewrite_fmod_scalars,
     rewrite_log10,
-    rewrite_tan_as_sin_over_cos,
-    tan_ops,
+    rewrite_vmvx_trig,
+    vmvx_trig_ops,
 )
 from .pools import (
     CPU_POOLS_ENV,
@@ -254,8 +254,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: on llvm-cpu by the same reduction as sin / cos, and on vmvx as ``sin / cos``; 71: f32
 #: ``atan`` on llvm-cpu by turbine's own reduction and polynomial; 72: and ``atan2``; 73: both
 #: on Vulkan too; 74: f32 ELU / SELU / CELU with ``expm1`` on CPU targets and Vulkan; 75: f32
-#: sinh / atanh / acosh / log_sigmoid without cancellation on CPU targets.
-REVISION = 75
+#: sinh / atanh / acosh / log_sigmoid without cancellation on CPU targets; 76: f32 asin as
+#: ``atan2(x, sqrt((1 - x) (1 + x)))`` (turbine's atan2 on llvm-cpu and Vulkan, IREE's on vmvx).
+REVISION = 76
 
 _log = logging.getLogger("turbine.aot")
 
@@ -409,12 +410,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # f32 sin / cos / tan with an exact range reduction, atan by turbine's polynomial, unless
     # TURBINE_CPU_TRIG=iree
     trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
-    # ... and on Vulkan f32 atan / atan2 (IREE's are 4e-6 off there too, atan2(0, 0) NaN)
+    # ... and on Vulkan f32 atan / atan2 / asin (IREE's are 4e-6 off there too, atan2(0, 0) NaN)
     inverse_trig = (
         targets == {"vulkan-spirv"} and trig_enabled() and bool(rewritable_trig(op, True))
     )
-    # f32 tan as sin / cos on vmvx, which has no lowering of math.tan (a fix)
-    tan = targets == {"vmvx"} and bool(tan_ops(op))
+    # f32 tan as sin / cos and asin by atan2 on vmvx, which lowers neither (a fix)
+    tan = targets == {"vmvx"} and bool(vmvx_trig_ops(op))
     if not (
         attention
         or gathers
@@ -560,15 +561,15 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             count = rewrite_log10(copy)
             _log.info("llvm-cpu target: %d log10 op(s) as log * (1 / ln 10)", count)
         if tan:
-            count = rewrite_tan_as_sin_over_cos(copy)
-            _log.info("vmvx target: %d tan op(s) as sin / cos", count)
+            count = rewrite_vmvx_trig(copy)
+            _log.info("vmvx target: %d tan / asin op(s) as sin / cos, atan2", count)
         if inverse_trig:
             count = rewrite_trig(copy, inverse_only=True)
-            _log.info("vulkan target: %d atan / atan2 op(s) by turbine's own code", count)
+            _log.info("vulkan target: %d atan / atan2 / asin op(s) by turbine's own code", count)
         if trig:
             count = rewrite_trig(copy)
             _log.info(
-                "llvm-cpu target: %d sin / cos / tan / atan / atan2 op(s) by turbine's own code",
+                "llvm-cpu target: %d sin / cos / tan / atan / atan2 / asin op(s) by turbine's own code",
                 count,
             )
     return copy, True

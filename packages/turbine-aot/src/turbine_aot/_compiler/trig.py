@@ -1,6 +1,6 @@
-"""``torch.sin``, ``torch.cos``, ``torch.tan`` (llvm-cpu), ``torch.atan`` and ``torch.atan2``
-(llvm-cpu and Vulkan), f32, by turbine's own code in the compile copy: accurate, for large
-arguments too.
+"""``torch.sin``, ``torch.cos``, ``torch.tan`` (llvm-cpu), ``torch.atan``, ``torch.atan2`` and
+``torch.asin`` (llvm-cpu and Vulkan), f32, by turbine's own code in the compile copy: accurate,
+for large arguments too.
 
 IREE 3.13 expands ``math.sin`` / ``math.cos`` with one f32 constant for ``pi / 2`` in its range
 reduction, ``r = x - k * 1.5707964``: the constant's error (4.4e-8) grows with ``k``, so the
@@ -53,8 +53,10 @@ infinities), reduced as above by ``(min - max) / (min + max)``, then ``k pi / 4 
 last), and the sign of ``y``: within 2e-7 relative of float64 (eager 6.9e-8; the reduced
 branch's results near 0.39 lose about two ulp), C's special values for signed zeros,
 infinities and NaN, and results below f32's smallest normal flushed to zero, as IREE's CPU
-code flushes subnormals. ``atan`` and ``atan2`` are rewritten on Vulkan too (``inverse_only``:
-they need no fused FMA; lavapipe 1.3e-7 and 1.7e-7, IREE's 4.1e-6 there).
+code flushes subnormals. ``asin x`` (IREE's 5e-7 off) is the same function of ``x`` and
+``sqrt((1 - x) (1 + x))``: within 2.5e-7. ``atan``, ``atan2`` and ``asin`` are rewritten on
+Vulkan too (``inverse_only``: they need no fused FMA; lavapipe 1.3e-7 and 1.7e-7 for the first
+two, IREE's 4.1e-6 there).
 
 ``TURBINE_CPU_TRIG=iree`` leaves them to IREE (the A/B baseline).
 """
@@ -84,8 +86,8 @@ __all__ = [
     "trig_enabled",
 ]
 
-#: Environment variable: ``iree`` leaves ``sin``, ``cos``, ``tan``, ``atan`` and ``atan2`` to
-#: IREE (the A/B baseline).
+#: Environment variable: ``iree`` leaves ``sin``, ``cos``, ``tan``, ``atan``, ``atan2`` and
+#: ``asin`` to IREE (the A/B baseline).
 TRIG_ENV = "TURBINE_CPU_TRIG"
 
 #: The private functions' names start so.
@@ -119,12 +121,13 @@ _OPS = {
     "torch.aten.cos": "cos",
     "torch.aten.tan": "tan",
     "torch.aten.atan": "atan",
+    "torch.aten.asin": "asin",
 }
 
 
 def trig_enabled() -> bool:
-    """Whether f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``atan2`` are rewritten (unless
-    ``TURBINE_CPU_TRIG=iree``)."""
+    """Whether f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``asin`` / ``atan2`` are rewritten
+    (unless ``TURBINE_CPU_TRIG=iree``)."""
     return os.environ.get(TRIG_ENV, "").strip().lower() != "iree"
 
 
@@ -135,14 +138,14 @@ def atan2_ops(module_op: Any) -> list[Any]:
 
 
 def rewritable_trig(module_op: Any, inverse_only: bool = False) -> list[Any]:
-    """The f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``atan2`` ops of ``module_op`` that
-    :func:`rewrite_trig` rewrites (``inverse_only``: ``atan`` and ``atan2``)."""
+    """The f32 ``sin`` / ``cos`` / ``tan`` / ``atan`` / ``asin`` / ``atan2`` ops of ``module_op``
+    that :func:`rewrite_trig` rewrites (``inverse_only``: ``atan``, ``asin`` and ``atan2``)."""
     return f32_ops(module_op, _unary(inverse_only), 1) + atan2_ops(module_op)
 
 
 def _unary(inverse_only: bool) -> dict[str, str]:
-    """The one-operand ops rewritten: all, or ``atan`` alone."""
-    return {k: v for k, v in _OPS.items() if v == "atan"} if inverse_only else _OPS
+    """The one-operand ops rewritten: all, or ``atan`` and ``asin`` alone."""
+    return {k: v for k, v in _OPS.items() if v in ("atan", "asin")} if inverse_only else _OPS
 
 
 def _body(kind: str) -> Body:
@@ -333,11 +336,22 @@ def _atan2_body(e: Any) -> str:
     return "%res"
 
 
+def _asin_body(e: Any) -> str:
+    """``asin x = atan2(x, sqrt((1 - x) (1 + x)))`` (:func:`_atan2_body` with ``%w`` that
+    square root: NaN beyond ``|x| = 1``, ``+-pi / 2`` at ``+-1``)."""
+    e("%asin_one = arith.constant 1.0 : f32")
+    e("%asin_m = arith.subf %asin_one, %v : f32")
+    e("%asin_p = arith.addf %asin_one, %v : f32")
+    e("%asin_q = arith.mulf %asin_m, %asin_p : f32")
+    e("%w = math.sqrt %asin_q : f32")
+    return _atan2_body(e)
+
+
 def rewrite_trig(module_op: Any, inverse_only: bool = False) -> int:
     """Rewrites, in place, each of :func:`rewritable_trig` as a call of an element-wise
     function computing the module doc's form (one function per op kind and tensor type);
-    ``inverse_only``: ``atan`` and ``atan2`` only (Vulkan, where the forward functions' range
-    reduction would need fused FMAs).
+    ``inverse_only``: ``atan``, ``asin`` and ``atan2`` only (Vulkan, where the forward functions'
+    range reduction would need fused FMAs).
 
     Returns:
         How many ops were rewritten.
@@ -345,7 +359,8 @@ def rewrite_trig(module_op: Any, inverse_only: bool = False) -> int:
 
     def form(op: Any) -> tuple[str, str, Body]:
         kind = _OPS[op.name]
-        return kind, kind, _atan_body if kind == "atan" else _body(kind)
+        bodies = {"atan": _atan_body, "asin": _asin_body}
+        return kind, kind, bodies.get(kind) or _body(kind)
 
     unary = f32_ops(module_op, _unary(inverse_only), 1)
     count = rewrite_elementwise_ops(module_op, unary, TRIG_FUNC_PREFIX, form)
