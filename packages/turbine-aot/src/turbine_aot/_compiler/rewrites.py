@@ -407,15 +407,17 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # ELUs with expm1 rather than torch-mlir's exp - 1 (CPU targets and Vulkan: a correctness
     # fix; on lavapipe exp - 1 is 100 % off just below 0)
     elus = (targets_only_cpu(flags) or targets == {"vulkan-spirv"}) and bool(elu_ops(op))
-    # f32 sin / cos / tan with an exact range reduction, atan by turbine's polynomial, unless
-    # TURBINE_CPU_TRIG=iree
-    trig = targets == {"llvm-cpu"} and trig_enabled() and bool(rewritable_trig(op))
-    # ... and on Vulkan f32 atan / atan2 / asin (IREE's are 4e-6 off there too, atan2(0, 0) NaN)
-    inverse_trig = (
-        targets == {"vulkan-spirv"} and trig_enabled() and bool(rewritable_trig(op, True))
+    # f32 sin / cos / tan with an exact range reduction, atan / atan2 / asin by turbine's
+    # polynomial, unless TURBINE_CPU_TRIG=iree; on Vulkan the inverse ones only (IREE's are 4e-6
+    # off there too; the forward ones' reduction needs fused FMAs)
+    inverse_only = targets == {"vulkan-spirv"}
+    trig = (
+        (targets == {"llvm-cpu"} or inverse_only)
+        and trig_enabled()
+        and bool(rewritable_trig(op, inverse_only))
     )
     # f32 tan as sin / cos and asin by atan2 on vmvx, which lowers neither (a fix)
-    tan = targets == {"vmvx"} and bool(vmvx_trig_ops(op))
+    vmvx_trig = targets == {"vmvx"} and bool(vmvx_trig_ops(op))
     if not (
         attention
         or gathers
@@ -436,13 +438,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or gelu
         or tanh_fix
         or trig
-        or inverse_trig
         or log10
         or fmod
         or asinh
         or elus
         or cancelling
-        or tan
+        or vmvx_trig
     ):
         return module_op, False
     copy = op.clone()
@@ -560,15 +561,12 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if log10:
             count = rewrite_log10(copy)
             _log.info("llvm-cpu target: %d log10 op(s) as log * (1 / ln 10)", count)
-        if tan:
+        if vmvx_trig:
             count = rewrite_vmvx_trig(copy)
             _log.info("vmvx target: %d tan / asin op(s) as sin / cos, atan2", count)
-        if inverse_trig:
-            count = rewrite_trig(copy, inverse_only=True)
-            _log.info("vulkan target: %d atan / atan2 / asin op(s) by turbine's own code", count)
         if trig:
-            count = rewrite_trig(copy)
-            _log.info("llvm-cpu target: %d trigonometric op(s) by turbine's own code", count)
+            count = rewrite_trig(copy, inverse_only)
+            _log.info("%d trigonometric op(s) by turbine's own code", count)
     return copy, True
 
 
