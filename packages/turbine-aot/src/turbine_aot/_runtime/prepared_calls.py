@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .caller_sched import BatchWhileCalling
-from .tensors import LOCAL_DRIVERS, _numpy_dtype, _tables
+from .tensors import (
+    LOCAL_DRIVERS,
+    _numpy_dtype,
+    _tables,
+    result_carrier,
+    torch_dtype_for_element_type,
+)
 
 if TYPE_CHECKING:
     from .loaded_module import LoadedFunction
@@ -178,14 +184,10 @@ def _declared(spec: Any) -> tuple[tuple[int, ...], np.dtype, Any] | None:
     dtype = spec.torch_dtype
     if dtype is None or any(d is None for d in spec.shape):
         return None
-    to_hal, _ = _tables()
-    carrier = to_hal[dtype][1] if dtype in to_hal else dtype
-    return tuple(spec.shape), _numpy_dtype(carrier), dtype
+    return tuple(spec.shape), result_carrier(dtype)[1], dtype
 
 
 def _result_types(element_type: int) -> tuple[Any, np.dtype]:
     """The torch dtype of a result's HAL element type and the numpy dtype it is read as."""
-    to_hal, from_hal = _tables()
-    dtype = from_hal[element_type]
-    carrier = to_hal[dtype][1] if dtype in to_hal else dtype
-    return dtype, _numpy_dtype(carrier)
+    dtype = torch_dtype_for_element_type(element_type)
+    return dtype, result_carrier(dtype)[1]

@@ -25,6 +25,7 @@ __all__ = [
     "LOCAL_DRIVERS",
     "buffer_view_to_tensor",
     "hal_element_type",
+    "result_carrier",
     "tensor_to_buffer_view",
     "torch_dtype_for_element_type",
 ]
@@ -214,6 +215,14 @@ def _staged_host_array(device: Any, buffer_view: Any, np_dtype: Any) -> Any:
 _NUMPY_DTYPES: dict[Any, Any] = {}
 
 
+def result_carrier(dtype: Any) -> tuple[Any, Any]:
+    """The torch dtype a result of ``dtype`` is read as (its carrier: the same bytes in a dtype
+    numpy has; signless integers and dtypes without a row are their own) and its numpy dtype."""
+    to_hal, _ = _tables()
+    carrier = to_hal[dtype][1] if dtype in to_hal else dtype
+    return carrier, _numpy_dtype(carrier)
+
+
 def _numpy_dtype(dtype: Any) -> Any:
     """The numpy dtype torch maps ``dtype`` to (kept: a call reads each result through it)."""
     found = _NUMPY_DTYPES.get(dtype)
@@ -239,7 +248,7 @@ def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: b
     """
     import torch
 
-    to_hal, from_hal = _tables()
+    _, from_hal = _tables()
     key = int(buffer_view.element_type)
     try:
         dtype = from_hal[key]
@@ -247,11 +256,10 @@ def buffer_view_to_tensor(device: Any, buffer_view: Any, *, driver: str, copy: b
         raise TypeError(
             f"result element type {buffer_view.element_type} has no torch dtype"
         ) from None
-    carrier = to_hal[dtype][1] if dtype in to_hal else dtype
     shape = tuple(buffer_view.shape)
     if 0 in shape:  # no bytes (each element type has some)
         return torch.empty(shape, dtype=dtype)
-    np_dtype = _numpy_dtype(carrier)
+    carrier, np_dtype = result_carrier(dtype)
     if driver in LOCAL_DRIVERS:
         # (torch.frombuffer on the mapping would be one torch call instead of two, but a result
         # alive at exit then outlives IREE's bindings, which print "leaked instance" warnings)
