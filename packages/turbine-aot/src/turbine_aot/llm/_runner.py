@@ -206,54 +206,12 @@ class CausalLM:
         token = logits.argmax(-1)
         done = torch.zeros(info.batch_size, dtype=torch.bool)
         done[n:] = True  # filler rows never stop generation
-        out = [token.clone()]
         if eos is not None:
             done |= token == eos
-        position = lens.clone()
-        step = self._prepared_step()
-        if step is not None:
-            return self._decode_prepared(step, token, position, done, max_new, eos, pad, n)
-        for _ in range(max_new - 1):
-            if bool(done.all()):
-                break
-            t0 = time.perf_counter()
-            logits = self.decode(token.unsqueeze(1), position)
-            token = logits.argmax(-1)
-            self.timings.decode_ms.append((time.perf_counter() - t0) * 1e3)
-            if eos is not None:
-                token = torch.where(done, torch.full_like(token, pad), token)
-                done |= token == eos
-            out.append(token.clone())
-            position += 1
-        self.timings.new_tokens = max(self.timings.new_tokens, len(out))
-        return torch.stack(out, dim=1)[:n]
-
-    # ------------------------------------------------------------------ prepared steps
-    def _prepared_step(self) -> _PreparedDecode | None:
-        """The decode functions as one prepared call (docs/llms.md, "The decode loop"), made
-        at the first generation of a module: None where it does not apply (an ``argument``
-        cache, a device other than the CPU's, logits torch reads as another dtype) or where
-        the module was loaded with ``$TURBINE_LLM_STEP=generic``."""
-        if self._step is False:
-            self._step = _PreparedDecode.create(self)
-        return self._step if isinstance(self._step, _PreparedDecode) else None
-
-    def _decode_prepared(
-        self,
-        step: _PreparedDecode,
-        token: torch.Tensor,
-        position: torch.Tensor,
-        done: torch.Tensor,
-        max_new: int,
-        eos: int | None,
-        pad: int,
-        n: int,
-    ) -> torch.Tensor:
-        """:meth:`_generate_batch`'s loop on the prepared step: the tokens, positions and
-        finished rows as numpy arrays, written into the step's argument buffers in place."""
-        tok = token.numpy().copy()
-        pos = position.numpy().copy()
-        fin = done.numpy().copy()
+        # the tokens, positions and finished rows as numpy arrays: the prepared step writes them
+        # into its argument buffers in place (docs/llms.md, "The decode loop")
+        step = self._prepared_step() or self._decode_step
+        tok, pos, fin = token.numpy().copy(), lens.numpy().copy(), done.numpy().copy()
         top = int(pos.max())  # the furthest position: it picks the decode window
         ids = [tok]
         timings = self.timings.decode_ms
@@ -272,6 +230,23 @@ class CausalLM:
             top += 1
         self.timings.new_tokens = max(self.timings.new_tokens, len(ids))
         return torch.from_numpy(np.stack(ids, axis=1)[:n])
+
+    # ------------------------------------------------------------------ decode steps
+    def _prepared_step(self) -> _PreparedDecode | None:
+        """The decode functions as one prepared call (docs/llms.md, "The decode loop"), made
+        at the first generation of a module: None where it does not apply (an ``argument``
+        cache, a device other than the CPU's, logits torch reads as another dtype) or where
+        the module was loaded with ``$TURBINE_LLM_STEP=generic``."""
+        if self._step is False:
+            self._step = _PreparedDecode.create(self)
+        return self._step if isinstance(self._step, _PreparedDecode) else None
+
+    def _decode_step(self, tok: np.ndarray, pos: np.ndarray, top: int) -> np.ndarray:
+        """One step through :meth:`decode` (torch tensors in and out, each call bound and
+        checked; it picks the window from ``pos`` itself): the next greedy token of each row."""
+        del top
+        logits = self.decode(torch.from_numpy(tok).unsqueeze(1), torch.from_numpy(pos))
+        return logits.argmax(-1).numpy()
 
 
 class _PreparedDecode:
