@@ -26,6 +26,7 @@ from turbine_aot._compiler.cache import (
 from turbine_aot._compiler.flags import default_runtime_flags, device_compile_flags
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._export.cached_compile import compile_export_output
+from turbine_aot._runtime.cpu_devices import release_cached_memory
 from turbine_aot._runtime.loaded_module import LoadedFunction, LoadedModule
 from turbine_aot._runtime.loading import load_module
 from turbine_aot._runtime.numerics import (
@@ -79,6 +80,7 @@ __all__ = [
     "load_module",
     "parse_abi_declaration",
     "read_bundle",
+    "release_cached_memory",
     "save_bundle",
     "signatures_from_mlir",
 ]

@@ -1,6 +1,6 @@
 """IREE devices for a load: device URIs checked against the runtime's drivers, the devices
-created (a second device of one URI is a distinct device), and devices lost for good replaced
-at the next load."""
+created (a second device of one URI is a distinct device; CPU devices with turbine's allocator,
+:mod:`.cpu_devices`), and devices lost for good replaced at the next load."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from turbine_aot._errors import TurbineRuntimeError
+
+from .cpu_devices import cpu_device
+from .tensors import LOCAL_DRIVERS
 
 __all__ = ["create_devices", "device_lost", "driver_of", "forget_lost_devices", "normalize_devices"]
 
@@ -75,8 +78,12 @@ def create_devices(uris: list[str]) -> list[Any]:
                 if _replacement_devices[uri] is None:
                     _replacement_devices[uri] = rt.get_device(uri, cache=False)
                 devices.append(_replacement_devices[uri])
+            elif driver_of(uri) in LOCAL_DRIVERS:
+                devices.append(cpu_device(uri, driver_of(uri)))
             else:
                 devices.append(rt.get_device(uri, cache=True))
+        except TurbineRuntimeError:
+            raise
         except Exception as e:
             raise TurbineRuntimeError(
                 f"could not create IREE device {uri!r}: {str(e).splitlines()[0]}; check the "
