@@ -23,8 +23,8 @@ modules imported last first). So the devices are kept in a dict on the ``sys`` m
 globals Python clears after every other module's: results held anywhere else are freed first.
 One device per URI and choice lives as long as the process, as IREE's own device cache does.
 
-Only ``local-sync`` by default: on ``local-task`` (two workers) the same A/B measured 0.98-1.04x
-(ResNet-50 1.02-1.04x slower in three runs), no gain. ``TURBINE_CPU_ALLOCATOR`` chooses: ``auto``
+Only ``local-sync`` by default: on ``local-task`` (two workers) the same A/B did not point one
+way (ResNets 0.98-1.04x, BERT 0.92-1.20x in four runs). ``TURBINE_CPU_ALLOCATOR`` chooses: ``auto``
 (default: the bounded cache on ``local-sync``, IREE's plain allocator on ``local-task``),
 ``caching`` (the cache on both), ``iree`` (IREE's cached device of the URI, its plain allocator,
 on both) or an IREE allocator spec beginning with ``caching:`` for both (e.g.
