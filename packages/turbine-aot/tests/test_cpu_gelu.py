@@ -132,7 +132,7 @@ def test_gelu_is_accurate_over_the_whole_range(approximate):
     """-12 .. 12 in steps of 1e-4, the clamp's neighbours, huge values, infinities and NaN: for
     ``x >= 0`` within 2e-7 relative of the exact value (eager's: 5.2e-7 exact form, 1.4e-7 tanh
     form); everywhere within 2 ulp of ``max(|x|, 1)`` (``1 + r`` cancels for negative ``x``, in
-    eager too); beyond the clamp exactly ``x`` or 0; NaN and infinities as eager."""
+    eager too); beyond the clamp exactly ``x`` or 0; +-inf their limits, NaN a NaN."""
     c = np.float32(gelu.FORMS[approximate][2])
     special = [c, -c, np.nextafter(c, np.float32(0)), -np.nextafter(c, np.float32(0)), 1e-30]
     special += [-1e-30, 0.0, 100.0, -100.0, 1e4, -1e4, 3e38, -3e38]
@@ -153,10 +153,14 @@ def test_gelu_is_accurate_over_the_whole_range(approximate):
     # as accurate as eager (its own erf) by the same measures, within a factor of two
     eager = module(torch.from_numpy(x)).numpy().astype(np.float64)
     assert err.max() <= 2.5 * np.abs(eager - exact).max()
-    odd = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, 0.0, 0.0, 0.0, 0.0])
+    # GELU(inf) = inf, GELU(-inf) = 0 (the limits), NaN stays NaN; eager's own GELU is NaN at
+    # -inf, and at +inf too where torch runs its AVX-512 erf (the Intel Xeon), so not compared
+    odd = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -1.0, 1.0, 0.0, 0.0])
     eo = export(module, args=(odd,))
     got_odd = load_module(eo.compile(save_to=None)).main(odd)
-    torch.testing.assert_close(got_odd, module(odd), equal_nan=True)
+    want = module(odd)
+    want[:3] = torch.tensor([float("inf"), 0.0, float("nan")])
+    torch.testing.assert_close(got_odd, want, equal_nan=True)
 
 
 def test_torch_mlirs_tanh_form_has_the_wrong_constant(iree_device, tmp_path):

@@ -179,7 +179,11 @@ def _rational_form(e: Any, p: Sequence[float], q: Sequence[float], clamp: float)
     e("%r = arith.divf %num, %q0 : f32")
     e("%h = arith.mulf %v, %half : f32")
     e("%g = math.fma %h, %r, %h : f32")
-    return "%g"
+    # below the clamp h r + h is exactly 0 (r = -1), but -inf gives inf - inf: 0 there too
+    # (eager's own GELU gives NaN at -inf, and at +inf on AVX-512 hosts)
+    e("%zero = arith.constant 0.0 : f32")
+    e("%gz = arith.select %below, %zero, %g : f32")
+    return "%gz"
 
 
 def rewrite_gelus(module_op: Any) -> int:

@@ -255,8 +255,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: ``atan`` on llvm-cpu by turbine's own reduction and polynomial; 72: and ``atan2``; 73: both
 #: on Vulkan too; 74: f32 ELU / SELU / CELU with ``expm1`` on CPU targets and Vulkan; 75: f32
 #: sinh / atanh / acosh / log_sigmoid without cancellation on CPU targets; 76: f32 asin as
-#: ``atan2(x, sqrt((1 - x) (1 + x)))`` (turbine's atan2 on llvm-cpu and Vulkan, IREE's on vmvx).
-REVISION = 76
+#: ``atan2(x, sqrt((1 - x) (1 + x)))`` (turbine's atan2 on llvm-cpu and Vulkan, IREE's on vmvx);
+#: 77: turbine's GELU of -inf is 0 (was NaN); weight-only products built for AVX2
+#: (``--turbine-cpu-matmul=avx2``) never on AMX.
+REVISION = 77
 
 _log = logging.getLogger("turbine.aot")
 
@@ -499,7 +501,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
                 "AVX-512 VNNI" if w4a8_isa == "avx512" else w4a8_isa,
             )
         if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
-            amx = quant_amx_enabled()
+            # AMX only where the kernels are built for AVX-512 (every AMX CPU has it): a build
+            # asked for AVX2 (--turbine-cpu-matmul=avx2) is for a CPU without AMX
+            amx = isa == "avx512" and quant_amx_enabled()
             count = rewrite_quant_matmuls_avx512(copy, amx=amx)
             _log.info(
                 "llvm-cpu target: %d quantized matmul(s) on the %s int8/int4 kernel",
