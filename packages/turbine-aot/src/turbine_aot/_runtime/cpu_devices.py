@@ -11,9 +11,9 @@ freed buffers in a free list and hands one of the same size to the next request.
 
 Bounds: a buffer over :data:`MAX_BUFFER` bypasses the cache, and a freed buffer is only kept
 while the pool's buffers, in use and free together, stay within :data:`CAPACITY` (else it goes
-back to the C allocator, and older free ones are let go before a new allocation). What it keeps after a module is gone (its globals, the last call's transients) stays
-until a buffer of that size is asked for again, :func:`release_cached_memory`, or the process
-ends.
+back to the C allocator, and older free ones are let go before a new allocation). What it
+keeps after a module is gone (its globals, the last call's transients) stays until a buffer of
+that size is asked for again, :func:`release_cached_memory`, or the process ends.
 
 A cached buffer points back at its pool without holding a reference on it (IREE 3.13): a buffer
 freed after its device is gone frees into released memory. A result tensor that outlived its
@@ -24,8 +24,8 @@ globals Python clears after every other module's: results held anywhere else are
 One device per URI and choice lives as long as the process, as IREE's own device cache does.
 
 Only ``local-sync`` by default: on ``local-task`` (two workers) the same A/B did not point one
-way (ResNets 0.98-1.04x, BERT 0.92-1.20x in four runs). ``TURBINE_CPU_ALLOCATOR`` chooses: ``auto``
-(default: the bounded cache on ``local-sync``, IREE's plain allocator on ``local-task``),
+way (ResNets 0.98-1.04x, BERT 0.92-1.20x in four runs). ``TURBINE_CPU_ALLOCATOR`` chooses:
+``auto`` (default: the bounded cache on ``local-sync``, IREE's plain allocator on ``local-task``),
 ``caching`` (the cache on both), ``iree`` (IREE's cached device of the URI, its plain allocator,
 on both) or an IREE allocator spec beginning with ``caching:`` for both (e.g.
 ``caching:*=64mib;256mib;32``: largest buffer, capacity, free-list length).
