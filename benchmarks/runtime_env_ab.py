@@ -34,6 +34,7 @@ for _p in (HERE, HERE.parent / "tools"):
 
 def measure(name: str, precision: str, key: str, value: str, args: argparse.Namespace) -> dict:
     import peer_runtimes
+    from _peers import flat_tensors
 
     import turbine_aot
     from turbine_aot import runtime
@@ -67,7 +68,7 @@ def measure(name: str, precision: str, key: str, value: str, args: argparse.Name
                 outs[label] = out
         diff = max(
             float((a.float() - b.float()).abs().max())
-            for a, b in zip(_flat(outs["with"]), _flat(outs["as_is"]))
+            for a, b in zip(flat_tensors(outs["with"]), flat_tensors(outs["as_is"]))
         )
         del with_setting, as_is
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
@@ -83,16 +84,6 @@ def measure(name: str, precision: str, key: str, value: str, args: argparse.Name
         "max_abs_diff": diff,
         "rounds": args.rounds,
     }
-
-
-def _flat(out):
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    return [t for o in out for t in _flat(o)] if isinstance(out, list | tuple) else []
 
 
 def main(argv: list[str] | None = None) -> int:

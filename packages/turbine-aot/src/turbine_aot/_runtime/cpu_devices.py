@@ -62,15 +62,14 @@ _FREE_LIST = 64
 _devices: dict[tuple[str, str], Any] = sys.__dict__.setdefault("_turbine_cpu_devices", {})
 
 
-def allocator_spec(driver: str, value: str | None = None) -> str | None:
+def allocator_spec(driver: str) -> str | None:
     """The IREE allocator spec for a device of ``driver`` (``local-sync`` or ``local-task``):
-    by ``value``, else ``$TURBINE_CPU_ALLOCATOR``, else ``"auto"``; None for IREE's plain
-    allocator.
+    by ``$TURBINE_CPU_ALLOCATOR``, else ``"auto"``; None for IREE's plain allocator.
 
     Raises:
         TurbineRuntimeError: a value that is none of the module doc's.
     """
-    choice = value if value is not None else os.environ.get(ENV_VAR, "") or "auto"
+    choice = os.environ.get(ENV_VAR, "") or "auto"
     if choice == "auto":
         choice = "caching" if driver == "local-sync" else "iree"
     if choice == "iree":

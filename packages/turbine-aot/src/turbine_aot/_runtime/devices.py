@@ -78,8 +78,8 @@ def create_devices(uris: list[str]) -> list[Any]:
                 if _replacement_devices[uri] is None:
                     _replacement_devices[uri] = rt.get_device(uri, cache=False)
                 devices.append(_replacement_devices[uri])
-            elif driver_of(uri) in LOCAL_DRIVERS:
-                devices.append(cpu_device(uri, driver_of(uri)))
+            elif (driver := driver_of(uri)) in LOCAL_DRIVERS:
+                devices.append(cpu_device(uri, driver))
             else:
                 devices.append(rt.get_device(uri, cache=True))
         except TurbineRuntimeError:
