@@ -292,9 +292,11 @@ def kernel_ab(
     budget_s: float,
     json_path: str | None,
     meta: dict[str, Any],
+    threads: int = 1,
 ) -> dict[str, dict]:
-    """The kernel A/B benchmarks' body (``vnni_kernel_ab.py``, ``quant_kernel_ab.py``): compiles
-    each variant's module for this CPU (``llvm-cpu``, ``local-sync``: one thread), checks its
+    """The kernel A/B benchmarks' body (``vnni_kernel_ab.py``, ``quant_kernel_ab.py``,
+    ``amx_quant_ablation.py``): compiles each variant's module for this CPU (``llvm-cpu``;
+    ``local-sync`` for one thread, else ``local-task`` with ``threads`` workers), checks its
     first result with ``check(name, result)`` (which raises on a wrong one), times the variants
     round-robin (:func:`time_interleaved`), prints median ms per call, the weights' read rate
     and calls/s against the first variant, and writes them with ``meta`` to ``json_path``.
@@ -305,7 +307,9 @@ def kernel_ab(
     import iree.runtime as rt
     from iree.compiler.tools.binaries import find_tool
 
-    cfg = rt.Config("local-sync")
+    if threads > 1:
+        set_runtime_flags([f"--task_topology_max_group_count={threads}"])
+    cfg = rt.Config("local-sync" if threads == 1 else "local-task")
     dev = [rt.asdevicearray(cfg.device, a) for a in operands]
     fns: dict[str, Callable[[], object]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="turbine-kernel-ab-"))
@@ -342,6 +346,7 @@ def kernel_ab(
             json_path,
             {
                 **meta,
+                "threads": threads,
                 "date": time.strftime("%Y-%m-%d"),
                 "variants": rows,
                 "loadavg": os.getloadavg(),

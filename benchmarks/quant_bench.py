@@ -21,12 +21,17 @@ deployed):
 each compiled twice: turbine's defaults (``kernel``: the quantized matmuls on the AVX-512
 int8 / int4 kernel, ``w8a8``'s on the VNNI kernel) and ``--turbine-cpu-matmul=iree`` (``iree``:
 IREE 3.13's dequantize + matmul, for ``w8a8`` its integer matmul: what turbine did before). All
-are timed interleaved in one process (the machine is shared: the ratios are the result), median wall time per call, the input already in a device
-buffer; ``eager`` (torchao's own CPU path) beside. Also reported: the bytes of weights (+ scales,
-zero points) each call must read, the parallel read bandwidth of this machine (numpy sum of a
-buffer far larger than the caches, 1 and ``threads`` threads) and the time limit it sets, the
-error against torchao eager, and each variant's resident memory after loading and after calls
-(a child process per variant: RSS growth over the process before loading, against the archive).
+are timed interleaved in one process (the machine is shared: the ratios are the result), median
+wall time per call, the input already in a device buffer, in blocks of ``--block`` calls (the
+first of each block untimed), as a user calls one model repeatedly: with one call per round
+each call finds the caches holding the previous variant's weights (on a 2-core Xeon whose L3
+holds the fp32 stack, int4's calls took 1.71-1.75 ms that way, 1.11-1.12 in blocks of three;
+docs/quantization.md). ``eager`` (torchao's own CPU path) beside. Also reported: the bytes of
+weights (+ scales, zero points) each call must read, the parallel read bandwidth of this
+machine (numpy sum of a buffer far larger than the caches, 1 and ``threads`` threads) and the
+time limit it sets, the error against torchao eager, and each variant's resident memory after
+loading and after calls (a child process per variant: RSS growth over the process before
+loading, against the archive).
 It is a benchmark: nothing asserts on time.
 
 Usage::
@@ -230,7 +235,9 @@ def measure(args) -> dict:
             m = _model(v, args.layers, args.width)
             fns[f"{v}/eager"] = lambda m=m, x=x: m(x)
     with torch.no_grad():
-        t = _harness.time_interleaved(fns, calls=args.calls, budget_s=args.budget_s)
+        t = _harness.time_interleaved(
+            fns, calls=args.calls, budget_s=args.budget_s, block=args.block
+        )
     memory = {}
     for v, b in built.items() if args.memory else ():
         path = b["vmfb"]["kernel"]
@@ -279,6 +286,7 @@ def measure(args) -> dict:
         "width": args.width,
         "rows": args.rows,
         "threads": args.threads,
+        "block": args.block,
         "read_bw_gbs": {str(k): v for k, v in bw.items()},
         "variants": results,
         "loadavg": os.getloadavg(),
@@ -356,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=40)
     p.add_argument("--budget-s", type=float, default=60.0)
+    p.add_argument(
+        "--block",
+        type=int,
+        default=3,
+        help="calls of a variant in a row per round, the first untimed (1: strict round-robin)",
+    )
     p.add_argument(
         "--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS)
     )

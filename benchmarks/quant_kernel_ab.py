@@ -1,8 +1,9 @@
-"""The AVX-512 weight-only quantized kernel alone, A/B of its blocking: ``layers`` x (``width``
-x ``width``) products of ``rows`` f32 rows with int4 (grouped, zero points) or int8 weights,
-each variant of ``Avx512QuantGemm`` timed interleaved.
+"""A weight-only quantized kernel alone, A/B of its blocking: ``layers`` x (``width`` x
+``width``) products of ``rows`` f32 rows with int4 (grouped, zero points) or int8 weights,
+each variant of ``Avx512QuantGemm`` (or, ``--kernel amx``, of ``AmxQuantGemm``) timed
+interleaved.
 
-The kernel (``turbine_aot._compiler.avx512_quant``) is compiled in a module of its own, its
+The kernel (``turbine_aot._compiler.avx512_quant`` / ``.amx_quant``) is compiled in a module of its own, its
 results checked against numpy's float64 product of the dequantized weights, and every variant
 timed round-robin in one process; reported: median ms per call, the weights' read rate, and
 calls/s against the first variant (the default). It is a benchmark: nothing asserts on time.
@@ -14,8 +15,12 @@ Usage::
     # AVX2, one row: the nibble-masks form against the general AVX2 form it replaced
     python benchmarks/quant_kernel_ab.py --variants '{}' \
         '{"nibble_masks": false, "cols_per_workgroup": 32, "zero_points_per_block": true}'
+    # AMX (one row, int4 groups of 128s), two workers: two workgroups a product against eight
+    python benchmarks/quant_kernel_ab.py --kernel amx --threads 2 \
+        --variants '{}' '{"cols_per_workgroup": 256}'
 
 The default variant is the kernel turbine builds for the shape and ``--rows`` on this CPU.
+``--threads N`` above 1 runs them on ``local-task`` with ``N`` workers.
 """
 
 from __future__ import annotations
@@ -93,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--bits", type=int, choices=(4, 8), default=4)
     p.add_argument("--group", type=int, default=128, help="0: int8 per channel")
+    p.add_argument(
+        "--kernel",
+        choices=("avx512", "amx"),
+        default="avx512",
+        help="amx: AmxQuantGemm (one row, AMX-INT8 hosts); variants name its fields",
+    )
+    p.add_argument("--threads", type=int, default=1, help="above 1: local-task workers")
     p.add_argument("--calls", type=int, default=60)
     p.add_argument("--budget-s", type=float, default=60.0)
     p.add_argument(
@@ -103,8 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    from turbine_aot._compiler.amx_quant import AmxQuantGemm, host_amx_int8_missing
     from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 
+    if args.kernel == "amx":
+        if args.rows != 1:
+            raise SystemExit("--kernel amx: the AMX kernel computes one row (--rows 1)")
+        missing = host_amx_int8_missing()
+        if missing:
+            print(f"skipped: this CPU lacks {', '.join(missing)} (--kernel amx needs AMX-INT8)")
+            return 0
     group = args.group or None
     rng = np.random.default_rng(0)
     w = args.width
@@ -122,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = []
     for v in args.variants:
-        base = Avx512QuantGemm.for_shape(w, w, args.bits, group, group is not None, rows=args.rows)
+        if args.kernel == "amx":
+            base = AmxQuantGemm.for_shape(w, w, args.bits, group, group is not None)
+        else:
+            base = Avx512QuantGemm.for_shape(
+                w, w, args.bits, group, group is not None, rows=args.rows
+            )
         kernel = dataclasses.replace(base, **json.loads(v))
         variants.append(_harness.KernelVariant(kernel.name, _module(kernel, args.layers)))
     _harness.kernel_ab(
@@ -133,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         calls=args.calls,
         budget_s=args.budget_s,
         json_path=args.json,
+        threads=args.threads,
         meta={
             "benchmark": "quant-kernel-ab",
+            "kernel": args.kernel,
             "rows": args.rows,
             "bits": args.bits,
             "group": group,
