@@ -48,7 +48,9 @@ the bias, a batch norm or per-channel steps, a residual add (whole panels) and a
 after them, and where the result is read by another AMX convolution at stride 1 (no
 space-to-depth form, whole channel blocks) the kernel writes that one's padded bf16 input as a
 second result, which the next call takes in place of its NCHW input (:func:`_amx_consumer`; a
-max pooling after a ReLU likewise gets its padded f32 input, :func:`_pool_consumer`). A result
+max pooling after a ReLU likewise gets its padded bf16 input, :func:`_pool_consumer`, and runs
+in bf16, writing in turn the next AMX convolution's input and a bf16 copy for the residual adds
+that read it, :func:`_rewrite_bf16_pool`; ``TURBINE_CPU_POOLS=f32``: in f32 as before). A result
 read only by AMX convolutions and residual adds that AMX kernels absorb is kept in bf16 only,
 the adds reading it there (:func:`_residual_readers`: those residuals are rounded to bf16, as
 the convolutions' inputs are; docs/performance.md, sections 8 and 18).
@@ -80,7 +82,14 @@ from .epilogues import (
 )
 from .isa import isa_features, kernel_isa
 from .matmuls import mark_cpu_requires
-from .pools import POOL_FUNC_PREFIX, MaxPool, max_pool_function, max_pool_geometry
+from .pools import (
+    POOL_FUNC_PREFIX,
+    MaxPool,
+    max_pool_bf16_function,
+    max_pool_function,
+    max_pool_geometry,
+    pools_in_bf16,
+)
 from .torch_ir import Builder, TensorType, TopLevel, constant, producer, walk
 from .winograd import WinogradConv, winograd_choice
 
@@ -772,12 +781,15 @@ def _rewrite_amx(
     pools: bool = False,
     bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]] | None = None,
     unwritten: list[Any] | None = None,
-) -> tuple[Any, int | None]:
+) -> tuple[Any, int | None, Any]:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
     by a call of :func:`_amx_function`; ``padded``: its input as the kernel reads it (an
     earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result); ``pools``: a max pooling
     that is the one reader of the result after a ReLU may be rewritten here too, reading the
-    kernel's f32 :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`).
+    kernel's :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`): in bf16
+    (:func:`.pools.max_pool_bf16_function`, which then writes the input of the AMX convolution
+    reading its result, and a bf16 copy for the residual adds that read it), or with
+    ``TURBINE_CPU_POOLS=f32`` in f32.
 
     ``bf16_results``: ``(torch value, bf16 result, layout)`` of the earlier AMX kernels whose
     results are kept in bf16 for the residual adds that read them; a residual found there is
@@ -787,8 +799,9 @@ def _rewrite_amx(
     the torch values of the results whose f32 copy the kernel does not write: once every
     convolution is rewritten nothing may read them (:func:`rewrite_convs_avx512` checks).
 
-    Returns the call and the index in ``found`` of the convolution that reads this one's
-    :attr:`.amx_conv.AmxConv.out_next` result (None if none does)."""
+    Returns the call, the index in ``found`` of the convolution whose input is written here
+    (this kernel's :attr:`.amx_conv.AmxConv.out_next` result, or the bf16 pooling's; None if
+    none) and that input."""
     assert g.n is not None
     bf16_results = [] if bf16_results is None else bf16_results
     plan, kernel = amx_conv_plan(g)
@@ -812,6 +825,7 @@ def _rewrite_amx(
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
     pool = _pool_consumer(final, g) if pools and handoffs and relu and consumer is None else None
+    pool_bf16 = pool is not None and pools_in_bf16()
     if pool is not None:
         gp = pool[1]
         pph, ppw = gp.padding
@@ -835,7 +849,7 @@ def _rewrite_amx(
         residual=residual is not None,
         residual_layout=residual_bf16[1] if residual_bf16 is not None else None,
         out_next=out_next,
-        out_next_f32=pool is not None,
+        out_next_f32=pool is not None and not pool_bf16,
         f32_out=out_next is None or bool(others),
     )
     if kernel.name not in top:
@@ -857,8 +871,10 @@ def _rewrite_amx(
         bf16_results.append((back, call.results[1], out_next))
     if not kernel.f32_out and unwritten is not None:
         unwritten.append(back)
-    if pool is not None:  # the pooling reads the kernel's padded f32 result
+    if pool is not None:  # the pooling reads the kernel's padded result
         pool_op, gp = pool
+        if pool_bf16:
+            return call, *_rewrite_bf16_pool(top, call, pool_op, gp, index, found, bf16_results)
         pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
         top.append(max_pool_function(pool_name, gp, padded_input=True))
         b = Builder(pool_op, location=pool_op.location)
@@ -867,7 +883,52 @@ def _rewrite_amx(
             b.from_builtin(pooled.results[0], pool_op.results[0].type)
         )
         pool_op.erase()
-    return call, consumer[0] if consumer is not None else None
+    if consumer is None:
+        return call, None, None
+    return call, consumer[0], call.results[1]
+
+
+def _rewrite_bf16_pool(
+    top: TopLevel,
+    call: Any,
+    pool_op: Any,
+    gp: MaxPool,
+    index: int,
+    found: list[tuple[Any, Conv | None]],
+    bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]],
+) -> tuple[int | None, Any]:
+    """Replaces the max pooling ``pool_op`` after the AMX kernel ``call`` (whose second result
+    is its bf16 input, padded) by a call of :func:`.pools.max_pool_bf16_function`; that
+    function also writes the input of the AMX convolution of ``found[index + 1:]`` reading
+    the pooled result at stride 1 (if one does), and its bf16 copy is recorded in
+    ``bf16_results`` for the residual adds later AMX kernels absorb. Returns that
+    convolution's index in ``found`` and its input (None, None if none)."""
+    assert gp.n is not None
+    value = pool_op.results[0]
+    # the pooled result as the output of a 1x1 convolution, for the consumer checks
+    like = Conv(gp.n, gp.c, gp.oh, gp.ow, gp.c, 1, 1, (1, 1), (0, 0), (1, 1), gp.oh, gp.ow, False)
+    consumer = _amx_consumer(value, like, found, index + 1)
+    layout = None
+    if consumer is not None:
+        nplan, _ = amx_conv_plan(consumer[1])
+        cph, cpw = consumer[1].padding
+        layout = (nplan.rows, nplan.cols, cph, cpw)
+    readers = _residual_readers(value, like, found, index + 1)
+    name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
+    top.append(max_pool_bf16_function(name, gp, layout))
+    results = [_tensor(gp.n, gp.c, gp.oh, gp.ow), f"tensor<{gp.n * gp.oh * gp.ow * gp.c}xbf16>"]
+    if layout is not None:
+        results.append(f"tensor<{gp.n * layout[0] * layout[1] * gp.c}xbf16>")
+    b = Builder(pool_op, location=pool_op.location)
+    pooled = b.call(name, [call.results[1]], results)
+    back = b.from_builtin(pooled.results[0], value.type)
+    value.replace_all_uses_with(back)
+    pool_op.erase()
+    if readers:
+        bf16_results.append((back, pooled.results[1], (gp.oh, gp.ow, 0, 0)))
+    if consumer is None:
+        return None, None
+    return consumer[0], pooled.results[2]
 
 
 def _residual_readers(
@@ -1200,7 +1261,7 @@ def rewrite_convs_avx512(
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         if bf16 and amx and amx_conv_supports(g):
-            call, next_index = _rewrite_amx(
+            _, next_index, next_input = _rewrite_amx(
                 top,
                 conv,
                 g,
@@ -1212,7 +1273,7 @@ def rewrite_convs_avx512(
                 unwritten,
             )
             if next_index is not None:
-                padded_inputs[next_index] = call.results[1]
+                padded_inputs[next_index] = next_input
             any_amx = True
             continue
         any_avx512 = True

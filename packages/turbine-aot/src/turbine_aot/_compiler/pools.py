@@ -32,11 +32,19 @@ torch-mlir lowers an adaptive pooling to a reduction that gathers every element 
 row and column; MobileNetV3's nine took 0.28 of its 2.39 ms (docs/performance.md, section 15).
 The sum and the division are the same; only the order of the additions may differ.
 
-``TURBINE_CPU_POOLS=keep`` leaves them all to torch-mlir.
+A max pooling right after an AMX convolution (``precision="bf16"``: a ResNet's stem) reads
+that kernel's result in bf16, zero-padded, and computes in bf16 (:func:`max_pool_bf16_function`):
+rounding to bf16 is monotonic, so the maxima of the rounded values are the rounded maxima, the
+bits the next convolution read before. It writes the next AMX convolution's padded input
+itself, and a bf16 copy for the residual add that reads it (docs/performance.md, section 18).
+
+``TURBINE_CPU_POOLS=keep`` leaves them all to torch-mlir; ``TURBINE_CPU_POOLS=f32`` keeps the
+pooling after an AMX convolution in f32 (what turbine did before, for A/B measurements).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +56,12 @@ __all__ = [
     "POOL_FUNC_PREFIX",
     "MaxPool",
     "global_avg_pools",
+    "max_pool_bf16_function",
     "max_pool_function",
     "max_pool_geometry",
     "max_pools",
     "padded_input_size",
+    "pools_in_bf16",
     "rewrite_global_avg_pools",
     "rewrite_max_pools_nhwc",
 ]
@@ -164,6 +174,111 @@ def max_pool_function(name: str, g: MaxPool, padded_input: bool = False) -> str:
         e(f"  }} : {nhwc_t} to {xp_t}")
         src, src_t = "%xp", xp_t
     return _pooled(lines, g, src, src_t)
+
+
+def pools_in_bf16() -> bool:
+    """Whether a max pooling after an AMX convolution runs in bf16 (unless
+    ``TURBINE_CPU_POOLS=f32``; see the module doc)."""
+    return os.environ.get(CPU_POOLS_ENV, "").strip().lower() != "f32"
+
+
+def max_pool_bf16_function(
+    name: str, g: MaxPool, next_layout: tuple[int, int, int, int] | None = None
+) -> str:
+    """The private function computing the max pooling ``g`` in bf16 over an AMX convolution's
+    ReLU'd result as that kernel wrote it for the pooling (bf16, channels-last, zero-padded,
+    flat: :func:`padded_input_size` elements; zero rather than -inf, as in
+    :func:`max_pool_function`). Returns the NCHW f32 result (for readers that want it), the
+    result channels-last in bf16 (flat ``[n, oh, ow, c]``: the layout ``(oh, ow, 0, 0)`` of
+    :attr:`.amx_conv.AmxConv.residual_layout`) and, with ``next_layout`` (``(rows, cols, ph,
+    pw)``, as :attr:`.amx_conv.AmxConv.out_next`), the next AMX convolution's input: the result
+    at ``(ph, pw)`` of zeros ``rows x cols``, flat. The maxima are those of the bf16 bit
+    patterns, sign bit cleared, as unsigned integers: a ReLU's values are ``+0``, positive,
+    ``+inf`` or NaN (and ``-0`` at most, which the cleared sign makes ``+0``, the same value),
+    whose patterns are ordered as the values are, a NaN's above all others, so a window with
+    a NaN gives a NaN as ``maximumf`` does. One AND and one integer maximum per 32 values and
+    tap, where the float form converted each tap to f32 and back: the pooling of ResNet-18's
+    stem 0.139 -> 0.073 ms (docs/performance.md, section 18)."""
+    (ph, pw) = g.padding
+    (kh, kw), (sh, sw) = g.kernel, g.stride
+    n, c, oh, ow = g.n, g.c, g.oh, g.ow
+    flat_t = f"tensor<{padded_input_size(g)}xbf16>"
+    xp_t = f"tensor<{n}x{g.h + 2 * ph}x{g.w + 2 * pw}x{c}xbf16>"
+    o_t, p_t = f"tensor<{n}x{oh}x{ow}x{c}xbf16>", f"tensor<{n * oh * ow * c}xbf16>"
+    out_t, of_t = _tensor(n, c, oh, ow), _tensor(n, oh, ow, c)
+    results = [out_t, p_t]
+    if next_layout is not None:
+        rows, cols, nph, npw = next_layout
+        results.append(f"tensor<{n * rows * cols * c}xbf16>")
+    lines = [f"func.func private @{name}(%x: {flat_t}) -> ({', '.join(results)}) {{"]
+    e = lines.append
+    e(
+        f"  %xp = tensor.expand_shape %x [[0, 1, 2, 3]] output_shape "
+        f"[{n}, {g.h + 2 * ph}, {g.w + 2 * pw}, {c}] : {flat_t} into {xp_t}"
+    )
+    # through a barrier, as max_pool_function's taps (see _pooled)
+    e(f"  %xb = util.optimization_barrier %xp : {xp_t}")
+    taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+    for i, (ky, kx) in enumerate(taps):
+        e(
+            f"  %s{i} = tensor.extract_slice %xb[0, {ky}, {kx}, 0] [{n}, {oh}, {ow}, {c}] "
+            f"[1, {sh}, {sw}, 1] : {xp_t} to {o_t}"
+        )
+    ident = "affine_map<(n, h, w, c) -> (n, h, w, c)>"
+    parallel = 'iterator_types = ["parallel", "parallel", "parallel", "parallel"]'
+    e(f"  %o_init = tensor.empty() : {o_t}")
+    e(
+        f"  %o = linalg.generic {{indexing_maps = [{', '.join([ident] * (len(taps) + 1))}], "
+        f"{parallel}}} ins({', '.join(f'%s{i}' for i in range(len(taps)))} : "
+        f"{', '.join([o_t] * len(taps))}) outs(%o_init : {o_t}) {{"
+    )
+    e(f"  ^bb0({', '.join(f'%t{i}: bf16' for i in range(len(taps)))}, %u: bf16):")
+    e("    %mag = arith.constant 32767 : i16")  # 0x7fff: all but the sign
+    for i in range(len(taps)):
+        e(f"    %b{i} = arith.bitcast %t{i} : bf16 to i16")
+        e(f"    %e{i} = arith.andi %b{i}, %mag : i16")
+    acc = "%e0"
+    for i in range(1, len(taps)):
+        e(f"    %m{i} = arith.maxui {acc}, %e{i} : i16")
+        acc = f"%m{i}"
+    e(f"    %r = arith.bitcast {acc} : i16 to bf16")
+    e("    linalg.yield %r : bf16")
+    e(f"  }} -> {o_t}")
+    e(f"  %of_init = tensor.empty() : {of_t}")
+    e(
+        f"  %of = linalg.generic {{indexing_maps = [{ident}, {ident}], {parallel}}} "
+        f"ins(%o : {o_t}) outs(%of_init : {of_t}) {{"
+    )
+    e("  ^bb0(%v: bf16, %w: f32):")
+    e("    %vf = arith.extf %v : bf16 to f32")
+    e("    linalg.yield %vf : f32")
+    e(f"  }} -> {of_t}")
+    e(f"  %out_init = tensor.empty() : {out_t}")
+    e(
+        f"  %out = linalg.transpose ins(%of : {of_t}) outs(%out_init : {out_t}) "
+        "permutation = [0, 3, 1, 2]"
+    )
+    e(f"  %flat = tensor.collapse_shape %o [[0, 1, 2, 3]] : {o_t} into {p_t}")
+    if next_layout is None:
+        e(f"  return %out, %flat : {out_t}, {p_t}")
+        e("}")
+        return "\n".join(lines)
+    rows, cols, nph, npw = next_layout
+    if nph < 0 or npw < 0 or nph + oh > rows or npw + ow > cols:
+        raise ValueError(f"max pooling: its result does not fit {next_layout}: {g}")
+    pad_t = f"tensor<{n}x{rows}x{cols}x{c}xbf16>"
+    e("  %zb = arith.constant 0.0 : bf16")
+    e(
+        f"  %pd = tensor.pad %o low[0, {nph}, {npw}, 0] "
+        f"high[0, {rows - oh - nph}, {cols - ow - npw}, 0] {{"
+    )
+    e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+    e("    tensor.yield %zb : bf16")
+    e(f"  }} : {o_t} to {pad_t}")
+    e(f"  %next = tensor.collapse_shape %pd [[0, 1, 2, 3]] : {pad_t} into {results[2]}")
+    e(f"  return %out, %flat, %next : {', '.join(results)}")
+    e("}")
+    return "\n".join(lines)
 
 
 def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
