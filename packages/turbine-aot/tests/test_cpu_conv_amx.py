@@ -499,6 +499,39 @@ def test_a_max_pooling_after_an_amx_convolution_runs_in_bf16_between_the_kernels
     torch.testing.assert_close(f32_pool, kept, rtol=1e-5, atol=1e-5)
 
 
+class _StemPoolTwoConvs(_StemAndPool):
+    """A ResNet-50 stem: after the pooling, its first 1x1 convolution and the shortcut's 1x1
+    convolution both read the pooled result (at stride 1: the same input layout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(32, 32, 1, bias=False)
+        self.b = torch.nn.Conv2d(32, 64, 1, bias=False)
+
+    def forward(self, x):
+        y = self.pooled(x)
+        return torch.relu(self.a(y)).mean() + self.b(y)
+
+
+@needs_amx
+def test_the_bf16_pooling_writes_the_input_of_every_amx_convolution_reading_it():
+    model = _StemPoolTwoConvs().eval()
+    x = torch.randn(1, 3, 30, 34)
+    eo = export(model, args=(x,))
+    asm = compile_copy_asm(eo, _flags())
+    # both 1x1 convolutions read 8 x 9 pixels in 9 rows (a zero row below) of 9: one input
+    check_ir(
+        asm,
+        r"= call @__turbine_max_pool_nhwc_amx_0\(%\w+#1\) : \(tensor<\d+xbf16>\) -> "
+        r"\(tensor<1x32x8x9xf32>, tensor<2304xbf16>, tensor<2592xbf16>\)",
+        r"= call @__turbine_avx512_conv_amx_1\(%\w+#2, ",
+        r"= call @__turbine_avx512_conv_amx_2\(%\w+#2, ",
+    )
+    got = _run_bf16(eo, x)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 class _TwoReaders(torch.nn.Module):
     """A result read by the next convolution and by an add no kernel absorbs."""
 

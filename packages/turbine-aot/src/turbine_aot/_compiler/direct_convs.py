@@ -781,7 +781,7 @@ def _rewrite_amx(
     pools: bool = False,
     bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]] | None = None,
     unwritten: list[Any] | None = None,
-) -> tuple[Any, int | None, Any]:
+) -> tuple[Any, list[tuple[int, Any]]]:
     """Replaces ``conv`` (and the ops its epilogue absorbs, unless ``TURBINE_CPU_EPILOGUES=keep``)
     by a call of :func:`_amx_function`; ``padded``: its input as the kernel reads it (an
     earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result); ``pools``: a max pooling
@@ -799,9 +799,8 @@ def _rewrite_amx(
     the torch values of the results whose f32 copy the kernel does not write: once every
     convolution is rewritten nothing may read them (:func:`rewrite_convs_avx512` checks).
 
-    Returns the call, the index in ``found`` of the convolution whose input is written here
-    (this kernel's :attr:`.amx_conv.AmxConv.out_next` result, or the bf16 pooling's; None if
-    none) and that input."""
+    Returns the call and ``(index in found, input)`` of the convolutions whose input is written
+    here (this kernel's :attr:`.amx_conv.AmxConv.out_next` result, or the bf16 pooling's)."""
     assert g.n is not None
     bf16_results = [] if bf16_results is None else bf16_results
     plan, kernel = amx_conv_plan(g)
@@ -874,7 +873,7 @@ def _rewrite_amx(
     if pool is not None:  # the pooling reads the kernel's padded result
         pool_op, gp = pool
         if pool_bf16:
-            return call, *_rewrite_bf16_pool(top, call, pool_op, gp, index, found, bf16_results)
+            return call, _rewrite_bf16_pool(top, call, pool_op, gp, index, found, bf16_results)
         pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
         top.append(max_pool_function(pool_name, gp, padded_input=True))
         b = Builder(pool_op, location=pool_op.location)
@@ -883,9 +882,7 @@ def _rewrite_amx(
             b.from_builtin(pooled.results[0], pool_op.results[0].type)
         )
         pool_op.erase()
-    if consumer is None:
-        return call, None, None
-    return call, consumer[0], call.results[1]
+    return call, [] if consumer is None else [(consumer[0], call.results[1])]
 
 
 def _rewrite_bf16_pool(
@@ -896,29 +893,27 @@ def _rewrite_bf16_pool(
     index: int,
     found: list[tuple[Any, Conv | None]],
     bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]],
-) -> tuple[int | None, Any]:
+) -> list[tuple[int, Any]]:
     """Replaces the max pooling ``pool_op`` after the AMX kernel ``call`` (whose second result
     is its bf16 input, padded) by a call of :func:`.pools.max_pool_bf16_function`; that
-    function also writes the input of the AMX convolution of ``found[index + 1:]`` reading
-    the pooled result at stride 1 (if one does), and its bf16 copy is recorded in
-    ``bf16_results`` for the residual adds later AMX kernels absorb. Returns that
-    convolution's index in ``found`` and its input (None, None if none)."""
+    function also writes the inputs of the AMX convolutions of ``found[index + 1:]`` reading
+    the pooled result at stride 1 (one per layout: a ResNet-50's first 1x1 convolution and its
+    shortcut's share one), and its bf16 copy is recorded in ``bf16_results`` for the residual
+    adds later AMX kernels absorb. Returns ``(index in found, input)`` of those convolutions."""
     assert gp.n is not None
     value = pool_op.results[0]
     # the pooled result as the output of a 1x1 convolution, for the consumer checks
     like = Conv(gp.n, gp.c, gp.oh, gp.ow, gp.c, 1, 1, (1, 1), (0, 0), (1, 1), gp.oh, gp.ow, False)
-    consumer = _amx_consumer(value, like, found, index + 1)
-    layout = None
-    if consumer is not None:
-        nplan, _ = amx_conv_plan(consumer[1])
-        cph, cpw = consumer[1].padding
-        layout = (nplan.rows, nplan.cols, cph, cpw)
+    layouts: dict[tuple[int, int, int, int], list[int]] = {}
+    for i, g2 in _amx_consumers(value, like, found, index + 1):
+        nplan, _ = amx_conv_plan(g2)
+        cph, cpw = g2.padding
+        layouts.setdefault((nplan.rows, nplan.cols, cph, cpw), []).append(i)
     readers = _residual_readers(value, like, found, index + 1)
     name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
-    top.append(max_pool_bf16_function(name, gp, layout))
+    top.append(max_pool_bf16_function(name, gp, list(layouts)))
     results = [_tensor(gp.n, gp.c, gp.oh, gp.ow), f"tensor<{gp.n * gp.oh * gp.ow * gp.c}xbf16>"]
-    if layout is not None:
-        results.append(f"tensor<{gp.n * layout[0] * layout[1] * gp.c}xbf16>")
+    results += [f"tensor<{gp.n * rows * cols * gp.c}xbf16>" for rows, cols, _, _ in layouts]
     b = Builder(pool_op, location=pool_op.location)
     pooled = b.call(name, [call.results[1]], results)
     back = b.from_builtin(pooled.results[0], value.type)
@@ -926,9 +921,7 @@ def _rewrite_bf16_pool(
     pool_op.erase()
     if readers:
         bf16_results.append((back, pooled.results[1], (gp.oh, gp.ow, 0, 0)))
-    if consumer is None:
-        return None, None
-    return consumer[0], pooled.results[2]
+    return [(i, pooled.results[2 + k]) for k, ids in enumerate(layouts.values()) for i in ids]
 
 
 def _residual_readers(
@@ -976,6 +969,15 @@ def _amx_consumer(
     at stride 1 over it as it is (no space-to-depth form, no strided reads, no channels to
     pad): the kernel computing ``g`` can then write its input (:attr:`.amx_conv.AmxConv.out_next`).
     Other uses of ``value`` may remain (they read the NCHW output)."""
+    consumers = _amx_consumers(value, g, found, start)
+    return consumers[0] if consumers else None
+
+
+def _amx_consumers(
+    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int
+) -> list[tuple[int, Conv]]:
+    """Every convolution :func:`_amx_consumer` would accept, in use order."""
+    out = []
     for use in value.uses:
         if use.operand_number != 0:
             continue
@@ -988,8 +990,8 @@ def _amx_consumer(
             if (plan2.sh, plan2.sw, plan2.th, plan2.tw) == (1, 1, 1, 1) and (
                 g2.c == g.f == plan2.c_pad and g2.n == g.n
             ):
-                return i, g2
-    return None
+                out.append((i, g2))
+    return out
 
 
 def _rewrite_depthwise(
@@ -1261,7 +1263,7 @@ def rewrite_convs_avx512(
     for index, (conv, g) in enumerate(found):
         assert g is not None and g.n is not None
         if bf16 and amx and amx_conv_supports(g):
-            _, next_index, next_input = _rewrite_amx(
+            _, next_inputs = _rewrite_amx(
                 top,
                 conv,
                 g,
@@ -1272,8 +1274,7 @@ def rewrite_convs_avx512(
                 bf16_results,
                 unwritten,
             )
-            if next_index is not None:
-                padded_inputs[next_index] = next_input
+            padded_inputs.update(next_inputs)
             any_amx = True
             continue
         any_avx512 = True

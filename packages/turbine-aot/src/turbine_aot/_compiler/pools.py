@@ -45,6 +45,7 @@ pooling after an AMX convolution in f32 (what turbine did before, for A/B measur
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,16 +184,16 @@ def pools_in_bf16() -> bool:
 
 
 def max_pool_bf16_function(
-    name: str, g: MaxPool, next_layout: tuple[int, int, int, int] | None = None
+    name: str, g: MaxPool, next_layouts: Sequence[tuple[int, int, int, int]] = ()
 ) -> str:
     """The private function computing the max pooling ``g`` in bf16 over an AMX convolution's
     ReLU'd result as that kernel wrote it for the pooling (bf16, channels-last, zero-padded,
     flat: :func:`padded_input_size` elements; zero rather than -inf, as in
     :func:`max_pool_function`). Returns the NCHW f32 result (for readers that want it), the
     result channels-last in bf16 (flat ``[n, oh, ow, c]``: the layout ``(oh, ow, 0, 0)`` of
-    :attr:`.amx_conv.AmxConv.residual_layout`) and, with ``next_layout`` (``(rows, cols, ph,
-    pw)``, as :attr:`.amx_conv.AmxConv.out_next`), the next AMX convolution's input: the result
-    at ``(ph, pw)`` of zeros ``rows x cols``, flat. The maxima are those of the bf16 bit
+    :attr:`.amx_conv.AmxConv.residual_layout`) and, for each of ``next_layouts`` (``(rows,
+    cols, ph, pw)``, as :attr:`.amx_conv.AmxConv.out_next`), an AMX convolution's input: the
+    result at ``(ph, pw)`` of zeros ``rows x cols``, flat. The maxima are those of the bf16 bit
     patterns, sign bit cleared, as unsigned integers: a ReLU's values are ``+0``, positive,
     ``+inf`` or NaN (and ``-0`` at most, which the cleared sign makes ``+0``, the same value),
     whose patterns are ordered as the values are, a NaN's above all others, so a window with
@@ -207,8 +208,9 @@ def max_pool_bf16_function(
     o_t, p_t = f"tensor<{n}x{oh}x{ow}x{c}xbf16>", f"tensor<{n * oh * ow * c}xbf16>"
     out_t, of_t = _tensor(n, c, oh, ow), _tensor(n, oh, ow, c)
     results = [out_t, p_t]
-    if next_layout is not None:
-        rows, cols, nph, npw = next_layout
+    for rows, cols, nph, npw in next_layouts:
+        if nph < 0 or npw < 0 or nph + oh > rows or npw + ow > cols:
+            raise ValueError(f"max pooling: its result does not fit {(rows, cols, nph, npw)}: {g}")
         results.append(f"tensor<{n * rows * cols * c}xbf16>")
     lines = [f"func.func private @{name}(%x: {flat_t}) -> ({', '.join(results)}) {{"]
     e = lines.append
@@ -259,24 +261,23 @@ def max_pool_bf16_function(
         "permutation = [0, 3, 1, 2]"
     )
     e(f"  %flat = tensor.collapse_shape %o [[0, 1, 2, 3]] : {o_t} into {p_t}")
-    if next_layout is None:
-        e(f"  return %out, %flat : {out_t}, {p_t}")
-        e("}")
-        return "\n".join(lines)
-    rows, cols, nph, npw = next_layout
-    if nph < 0 or npw < 0 or nph + oh > rows or npw + ow > cols:
-        raise ValueError(f"max pooling: its result does not fit {next_layout}: {g}")
-    pad_t = f"tensor<{n}x{rows}x{cols}x{c}xbf16>"
-    e("  %zb = arith.constant 0.0 : bf16")
-    e(
-        f"  %pd = tensor.pad %o low[0, {nph}, {npw}, 0] "
-        f"high[0, {rows - oh - nph}, {cols - ow - npw}, 0] {{"
-    )
-    e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
-    e("    tensor.yield %zb : bf16")
-    e(f"  }} : {o_t} to {pad_t}")
-    e(f"  %next = tensor.collapse_shape %pd [[0, 1, 2, 3]] : {pad_t} into {results[2]}")
-    e(f"  return %out, %flat, %next : {', '.join(results)}")
+    names = ["%out", "%flat"]
+    if next_layouts:
+        e("  %zb = arith.constant 0.0 : bf16")
+    for k, (rows, cols, nph, npw) in enumerate(next_layouts):
+        pad_t = f"tensor<{n}x{rows}x{cols}x{c}xbf16>"
+        e(
+            f"  %pd{k} = tensor.pad %o low[0, {nph}, {npw}, 0] "
+            f"high[0, {rows - oh - nph}, {cols - ow - npw}, 0] {{"
+        )
+        e("  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):")
+        e("    tensor.yield %zb : bf16")
+        e(f"  }} : {o_t} to {pad_t}")
+        e(
+            f"  %next{k} = tensor.collapse_shape %pd{k} [[0, 1, 2, 3]] : {pad_t} into {results[2 + k]}"
+        )
+        names.append(f"%next{k}")
+    e(f"  return {', '.join(names)} : {', '.join(results)}")
     e("}")
     return "\n".join(lines)
 
