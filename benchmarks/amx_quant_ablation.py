@@ -42,7 +42,7 @@ import quant_kernel_ab  # noqa: E402
 
 
 def _variants():
-    """name -> a subclass of ``AmxQuantGemm`` with one part left out (None: the kernel)."""
+    """name -> ``AmxQuantGemm`` (``kernel``) or a subclass of it with one part left out."""
     from turbine_aot._compiler.amx_quant import AmxQuantGemm
 
     def filtered(base, drop):
