@@ -532,6 +532,29 @@ def test_the_bf16_pooling_writes_the_input_of_every_amx_convolution_reading_it()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+class _PooledReadInF32(_StemAndPool):
+    """The same, with the pooled result also read by an op that is not an AMX kernel."""
+
+    def forward(self, x):
+        y = self.pooled(x)
+        return self.block(y) + y.mean()
+
+
+@needs_amx
+def test_a_pooled_result_read_in_f32_keeps_the_pooling_in_f32():
+    model = _PooledReadInF32().eval()
+    x = torch.randn(2, 3, 30, 34)
+    eo = export(model, args=(x,))
+    # the mean would see the pooled values rounded to bf16: the pooling stays f32
+    check_ir(
+        compile_copy_asm(eo, _flags()),
+        r"func.func private @__turbine_max_pool_nhwc_amx_0\(%\w+: tensor<20672xf32>\) -> "
+        r"tensor<2x32x8x9xf32>",
+    )
+    got = _run_bf16(eo, x)
+    torch.testing.assert_close(got, bf16_reference(model, x, layer=torch.nn.Conv2d))
+
+
 class _TwoReaders(torch.nn.Module):
     """A result read by the next convolution and by an add no kernel absorbs."""
 

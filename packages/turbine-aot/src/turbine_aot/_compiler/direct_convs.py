@@ -48,9 +48,10 @@ the bias, a batch norm or per-channel steps, a residual add (whole panels) and a
 after them, and where the result is read by another AMX convolution at stride 1 (no
 space-to-depth form, whole channel blocks) the kernel writes that one's padded bf16 input as a
 second result, which the next call takes in place of its NCHW input (:func:`_amx_consumer`; a
-max pooling after a ReLU likewise gets its padded bf16 input, :func:`_pool_consumer`, and runs
-in bf16, writing in turn the next AMX convolution's input and a bf16 copy for the residual adds
-that read it, :func:`_rewrite_bf16_pool`; ``TURBINE_CPU_POOLS=f32``: in f32 as before). A result
+max pooling after a ReLU likewise gets its padded input, :func:`_pool_consumer`: in bf16 where
+only AMX kernels read the pooled result, the pooling then writing in turn their inputs and a
+bf16 copy for the residual adds, :func:`_rewrite_bf16_pool`; else, or with
+``TURBINE_CPU_POOLS=f32``, in f32). A result
 read only by AMX convolutions and residual adds that AMX kernels absorb is kept in bf16 only,
 the adds reading it there (:func:`_residual_readers`: those residuals are rounded to bf16, as
 the convolutions' inputs are; docs/performance.md, sections 8 and 18).
@@ -787,8 +788,9 @@ def _rewrite_amx(
     earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result); ``pools``: a max pooling
     that is the one reader of the result after a ReLU may be rewritten here too, reading the
     kernel's :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`): in bf16
-    (:func:`.pools.max_pool_bf16_function`, which then writes the input of the AMX convolution
-    reading its result, and a bf16 copy for the residual adds that read it), or with
+    where only AMX kernels read the pooled result (:func:`_amx_readers_only`;
+    :func:`.pools.max_pool_bf16_function`, which then writes the inputs of the AMX convolutions
+    reading it, and a bf16 copy for the residual adds that read it), else or with
     ``TURBINE_CPU_POOLS=f32`` in f32.
 
     ``bf16_results``: ``(torch value, bf16 result, layout)`` of the earlier AMX kernels whose
@@ -824,7 +826,11 @@ def _rewrite_amx(
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
     pool = _pool_consumer(final, g) if pools and handoffs and relu and consumer is None else None
-    pool_bf16 = pool is not None and pools_in_bf16()
+    pool_bf16 = (
+        pool is not None
+        and pools_in_bf16()
+        and _amx_readers_only(pool[0].results[0], pool[1], found, index + 1)
+    )
     if pool is not None:
         gp = pool[1]
         pph, ppw = gp.padding
@@ -902,8 +908,7 @@ def _rewrite_bf16_pool(
     adds later AMX kernels absorb. Returns ``(index in found, input)`` of those convolutions."""
     assert gp.n is not None
     value = pool_op.results[0]
-    # the pooled result as the output of a 1x1 convolution, for the consumer checks
-    like = Conv(gp.n, gp.c, gp.oh, gp.ow, gp.c, 1, 1, (1, 1), (0, 0), (1, 1), gp.oh, gp.ow, False)
+    like = _pooled_like(gp)
     layouts: dict[tuple[int, int, int, int], list[int]] = {}
     for i, g2 in _amx_consumers(value, like, found, index + 1):
         nplan, _ = amx_conv_plan(g2)
@@ -922,6 +927,30 @@ def _rewrite_bf16_pool(
     if readers:
         bf16_results.append((back, pooled.results[1], (gp.oh, gp.ow, 0, 0)))
     return [(i, pooled.results[2 + k]) for k, ids in enumerate(layouts.values()) for i in ids]
+
+
+def _pooled_like(gp: MaxPool) -> Conv:
+    """The pooled result of ``gp`` as the output of a 1x1 convolution, for the checks of the
+    convolutions that read it (:func:`_amx_consumers`, :func:`_residual_readers`)."""
+    assert gp.n is not None
+    return Conv(gp.n, gp.c, gp.oh, gp.ow, gp.c, 1, 1, (1, 1), (0, 0), (1, 1), gp.oh, gp.ow, False)
+
+
+def _amx_readers_only(
+    value: Any, gp: MaxPool, found: list[tuple[Any, Conv | None]], start: int
+) -> bool:
+    """Whether every reader of ``value`` (the result of the max pooling ``gp``) rounds it to bf16
+    anyway: the input of an AMX convolution of ``found[start:]``, or a residual add an AMX
+    kernel absorbs there (which reads a bf16 copy, :func:`_residual_readers`). Only then may the
+    pooling run in bf16: any other reader would see the pooled values rounded where they were
+    f32 before."""
+    adds = set(_residual_readers(value, _pooled_like(gp), found, start))
+    convs = {o.operation for o, g2 in found[start:] if g2 is not None and amx_conv_supports(g2)}
+    for use in value.uses:
+        op = use.owner.operation
+        if op not in adds and not (use.operand_number == 0 and op in convs):
+            return False
+    return True
 
 
 def _residual_readers(

@@ -32,8 +32,9 @@ torch-mlir lowers an adaptive pooling to a reduction that gathers every element 
 row and column; MobileNetV3's nine took 0.28 of its 2.39 ms (docs/performance.md, section 15).
 The sum and the division are the same; only the order of the additions may differ.
 
-A max pooling right after an AMX convolution (``precision="bf16"``: a ResNet's stem) reads
-that kernel's result in bf16, zero-padded, and computes in bf16 (:func:`max_pool_bf16_function`):
+A max pooling right after an AMX convolution (``precision="bf16"``: a ResNet's stem) whose
+result only AMX kernels read reads that kernel's result in bf16, zero-padded, and computes in
+bf16 (:func:`max_pool_bf16_function`):
 rounding to bf16 is monotonic, so the maxima of the rounded values are the rounded maxima, the
 bits the next convolution read before. It writes the next AMX convolution's padded input
 itself, and a bf16 copy for the residual add that reads it (docs/performance.md, section 18).
