@@ -259,8 +259,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: 77: turbine's GELU of -inf is 0 (was NaN); weight-only products built for AVX2
 #: (``--turbine-cpu-matmul=avx2``) never on AMX; 78: a max pooling after an AMX convolution in
 #: bf16, writing the next AMX convolution's input and the residual's bf16 copy; 79: the input of
-#: every AMX convolution reading the pooled result at stride 1.
-REVISION = 79
+#: every AMX convolution reading the pooled result at stride 1; 80: only where AMX kernels alone
+#: read the pooled result.
+REVISION = 80
 
 _log = logging.getLogger("turbine.aot")
 
