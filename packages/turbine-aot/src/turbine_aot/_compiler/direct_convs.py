@@ -788,7 +788,7 @@ def _rewrite_amx(
     earlier AMX kernel's :attr:`.amx_conv.AmxConv.out_next` result); ``pools``: a max pooling
     that is the one reader of the result after a ReLU may be rewritten here too, reading the
     kernel's :attr:`.amx_conv.AmxConv.out_next` result (:func:`_pool_consumer`): in bf16
-    where only AMX kernels read the pooled result (:func:`_amx_readers_only`;
+    where only AMX kernels read the pooled result (:func:`_bf16_pool_readers`;
     :func:`.pools.max_pool_bf16_function`, which then writes the inputs of the AMX convolutions
     reading it, and a bf16 copy for the residual adds that read it), else or with
     ``TURBINE_CPU_POOLS=f32`` in f32.
@@ -826,11 +826,10 @@ def _rewrite_amx(
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
     pool = _pool_consumer(final, g) if pools and handoffs and relu and consumer is None else None
-    pool_bf16 = (
-        pool is not None
-        and pools_in_bf16()
-        and _amx_readers_only(pool[0].results[0], pool[1], found, index + 1)
-    )
+    # the residual adds of a pooling that may run in bf16 (None: it stays f32)
+    pool_adds = None
+    if pool is not None and pools_in_bf16():
+        pool_adds = _bf16_pool_readers(pool[0].results[0], pool[1], found, index + 1)
     if pool is not None:
         gp = pool[1]
         pph, ppw = gp.padding
@@ -854,7 +853,7 @@ def _rewrite_amx(
         residual=residual is not None,
         residual_layout=residual_bf16[1] if residual_bf16 is not None else None,
         out_next=out_next,
-        out_next_f32=pool is not None and not pool_bf16,
+        out_next_f32=pool is not None and pool_adds is None,
         f32_out=out_next is None or bool(others),
     )
     if kernel.name not in top:
@@ -878,8 +877,10 @@ def _rewrite_amx(
         unwritten.append(back)
     if pool is not None:  # the pooling reads the kernel's padded result
         pool_op, gp = pool
-        if pool_bf16:
-            return call, _rewrite_bf16_pool(top, call, pool_op, gp, index, found, bf16_results)
+        if pool_adds is not None:
+            return call, _rewrite_bf16_pool(
+                top, call, pool_op, gp, index, found, pool_adds, bf16_results
+            )
         pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
         top.append(max_pool_function(pool_name, gp, padded_input=True))
         b = Builder(pool_op, location=pool_op.location)
@@ -898,6 +899,7 @@ def _rewrite_bf16_pool(
     gp: MaxPool,
     index: int,
     found: list[tuple[Any, Conv | None]],
+    readers: list[Any],
     bf16_results: list[tuple[Any, Any, tuple[int, int, int, int]]],
 ) -> list[tuple[int, Any]]:
     """Replaces the max pooling ``pool_op`` after the AMX kernel ``call`` (whose second result
@@ -905,7 +907,7 @@ def _rewrite_bf16_pool(
     function also writes the inputs of the AMX convolutions of ``found[index + 1:]`` reading
     the pooled result at stride 1 (one per layout: a ResNet-50's first 1x1 convolution and its
     shortcut's share one), and its bf16 copy is recorded in ``bf16_results`` for the residual
-    adds later AMX kernels absorb. Returns ``(index in found, input)`` of those convolutions."""
+    adds later AMX kernels absorb (``readers``, :func:`_bf16_pool_readers`). Returns ``(index in found, input)`` of those convolutions."""
     assert gp.n is not None
     value = pool_op.results[0]
     like = _pooled_like(gp)
@@ -914,7 +916,6 @@ def _rewrite_bf16_pool(
         nplan, _ = amx_conv_plan(g2)
         cph, cpw = g2.padding
         layouts.setdefault((nplan.rows, nplan.cols, cph, cpw), []).append(i)
-    readers = _residual_readers(value, like, found, index + 1)
     name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
     top.append(max_pool_bf16_function(name, gp, list(layouts)))
     results = [_tensor(gp.n, gp.c, gp.oh, gp.ow), f"tensor<{gp.n * gp.oh * gp.ow * gp.c}xbf16>"]
@@ -936,21 +937,21 @@ def _pooled_like(gp: MaxPool) -> Conv:
     return Conv(gp.n, gp.c, gp.oh, gp.ow, gp.c, 1, 1, (1, 1), (0, 0), (1, 1), gp.oh, gp.ow, False)
 
 
-def _amx_readers_only(
+def _bf16_pool_readers(
     value: Any, gp: MaxPool, found: list[tuple[Any, Conv | None]], start: int
-) -> bool:
-    """Whether every reader of ``value`` (the result of the max pooling ``gp``) rounds it to bf16
-    anyway: the input of an AMX convolution of ``found[start:]``, or a residual add an AMX
-    kernel absorbs there (which reads a bf16 copy, :func:`_residual_readers`). Only then may the
-    pooling run in bf16: any other reader would see the pooled values rounded where they were
-    f32 before."""
-    adds = set(_residual_readers(value, _pooled_like(gp), found, start))
+) -> list[Any] | None:
+    """The residual adds reading ``value`` (the result of the max pooling ``gp``) that AMX
+    kernels of ``found[start:]`` absorb (:func:`_residual_readers`), if every reader of it
+    rounds it to bf16 anyway: those adds (which read a bf16 copy) and the inputs of AMX
+    convolutions there. Only then may the pooling run in bf16: any other reader would see the
+    pooled values rounded where they were f32 before (None)."""
+    adds = _residual_readers(value, _pooled_like(gp), found, start)
     convs = {o.operation for o, g2 in found[start:] if g2 is not None and amx_conv_supports(g2)}
     for use in value.uses:
         op = use.owner.operation
         if op not in adds and not (use.operand_number == 0 and op in convs):
-            return False
-    return True
+            return None
+    return adds
 
 
 def _residual_readers(

@@ -46,7 +46,7 @@ pooling after an AMX convolution in f32 (what turbine did before, for A/B measur
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +202,6 @@ def max_pool_bf16_function(
     tap, where the float form converted each tap to f32 and back: the pooling of ResNet-18's
     stem 0.139 -> 0.073 ms (docs/performance.md, section 18)."""
     (ph, pw) = g.padding
-    (kh, kw), (sh, sw) = g.kernel, g.stride
     n, c, oh, ow = g.n, g.c, g.oh, g.ow
     flat_t = f"tensor<{padded_input_size(g)}xbf16>"
     xp_t = f"tensor<{n}x{g.h + 2 * ph}x{g.w + 2 * pw}x{c}xbf16>"
@@ -219,34 +218,22 @@ def max_pool_bf16_function(
         f"  %xp = tensor.expand_shape %x [[0, 1, 2, 3]] output_shape "
         f"[{n}, {g.h + 2 * ph}, {g.w + 2 * pw}, {c}] : {flat_t} into {xp_t}"
     )
-    # through a barrier, as max_pool_function's taps (see _pooled)
-    e(f"  %xb = util.optimization_barrier %xp : {xp_t}")
-    taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
-    for i, (ky, kx) in enumerate(taps):
-        e(
-            f"  %s{i} = tensor.extract_slice %xb[0, {ky}, {kx}, 0] [{n}, {oh}, {ow}, {c}] "
-            f"[1, {sh}, {sw}, 1] : {xp_t} to {o_t}"
-        )
+
+    def maxima(e, taps: list[str]) -> str:
+        e("    %mag = arith.constant 32767 : i16")  # 0x7fff: all but the sign
+        for i, t in enumerate(taps):
+            e(f"    %b{i} = arith.bitcast {t} : bf16 to i16")
+            e(f"    %e{i} = arith.andi %b{i}, %mag : i16")
+        acc = "%e0"
+        for i in range(1, len(taps)):
+            e(f"    %m{i} = arith.maxui {acc}, %e{i} : i16")
+            acc = f"%m{i}"
+        e(f"    %r = arith.bitcast {acc} : i16 to bf16")
+        return "%r"
+
+    _window_maximum(e, g, "%xp", xp_t, o_t, "bf16", maxima)
     ident = "affine_map<(n, h, w, c) -> (n, h, w, c)>"
     parallel = 'iterator_types = ["parallel", "parallel", "parallel", "parallel"]'
-    e(f"  %o_init = tensor.empty() : {o_t}")
-    e(
-        f"  %o = linalg.generic {{indexing_maps = [{', '.join([ident] * (len(taps) + 1))}], "
-        f"{parallel}}} ins({', '.join(f'%s{i}' for i in range(len(taps)))} : "
-        f"{', '.join([o_t] * len(taps))}) outs(%o_init : {o_t}) {{"
-    )
-    e(f"  ^bb0({', '.join(f'%t{i}: bf16' for i in range(len(taps)))}, %u: bf16):")
-    e("    %mag = arith.constant 32767 : i16")  # 0x7fff: all but the sign
-    for i in range(len(taps)):
-        e(f"    %b{i} = arith.bitcast %t{i} : bf16 to i16")
-        e(f"    %e{i} = arith.andi %b{i}, %mag : i16")
-    acc = "%e0"
-    for i in range(1, len(taps)):
-        e(f"    %m{i} = arith.maxui {acc}, %e{i} : i16")
-        acc = f"%m{i}"
-    e(f"    %r = arith.bitcast {acc} : i16 to bf16")
-    e("    linalg.yield %r : bf16")
-    e(f"  }} -> {o_t}")
     e(f"  %of_init = tensor.empty() : {of_t}")
     e(
         f"  %of = linalg.generic {{indexing_maps = [{ident}, {ident}], {parallel}}} "
@@ -283,16 +270,23 @@ def max_pool_bf16_function(
     return "\n".join(lines)
 
 
-def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
-    """The rest of :func:`max_pool_function` from the padded channels-last input ``src``."""
-    e = lines.append
+def _window_maximum(
+    e: Callable[[str], object],
+    g: MaxPool,
+    src: str,
+    src_t: str,
+    o_t: str,
+    elem: str,
+    maxima: Callable[[Callable[[str], object], list[str]], str],
+) -> None:
+    """Emits ``%o`` (``o_t``, channels-last): the maxima over ``g``'s windows of the padded
+    channels-last ``src``. Each tap of the window is a strided slice of it, their maximum one
+    element-wise op over channels-last vectors (a pooling op would be data-tiled like a
+    convolution, behind a copy of its input; a windowed read map is not vectorized), read
+    through a barrier (IREE 3.13's fusion miscompiles a windowed read of a producer with
+    another use, see .convs). ``maxima(e, taps)`` emits the op's body over its block
+    arguments (the taps, ``elem``) and returns the value it yields."""
     (kh, kw), (sh, sw) = g.kernel, g.stride
-    out_t, o_t = _tensor(g.n, g.c, g.oh, g.ow), _tensor(g.n, g.oh, g.ow, g.c)
-    # each tap of the window a strided slice of the padded input, their maximum one
-    # element-wise op over channels-last vectors (a pooling op would be data-tiled like a
-    # convolution, behind a copy of its input; a windowed read map is not vectorized); read
-    # through a barrier (IREE 3.13's fusion miscompiles a windowed read of a producer with
-    # another use, see .convs)
     e(f"  %xb = util.optimization_barrier {src} : {src_t}")
     taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
     for i, (ky, kx) in enumerate(taps):
@@ -308,14 +302,25 @@ def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
         f"ins({', '.join(f'%s{i}' for i in range(len(taps)))} : "
         f"{', '.join([o_t] * len(taps))}) outs(%o_init : {o_t}) {{"
     )
-    args = ", ".join(f"%t{i}: f32" for i in range(len(taps)))
-    e(f"  ^bb0({args}, %u: f32):")
-    acc = "%t0"
-    for i in range(1, len(taps)):
-        e(f"    %m{i} = arith.maximumf {acc}, %t{i} : f32")
-        acc = f"%m{i}"
-    e(f"    linalg.yield {acc} : f32")
+    args = [f"%t{i}" for i in range(len(taps))]
+    e(f"  ^bb0({', '.join(f'{a}: {elem}' for a in args)}, %u: {elem}):")
+    e(f"    linalg.yield {maxima(e, args)} : {elem}")
     e(f"  }} -> {o_t}")
+
+
+def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
+    """The rest of :func:`max_pool_function` from the padded channels-last input ``src``."""
+    e = lines.append
+    out_t, o_t = _tensor(g.n, g.c, g.oh, g.ow), _tensor(g.n, g.oh, g.ow, g.c)
+
+    def maxima(e, taps: list[str]) -> str:
+        acc = taps[0]
+        for i in range(1, len(taps)):
+            e(f"    %m{i} = arith.maximumf {acc}, {taps[i]} : f32")
+            acc = f"%m{i}"
+        return acc
+
+    _window_maximum(e, g, src, src_t, o_t, "f32", maxima)
     e(f"  %out_init = tensor.empty() : {out_t}")
     e(
         f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) "
