@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -91,6 +92,28 @@ def _weights(rng, bits: int, group: int | None, w: int):
     return [q, s, z], deq
 
 
+def operands(
+    rows: int, width: int, layers: int, bits: int, group: int | None
+) -> tuple[list[np.ndarray], Callable[[str, np.ndarray], None]]:
+    """The benchmark's host operands (``rows`` f32 rows, then each layer's weight operands, from
+    a fixed seed) and the check of a variant's first result against numpy's float64 product of
+    the first layer (raises SystemExit naming the variant on a wrong one)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, width)).astype(np.float32)
+    host, deqs = [x], []
+    for _ in range(layers):
+        ops, deq = _weights(rng, bits, group, width)
+        host += ops
+        deqs.append(deq)
+    want = x.astype(np.float64) @ deqs[0].T
+
+    def check(name: str, got: np.ndarray) -> None:
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max()):
+            raise SystemExit(f"{name}: wrong results (max error {np.abs(got - want).max():.3g})")
+
+    return host, check
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
     p.add_argument("--layers", type=int, default=8)
@@ -126,19 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped: this CPU lacks {', '.join(missing)} (--kernel amx needs AMX-INT8)")
             return 0
     group = args.group or None
-    rng = np.random.default_rng(0)
     w = args.width
-    x = rng.standard_normal((args.rows, w)).astype(np.float32)
-    host, deqs = [x], []
-    for _ in range(args.layers):
-        ops, deq = _weights(rng, args.bits, group, w)
-        host += ops
-        deqs.append(deq)
-    want = x.astype(np.float64) @ deqs[0].T
-
-    def check(name: str, got: np.ndarray) -> None:
-        if not np.allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max()):
-            raise SystemExit(f"{name}: wrong results (max error {np.abs(got - want).max():.3g})")
+    host, check = operands(args.rows, w, args.layers, args.bits, group)
 
     variants = []
     for v in args.variants:
