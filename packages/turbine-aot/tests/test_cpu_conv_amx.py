@@ -6,8 +6,10 @@ takes, alone and inside a ResNet block (batch norm, residual add, ReLU after it)
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 
+import numpy as np
 import pytest
 import torch
 from ir_check import check_ir
@@ -16,9 +18,14 @@ from kernel_testing import bf16_reference, compile_copy_asm
 from turbine_aot import export
 from turbine_aot._compiler import bf16, rewrites
 from turbine_aot._compiler.amx import host_amx_missing
-from turbine_aot._compiler.amx_conv import AMX_CONV_ENV, AmxConv, amx_conv_supports
+from turbine_aot._compiler.amx_conv import (
+    AMX_CONV_ENV,
+    AmxConv,
+    amx_conv_plan,
+    amx_conv_supports,
+)
 from turbine_aot._compiler.bf16 import PRECISION_FLAG
-from turbine_aot._compiler.convs import conv_geometry
+from turbine_aot._compiler.convs import Conv, conv_geometry
 from turbine_aot._compiler.direct_convs import direct_convs
 from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot._compiler.rewrites import environment_key
@@ -154,6 +161,65 @@ def test_the_amx_convolutions_can_be_turned_off_and_the_cache_keys_on_it(monkeyp
     assert len(re.findall(r"stream.executable private @__turbine_avx512_bf16_conv_", asm)) == 7
 
 
+@pytest.mark.parametrize(
+    "c, k, s",
+    [
+        (64, 3, 2),  # a ResNet's strided 3x3: 9 of the 2x2 taps' 16 phase blocks
+        (512, 3, 2),
+        (16, 3, 2),  # a block holds two phases: left out only where both are zero
+        (40, 3, 2),  # 160 channels: blocks across phase boundaries
+        (16, 5, 3),  # stride 3: 32 channels (16 padded) a phase
+    ],
+)
+def test_a_strided_convolution_runs_only_the_nonzero_blocks_of_its_space_to_depth_weight(c, k, s):
+    oh = (14 + 2 * (k // 2) - k) // s + 1
+    g = Conv(1, c, 14, 14, 32, k, k, (s, s), (k // 2, k // 2), (1, 1), oh, oh, False)
+    plan, kernel = amx_conv_plan(g)
+    assert kernel.s2d == (s, s, k, k)
+    # the space-to-depth weight of a weight without zeros: w2[(py, px, c), a, b] = w[c, s a + py,
+    # s b + px], zero past the kernel's edge and for the padded channels
+    w2 = np.zeros((s, s, plan.c_pad, plan.kh2, plan.kw2))
+    for py, px, a, b in itertools.product(range(s), range(s), range(plan.kh2), range(plan.kw2)):
+        if s * a + py < k and s * b + px < k:
+            w2[py, px, :c, a, b] = 1.0
+    w2 = w2.reshape(s * s * plan.c_pad, plan.kh2, plan.kw2)
+    blocks = range(kernel.c // 32)
+    nonzero = {
+        (a, b, blk)
+        for a, b, blk in itertools.product(range(plan.kh2), range(plan.kw2), blocks)
+        if w2[32 * blk : 32 * blk + 32, a, b].any()
+    }
+    runs = kernel.k_runs()
+    assert {(ky, kx, b0 + i) for ky, kx, b0, n in runs for i in range(n)} == nonzero
+    # in B's order (tap by tap, blocks ascending), each run's blocks consecutive
+    assert runs == sorted(runs) and all(n > 0 for *_, n in runs)
+    if (c, k, s) == (64, 3, 2):
+        assert sum(n for *_, n in runs) == 18  # of 2 x 2 taps x 8 blocks: 9 taps of 2 blocks
+    # a stride-1 convolution runs every block of every tap
+    g1 = Conv(1, c, 14, 14, 32, 3, 3, (1, 1), (1, 1), (1, 1), 14, 14, False)
+    assert amx_conv_plan(g1)[1].s2d is None
+
+
+def test_the_strided_kernel_reads_its_runs_from_constant_tables(monkeypatch):
+    _as_on_amx(monkeypatch)
+    eo = export(_Mixed(), args=(torch.randn(1, 3, 32, 32),))
+    asm = compile_copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        # d: 3x3 stride 2 over 64 channels, in space-to-depth form: 256 channels, 2x2 taps
+        r"stream.executable private @__turbine_amx_bf16_conv_1x10x9x256_k2x2_f64\w*_s2x2of3x3_",
+        # five runs: all eight blocks of tap (0, 0), phases (0, 0) and (1, 0) of tap (0, 1),
+        # (0, 0) and (0, 1) of tap (1, 0), (0, 0) of tap (1, 1); A's offsets in bytes (a pixel
+        # is 512, a row of the 9-wide grid 4608, a block 64), B's (1024 a block, 8 a tap)
+        r"(%\w+) = arith.constant dense<\[0, 512, 768, 4608, 5120\]> : vector<5xindex>",
+        r"arith.constant dense<\[0, 8192, 12288, 16384, 24576\]> : vector<5xindex>",
+        r"arith.constant dense<\[8, 2, 2, 4, 2\]> : vector<5xindex>",
+        r"vector.extract %\w+\[%\w+\] : index from vector<5xindex>",
+        r"tileloadd",
+        r"tdpbf16ps",
+    )
+
+
 def test_the_kernel_refuses_what_it_cannot_read():
     # 4 x 4 taps of 40 channels: a reduction of 640 (32k) whose taps are not whole tile rows
     with pytest.raises(ValueError, match="channels must be a multiple of 32"):
@@ -193,6 +259,8 @@ def _exact_bf16(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
         (1, 16, 9, 10, 32, 4, 1, 1, True),
         (2, 5, 12, 12, 64, 2, 0, 1, False),  # 5 channels padded to 16
         (1, 3, 15, 17, 32, 3, 1, 2, True),  # stride 2 over RGB: 4 x 2 x 2 channels, 2x2 taps
+        # space-to-depth blocks of two phases: a block is left out only where both are zero
+        (1, 16, 13, 12, 32, 3, 1, 2, True),
     ],
 )
 def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, stride, bias):

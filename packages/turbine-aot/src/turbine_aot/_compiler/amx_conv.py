@@ -85,10 +85,13 @@ class AmxConvPlan:
     the channels, ``1 / (sh * sw)`` the pixels), with the kernel ``ceil(kh / sh) x ceil(kw /
     sw)`` over ``w2[f, (py, px, c), a, b] = w[f, c, sh * a + py, sw * b + px]`` (zero past the
     kernel's edge): tap ``ky = sh * a + py`` of output row ``oh`` reads row ``sh * (oh + a) +
-    py``. The zero taps cost products (a 3x3 stride-2 convolution computes 16 taps for 9; a
-    ResNet stem's 7x7 stride-2 over 3 channels, 16 taps of 32 channels, 512 products an output
-    for 147), on a unit about ten times faster than the AVX512-BF16 kernel here (ResNet-18's
-    strided 3x3s: ~1 ms each there). A strided 1x1 convolution instead reads every ``sh``-th
+    py``. The kernel leaves out the 32-channel blocks of a tap whose phases are all past the
+    kernel's edge (:attr:`AmxConv.s2d`): a 3x3 stride-2 convolution over whole blocks of
+    channels computes 9 taps' products, not 16 (docs/performance.md, section 18: ResNet-50's
+    three 0.81 / 0.43 / 0.31 ms → 0.48 / 0.28 / 0.22). Where a block mixes phases (fewer than
+    32 channels a phase) it runs if any of them is inside; a ResNet stem's 7x7 stride-2 over 3
+    channels (16 taps of 16 channels, two taps a tile row) runs all of them (512 products an
+    output for 147). A strided 1x1 convolution instead reads every ``sh``-th
     row and ``sw``-th column (``th``, ``tw``) and is a stride-1 1x1 one: its space-to-depth
     weight would be three quarters zeros, and IREE does not hoist a packed weight that much
     larger than the original (it would pack it at every call). The input channels are padded
@@ -159,6 +162,7 @@ def amx_conv_plan(g: Conv) -> tuple[AmxConvPlan, AmxConv]:
         oh=g.oh,
         wp=plan.cols,
         n=g.n,
+        s2d=(sh, sw, g.kh, g.kw) if sh * sw > 1 else None,
     )
     return plan, kernel
 
@@ -190,6 +194,11 @@ class AmxConv(AmxGemm):
             convolution (:func:`.pools.max_pool_function` with ``padded_input``).
         f32_out: with :attr:`out_next`, whether the f32 result is written too (``False``
             where nothing else reads it: the kernel's first result is then left unwritten).
+        s2d: ``(sh, sw, kh, kw)`` where the input is a strided convolution's space-to-depth
+            form (:class:`AmxConvPlan`): its stride and its own kernel's size. The reduction
+            then leaves out the 32-channel blocks whose weights are zero for a tap, the
+            phases past the kernel's edge (:meth:`k_runs`: a 3x3 stride-2 convolution
+            computes 9 taps' products, not 16).
 
     With :attr:`residual` or :attr:`out_next` the register block's tiles are stored to a
     scratch block on the workgroup's stack (32 rows of 48 floats) rather than to ``C``, and the
@@ -211,6 +220,7 @@ class AmxConv(AmxGemm):
     out_next: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     out_next_f32: bool = field(default=False, kw_only=True)
     f32_out: bool = field(default=True, kw_only=True)
+    s2d: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -301,6 +311,8 @@ class AmxConv(AmxGemm):
             epilogue += "f32" if self.out_next_f32 else ""
         if not self.f32_out:
             epilogue += "_nof32"
+        if self.s2d is not None and self._skips_blocks:
+            epilogue += "_s{}x{}of{}x{}".format(*self.s2d)
         return (
             f"__turbine_amx_bf16_conv_{self.n}x{self.image_rows}x{self.wp}x{self.c}"
             f"_k{self.kh}x{self.kw}_f{self.np_}{epilogue}{perm}"
@@ -530,9 +542,48 @@ class AmxConv(AmxGemm):
             f"+ s2 * {self.c * 2})>()[%aaddr, %wgz, %ms]"
         )
 
+    def _block_live(self, ky: int, kx: int, block: int) -> bool:
+        """Whether 32-channel block ``block`` of tap ``(ky, kx)`` has weights that are not
+        zero by construction: with :attr:`s2d`, whether a phase ``(py, px)`` the block's
+        channels come from is inside the original kernel (``sh ky + py < kh`` and ``sw kx
+        + px < kw``; the channels are ``(py, px, c)``, :class:`AmxConvPlan`)."""
+        if self.s2d is None:
+            return True
+        sh, sw, kh, kw = self.s2d
+        per_phase = self.c // (sh * sw)
+        first, last = block * _C_STEP // per_phase, ((block + 1) * _C_STEP - 1) // per_phase
+        return any(
+            sh * ky + ph // sw < kh and sw * kx + ph % sw < kw for ph in range(first, last + 1)
+        )
+
+    def k_runs(self) -> list[tuple[int, int, int, int]]:
+        """The reduction's steps: runs ``(ky, kx, first block, blocks)`` of consecutive
+        32-channel blocks of a tap whose weights are not all zero (:meth:`_block_live`), in
+        ``B``'s order."""
+        runs: list[tuple[int, int, int, int]] = []
+        for ky in range(self.kh):
+            for kx in range(self.kw):
+                for b in range(self.c // _C_STEP):
+                    if not self._block_live(ky, kx, b):
+                        continue
+                    if runs and runs[-1][:2] == (ky, kx) and sum(runs[-1][2:]) == b:
+                        runs[-1] = (ky, kx, runs[-1][2], runs[-1][3] + 1)
+                    else:
+                        runs.append((ky, kx, b, 1))
+        return runs
+
+    @property
+    def _skips_blocks(self) -> bool:
+        """Whether :meth:`k_runs` leaves blocks out (else every tap's every block runs)."""
+        if self.s2d is None or self.c % _C_STEP:
+            return False
+        return sum(r[3] for r in self.k_runs()) < self.kh * self.kw * (self.c // _C_STEP)
+
     def _emit_k_loop(self, e, p: str) -> tuple[str, list[str]]:
         if self.c == _HALF_STEP:
             return self._emit_k_loop_pairs(e, p)
+        if self._skips_blocks:
+            return self._emit_k_loop_runs(e, p)
         blocks = self.c // _C_STEP
         e(f"{p}%kyn = arith.constant {self.kh} : index")
         e(f"{p}%kxn = arith.constant {self.kw} : index")
@@ -553,6 +604,30 @@ class AmxConv(AmxGemm):
         e(f"{q}%ka = arith.index_cast %kai : index to i64")
         e(f"{q}%kb = arith.index_cast %kbi : index to i64")
         return q, [f"{p}    }}", f"{p}  }}", f"{p}}}"]
+
+    def _emit_k_loop_runs(self, e, p: str) -> tuple[str, list[str]]:
+        """The reduction over :meth:`k_runs` only: a loop over the runs, whose A and B byte
+        offsets and lengths are read from constant vectors, around a loop over a run's
+        blocks."""
+        runs = self.k_runs()
+        blocks = self.c // _C_STEP
+        n = len(runs)
+        a0 = [(ky * self.wp + kx) * self.c * 2 + b * 64 for ky, kx, b, _ in runs]
+        b0 = [((ky * self.kw + kx) * blocks + b) * 1024 for ky, kx, b, _ in runs]
+        for name, vals in (("%kra", a0), ("%krb", b0), ("%krc", [r[3] for r in runs])):
+            e(f"{p}{name} = arith.constant dense<{vals}> : vector<{n}xindex>")
+        e(f"{p}%krn = arith.constant {n} : index")
+        e(f"{p}scf.for %kr = %c0 to %krn step %c1 {{")
+        q = p + "  "
+        for name in ("%kra", "%krb", "%krc"):
+            e(f"{q}{name}0 = vector.extract {name}[%kr] : index from vector<{n}xindex>")
+        e(f"{q}scf.for %cc = %c0 to %krc0 step %c1 {{")
+        q += "  "
+        e(f"{q}%kai = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * 64)>()[%kra0, %cc]")
+        e(f"{q}%kbi = affine.apply affine_map<()[s0, s1] -> (s0 + s1 * 1024)>()[%krb0, %cc]")
+        e(f"{q}%ka = arith.index_cast %kai : index to i64")
+        e(f"{q}%kb = arith.index_cast %kbi : index to i64")
+        return q, [f"{p}  }}", f"{p}}}"]
 
     def _emit_k_loop_pairs(self, e, p: str) -> tuple[str, list[str]]:
         """The reduction of a 16-channel input: each step's A tile rows are the 64 bytes of

@@ -260,8 +260,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: (``--turbine-cpu-matmul=avx2``) never on AMX; 78: a max pooling after an AMX convolution in
 #: bf16, writing the next AMX convolution's input and the residual's bf16 copy; 79: the input of
 #: every AMX convolution reading the pooled result at stride 1; 80: only where AMX kernels alone
-#: read the pooled result.
-REVISION = 80
+#: read the pooled result; 81: strided AMX convolutions leave out the space-to-depth
+#: blocks whose weights are zero.
+REVISION = 81
 
 _log = logging.getLogger("turbine.aot")
 
