@@ -454,10 +454,61 @@ def _rounding_residuals(model: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
+class _Transitions(torch.nn.Module):
+    """The two ways a ResNet halves its image. ResNet-50's: a 1x1 whose one reader is the
+    block's strided 3x3; ResNet-18's: a block output read by the next block's strided 3x3 and
+    its strided 1x1 shortcut. Each strided 3x3's input is written by the kernel before it, in
+    the space-to-depth form it reads (``out_next_s2d``); the strided 1x1 reads the f32 result."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(8)
+        conv = torch.nn.Conv2d
+        self.c1 = conv(64, 64, 1, bias=False)  # ResNet-50: 1x1 -> strided 3x3
+        self.s1 = conv(64, 64, 3, stride=2, padding=1)
+        self.c2 = conv(64, 64, 3, padding=1)  # ResNet-18: block output -> strided 3x3 + 1x1
+        self.s2 = conv(64, 96, 3, stride=2, padding=1, bias=False)
+        self.d2 = conv(64, 96, 1, stride=2, bias=False)
+
+    def forward(self, x):
+        y = torch.relu(self.s1(torch.relu(self.c1(x))))
+        z = torch.relu(self.c2(y))
+        return torch.relu(self.s2(z)) + self.d2(z)
+
+
+def test_strided_convolutions_take_their_space_to_depth_input_from_the_kernel_before():
+    model = _Transitions().eval()
+    x = torch.randn(2, 64, 11, 13)  # two images, odd sizes: the zeros around the pixels
+    eo = export(model, args=(x,))
+    asm = compile_copy_asm(eo, _flags())
+    names = set(re.findall(r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{", asm))
+    # c1 writes s1's input: 11 x 13 pixels at (1, 1) of the padded input (16 x 16: 6 output
+    # rows + 2, 7 columns + 1, twice), in the 2x2 space-to-depth form (8 x 8 pixels of 4 x 64
+    # channels), and nothing else; s1 (its reader at stride 1) c2's padded input (9 x 9); c2
+    # s2's space-to-depth input (5 x 5 pixels), and its f32 result for the strided 1x1 d2
+    assert {
+        "__turbine_amx_bf16_conv_2x12x13x64_k1x1_f64_relu_to8x8p1x1s2x2_nof32_128x64",
+        "__turbine_amx_bf16_conv_2x8x8x256_k2x2_f64_ss_relu_to9x9p1x1_nof32_s2x2of3x3_128x64",
+        "__turbine_amx_bf16_conv_2x9x9x64_k3x3_f64_ss_relu_to5x5p1x1s2x2_128x64",
+        "__turbine_amx_bf16_conv_2x5x5x256_k2x2_f96_relu_s2x2of3x3_128x32",
+    } <= names, names
+    taken = r"func.func private @__turbine_avx512_conv_amx_\d+\(%\w+: tensor<\d+xbf16>"
+    assert len(re.findall(taken, asm)) == 3
+    got = _run_bf16(eo, x)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_the_kernel_refuses_an_output_that_does_not_fit_the_next_input():
     # 8 x 9 pixels (a 3x3 over a grid 11 wide) cannot sit at (1, 1) of an input 8 rows high
     with pytest.raises(ValueError, match="does not fit"):
         AmxConv(288, 32, False, 128, 32, c=32, kh=3, kw=3, oh=8, wp=11, n=1, out_next=(8, 11, 1, 1))
+    # nor in a space-to-depth form of 4 x 6 pixels (8 x 12 of the padded input)
+    with pytest.raises(ValueError, match="does not fit"):
+        AmxConv(
+            288, 32, False, 128, 32, c=32, kh=3, kw=3, oh=8, wp=11, n=1,
+            out_next=(4, 6, 1, 1), out_next_s2d=(2, 2),
+        )  # fmt: skip
 
 
 class _StemAndPool(torch.nn.Module):

@@ -26,8 +26,9 @@ asked for by the kernel itself. ``C`` is ``[n * oh * wp, Np]`` f32; the caller s
 folded into a scale and shift, and a ReLU) runs over each 32-column block of ``C`` right after
 its tiles are stored, while it is in the cache. With whole panels it also adds a residual
 (:attr:`AmxConv.residual`, read channels-last) before the ReLU, and, where the next
-convolution is an AMX one at stride 1 over the result, writes that convolution's input itself:
-bf16, zero-padded, in the layout its kernel reads (:attr:`AmxConv.out_next`), so that IREE runs
+convolution is an AMX one over the result (at stride 1, or strided through its space-to-depth
+form: :attr:`AmxConv.out_next_s2d`), writes that convolution's input itself: bf16,
+zero-padded, in the layout its kernel reads (:attr:`AmxConv.out_next`), so that IREE runs
 no copy, padding or conversion pass between the two; where nothing else reads the result the
 f32 ``C`` is then not written at all (:attr:`AmxConv.f32_out`).
 
@@ -192,6 +193,11 @@ class AmxConv(AmxGemm):
             no copy or conversion pass runs in between (docs/performance.md, section 18).
         out_next_f32: the :attr:`out_next` result in f32, for a max pooling rather than a
             convolution (:func:`.pools.max_pool_function` with ``padded_input``).
+        out_next_s2d: ``(sh, sw)``: the :attr:`out_next` result in the space-to-depth form a
+            strided convolution's kernel reads (:class:`AmxConvPlan`): ``rows x cols`` are
+            then the form's pixels, each ``sh * sw`` of the padded input's (``[n, rows, cols,
+            sh, sw, np_]`` flat); the output's pixels at ``(ph, pw)`` of the padded input
+            (``sh rows x sw cols``), zeros around them.
         f32_out: with :attr:`out_next`, whether the f32 result is written too (``False``
             where nothing else reads it: the kernel's first result is then left unwritten).
         s2d: ``(sh, sw, kh, kw)`` where the input is a strided convolution's space-to-depth
@@ -219,6 +225,7 @@ class AmxConv(AmxGemm):
     residual_layout: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     out_next: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     out_next_f32: bool = field(default=False, kw_only=True)
+    out_next_s2d: tuple[int, int] = field(default=(1, 1), kw_only=True)
     f32_out: bool = field(default=True, kw_only=True)
     s2d: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
 
@@ -233,11 +240,34 @@ class AmxConv(AmxGemm):
         if self.batch_b:
             raise ValueError(f"AMX convolution: one weight for every image: {self}")
         if self.out_next is not None:
-            rows, cols, ph, pw = self.out_next
+            rows, cols, ph, pw = self._out_next_padded
             if ph < 0 or pw < 0 or ph + self.oh > rows or pw + self.ow > cols:
                 raise ValueError(f"AMX convolution: the output does not fit {self.out_next}")
         elif not self.f32_out:
             raise ValueError(f"AMX convolution: no result to write: {self}")
+
+    @property
+    def _out_next_padded(self) -> tuple[int, int, int, int]:
+        """:attr:`out_next` as the padded input's rows and columns (``sh rows``, ``sw
+        cols``) and where the output's pixels start in it."""
+        assert self.out_next is not None
+        rows, cols, ph, pw = self.out_next
+        sh, sw = self.out_next_s2d
+        return sh * rows, sw * cols, ph, pw
+
+    def _out_next_map(self, row: str, col: str) -> str:
+        """The affine map (symbols: the batch entry, ``row`` / ``col`` expressions of the
+        padded input's row and column in ``s1`` / ``s2``, the channel) to the element of
+        :attr:`out_next`'s result."""
+        rows, cols, _, _ = self.out_next  # type: ignore[misc]
+        sh, sw = self.out_next_s2d
+        if (sh, sw) == (1, 1):
+            return f"(((s0 * {rows} + {row}) * {cols} + {col}) * {self.np_} + s3)"
+        return (
+            f"(((s0 * {rows} + ({row}) floordiv {sh}) * {cols} + ({col}) floordiv {sw}) * "
+            f"{sh * sw * self.np_} + (({row}) mod {sh} * {sw} + ({col}) mod {sw}) * {self.np_} "
+            "+ s3)"
+        )
 
     @property
     def _residual_shape(self) -> str:
@@ -279,7 +309,8 @@ class AmxConv(AmxGemm):
         """Elements of the :attr:`out_next` result (:attr:`out_next_dtype`)."""
         assert self.out_next is not None
         rows, cols, _, _ = self.out_next
-        return self.n * rows * cols * self.np_
+        sh, sw = self.out_next_s2d
+        return self.n * rows * cols * sh * sw * self.np_
 
     @property
     def image_rows(self) -> int:
@@ -309,6 +340,8 @@ class AmxConv(AmxGemm):
         if self.out_next is not None:
             epilogue += "_to{}x{}p{}x{}".format(*self.out_next)
             epilogue += "f32" if self.out_next_f32 else ""
+            if self.out_next_s2d != (1, 1):
+                epilogue += "s{}x{}".format(*self.out_next_s2d)
         if not self.f32_out:
             epilogue += "_nof32"
         if self.s2d is not None and self._skips_blocks:
@@ -404,7 +437,7 @@ class AmxConv(AmxGemm):
             e(f"{p}%scr16 = arith.constant {16 * _SCRATCH_COLS * 4} : i64")
         if self.out_next is None:
             return
-        rows, cols, ph, pw = self.out_next
+        rows, cols, ph, pw = self._out_next_padded
         nv = self.cols_per_workgroup // 16
         p = "      "
         e(f"{p}%zb_first = arith.cmpi eq, %wgy, %c0 : index")
@@ -428,8 +461,7 @@ class AmxConv(AmxGemm):
             e(f"{p}    scf.for %zx{i} = %zb{i}x0 to %zb{i}x1 step %c1 {{")
             e(
                 f"{p}      %zo{i} = affine.apply affine_map<()[s0, s1, s2, s3] -> "
-                f"(((s0 * {rows} + s1) * {cols} + s2) * {self.np_} + s3)>()"
-                f"[%wgz, %zr{i}, %zx{i}, %n0]"
+                f"{self._out_next_map('s1', 's2')}>()[%wgz, %zr{i}, %zx{i}, %n0]"
             )
             for j in range(nv):
                 e(
@@ -484,10 +516,10 @@ class AmxConv(AmxGemm):
                 )
                 e(f"{q}%eres1 = arith.addi %eres, %c16 : index")
             if self.out_next is not None:
-                rows, cols_next, ph, pw = self.out_next
+                _, _, ph, pw = self.out_next
                 e(
                     f"{q}%enx = affine.apply affine_map<()[s0, s1, s2, s3] -> "
-                    f"(((s0 * {rows} + s1 + {ph}) * {cols_next} + s2 + {pw}) * {self.np_} + s3)>()"
+                    f"{self._out_next_map(f's1 + {ph}', f's2 + {pw}')}>()"
                     "[%wgz, %eoy, %eox, %ncol]"
                 )
                 e(f"{q}%enx1 = arith.addi %enx, %c16 : index")

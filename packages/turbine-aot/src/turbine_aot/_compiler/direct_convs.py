@@ -45,9 +45,11 @@ no output is written pre-padded for a bf16 kernel (it reads bf16: a conversion p
 On a CPU with AMX (``amx``), every convolution that is not dilated goes to the AMX convolution
 kernel instead (:mod:`.amx_conv`; strided ones in space-to-depth form); its epilogue absorbs
 the bias, a batch norm or per-channel steps, a residual add (whole panels) and a ReLU right
-after them, and where the result is read by another AMX convolution at stride 1 (no
-space-to-depth form, whole channel blocks) the kernel writes that one's padded bf16 input as a
-second result, which the next call takes in place of its NCHW input (:func:`_amx_consumer`; a
+after them, and where the result is read by another AMX convolution at stride 1, or by a
+strided one through its space-to-depth form (whole channel blocks, no channels to pad; not a
+strided 1x1, which reads every other pixel; not where residual adds read a bf16 copy), the
+kernel writes that one's padded bf16 input as a second result, in the layout it reads, which
+the next call takes in place of its NCHW input (:func:`_amx_consumer`; a
 max pooling after a ReLU likewise gets its padded input, :func:`_pool_consumer`: in bf16 where
 only AMX kernels read the pooled result, the pooling then writing in turn their inputs and a
 bf16 copy for the residual adds, :func:`_rewrite_bf16_pool`; else, or with
@@ -818,13 +820,16 @@ def _rewrite_amx(
     consumer = None
     final = absorbed[-1].results[0] if absorbed else conv.results[0]
     handoffs = padded_outputs_enabled() and whole
-    if handoffs:
-        consumer = _amx_consumer(final, g, found, index + 1)
+    readers = _residual_readers(final, g, found, index + 1) if handoffs else []
+    if handoffs:  # the residual adds read a copy laid out at stride 1: then no strided reader
+        consumer = _amx_consumer(final, g, found, index + 1, strided=not readers)
     out_next = None
+    out_next_s2d = (1, 1)
     if consumer is not None:
         nplan, _ = amx_conv_plan(consumer[1])
         cph, cpw = consumer[1].padding
         out_next = (nplan.rows, nplan.cols, cph, cpw)
+        out_next_s2d = (nplan.sh, nplan.sw)
     pool = _pool_consumer(final, g) if pools and handoffs and relu and consumer is None else None
     # the residual adds of a pooling that may run in bf16 (None: it stays f32)
     pool_adds = None
@@ -834,7 +839,8 @@ def _rewrite_amx(
         gp = pool[1]
         pph, ppw = gp.padding
         out_next = (gp.h + 2 * pph, gp.w + 2 * ppw, pph, ppw)
-    readers = _residual_readers(final, g, found, index + 1) if handoffs and pool is None else []
+    if pool is not None:
+        readers = []
     if readers and out_next is None:  # a bf16 copy for the residual adds alone
         out_next = (g.oh, g.ow, 0, 0)
     # what reads the f32 result: the uses besides the next convolution's input and the
@@ -853,6 +859,7 @@ def _rewrite_amx(
         residual=residual is not None,
         residual_layout=residual_bf16[1] if residual_bf16 is not None else None,
         out_next=out_next,
+        out_next_s2d=out_next_s2d,
         out_next_f32=pool is not None and pool_adds is None,
         f32_out=out_next is None or bool(others),
     )
@@ -992,19 +999,23 @@ def _pool_consumer(value: Any, g: Conv) -> tuple[Any, MaxPool] | None:
 
 
 def _amx_consumer(
-    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int
+    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int, strided: bool = False
 ) -> tuple[int, Conv] | None:
     """``(index, geometry)`` of a convolution of ``found[start:]`` that reads ``value`` (the
     result of the convolution ``g``, whole panels) as its input and that the AMX kernel computes
     at stride 1 over it as it is (no space-to-depth form, no strided reads, no channels to
-    pad): the kernel computing ``g`` can then write its input (:attr:`.amx_conv.AmxConv.out_next`).
-    Other uses of ``value`` may remain (they read the NCHW output)."""
-    consumers = _amx_consumers(value, g, found, start)
+    pad), or with ``strided`` also over its space-to-depth form (a strided 3x3, not a strided
+    1x1): the kernel computing ``g`` can then write its input (:attr:`.amx_conv.AmxConv.out_next`,
+    :attr:`.amx_conv.AmxConv.out_next_s2d`). Other uses of ``value`` may remain (they read the
+    NCHW output)."""
+    consumers = _amx_consumers(value, g, found, start, strided)
+    # a reader at stride 1 first (as before strided readers were taken)
+    consumers.sort(key=lambda c: c[1].stride != (1, 1))
     return consumers[0] if consumers else None
 
 
 def _amx_consumers(
-    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int
+    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int, strided: bool = False
 ) -> list[tuple[int, Conv]]:
     """Every convolution :func:`_amx_consumer` would accept, in use order."""
     out = []
@@ -1017,8 +1028,18 @@ def _amx_consumers(
             if o.operation != user.operation or g2 is None or not amx_conv_supports(g2):
                 continue
             plan2, _ = amx_conv_plan(g2)
-            if (plan2.sh, plan2.sw, plan2.th, plan2.tw) == (1, 1, 1, 1) and (
-                g2.c == g.f == plan2.c_pad and g2.n == g.n
+            if (plan2.th, plan2.tw) != (1, 1) or not (g2.c == g.f == plan2.c_pad and g2.n == g.n):
+                continue
+            if (plan2.sh, plan2.sw) == (1, 1):
+                out.append((i, g2))
+                continue
+            # the space-to-depth form: whole blocks of channels, every pixel inside the form
+            ph2, pw2 = g2.padding
+            if (
+                strided
+                and g.f % 32 == 0
+                and ph2 + g.oh <= plan2.height
+                and pw2 + g.ow <= plan2.width
             ):
                 out.append((i, g2))
     return out

@@ -261,8 +261,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: bf16, writing the next AMX convolution's input and the residual's bf16 copy; 79: the input of
 #: every AMX convolution reading the pooled result at stride 1; 80: only where AMX kernels alone
 #: read the pooled result; 81: strided AMX convolutions leave out the space-to-depth
-#: blocks whose weights are zero.
-REVISION = 81
+#: blocks whose weights are zero; 82: a kernel writes a strided AMX convolution's space-to-depth
+#: input.
+REVISION = 82
 
 _log = logging.getLogger("turbine.aot")
 
