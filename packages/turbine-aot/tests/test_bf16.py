@@ -349,6 +349,28 @@ def test_attention_matmuls_of_two_activations():
 
 
 @needs_amx
+def test_amx_products_in_wider_workgroups_match_the_reference(monkeypatch):
+    """On two workers the QKV shape of GPT-2 (``Linear(512, 1536)``, 128 rows) runs in 12
+    workgroups of 128 columns, not 24 of 64 (``AmxGemm.balanced``, docs/performance.md section
+    28): the same products, one worker's run of two 64-column blocks."""
+    from turbine_aot._compiler import workgroups
+
+    monkeypatch.setattr(workgroups, "default_workers", lambda: 2)
+    torch.manual_seed(3)
+    model = torch.nn.Linear(512, 1536).eval()
+    x = torch.randn(128, 512)
+    eo = export(model, args=(x,))
+    copy, owned = module_for_compile(eo.mlir_module, _flags())
+    try:
+        assert "@__turbine_amx_bf16_gemm_512x1536_128x128" in str(copy)
+    finally:
+        if owned:
+            copy.operation.erase()
+    got = load_module(eo, compile_flags=_BF16, cache=False, device="local-task").main(x)
+    torch.testing.assert_close(got, bf16_reference(model, x), rtol=1e-4, atol=1e-4)
+
+
+@needs_amx
 def test_load_module_with_the_flag_and_a_plain_iree_runtime(tmp_path):
     model = _Linear2().eval()
     x = torch.randn(16, 100)

@@ -13,7 +13,7 @@ from ir_check import check_ir
 from kernel_testing import compile_copy_asm, host_flags, needs_avx512
 
 from turbine_aot import export
-from turbine_aot._compiler import matmuls
+from turbine_aot._compiler import matmuls, workgroups
 from turbine_aot._compiler.avx512 import Avx512Gemm
 from turbine_aot._compiler.cache import compile_mlir
 from turbine_aot._compiler.flags import default_compile_flags
@@ -131,18 +131,20 @@ def _pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("k", "n", "batch_b", "mr", "prefetch"),
+    ("k", "n", "batch_b", "mr", "prefetch", "cols"),
     [
-        (100, 70, False, 4, 0),
-        (300, 128, True, 4, 0),
-        (64, 64, False, 1, 0),
-        (300, 200, False, 4, 4),  # the prefetch of one-row products, clamped at B's end
-        (300, 128, False, 4, 1),
+        (100, 70, False, 4, 0, 64),
+        (300, 128, True, 4, 0, 64),
+        (64, 64, False, 1, 0, 64),
+        (300, 200, False, 4, 4, 64),  # the prefetch of one-row products, clamped at B's end
+        (300, 128, False, 4, 1, 64),
+        (300, 380, False, 4, 0, 128),  # workgroups of two and three panels (Avx512Gemm.balanced)
+        (100, 380, True, 4, 0, 192),
     ],
 )
-def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr, prefetch):
+def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr, prefetch, cols):
     # K = 100 / 300: blocks of 128 with a remainder; rows 1..130: the 1-3 row kernels too
-    g = Avx512Gemm(k, -(-n // 64) * 64, batch_b, mr=mr, prefetch=prefetch)
+    g = Avx512Gemm(k, -(-n // 64) * 64, batch_b, mr=mr, prefetch=prefetch, cols_per_workgroup=cols)
     vmfb = compile_mlir(_kernel_module(g, batch_b), host_flags(), cache=False)
     import iree.runtime as rt
 
@@ -191,6 +193,27 @@ def test_the_rewrite_prefetches_for_few_static_rows():
         re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", compile_copy_asm(dyn, host_flags()))
     )
     assert names and not any("_pf" in n for n in names), names
+
+
+def test_the_workgroup_grid_is_shared_evenly_by_the_hosts_workers(monkeypatch):
+    """``balanced``: GPT-2's ``Linear(512, 1536)`` at 128 rows is 24 workgroups of 64 columns,
+    which IREE shares 16 / 8 between two workers: 12 of 128 columns instead. Shapes that share
+    evenly, one worker, four workers and unknown rows keep 64."""
+    qkv = Avx512Gemm.for_shape(512, 1536)
+    assert qkv.balanced(128, workers=2).cols_per_workgroup == 128
+    assert [qkv.balanced(128, workers=w).cols_per_workgroup for w in (1, 4)] == [64, 64]
+    assert qkv.balanced(None, workers=2) is qkv
+    for n in (512, 768, 1024, 2048, 8192):
+        g = Avx512Gemm.for_shape(512, n)
+        assert g.balanced(128, workers=2) is g, n
+    # 40 workgroups (24 / 16) -> 10 of 256 columns (5 / 5); a batch multiplies the row blocks
+    assert Avx512Gemm.for_shape(512, 2560).balanced(128, workers=2).cols_per_workgroup == 256
+    assert qkv.balanced(128, batch=2, workers=2) is qkv  # 48 workgroups: 24 / 24
+    # the rewrite asks for the host's worker count
+    monkeypatch.setattr(workgroups, "default_workers", lambda: 2)
+    model = torch.nn.Linear(512, 1536).eval()
+    asm = compile_copy_asm(export(model, args=(torch.randn(128, 512),)), host_flags())
+    assert re.findall(r"@(__turbine_avx512_f32_gemm_\w+)", asm)[0].endswith("_128x128_bias")
 
 
 # ---------------------------------------------------------------------------------- end to end

@@ -38,10 +38,11 @@ import functools
 import os
 import platform
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, workgroup_block
+from .workgroups import balanced_columns
 
 __all__ = [
     "AMX_FEATURES",
@@ -188,6 +189,19 @@ class AmxGemm:
         kp, np_ = padded(k), padded(n)
         cols = 64 if np_ % 64 == 0 else 32
         return AmxGemm(kp, np_, batch_b, 128, cols)
+
+    def balanced(self, m: int | None, batch: int = 1, workers: int | None = None) -> AmxGemm:
+        """This kernel with the workgroup columns (one to four times its usual ones) that leave
+        the busiest of IREE's workers the least work for ``m`` static rows of ``batch``
+        entries, as :meth:`.avx512.Avx512Gemm.balanced` (``None``: unknown rows, unchanged;
+        docs/performance.md, section 28)."""
+        if m is None or m <= 0:
+            return self
+        row_blocks = batch * -(-m // self.rows_per_workgroup)
+        cols = balanced_columns(
+            self.np_, self.cols_per_workgroup, self.cols_per_workgroup, row_blocks, workers
+        )
+        return self if cols == self.cols_per_workgroup else replace(self, cols_per_workgroup=cols)
 
     def pack_layout(self, kind: str, batch: int) -> tuple[list[int], str, list[int]]:
         """How :mod:`.matmuls` packs ``B`` (already padded to ``kp`` x ``np_``): the expanded

@@ -35,6 +35,7 @@ from .activations import emit_activation, emit_activation_constants
 from .host import cpu_flags
 from .isa import AVX512_FEATURES, kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
+from .workgroups import balanced_columns
 
 __all__ = [
     "AVX512_BF16_FEATURES",
@@ -269,6 +270,19 @@ class Avx512Gemm:
             kernel = replace(self, mr=avx2_row_block(m, self.mr, self.rows_per_workgroup))
         blocks = -(-min(m, kernel.rows_per_workgroup) // kernel.mr)
         return replace(kernel, prefetch=-(-(kernel.nr // 16) // blocks))
+
+    def balanced(self, m: int | None, batch: int = 1, workers: int | None = None) -> Avx512Gemm:
+        """This kernel with the workgroup columns (``cols_per_workgroup``: one to four panels)
+        that leave the busiest of IREE's workers the least work for ``m`` static rows of
+        ``batch`` entries (:func:`.workgroups.best_grid`; ``None``: unknown rows, unchanged).
+        IREE hands out 8 workgroups at a time from 8 a worker on: GPT-2's ``Linear(512,
+        1536)`` at 128 rows is 24 workgroups of 64 columns, 16 of them on one of two workers;
+        in 12 of 128 columns each worker runs 6 (docs/performance.md, section 28)."""
+        if m is None or m <= 0:
+            return self
+        row_blocks = batch * -(-m // self.rows_per_workgroup)
+        cols = balanced_columns(self.np_, self.cols_per_workgroup, self.nr, row_blocks, workers)
+        return self if cols == self.cols_per_workgroup else replace(self, cols_per_workgroup=cols)
 
     @property
     def operand_dtype(self) -> str:

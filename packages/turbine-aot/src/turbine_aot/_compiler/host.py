@@ -1,5 +1,6 @@
 """Facts about the CPU that compiles (read from Linux's ``/proc/cpuinfo`` and sysfs): its
-feature flags, vendor and last-level cache, which the CPU rewrites' choices depend on, and
+feature flags, vendor, last-level cache and physical cores, which the CPU rewrites' choices
+depend on, and
 :func:`host_fingerprint`, which the compile cache keys host-tuned builds on.
 
 Each reader returns an empty value where the fact cannot be read (not Linux, no such file):
@@ -12,7 +13,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-__all__ = ["cpu_flags", "cpu_vendor", "host_fingerprint", "host_l3_bytes"]
+__all__ = ["cpu_flags", "cpu_vendor", "host_fingerprint", "host_l3_bytes", "host_physical_cores"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,9 +67,35 @@ def host_l3_bytes() -> int:
     return 0
 
 
+@functools.lru_cache(maxsize=1)
+def host_physical_cores() -> int:
+    """The host's physical cores (distinct ``physical id`` / ``core id`` pairs of
+    ``/proc/cpuinfo``; its processors where those are missing; 0 where unknown): the number of
+    workers IREE's ``local-task`` driver starts by default (one per physical core)."""
+    cores: set[tuple[str, str]] = set()
+    processors = 0
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            package = core = ""
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "processor":
+                    processors += 1
+                    package = core = ""
+                elif key == "physical id":
+                    package = value.strip()
+                elif key == "core id":
+                    core = value.strip()
+                    cores.add((package, core))
+    except OSError:
+        return 0
+    return len(cores) or processors
+
+
 def host_fingerprint() -> str:
-    """A short digest of what host-tuned builds depend on: the vendor, model name, CPU flags and
-    L3 size. A module built with ``--iree-llvmcpu-target-cpu=host`` carries the host's
+    """A short digest of what host-tuned builds depend on: the vendor, model name, CPU flags, L3
+    size and physical cores. A module built with ``--iree-llvmcpu-target-cpu=host`` carries the host's
     instructions (AMX, AVX-512) and the rewrites' host-dependent choices, so a compile cache
     shared by two machines (a home directory on a network disk, a copied container) must not
     serve one machine's build to the other (docs/development.md, "The compile cache")."""
@@ -77,5 +104,6 @@ def host_fingerprint() -> str:
         _cpuinfo_field("model name"),
         " ".join(sorted(cpu_flags())),
         str(host_l3_bytes()),
+        str(host_physical_cores()),
     )
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

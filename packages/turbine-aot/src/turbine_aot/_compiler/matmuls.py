@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .amx import CPU_REQUIRES_KEY
+from .amx import CPU_REQUIRES_KEY, AmxGemm
 from .avx512 import Avx512Gemm, host_avx512_missing
 from .epilogues import fusion_enabled, only_user, replace_with_absorbed
 from .isa import KERNEL_ISAS, host_isa, isa_features, kernel_isa
@@ -433,6 +433,8 @@ def rewrite_matmuls(
         kernel = kernel_for(spec.k, spec.n, spec.batched)
         if isinstance(kernel, Avx512Gemm):  # few static rows: prefetch the weight's next block
             kernel = kernel.for_rows(spec.rows)
+        if isinstance(kernel, Avx512Gemm | AmxGemm):  # a grid IREE's workers share evenly
+            kernel = kernel.balanced(spec.rows, math.prod(spec.batch))
         bias: Any = None  # the bias the kernel adds
         absorbed: list[Any] = []  # the ops after the matmul whose work it does
         if epilogues:

@@ -262,8 +262,8 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: every AMX convolution reading the pooled result at stride 1; 80: only where AMX kernels alone
 #: read the pooled result; 81: strided AMX convolutions leave out the space-to-depth
 #: blocks whose weights are zero; 82: a kernel writes a strided AMX convolution's space-to-depth
-#: input.
-REVISION = 82
+#: input; 83: products split into workgroups the host's IREE workers share evenly.
+REVISION = 83
 
 _log = logging.getLogger("turbine.aot")
 

@@ -1,0 +1,72 @@
+"""How IREE's ``local-task`` driver shares a dispatch's workgroups among its workers, and the
+workgroup grids turbine's kernels choose for it (docs/performance.md, section 28).
+
+IREE 3.13 hands a dispatch's workgroups out one at a time while it has fewer than 8 per worker,
+and 8 at a time (one reservation) from there on: a dispatch of 24 workgroups on two workers runs
+16 on one and 8 on the other, a third longer than an even split (measured with IREE's own
+profiler: the sum of the workgroups' times against the dispatch's, 0.75 at 24 workgroups,
+0.84 at 20 and 40, 0.88 at 28, 0.96-0.97 at 16, 32 and 48; 0.94 at 33, whose last
+reservation holds one). A kernel whose grid can be cut
+several ways takes the cut whose busiest worker has the least work (:func:`busiest_share`), for
+the worker count IREE starts by default, one per physical core of the compiling host
+(:func:`.host.host_physical_cores`): the speed of a module run with other worker counts may
+differ, its results never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .host import host_physical_cores
+
+__all__ = ["RESERVATION", "balanced_columns", "best_grid", "busiest_share", "default_workers"]
+
+#: Workgroups a worker of IREE 3.13's ``local-task`` driver takes at a time once a dispatch
+#: has at least this many per worker (one at a time below).
+RESERVATION = 8
+
+
+def default_workers() -> int:
+    """The workers IREE's ``local-task`` starts by default here (one per physical core; 1
+    where the count is unknown)."""
+    return max(1, host_physical_cores())
+
+
+def busiest_share(tiles: int, workers: int) -> int:
+    """The most workgroups one of ``workers`` runs of a dispatch of ``tiles`` equal ones: an
+    even split one at a time below :data:`RESERVATION` per worker, else reservations of
+    :data:`RESERVATION` (the last one what is left), each taken by the worker that is free
+    first."""
+    if tiles <= 0:
+        return 0
+    if workers <= 1:
+        return tiles
+    if tiles < RESERVATION * workers:
+        return -(-tiles // workers)
+    full, rest = divmod(tiles, RESERVATION)
+    loads = [0] * workers
+    for size in [RESERVATION] * full + ([rest] if rest else []):
+        loads[loads.index(min(loads))] += size
+    return max(loads)
+
+
+def best_grid(choices: Iterable[tuple[int, int]], workers: int | None = None) -> int:
+    """The index of the best of ``choices``, each ``(workgroups, work per workgroup)`` for the
+    same dispatch cut another way: the least work for its busiest worker
+    (:func:`busiest_share` times the work of one), the first of equal ones (list the usual cut
+    first)."""
+    w = default_workers() if workers is None else workers
+    costs = [busiest_share(tiles, w) * work for tiles, work in choices]
+    return min(range(len(costs)), key=lambda i: (costs[i], i))
+
+
+def balanced_columns(
+    width: int, cols: int, step: int, row_blocks: int, workers: int | None = None
+) -> int:
+    """The columns per workgroup of a product ``width`` columns wide (``row_blocks`` workgroups
+    down) that :func:`best_grid` picks among ``cols`` (the kernel's usual choice, kept on
+    ties) and one to four ``step``-wide panels dividing ``width``."""
+    choices = [cols] + [c for c in range(step, 4 * step + 1, step) if c != cols]
+    choices = [c for c in choices if width % c == 0]
+    best = best_grid([(row_blocks * (width // c), c) for c in choices], workers)
+    return choices[best]
