@@ -1,7 +1,6 @@
 """Facts about the CPU that compiles (read from Linux's ``/proc/cpuinfo`` and sysfs): its
 feature flags, vendor, last-level cache and physical cores, which the CPU rewrites' choices
-depend on, and
-:func:`host_fingerprint`, which the compile cache keys host-tuned builds on.
+depend on, and :func:`host_fingerprint`, which the compile cache keys host-tuned builds on.
 
 Each reader returns an empty value where the fact cannot be read (not Linux, no such file):
 the rewrites then keep IREE's own code, and the fingerprint still differs from any real host's.
@@ -11,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from pathlib import Path
 
 __all__ = ["cpu_flags", "cpu_vendor", "host_fingerprint", "host_l3_bytes", "host_physical_cores"]
@@ -69,36 +69,42 @@ def host_l3_bytes() -> int:
 
 @functools.lru_cache(maxsize=1)
 def host_physical_cores() -> int:
-    """The host's physical cores (distinct ``physical id`` / ``core id`` pairs of
-    ``/proc/cpuinfo``; its processors where those are missing; 0 where unknown): the number of
-    workers IREE's ``local-task`` driver starts by default (one per physical core)."""
+    """The host's physical cores this process may run on (distinct ``physical id`` / ``core
+    id`` pairs of ``/proc/cpuinfo`` among the processors of its CPU affinity; the processors
+    where those are missing; 0 where unknown): the number of workers IREE's ``local-task``
+    driver starts by default (one per physical core)."""
+    try:
+        allowed: set[int] | None = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = None
     cores: set[tuple[str, str]] = set()
-    processors = 0
+    processors: set[int] = set()
+    cpu, package = -1, ""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            package = core = ""
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "processor":
-                    processors += 1
-                    package = core = ""
+                key, value = key.strip(), value.strip()
+                if key == "processor" and value.isdigit():
+                    cpu, package = int(value), ""
+                    if allowed is None or cpu in allowed:
+                        processors.add(cpu)
                 elif key == "physical id":
-                    package = value.strip()
-                elif key == "core id":
-                    core = value.strip()
-                    cores.add((package, core))
+                    package = value
+                elif key == "core id" and cpu in processors:
+                    cores.add((package, value))
     except OSError:
         return 0
-    return len(cores) or processors
+    return len(cores) or len(processors)
 
 
 def host_fingerprint() -> str:
     """A short digest of what host-tuned builds depend on: the vendor, model name, CPU flags, L3
-    size and physical cores. A module built with ``--iree-llvmcpu-target-cpu=host`` carries the host's
-    instructions (AMX, AVX-512) and the rewrites' host-dependent choices, so a compile cache
-    shared by two machines (a home directory on a network disk, a copied container) must not
-    serve one machine's build to the other (docs/development.md, "The compile cache")."""
+    size and physical cores. A module built with ``--iree-llvmcpu-target-cpu=host`` carries
+    the host's instructions (AMX, AVX-512) and the rewrites' host-dependent choices (the
+    workgroup grids: :mod:`.workgroups`), so a compile cache shared by two machines (a home
+    directory on a network disk, a copied container) must not serve one machine's build to the
+    other (docs/development.md, "The compile cache")."""
     parts = (
         cpu_vendor(),
         _cpuinfo_field("model name"),

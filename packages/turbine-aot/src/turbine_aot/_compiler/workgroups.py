@@ -4,13 +4,12 @@ workgroup grids turbine's kernels choose for it (docs/performance.md, section 28
 IREE 3.13 hands a dispatch's workgroups out one at a time while it has fewer than 8 per worker,
 and 8 at a time (one reservation) from there on: a dispatch of 24 workgroups on two workers runs
 16 on one and 8 on the other, a third longer than an even split (measured with IREE's own
-profiler: the sum of the workgroups' times against the dispatch's, 0.75 at 24 workgroups,
-0.84 at 20 and 40, 0.88 at 28, 0.96-0.97 at 16, 32 and 48; 0.94 at 33, whose last
-reservation holds one). A kernel whose grid can be cut
-several ways takes the cut whose busiest worker has the least work (:func:`busiest_share`), for
-the worker count IREE starts by default, one per physical core of the compiling host
-(:func:`.host.host_physical_cores`): the speed of a module run with other worker counts may
-differ, its results never do.
+profiler: the sum of the workgroups' times against the dispatch's, 0.75 at 24 workgroups, 0.84
+at 20 and 40, 0.88 at 28, 0.96-0.97 at 16, 32 and 48; 0.94 at 33, whose last reservation holds
+one). A kernel whose grid can be cut several ways takes the cut whose busiest worker has the
+least work (:func:`busiest_share`), for the worker count IREE starts by default, one per
+physical core of the compiling host (:func:`.host.host_physical_cores`): the speed of a module
+run with other worker counts may differ, its results never do.
 """
 
 from __future__ import annotations
