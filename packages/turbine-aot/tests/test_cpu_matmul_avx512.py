@@ -195,7 +195,7 @@ def test_the_rewrite_prefetches_for_few_static_rows():
     assert names and not any("_pf" in n for n in names), names
 
 
-def test_the_workgroup_grid_is_shared_evenly_by_the_hosts_workers(monkeypatch):
+def test_the_workgroup_grid_is_shared_evenly_by_the_hosts_workers():
     """``balanced``: GPT-2's ``Linear(512, 1536)`` at 128 rows is 24 workgroups of 64 columns,
     which IREE shares 16 / 8 between two workers: 12 of 128 columns instead. Shapes that share
     evenly, one worker, four workers and unknown rows keep 64."""
@@ -209,7 +209,10 @@ def test_the_workgroup_grid_is_shared_evenly_by_the_hosts_workers(monkeypatch):
     # 40 workgroups (24 / 16) -> 10 of 256 columns (5 / 5); a batch multiplies the row blocks
     assert Avx512Gemm.for_shape(512, 2560).balanced(128, workers=2).cols_per_workgroup == 256
     assert qkv.balanced(128, batch=2, workers=2) is qkv  # 48 workgroups: 24 / 24
-    # the rewrite asks for the host's worker count
+
+
+@needs_avx512
+def test_the_rewrite_cuts_the_grid_for_the_hosts_worker_count(monkeypatch):
     monkeypatch.setattr(workgroups, "default_workers", lambda: 2)
     model = torch.nn.Linear(512, 1536).eval()
     asm = compile_copy_asm(export(model, args=(torch.randn(128, 512),)), host_flags())
