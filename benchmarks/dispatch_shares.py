@@ -35,19 +35,7 @@ import peer_profile  # noqa: E402
 
 def dispatch_events(vmfb: Path, inputs: list, threads: int, calls: int, td: Path) -> list[dict]:
     """The host-execution dispatch events of ``calls`` calls on ``threads`` workers."""
-    import numpy as np
-
-    args = []
-    for i, x in enumerate(inputs):
-        p = td / f"in{i}.npy"
-        np.save(p, x.numpy() if hasattr(x, "numpy") else np.asarray(x))
-        args.append(f"--input=@{p}")
-    prof = td / "p.ireeprof"
-    cmd = [peer_profile._runtime_tool("iree-benchmark-module"), f"--module={vmfb}"]
-    cmd += ["--function=main", "--device=local-task", *args]
-    cmd += ["--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"]
-    cmd += [f"--benchmark_min_time={calls}x", f"--task_topology_max_group_count={threads}"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    prof = peer_profile.host_execution_profile(vmfb, inputs, threads, calls, td, "local-task")
     show = [peer_profile._runtime_tool("iree-profile"), "dispatch", "--format=jsonl"]
     out = subprocess.run(
         [*show, "--dispatch_events", str(prof)],

@@ -70,10 +70,15 @@ def profile_statistics(profile: Path) -> str:
     ).stdout
 
 
-def iree_dispatch_times(vmfb: Path, inputs: list, threads: int, calls: int, td: Path) -> dict:
-    """Dispatch name -> ms per call, from a host-execution profile of ``calls`` calls."""
+def host_execution_profile(
+    vmfb: Path, inputs: list, threads: int, calls: int, td: Path, device: str | None = None
+) -> Path:
+    """``iree-benchmark-module``'s host-execution profile of ``calls`` calls of ``main`` on
+    ``inputs`` (written to ``td``): on ``device`` (default: ``local-sync`` for one thread,
+    else ``local-task``), ``local-task`` with ``threads`` workers. Returns the profile's path."""
     import numpy as np
 
+    device = device or ("local-sync" if threads == 1 else "local-task")
     args = []
     for i, x in enumerate(inputs):
         p = td / f"in{i}.npy"
@@ -81,13 +86,18 @@ def iree_dispatch_times(vmfb: Path, inputs: list, threads: int, calls: int, td: 
         args.append(f"--input=@{p}")
     prof = td / "p.ireeprof"
     cmd = [_runtime_tool("iree-benchmark-module"), f"--module={vmfb}", "--function=main"]
-    cmd += [f"--device={'local-sync' if threads == 1 else 'local-task'}", *args]
+    cmd += [f"--device={device}", *args]
     cmd += ["--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"]
     cmd += [f"--benchmark_min_time={calls}x"]
-    if threads > 1:
+    if device == "local-task":
         cmd.append(f"--task_topology_max_group_count={threads}")
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    out = profile_statistics(prof)
+    return prof
+
+
+def iree_dispatch_times(vmfb: Path, inputs: list, threads: int, calls: int, td: Path) -> dict:
+    """Dispatch name -> ms per call, from a host-execution profile of ``calls`` calls."""
+    out = profile_statistics(host_execution_profile(vmfb, inputs, threads, calls, td))
     rows: dict[str, float] = collections.defaultdict(float)
     counts = [int(m.group(2)) for m in _STAT.finditer(out)]
     runs = min(counts) if counts else 1  # the dispatch that runs once per call
