@@ -38,11 +38,11 @@ import functools
 import os
 import platform
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, workgroup_block
-from .workgroups import balanced_columns
+from .workgroups import balanced_grid
 
 __all__ = [
     "AMX_FEATURES",
@@ -195,13 +195,7 @@ class AmxGemm:
         the busiest of IREE's workers the least work for ``m`` static rows of ``batch``
         entries, as :meth:`.avx512.Avx512Gemm.balanced` (``None``: unknown rows, unchanged;
         docs/performance.md, section 28)."""
-        if m is None or m <= 0:
-            return self
-        row_blocks = batch * -(-m // self.rows_per_workgroup)
-        cols = balanced_columns(
-            self.np_, self.cols_per_workgroup, self.cols_per_workgroup, row_blocks, workers
-        )
-        return self if cols == self.cols_per_workgroup else replace(self, cols_per_workgroup=cols)
+        return balanced_grid(self, m, batch, self.cols_per_workgroup, workers)
 
     def pack_layout(self, kind: str, batch: int) -> tuple[list[int], str, list[int]]:
         """How :mod:`.matmuls` packs ``B`` (already padded to ``kp`` x ``np_``): the expanded

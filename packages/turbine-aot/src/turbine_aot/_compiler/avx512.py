@@ -35,7 +35,7 @@ from .activations import emit_activation, emit_activation_constants
 from .host import cpu_flags
 from .isa import AVX512_FEATURES, kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
-from .workgroups import balanced_columns
+from .workgroups import balanced_grid
 
 __all__ = [
     "AVX512_BF16_FEATURES",
@@ -278,11 +278,7 @@ class Avx512Gemm:
         IREE hands out 8 workgroups at a time from 8 a worker on: GPT-2's ``Linear(512,
         1536)`` at 128 rows is 24 workgroups of 64 columns, 16 of them on one of two workers;
         in 12 of 128 columns each worker runs 6 (docs/performance.md, section 28)."""
-        if m is None or m <= 0:
-            return self
-        row_blocks = batch * -(-m // self.rows_per_workgroup)
-        cols = balanced_columns(self.np_, self.cols_per_workgroup, self.nr, row_blocks, workers)
-        return self if cols == self.cols_per_workgroup else replace(self, cols_per_workgroup=cols)
+        return balanced_grid(self, m, batch, self.nr, workers)
 
     @property
     def operand_dtype(self) -> str:

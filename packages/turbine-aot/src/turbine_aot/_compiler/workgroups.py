@@ -15,10 +15,14 @@ run with other worker counts may differ, its results never do.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from .host import host_physical_cores
 
-__all__ = ["RESERVATION", "balanced_columns", "best_grid", "busiest_share", "default_workers"]
+K = TypeVar("K", bound=Any)
+
+__all__ = ["RESERVATION", "balanced_grid", "best_grid", "busiest_share", "default_workers"]
 
 #: Workgroups a worker of IREE 3.13's ``local-task`` driver takes at a time once a dispatch
 #: has at least this many per worker (one at a time below).
@@ -59,13 +63,16 @@ def best_grid(choices: Iterable[tuple[int, int]], workers: int | None = None) ->
     return min(range(len(costs)), key=lambda i: (costs[i], i))
 
 
-def balanced_columns(
-    width: int, cols: int, step: int, row_blocks: int, workers: int | None = None
-) -> int:
-    """The columns per workgroup of a product ``width`` columns wide (``row_blocks`` workgroups
-    down) that :func:`best_grid` picks among ``cols`` (the kernel's usual choice, kept on
-    ties) and one to four ``step``-wide panels dividing ``width``."""
+def balanced_grid(kernel: K, m: int | None, batch: int, step: int, workers: int | None = None) -> K:
+    """``kernel`` (a dataclass with ``np_``, ``rows_per_workgroup`` and ``cols_per_workgroup``)
+    with the columns per workgroup that :func:`best_grid` picks for ``m`` static rows of
+    ``batch`` entries, among its usual ones (kept on ties) and one to four ``step``-wide
+    panels dividing ``np_``; unchanged for unknown rows (``None``)."""
+    if m is None or m <= 0:
+        return kernel
+    width, cols = kernel.np_, kernel.cols_per_workgroup
+    row_blocks = batch * -(-m // kernel.rows_per_workgroup)
     choices = [cols] + [c for c in range(step, 4 * step + 1, step) if c != cols]
     choices = [c for c in choices if width % c == 0]
-    best = best_grid([(row_blocks * (width // c), c) for c in choices], workers)
-    return choices[best]
+    best = choices[best_grid([(row_blocks * (width // c), c) for c in choices], workers)]
+    return kernel if best == cols else replace(kernel, cols_per_workgroup=best)
