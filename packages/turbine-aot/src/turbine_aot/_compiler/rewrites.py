@@ -42,6 +42,9 @@ flags:
   otherwise).
 - every target: mutable globals of the same type and initial value (per-layer KV caches) get
   their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
+- CPU targets: a function that stores mutable globals returns after they are written
+  (:mod:`.stored_state`; IREE's synchronous calls wait for results only, and the work writing
+  the state may still read an argument the caller then overwrites).
 - ``llvm-cpu`` with ``precision="bf16"`` (the ``--turbine-precision=bf16`` flag): fp32 matmuls
   as calls of a bf16 kernel (AMX, else AVX512-BF16: :mod:`.bf16`, :mod:`.matmuls`); refused
   where the host has neither. Otherwise, for host builds with turbine's fast-matmul defaults on an AVX-512
@@ -165,6 +168,7 @@ from .softmax import (
     softmax_enabled,
     softmaxes,
 )
+from .stored_state import functions_storing_state, wait_for_stored_state
 from .targets import flag_targets
 from .trig import TRIG_ENV, rewritable_trig, rewrite_trig, trig_enabled
 from .winograd import WINOGRAD_ENV
@@ -262,8 +266,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: every AMX convolution reading the pooled result at stride 1; 80: only where AMX kernels alone
 #: read the pooled result; 81: strided AMX convolutions leave out the space-to-depth
 #: blocks whose weights are zero; 82: a kernel writes a strided AMX convolution's space-to-depth
-#: input; 83: products split into workgroups the host's IREE workers share evenly.
-REVISION = 83
+#: input; 83: products split into workgroups the host's IREE workers share evenly; 84: on CPU
+#: targets, functions storing mutable globals wait for them before returning.
+REVISION = 84
 
 _log = logging.getLogger("turbine.aot")
 
@@ -337,6 +342,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         and bool(outer_gathers(op))
     )
     shared_globals = bool(shared_mutable_globals(op))
+    # CPU targets: calls wait for the module state they store, which may read their arguments
+    # (a correctness fix: IREE's synchronous calls wait for their results only)
+    stored_state = targets_only_cpu(flags) and bool(functions_storing_state(op))
     conv_choice = os.environ.get("TURBINE_CPU_CONV_MATMUL", "").strip().lower()
     keep_convs = conv_choice == "keep"
     convs = not keep_convs and targets == {"llvm-cpu"} and bool(convs_as_matmuls(op))
@@ -433,6 +441,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or reciprocal
         or casts
         or shared_globals
+        or stored_state
         or convs
         or matmul
         or dynamic
@@ -472,6 +481,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             _log.info(
                 "%d mutable global(s) sharing an initial value given their own storage", count
             )
+        if stored_state:
+            count = wait_for_stored_state(copy)
+            _log.info("CPU target: %d function(s) return after the state they store", count)
         if means:
             count = rewrite_global_avg_pools(copy)
             _log.info("llvm-cpu target: %d global average pooling(s) as means", count)

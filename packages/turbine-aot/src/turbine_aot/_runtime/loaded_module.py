@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from turbine_aot._compiler.stored_state import WAIT_STATE_PREFIX
 from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._signatures.abi import FlatSignature, TensorSpec, affinity_device_index
 from turbine_aot._signatures.call import rebuild_results
@@ -45,6 +46,7 @@ class LoadedFunction:
         "_fn",
         "_module",
         "_placement",
+        "_wait_state",
         "_zero_copy",
         "signature",
     )
@@ -56,9 +58,13 @@ class LoadedFunction:
         signature: FlatSignature,
         copy: bool,
         zero_copy_inputs: bool = False,
+        wait_state: Any = None,
     ):
         self._module = module
         self._fn = fn
+        #: the module's function waiting on the state this one stores, or None (its stores
+        #: may still read the arguments when the call returns: _compiler/stored_state.py)
+        self._wait_state = wait_state
         self.signature = signature
         self._copy_results = copy
         self._zero_copy = zero_copy_inputs
@@ -166,6 +172,9 @@ class LoadedFunction:
                     m._context.invoke(self._fn, inputs, outputs)
             else:
                 m._context.invoke(self._fn, inputs, outputs)
+            if self._zero_copy and self._wait_state is not None:
+                # the arguments are the caller's memory, free to change once this returns
+                m.wait_state(self._wait_state)
         except Exception as e:
             raise m._call_error(
                 f"calling {self.label} on {', '.join(m.device_uris)} failed", e
@@ -318,7 +327,27 @@ class LoadedModule:
         for fname, fn, reflection in functions:
             given = (signatures or {}).get(fname)
             sig = function_signature(fname, reflection, given, where=where)
-            self.functions[fname] = LoadedFunction(self, fn, sig, copy_results, zero_copy_inputs)
+            self.functions[fname] = LoadedFunction(
+                self,
+                fn,
+                sig,
+                copy_results,
+                zero_copy_inputs,
+                _wait_state_function(vm_module, fname),
+            )
+
+    def wait_state(self, wait_state: Any) -> None:
+        """Invokes a function's ``__turbine_wait_state.<name>`` companion: returns once the
+        module state that function stored is written, so that nothing IREE still runs reads
+        the call's arguments (docs/running.md, "Module state and argument buffers").
+
+        Raises:
+            Whatever ``VmContext.invoke`` raises; the callers turn it into their call's error.
+        """
+        import iree.runtime as rt
+
+        empty = rt.VmVariantList(0)
+        self._context.invoke(wait_state, empty, rt.VmVariantList(0))
 
     def _call_error(self, what: str, error: BaseException) -> TurbineRuntimeError:
         """The error for a failed call; a lost device is forgotten, so that the next load on
@@ -376,3 +405,12 @@ class LoadedModule:
 
     def __repr__(self) -> str:
         return f"LoadedModule({self.name!r}, functions={self.function_names}, devices={self.device_uris})"
+
+
+def _wait_state_function(vm_module: Any, name: str) -> Any:
+    """The ``__turbine_wait_state.<name>`` function of ``vm_module``, or None (a function
+    storing no module state, or a module compiled without turbine's rewrites)."""
+    try:
+        return vm_module.lookup_function(WAIT_STATE_PREFIX + name)
+    except Exception:  # absent: IREE's binding returns None or raises, by version
+        return None

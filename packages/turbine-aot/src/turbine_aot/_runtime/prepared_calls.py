@@ -32,7 +32,13 @@ from .tensors import (
 if TYPE_CHECKING:
     from .loaded_module import LoadedFunction
 
-__all__ = ["PreparedCall"]
+__all__ = ["COPY_LIMIT", "PreparedCall"]
+
+#: Up to this many bytes of arguments, a call of a function that stores module state hands IREE
+#: fresh copies of them (a few us); above it (or with an empty argument), the call waits for the
+#: state to be written instead (one more round trip through the device's queue: ~65 us on
+#: local-task on a 2-core VM; docs/running.md, "Module state and argument buffers")
+COPY_LIMIT = 1 << 20
 
 
 class PreparedCall:
@@ -52,6 +58,7 @@ class PreparedCall:
     """
 
     __slots__ = (
+        "_copies",
         "_functions",
         "_keep",
         "_labels",
@@ -60,6 +67,7 @@ class PreparedCall:
         "_outputs",
         "_results",
         "_types",
+        "_waits",
         "inputs",
         "result_dtypes",
     )
@@ -109,9 +117,17 @@ class PreparedCall:
         to_hal, _ = _tables()
         self._module = module
         self._functions = [fn._fn for fn in functions]
+        # per function, its wait on the state it stores (or None): the work writing that
+        # state may still read the arguments when the call returns, and the caller writes the
+        # input buffers again right away (docs/running.md, "Module state and argument buffers")
+        self._waits = [fn._wait_state for fn in functions]
         self._labels = [fn.label for fn in functions]
         self._list = rt.VmVariantList(len(tensors))
         self._keep: list[Any] = []
+        #: per argument, how a call of a function storing state copies it (the allocator's
+        #: ``allocate_buffer_copy`` and its arguments but the array), or None where the
+        #: arguments are too large to copy (such a call waits instead)
+        self._copies: list[tuple[Any, int, int, Any, Any]] | None = []
         self.inputs: list[np.ndarray] = []
         placement = functions[0]._placement
         for i, t in enumerate(tensors):
@@ -129,6 +145,19 @@ class PreparedCall:
             self._keep += [buffer, mapping]
             self.inputs.append(view)
             self._list.push_ref(rt.HalBufferView(buffer, shape, element_type).ref)
+            self._copies.append(
+                (
+                    device.allocator.allocate_buffer_copy,
+                    int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+                    int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING_PERSISTENT),
+                    device,
+                    element_type,
+                )
+            )
+        if sum(v.nbytes for v in self.inputs) > COPY_LIMIT or not all(
+            v.nbytes for v in self.inputs
+        ):
+            self._copies = None
         self.result_dtypes: list[Any] = []
         #: HAL element type -> (torch dtype, numpy dtype of its carrier), as results arrive
         self._types: dict[int, tuple[Any, np.dtype]] = {}
@@ -147,12 +176,24 @@ class PreparedCall:
 
         m = self._module
         outputs = rt.VmVariantList(self._outputs[index])
+        wait = self._waits[index]
+        args = self._list
+        if wait is not None and self._copies is not None:
+            # a function storing state gets copies nobody writes (cheaper than waiting)
+            args = rt.VmVariantList(len(self.inputs))
+            for view, (copy, memory, usage, device, element_type) in zip(
+                self.inputs, self._copies, strict=True
+            ):
+                args.push_ref(copy(memory, usage, device, view, element_type).ref)
+            wait = None
         try:
             if m._batch_calls:  # docs/running.md, "The calling thread during a call"
                 with BatchWhileCalling():
-                    m._context.invoke(self._functions[index], self._list, outputs)
+                    m._context.invoke(self._functions[index], args, outputs)
             else:
-                m._context.invoke(self._functions[index], self._list, outputs)
+                m._context.invoke(self._functions[index], args, outputs)
+            if wait is not None:
+                m.wait_state(wait)
         except Exception as e:
             raise m._call_error(
                 f"calling {self._labels[index]} on {', '.join(m.device_uris)} failed", e
