@@ -202,3 +202,62 @@ def test_sinh_atanh_acosh_and_log_sigmoid_without_cancellation(iree_device, tmp_
         outs = [torch.from_numpy(o.to_host()) for o in raw.main(*(a.numpy() for a in args))]
         sinh_err, atanh_err, acosh_err, logsig_err = errs(outs)
         assert min(sinh_err, acosh_err, logsig_err) > 1e-6 and atanh_err > 1e-3
+
+
+class _ArgReductions(torch.nn.Module):
+    def forward(self, x):
+        return (
+            torch.argmax(x, 0),
+            torch.argmin(x, 1, keepdim=True),
+            torch.max(x, 0).indices,
+            torch.min(x, 0, keepdim=True),
+            torch.argmax(x, -1),
+        )
+
+
+def test_vulkan_index_reductions_run_over_the_innermost_dimension():
+    """On Vulkan the copy reduces over the innermost dimension of the operand permuted; the
+    innermost one (``argmax(x, -1)``) and other targets are left as they are."""
+    eo = export(_ArgReductions(), args=(torch.randn(3, 4, 5),))
+    vulkan = compile_copy_asm(eo, default_compile_flags("vulkan-spirv", use_env=False))
+    # the four outer reductions, and the four over their NaN flags (_compiler.nan_forms)
+    assert vulkan.count("torch.aten.permute") == 8
+    assert vulkan.count("torch.aten.unsqueeze") == 4  # the keepdim ones
+    cpu = compile_copy_asm(eo, default_compile_flags("llvm-cpu", use_env=False))
+    assert "torch.aten.permute" not in cpu
+
+
+def _vulkan_device(iree_device):
+    if iree_device.name != "vulkan-spirv":
+        pytest.skip(f"the zeros are Vulkan's; this run's device is {iree_device.name}")
+    return iree_device
+
+
+def test_vulkan_index_reductions_match_eager(iree_device):
+    dev = _vulkan_device(iree_device)
+    torch.manual_seed(0)
+    for shape in [(3, 5), (2, 64), (7, 33, 4)]:
+        x = torch.randn(*shape)
+        eo = export(_ArgReductions(), args=(x,))
+        vmfb = eo.compile(None, target_backends=None, extra_args=dev.compile_args)
+        got = load_module(vmfb, device=dev.driver).main(x)
+        want = _ArgReductions()(x)
+        for g, w in zip(got, [*want[:3], *want[3], want[4]], strict=True):
+            assert torch.equal(g, w), shape
+
+
+def test_iree_still_gives_zeros_for_argmax_over_an_outer_dimension_on_vulkan(iree_device, tmp_path):
+    """Why Vulkan's index reductions are rewritten: compiled as exported, ``argmax(x, 0)`` of a
+    ``[3, 5]`` tensor is all zeros on lavapipe. When this fails, drop
+    ``rewrite_inner_index_reductions`` from ``rewrites.module_for_compile`` and this test."""
+    dev = _vulkan_device(iree_device)
+
+    class Argmax(torch.nn.Module):
+        def forward(self, x):
+            return torch.argmax(x, 0)
+
+    x = torch.tensor([[0.5, 2.0, -1.0, 4.0, -3.0], [1.0, 5.0, 3.0, -2.0, 0.5]])
+    export(Argmax(), args=(x,)).save_mlir(str(tmp_path / "argmax.mlir"))
+    got = dev.load(dev.compile((tmp_path / "argmax.mlir").read_text())).main(x)
+    got = got.to_host() if hasattr(got, "to_host") else got
+    assert [int(v) for v in got] == [0] * 5  # eager: [1, 1, 1, 0, 1]

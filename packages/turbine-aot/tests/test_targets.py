@@ -494,6 +494,17 @@ def test_fp16_on_the_default_vulkan_target_is_refused_before_compiling(tmp_path)
         turbine_aot.export(Cast(), args=(torch.randn(2, 8),)).compile(
             save_to=None, target_device="vulkan-spirv"
         )
+
+    # ... and fp16 only between fp32 inputs and outputs (a round trip of 24 values through
+    # fp16 came back wrong on lavapipe)
+    class RoundTrip(nn.Module):
+        def forward(self, x):
+            return x.half().float()
+
+    with pytest.raises(TargetError, match="float16"):
+        turbine_aot.export(RoundTrip(), args=(torch.randn(24),)).compile(
+            save_to=None, target_device="vulkan-spirv"
+        )
     # Not refused: a named Vulkan target, fp32 / bf16 programs, other targets.
     half.compile(
         save_to=tmp_path / "ok.vmfb",

@@ -42,6 +42,12 @@ docs/performance.md, section 27).
   each ``asin`` ``atan2(x, sqrt((1 - x) (1 + x)))``; vmvx's ``sin``, ``cos`` and ``atan2`` are
   accurate (``sin`` 3.2e-8 at 4096), so its ``tan`` is within 1.5e-7 relative over -100 ..
   100, poles included, and ``asin`` within 2.5e-7. (llvm-cpu's are turbine's own, :mod:`.trig`.)
+- Vulkan: ``argmax`` / ``argmin`` and the indices of ``max.dim`` / ``min.dim`` over a dimension
+  that is not the innermost come out all zeros (a ``[3, 5]`` tensor's ``argmax(dim=0)`` on
+  lavapipe: ``[0, 0, 0, 0, 0]``; ``[2, 64]`` fails to compile); over the innermost one they are
+  right. Each becomes the same reduction over the innermost dimension of ``x`` permuted so that
+  the reduced dimension comes last (``unsqueeze``-d back where ``keepdim``)
+  (:func:`rewrite_inner_index_reductions`); one transpose dispatch more.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .elementwise import f32_ops
-from .torch_ir import Builder, TensorType, replace_each, walk
+from .torch_ir import Builder, TensorType, constant, replace_each, walk
 
 __all__ = [
     "ASINH_LARGE",
@@ -60,11 +66,13 @@ __all__ = [
     "cancelling_ops",
     "elu_ops",
     "fmod_scalars",
+    "inner_index_reductions",
     "log10_ops",
     "rewrite_asinh",
     "rewrite_cancelling_ops",
     "rewrite_elus",
     "rewrite_fmod_scalars",
+    "rewrite_inner_index_reductions",
     "rewrite_log10",
     "rewrite_vmvx_trig",
     "vmvx_trig_ops",
@@ -317,3 +325,69 @@ def _cancelling_form(b: Builder, op: Any) -> Any:
     far = half(f("torch.aten.exp", a))
     large = f("torch.aten.gt.Scalar", a, b.float(SINH_LARGE), result=bools)
     return odd(f("torch.aten.where.self", large, far, near))
+
+
+#: Reductions to an index (argmax: one result) and to (values, indices): the indices' form.
+_INDEX_REDUCTIONS = {
+    "torch.aten.argmax": "torch.aten.argmax",
+    "torch.aten.argmin": "torch.aten.argmin",
+    "torch.aten.max.dim": "torch.aten.argmax",
+    "torch.aten.min.dim": "torch.aten.argmin",
+}
+
+
+def inner_index_reductions(module_op: Any) -> list[Any]:
+    """The ``argmax`` / ``argmin`` / ``max.dim`` / ``min.dim`` ops of ``module_op`` over one
+    dimension (a constant) that is not the innermost of a ranked tensor."""
+    found = []
+    for o in walk(getattr(module_op, "operation", module_op)):
+        if o.name not in _INDEX_REDUCTIONS or len(list(o.operands)) != 3:
+            continue
+        xt = TensorType.of(o.operands[0])
+        dim = constant(o.operands[1])
+        if xt is None or not isinstance(dim, int) or isinstance(dim, bool) or len(xt.sizes) < 2:
+            continue
+        if dim % len(xt.sizes) != len(xt.sizes) - 1:
+            found.append(o)
+    return found
+
+
+def rewrite_inner_index_reductions(module_op: Any) -> int:
+    """Rewrites, in place, each of :func:`inner_index_reductions` over the innermost dimension
+    of its operand permuted (the module doc's form): ``argmax`` / ``argmin`` replaced, the
+    indices of ``max.dim`` / ``min.dim`` replaced (their values are right and stay).
+
+    Returns:
+        How many ops were rewritten.
+    """
+    ops = inner_index_reductions(module_op)
+    for op in ops:
+        indices = (
+            op.results[0]
+            if op.name in ("torch.aten.argmax", "torch.aten.argmin")
+            else op.results[1]
+        )
+        value = _inner_index_form(Builder(op), op, indices)
+        indices.replace_all_uses_with(value)
+        if op.name in ("torch.aten.argmax", "torch.aten.argmin"):
+            op.erase()
+    return len(ops)
+
+
+def _inner_index_form(b: Builder, op: Any, indices: Any) -> Any:
+    x = op.operands[0]
+    xt, it = TensorType.of(x), TensorType.of(indices)
+    assert xt is not None and it is not None
+    rank = len(xt.sizes)
+    dim = constant(op.operands[1]) % rank
+    order = [i for i in range(rank) if i != dim] + [dim]
+    moved = b.op(
+        "torch.aten.permute",
+        xt.with_sizes([xt.sizes[i] for i in order]).asm(),
+        [x, b.int_list(order)],
+    )
+    reduced = it.with_sizes([xt.sizes[i] for i in order[:-1]])
+    value = b.op(_INDEX_REDUCTIONS[op.name], reduced.asm(), [moved, b.int(rank - 1), b.false()])
+    if constant(op.operands[2]) is True:  # keepdim: the reduced dimension back, as size 1
+        value = b.op("torch.aten.unsqueeze", str(indices.type), [value, b.int(dim)])
+    return value

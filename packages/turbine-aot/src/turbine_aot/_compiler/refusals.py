@@ -25,7 +25,9 @@ def check_program_for_target(module: object, flags: Sequence[str]) -> None:
     ``i4`` tensors ("failed to emulate bit width"). A program that takes, returns or holds
     float64 tensors, compiled with IREE's float64 demotion (every target but llvm-cpu, where
     turbine keeps float64): its calls fail ("buffer view byte length 256 exceeds backing buffer
-    byte length 128").
+    byte length 128"). fp16 counts wherever the program holds it: a ``.half()`` between fp32
+    inputs and outputs was wrong too (an fp32 -> fp16 -> fp32 round trip of 24 values on
+    lavapipe).
 
     Raises:
         TargetError: naming the problem and the flag to add.

@@ -42,6 +42,12 @@ flags:
   otherwise).
 - every target: mutable globals of the same type and initial value (per-layer KV caches) get
   their own salted initializers (:mod:`.globals`; IREE 3.13 gives them one shared buffer).
+- every target: ``maximum`` / ``minimum`` / ``clamp`` / ``relu6`` / ``hardtanh`` keep a NaN
+  operand's NaN, ``argmax`` / ``argmin`` and ``max.dim`` / ``min.dim`` indices point at the
+  first NaN (:mod:`.nan_forms`; torch-mlir's lowering drops NaN). Applied last but one.
+- Vulkan: ``argmax`` / ``argmin`` (and ``max.dim`` / ``min.dim`` indices) over a dimension
+  that is not the innermost, over the innermost of the operand permuted (:mod:`.op_forms`;
+  IREE 3.13 gives zeros). Applied last.
 - CPU targets: a function that stores mutable globals returns after they are written
   (:mod:`.stored_state`; IREE's synchronous calls wait for results only, and the work writing
   the state may still read an argument the caller then overwrites).
@@ -131,16 +137,19 @@ from .matmuls import (
     rewritable_matmuls,
     rewrite_matmuls_avx512,
 )
+from .nan_forms import nan_ops, rewrite_nan_forms
 from .op_forms import (
     asinh_ops,
     cancelling_ops,
     elu_ops,
     fmod_scalars,
+    inner_index_reductions,
     log10_ops,
     rewrite_asinh,
     rewrite_cancelling_ops,
     rewrite_elus,
     rewrite_fmod_scalars,
+    rewrite_inner_index_reductions,
     rewrite_log10,
     rewrite_vmvx_trig,
     vmvx_trig_ops,
@@ -267,8 +276,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: read the pooled result; 81: strided AMX convolutions leave out the space-to-depth
 #: blocks whose weights are zero; 82: a kernel writes a strided AMX convolution's space-to-depth
 #: input; 83: products split into workgroups the host's IREE workers share evenly; 84: on CPU
-#: targets, functions storing mutable globals wait for them before returning.
-REVISION = 84
+#: targets, functions storing mutable globals wait for them before returning; 85: NaN kept by
+#: maximum / minimum / clamp, and first in argmax / argmin, on every target; on Vulkan,
+#: argmax / argmin over the innermost dimension.
+REVISION = 85
 
 _log = logging.getLogger("turbine.aot")
 
@@ -342,6 +353,13 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         and bool(outer_gathers(op))
     )
     shared_globals = bool(shared_mutable_globals(op))
+    # every target: maximum / minimum / clamp / argmax keep torch's NaN (a correctness fix:
+    # torch-mlir lowers them with ordered compares that drop it)
+    nans = bool(nan_ops(op))
+    # Vulkan: argmax / argmin over a dimension that is not the innermost over the innermost one
+    # of the operand permuted (a correctness fix: IREE 3.13 gives zeros); after the NaN forms,
+    # which add such reductions
+    inner_index = targets == {"vulkan-spirv"} and (nans or bool(inner_index_reductions(op)))
     # CPU targets: calls wait for the module state they store, which may read their arguments
     # (a correctness fix: IREE's synchronous calls wait for their results only)
     stored_state = targets_only_cpu(flags) and bool(functions_storing_state(op))
@@ -442,6 +460,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or casts
         or shared_globals
         or stored_state
+        or nans
+        or inner_index
         or convs
         or matmul
         or dynamic
@@ -588,6 +608,11 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if trig:
             count = rewrite_trig(copy, inverse_only)
             _log.info("%d trigonometric op(s) by turbine's own code", count)
+        # last but one: after the kernels took theirs; vmvx compares NaN as a number
+        if nans and (count := rewrite_nan_forms(copy, by_bits=vmvx)):
+            _log.info("%d maximum / minimum / clamp / argmax op(s) keeping NaN", count)
+        if inner_index and (count := rewrite_inner_index_reductions(copy)):
+            _log.info("vulkan target: %d argmax / argmin over the innermost dimension", count)
     return copy, True
 
 

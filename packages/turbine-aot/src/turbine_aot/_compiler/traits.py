@@ -227,6 +227,14 @@ def narrow_int_types(module: object) -> set[str]:
 
 
 def uses_float16(module: object) -> bool:
-    """Whether a module's public function signatures or top-level globals hold fp16 tensors
-    (``f16``; ``bf16`` does not count)."""
-    return "f16" in float_types(module)
+    """Whether a module holds fp16 tensors (``f16``; ``bf16`` does not count): in its public
+    function signatures or top-level globals, or as a value inside a function (``x.half()``
+    of an fp32 input: a program that computes in fp16 between fp32 boundaries)."""
+    if "f16" in float_types(module):
+        return True
+    op = getattr(module, "mlir_module", module)
+    for inner in walk(getattr(op, "operation", op)):
+        for r in inner.results:
+            if "f16" in (m.group(1) for m in _FLOAT_TYPE.finditer(str(r.type))):
+                return True
+    return False
