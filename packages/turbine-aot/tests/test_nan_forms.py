@@ -54,6 +54,7 @@ CASES = {
     "argmax": lambda x: torch.argmax(x, dim=-1),
     "argmax_keepdim": lambda x: torch.argmax(x, dim=0, keepdim=True),
     "argmax_all": lambda x: torch.argmax(x),
+    "argmin_all_keepdim": lambda x: torch.argmin(x, keepdim=True),
     "argmin": lambda x: torch.argmin(x, dim=1),
     "max_dim": lambda x: tuple(torch.max(x, dim=-1)),
     "min_dim": lambda x: tuple(torch.min(x, dim=0, keepdim=True)),

@@ -169,11 +169,10 @@ def _first_nan_index(op: Any, indices: Any, dim: Any, keepdim: Any, by_bits: boo
         [nan, b.float(1.0), b.float(0.0)],
     )
     first = b.op("torch.aten.argmax", str(indices.type), [ones, dim, keepdim])
-    flags = TensorType(it.sizes, "i1").asm()
-    if _is_none(dim):
-        has = b.op("torch.aten.any", flags, [nan])
+    if _is_none(dim):  # one flag for the whole tensor (broadcast by the where)
+        has = b.op("torch.aten.any", TensorType([], "i1").asm(), [nan])
     else:
-        has = b.op("torch.aten.any.dim", flags, [nan, dim, keepdim])
+        has = b.op("torch.aten.any.dim", TensorType(it.sizes, "i1").asm(), [nan, dim, keepdim])
     value = b.op("torch.aten.where.self", str(indices.type), [has, first, indices])
     _replace_uses_except(indices, value, [_owner(value)])
 
