@@ -204,6 +204,30 @@ def test_sinh_atanh_acosh_and_log_sigmoid_without_cancellation(iree_device, tmp_
         assert min(sinh_err, acosh_err, logsig_err) > 1e-6 and atanh_err > 1e-3
 
 
+class _Hyperbolic(torch.nn.Module):
+    def forward(self, x):
+        return torch.sinh(x), torch.cosh(x)
+
+
+def test_sinh_and_cosh_stay_finite_up_to_their_overflow(iree_device):
+    """``e^|x| / 2`` overflows from ``|x|`` = 88.7, ``sinh`` and ``cosh`` only from 89.4: turbine's
+    forms are finite and within 4 ulp of float64 over 80 .. 89.4 (IREE's ``cosh`` and the
+    former ``sinh`` form: inf from 88.7), inf beyond, on the CPU backends."""
+    if iree_device.spec.target_backend not in ("llvm-cpu", "vmvx"):
+        pytest.skip(f"rewritten for CPU targets only ({iree_device.name})")
+    big = torch.linspace(80.0, 89.4, 4001)
+    x = torch.cat([big, -big, torch.tensor([89.5, -89.5, 1.0, -0.5, 0.0])])
+    eo = export(_Hyperbolic(), args=(x,))
+    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+    got = load_module(vmfb, device=iree_device.driver).main(x)
+    for g, e in zip(got, _Hyperbolic()(x.double()), strict=True):
+        finite = e.abs() < torch.finfo(torch.float32).max
+        assert torch.isfinite(g[finite]).all()
+        rel = (g[finite].double() - e[finite]).abs() / e[finite].abs().clamp_min(1e-30)
+        assert rel.max() < 4.8e-7
+        assert torch.equal(g[~finite], e[~finite].float())  # +-inf past the overflow
+
+
 class _ArgReductions(torch.nn.Module):
     def forward(self, x):
         return (
@@ -261,3 +285,26 @@ def test_iree_still_gives_zeros_for_argmax_over_an_outer_dimension_on_vulkan(ire
     got = dev.load(dev.compile((tmp_path / "argmax.mlir").read_text())).main(x)
     got = got.to_host() if hasattr(got, "to_host") else got
     assert [int(v) for v in got] == [0] * 5  # eager: [1, 1, 1, 0, 1]
+
+
+class _Signs(torch.nn.Module):
+    def forward(self, x):
+        return torch.isfinite(x), torch.signbit(x), torch.copysign(x.flip(0), x)
+
+
+def test_isfinite_signbit_copysign_compile_and_match_eager(iree_device, tmp_path):
+    """torch-mlir cannot lower them (pinned: the exported program fails to compile); turbine
+    writes them in ops it lowers: eager's results for NaN, infinities, signed zeros."""
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([nan, -nan, inf, -inf, 0.0, -0.0, 1.5, -2.5, 1e-30, -1e30])
+    eo = export(_Signs(), args=(x,))
+    eo.save_mlir(str(tmp_path / "signs.mlir"))
+    with pytest.raises(Exception, match="failed to legalize"):
+        iree_device.compile((tmp_path / "signs.mlir").read_text())
+    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
+    got = load_module(vmfb, device=iree_device.driver).main(x)
+    want = _Signs()(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[2].isnan(), want[2].isnan())
+    assert torch.equal(got[2].nan_to_num(0.0).signbit(), want[2].nan_to_num(0.0).signbit())
+    assert torch.equal(got[2].nan_to_num(0.0), want[2].nan_to_num(0.0))

@@ -39,7 +39,7 @@ from typing import Any
 
 from .torch_ir import Builder, TensorType, walk
 
-__all__ = ["nan_ops", "rewrite_nan_forms"]
+__all__ = ["FLOAT_BITS", "float_bits", "nan_ops", "rewrite_nan_forms"]
 
 #: Element-wise ops whose float tensor operands' NaN torch propagates.
 _ELEMENTWISE = frozenset(
@@ -118,7 +118,7 @@ def _replace_uses_except(value: Any, new: Any, keep: list[Any]) -> None:
 
 #: float dtype -> (its bits' integer dtype, torch's ScalarType number of it, |bits| mask, the
 #: bits of +inf): NaN is ``bits & mask > inf``
-_BITS = {
+FLOAT_BITS = {
     "f16": ("si16", 2, 0x7FFF, 0x7C00),
     "bf16": ("si16", 2, 0x7FFF, 0x7F80),
     "f32": ("si32", 3, 0x7FFFFFFF, 0x7F800000),
@@ -126,13 +126,19 @@ _BITS = {
 }
 
 
+def float_bits(b: Builder, x: Any, xt: TensorType) -> Any:
+    """The float tensor ``x`` (of type ``xt``) viewed as signed integers of its width."""
+    dtype, code, _, _ = FLOAT_BITS[xt.dtype]
+    return b.op("torch.aten.view.dtype", TensorType(xt.sizes, dtype).asm(), [x, b.int(code)])
+
+
 def _isnan(b: Builder, x: Any, xt: TensorType, by_bits: bool) -> Any:
     """``isnan(x)`` (``by_bits``: from the float's bits)."""
     flags = TensorType(xt.sizes, "i1").asm()
     if not by_bits:
         return b.op("torch.aten.isnan", flags, [x])
-    dtype, code, mask, inf = _BITS[xt.dtype]
-    bits = b.op("torch.aten.view.dtype", TensorType(xt.sizes, dtype).asm(), [x, b.int(code)])
+    bits = float_bits(b, x, xt)
+    _, _, mask, inf = FLOAT_BITS[xt.dtype]
     magnitude = b.op("torch.aten.__and__.Scalar", str(bits.type), [bits, b.int(mask)])
     return b.op("torch.aten.gt.Scalar", flags, [magnitude, b.int(inf)])
 

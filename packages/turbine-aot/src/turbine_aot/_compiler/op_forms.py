@@ -35,13 +35,23 @@ docs/performance.md, section 27).
   expm1 |x|`` (``e^|x| / 2`` above 88, where ``u`` overflows); ``atanh x = sign(x) log1p(2 a /
   (1 - a)) / 2``, ``a = |x|``; ``acosh x = log1p(t + sqrt(2 t + t^2))``, ``t = x - 1``
   (``log x + ln 2`` above 4096); ``log_sigmoid x = min(x, 0) - log1p(e^-|x|)``. Not on
-  Vulkan, whose ``log1p`` is ``log(1 + y)``.
+  Vulkan, whose ``log1p`` is ``log(1 + y)``. ``sinh`` and ``cosh`` above ``|x|`` = 88 are
+  ``(e^(|x| / 2) / 2) e^(|x| / 2)`` (with ``x``'s sign for ``sinh``): ``e^|x| / 2`` overflowed
+  from 88.7 on, where they are finite up to 89.4 (``cosh(88.8)`` was inf, eager 1.84e38);
+  below, ``cosh x = (e^|x| + 1 / e^|x|) / 2`` (vmvx has no lowering of ``math.cosh``: "failed
+  to legalize operation 'math.cosh'").
 - vmvx: IREE 3.13 has no vmvx lowering of ``math.tan`` or ``math.asin`` (``iree-compile``:
   "failed to legalize operation 'math.tan'"). Each f32 ``torch.aten.tan`` becomes ``sin(x) /
   cos(x)`` (:func:`rewrite_vmvx_trig`), which is what IREE computes for ``tan`` elsewhere, and
   each ``asin`` ``atan2(x, sqrt((1 - x) (1 + x)))``; vmvx's ``sin``, ``cos`` and ``atan2`` are
   accurate (``sin`` 3.2e-8 at 4096), so its ``tan`` is within 1.5e-7 relative over -100 ..
   100, poles included, and ``asin`` within 2.5e-7. (llvm-cpu's are turbine's own, :mod:`.trig`.)
+- every target: torch-mlir has no lowering for ``isfinite``, ``signbit`` and ``copysign``
+  ("failed to legalize operation 'torch.aten.isfinite'"). Each of a float tensor becomes
+  (:func:`rewrite_sign_ops`): ``isfinite(x)`` as ``|x| < inf`` (an ordered compare: false for
+  NaN; on vmvx, whose compares treat NaN as a number, the bits' magnitude below those of
+  ``inf``), ``signbit(x)`` as the bits, viewed as a signed integer, below 0 (``-0.0`` and
+  ``-nan`` included, as eager), ``copysign(a, b)`` as ``where(signbit(b), -|a|, |a|)``.
 - Vulkan: ``argmax`` / ``argmin`` and the indices of ``max.dim`` / ``min.dim`` over a dimension
   that is not the innermost come out all zeros (a ``[3, 5]`` tensor's ``argmax(dim=0)`` on
   lavapipe: ``[0, 0, 0, 0, 0]``; ``[2, 64]`` fails to compile); over the innermost one they are
@@ -57,6 +67,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .elementwise import f32_ops
+from .nan_forms import FLOAT_BITS, float_bits
 from .torch_ir import Builder, TensorType, constant, replace_each, walk
 
 __all__ = [
@@ -74,7 +85,9 @@ __all__ = [
     "rewrite_fmod_scalars",
     "rewrite_inner_index_reductions",
     "rewrite_log10",
+    "rewrite_sign_ops",
     "rewrite_vmvx_trig",
+    "sign_ops",
     "vmvx_trig_ops",
 ]
 
@@ -259,11 +272,17 @@ def _elu_form(b: Builder, op: Any) -> Any:
 #: Above this ``|x|``, ``sinh`` is ``e^|x| / 2`` (``expm1`` overflows a little further on).
 SINH_LARGE = 88.0
 #: The ops :func:`rewrite_cancelling_ops` writes without their cancellation.
-_CANCELLING = ("torch.aten.sinh", "torch.aten.atanh", "torch.aten.acosh", "torch.aten.log_sigmoid")
+_CANCELLING = (
+    "torch.aten.sinh",
+    "torch.aten.cosh",
+    "torch.aten.atanh",
+    "torch.aten.acosh",
+    "torch.aten.log_sigmoid",
+)
 
 
 def cancelling_ops(module_op: Any) -> list[Any]:
-    """The f32 ``sinh`` / ``atanh`` / ``acosh`` / ``log_sigmoid`` ops of ``module_op``."""
+    """The f32 ``sinh`` / ``cosh`` / ``atanh`` / ``acosh`` / ``log_sigmoid`` ops of ``module_op``."""
     return f32_ops(module_op, set(_CANCELLING), 1)
 
 
@@ -274,6 +293,13 @@ def rewrite_cancelling_ops(module_op: Any) -> int:
         How many ops were rewritten.
     """
     return replace_each(cancelling_ops(module_op), _cancelling_form)
+
+
+def _half_exp(f: Callable[..., Any], half: Callable[[Any], Any], a: Any) -> Any:
+    """``e^a / 2`` as ``(e^(a / 2) / 2) e^(a / 2)``: finite up to ``a`` = 89.4, where
+    ``e^a`` itself overflows from 88.7 on."""
+    h = f("torch.aten.exp", half(a))
+    return f("torch.aten.mul.Tensor", half(h), h)
 
 
 def _cancelling_form(b: Builder, op: Any) -> Any:
@@ -289,6 +315,12 @@ def _cancelling_form(b: Builder, op: Any) -> Any:
         zero = f("torch.aten.eq.Scalar", x, b.float(0.0), result=bools)
         return f("torch.aten.where.self", zero, x, signed)
 
+    if op.name == "torch.aten.cosh":
+        a = f("torch.aten.abs", x)
+        large = f("torch.aten.gt.Scalar", a, b.float(SINH_LARGE), result=bools)
+        e = f("torch.aten.exp", a)
+        near = half(f("torch.aten.add.Tensor", e, f("torch.aten.reciprocal", e), b.int(1)))
+        return f("torch.aten.where.self", large, _half_exp(f, half, a), near)
     if op.name == "torch.aten.log_sigmoid":
         low = f("torch.aten.clamp_max", x, b.float(0.0))
         tail = f(
@@ -322,7 +354,7 @@ def _cancelling_form(b: Builder, op: Any) -> Any:
     u = f("torch.aten.expm1", a)
     frac = f("torch.aten.div.Tensor", u, f("torch.aten.add.Scalar", u, b.float(1.0), b.int(1)))
     near = half(f("torch.aten.add.Tensor", u, frac, b.int(1)))
-    far = half(f("torch.aten.exp", a))
+    far = _half_exp(f, half, a)
     large = f("torch.aten.gt.Scalar", a, b.float(SINH_LARGE), result=bools)
     return odd(f("torch.aten.where.self", large, far, near))
 
@@ -391,3 +423,61 @@ def _inner_index_form(b: Builder, op: Any, indices: Any) -> Any:
     if constant(op.operands[2]) is True:  # keepdim: the reduced dimension back, as size 1
         value = b.op("torch.aten.unsqueeze", str(indices.type), [value, b.int(dim)])
     return value
+
+
+_SIGN_OPS = ("torch.aten.isfinite", "torch.aten.signbit", "torch.aten.copysign.Tensor")
+
+
+def sign_ops(module_op: Any) -> list[Any]:
+    """The ``isfinite`` / ``signbit`` / ``copysign.Tensor`` ops of ``module_op`` on float
+    tensors (both of ``copysign``'s of one dtype, its result of that dtype too)."""
+    found = []
+    for o in walk(getattr(module_op, "operation", module_op)):
+        if o.name not in _SIGN_OPS:
+            continue
+        types = [TensorType.of(v) for v in o.operands]
+        if not types or any(t is None or t.dtype not in FLOAT_BITS for t in types):
+            continue
+        if o.name == "torch.aten.copysign.Tensor":
+            r = TensorType.of(o.results[0])
+            if r is None or len({t.dtype for t in types if t is not None} | {r.dtype}) != 1:
+                continue
+        found.append(o)
+    return found
+
+
+def rewrite_sign_ops(module_op: Any, by_bits: bool = False) -> int:
+    """Rewrites, in place, each of :func:`sign_ops` in the module doc's form (``by_bits``:
+    ``isfinite`` from the bits, for vmvx).
+
+    Returns:
+        How many ops were rewritten.
+    """
+    return replace_each(sign_ops(module_op), lambda b, op: _sign_form(b, op, by_bits))
+
+
+def _signbit(b: Builder, x: Any) -> Any:
+    xt = TensorType.of(x)
+    assert xt is not None
+    flags = TensorType(xt.sizes, "i1").asm()
+    return b.op("torch.aten.lt.Scalar", flags, [float_bits(b, x, xt), b.int(0)])
+
+
+def _sign_form(b: Builder, op: Any, by_bits: bool) -> Any:
+    x = op.operands[0]
+    xt = TensorType.of(x)
+    assert xt is not None
+    t = str(op.results[0].type)
+    if op.name == "torch.aten.signbit":
+        return _signbit(b, x)
+    if op.name == "torch.aten.isfinite":
+        if by_bits:
+            _, _, mask, inf = FLOAT_BITS[xt.dtype]
+            bits = float_bits(b, x, xt)
+            magnitude = b.op("torch.aten.__and__.Scalar", str(bits.type), [bits, b.int(mask)])
+            return b.op("torch.aten.lt.Scalar", t, [magnitude, b.int(inf)])
+        magnitude = b.op("torch.aten.abs", str(x.type), [x])
+        return b.op("torch.aten.lt.Scalar", t, [magnitude, b.float(math.inf)])
+    magnitude = b.op("torch.aten.abs", str(x.type), [x])
+    negative = b.op("torch.aten.neg", str(x.type), [magnitude])
+    return b.op("torch.aten.where.self", t, [_signbit(b, op.operands[1]), negative, magnitude])

@@ -35,7 +35,8 @@ flags:
   ``acosh`` / ``log_sigmoid`` in forms without IREE's cancellation.
 - ``llvm-cpu`` targets: f32 ``log10`` as ``log(x) * (1 / ln 10)`` (:mod:`.op_forms`; IREE 3.13
   lowers it to a ``log10f`` call its executables cannot link); every target: ``fmod`` by a
-  scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that); CPU targets: f32 ``asinh``
+  scalar as ``fmod`` by a 0-d tensor (torch-mlir lowers only that), ``isfinite`` / ``signbit``
+  / ``copysign`` in ops it lowers; CPU targets: f32 ``asinh``
   without IREE's cancellation for negative arguments.
 - every target: float -> unsigned integer casts through a signed type, and on ``vmvx`` float ->
   integer casts truncated first (:mod:`.casts`; IREE 3.13 computes wrong values
@@ -151,7 +152,9 @@ from .op_forms import (
     rewrite_fmod_scalars,
     rewrite_inner_index_reductions,
     rewrite_log10,
+    rewrite_sign_ops,
     rewrite_vmvx_trig,
+    sign_ops,
     vmvx_trig_ops,
 )
 from .pools import (
@@ -278,7 +281,7 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: input; 83: products split into workgroups the host's IREE workers share evenly; 84: on CPU
 #: targets, functions storing mutable globals wait for them before returning; 85: NaN kept by
 #: maximum / minimum / clamp, and first in argmax / argmin, on every target; on Vulkan,
-#: argmax / argmin over the innermost dimension.
+#: argmax / argmin over the innermost dimension; isfinite / signbit / copysign compiled.
 REVISION = 85
 
 _log = logging.getLogger("turbine.aot")
@@ -433,6 +436,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     log10 = targets == {"llvm-cpu"} and bool(log10_ops(op))
     # fmod by a scalar as fmod by a 0-d tensor: torch-mlir lowers only that (every target)
     fmod = bool(fmod_scalars(op))
+    # isfinite / signbit / copysign, which torch-mlir cannot lower, in ops it lowers (every
+    # target)
+    signs = bool(sign_ops(op))
     # asinh without IREE's cancellation for negative x (CPU targets: a correctness fix)
     asinh = targets_only_cpu(flags) and bool(asinh_ops(op))
     # sinh / atanh / acosh / log_sigmoid without cancellation (CPU targets: a correctness fix)
@@ -476,6 +482,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         or trig
         or log10
         or fmod
+        or signs
         or asinh
         or elus
         or cancelling
@@ -590,6 +597,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         if fmod:
             count = rewrite_fmod_scalars(copy)
             _log.info("%d fmod(s) by a scalar as fmod by a 0-d tensor", count)
+        if signs:
+            count = rewrite_sign_ops(copy, by_bits=vmvx)
+            _log.info("%d isfinite / signbit / copysign op(s) as ops IREE lowers", count)
         if asinh:
             count = rewrite_asinh(copy)
             _log.info("%d asinh op(s) without cancellation", count)
