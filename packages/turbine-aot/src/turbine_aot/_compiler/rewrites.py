@@ -281,8 +281,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: input; 83: products split into workgroups the host's IREE workers share evenly; 84: on CPU
 #: targets, functions storing mutable globals wait for them before returning; 85: NaN kept by
 #: maximum / minimum / clamp, and first in argmax / argmin, on every target; on Vulkan,
-#: argmax / argmin over the innermost dimension; isfinite / signbit / copysign compiled.
-REVISION = 85
+#: argmax / argmin over the innermost dimension; 86: isfinite / signbit / copysign in ops IREE
+#: lowers, sinh / cosh finite up to their overflow on CPU targets.
+REVISION = 86
 
 _log = logging.getLogger("turbine.aot")
 
