@@ -10,7 +10,13 @@ from kernel_testing import compile_copy_asm, needs_avx512
 
 from turbine_aot import export
 from turbine_aot._compiler.flags import default_compile_flags
-from turbine_aot._compiler.pools import max_pool_geometry, max_pools
+from turbine_aot._compiler.pools import (
+    MaxPool,
+    max_pool_bf16_function,
+    max_pool_function,
+    max_pool_geometry,
+    max_pools,
+)
 from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot.runtime import load_module
 
@@ -90,6 +96,17 @@ def test_the_compile_copy_pools_channels_last_and_the_export_is_unchanged(monkey
     asm = _copy_asm(eo, _flags())
     assert "torch.aten.max_pool2d" in asm and "__turbine_max_pool_nhwc" not in asm
     assert "avx512_f32_conv" in asm  # the convolutions stay on the kernel
+
+
+def test_a_kernels_result_is_pooled_without_a_barrier():
+    """The barrier (against IREE's fusion of a windowed read into a producer with another use)
+    only where IREE ops build the padded input; a kernel's result, which IREE cannot fuse, is
+    read directly: a barrier there made IREE wait for it on the host, a second submission a
+    call (docs/performance.md, section 18)."""
+    g = MaxPool(1, 64, 112, 112, (3, 3), (2, 2), (1, 1), 56, 56)
+    assert "util.optimization_barrier" in max_pool_function("p0", g)
+    assert "util.optimization_barrier" not in max_pool_function("p1", g, padded_input=True)
+    assert "util.optimization_barrier" not in max_pool_bf16_function("p2", g)
 
 
 def test_only_beside_the_conv_kernel():

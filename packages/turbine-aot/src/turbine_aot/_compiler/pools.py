@@ -21,7 +21,13 @@ through ``h * s + ky`` maps is not vectorized (ResNet-18, one thread, per dispat
 docs/performance.md, section 10: the region 2.8 ms before, 1.3 with the named NHWC pooling, 0.6
 so). The barrier keeps IREE 3.13's element-wise fusion from the pattern it miscompiles (a
 producer with another use read through a window, see :mod:`.convs`). The values are the same
-bit for bit (a maximum is exact; the padding is -inf as in torch-mlir's lowering).
+bit for bit (a maximum is exact; the padding is -inf as in torch-mlir's lowering). A pooling
+that reads a convolution kernel's result as the kernel wrote it (below, and
+``max_pool_function(padded_input=True)``) has no barrier: its producer is a dispatch of
+turbine's own, which IREE cannot fuse, and a barrier there made IREE wait on the host for the
+kernel's result, splitting the call into two submissions (one more round trip through the
+queue: bf16 ResNet-50 0.978x / 0.975x the time with it at one / two threads, interleaved;
+docs/performance.md, section 18).
 Accepted: fp32, 4-D static shapes, any kernel, stride and padding, dilation 1, ``ceil_mode``
 false (or true where the output size is the same); ``max_pool2d_with_indices`` stays as it is.
 
@@ -159,7 +165,7 @@ def max_pool_function(name: str, g: MaxPool, padded_input: bool = False) -> str:
             f"  %xp = tensor.expand_shape %x [[0, 1, 2, 3]] output_shape "
             f"[{g.n}, {g.h + 2 * ph}, {g.w + 2 * pw}, {g.c}] : {flat_t} into {xp_t}"
         )
-        return _pooled(lines, g, "%xp", xp_t)
+        return _pooled(lines, g, "%xp", xp_t, barrier=False)
     lines = [f"func.func private @{name}(%x: {x_t}) -> {out_t} {{"]
     e = lines.append
     e("  %ninf = arith.constant 0xFF800000 : f32")
@@ -175,7 +181,7 @@ def max_pool_function(name: str, g: MaxPool, padded_input: bool = False) -> str:
         e("    tensor.yield %ninf : f32")
         e(f"  }} : {nhwc_t} to {xp_t}")
         src, src_t = "%xp", xp_t
-    return _pooled(lines, g, src, src_t)
+    return _pooled(lines, g, src, src_t, barrier=True)
 
 
 def pools_in_bf16() -> bool:
@@ -231,7 +237,7 @@ def max_pool_bf16_function(
         e(f"    %r = arith.bitcast {acc} : i16 to bf16")
         return "%r"
 
-    _window_maximum(e, g, "%xp", xp_t, o_t, "bf16", maxima)
+    _window_maximum(e, g, "%xp", xp_t, o_t, "bf16", maxima, barrier=False)
     ident = "affine_map<(n, h, w, c) -> (n, h, w, c)>"
     parallel = 'iterator_types = ["parallel", "parallel", "parallel", "parallel"]'
     e(f"  %of_init = tensor.empty() : {of_t}")
@@ -278,20 +284,26 @@ def _window_maximum(
     o_t: str,
     elem: str,
     maxima: Callable[[Callable[[str], object], list[str]], str],
+    *,
+    barrier: bool,
 ) -> None:
     """Emits ``%o`` (``o_t``, channels-last): the maxima over ``g``'s windows of the padded
     channels-last ``src``. Each tap of the window is a strided slice of it, their maximum one
     element-wise op over channels-last vectors (a pooling op would be data-tiled like a
     convolution, behind a copy of its input; a windowed read map is not vectorized), read
-    through a barrier (IREE 3.13's fusion miscompiles a windowed read of a producer with
-    another use, see .convs). ``maxima(e, taps)`` emits the op's body over its block
+    through a barrier where ``barrier`` (IREE 3.13's fusion miscompiles a windowed read of a
+    producer with another use, see .convs; not needed where ``src`` is a kernel's result,
+    which IREE cannot fuse). ``maxima(e, taps)`` emits the op's body over its block
     arguments (the taps, ``elem``) and returns the value it yields."""
     (kh, kw), (sh, sw) = g.kernel, g.stride
-    e(f"  %xb = util.optimization_barrier {src} : {src_t}")
+    xb = src
+    if barrier:
+        e(f"  %xb = util.optimization_barrier {src} : {src_t}")
+        xb = "%xb"
     taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
     for i, (ky, kx) in enumerate(taps):
         e(
-            f"  %s{i} = tensor.extract_slice %xb[0, {ky}, {kx}, 0] [{g.n}, {g.oh}, {g.ow}, {g.c}] "
+            f"  %s{i} = tensor.extract_slice {xb}[0, {ky}, {kx}, 0] [{g.n}, {g.oh}, {g.ow}, {g.c}] "
             f"[1, {sh}, {sw}, 1] : {src_t} to {o_t}"
         )
     ident = "affine_map<(n, h, w, c) -> (n, h, w, c)>"
@@ -308,7 +320,7 @@ def _window_maximum(
     e(f"  }} -> {o_t}")
 
 
-def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
+def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str, *, barrier: bool) -> str:
     """The rest of :func:`max_pool_function` from the padded channels-last input ``src``."""
     e = lines.append
     out_t, o_t = _tensor(g.n, g.c, g.oh, g.ow), _tensor(g.n, g.oh, g.ow, g.c)
@@ -320,7 +332,7 @@ def _pooled(lines: list[str], g: MaxPool, src: str, src_t: str) -> str:
             acc = f"%m{i}"
         return acc
 
-    _window_maximum(e, g, src, src_t, o_t, "f32", maxima)
+    _window_maximum(e, g, src, src_t, o_t, "f32", maxima, barrier=barrier)
     e(f"  %out_init = tensor.empty() : {out_t}")
     e(
         f"  %out = linalg.transpose ins(%o : {o_t}) outs(%out_init : {out_t}) "

@@ -282,8 +282,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: targets, functions storing mutable globals wait for them before returning; 85: NaN kept by
 #: maximum / minimum / clamp, and first in argmax / argmin, on every target; on Vulkan,
 #: argmax / argmin over the innermost dimension; 86: isfinite / signbit / copysign in ops IREE
-#: lowers, sinh / cosh finite up to their overflow on CPU targets.
-REVISION = 86
+#: lowers, sinh / cosh finite up to their overflow on CPU targets; 87: max poolings of a kernel's
+#: result without a barrier.
+REVISION = 87
 
 _log = logging.getLogger("turbine.aot")
 
