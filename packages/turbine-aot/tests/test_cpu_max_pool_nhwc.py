@@ -68,7 +68,8 @@ def _model(pool: torch.nn.Module, relu: bool = True) -> torch.nn.Module:
 
 # ---------------------------------------------------------------------------- when it applies
 def test_the_compile_copy_pools_channels_last_and_the_export_is_unchanged(monkeypatch):
-    eo = export(_model(torch.nn.MaxPool2d(3, 2, 1)), args=(torch.randn(1, 3, 32, 32),))
+    # no ReLU before the pooling: it reads the NCHW result through a transpose and a pad
+    eo = export(_model(torch.nn.MaxPool2d(3, 2, 1), relu=False), args=(torch.randn(1, 3, 32, 32),))
     exported = str(eo.mlir_module)
     asm = _copy_asm(eo, _flags())
     check_ir(
@@ -96,6 +97,24 @@ def test_the_compile_copy_pools_channels_last_and_the_export_is_unchanged(monkey
     asm = _copy_asm(eo, _flags())
     assert "torch.aten.max_pool2d" in asm and "__turbine_max_pool_nhwc" not in asm
     assert "avx512_f32_conv" in asm  # the convolutions stay on the kernel
+
+
+def test_after_a_relu_the_pooling_reads_the_kernels_padded_result():
+    """After a ReLU (never below zero) the convolution kernel writes its result zero-padded as
+    the pooling reads it: no transpose, pad or barrier of IREE's between (ResNet's stem)."""
+    eo = export(_model(torch.nn.MaxPool2d(3, 2, 1)), args=(torch.randn(1, 3, 32, 32),))
+    asm = _copy_asm(eo, _flags())
+    check_ir(
+        asm,
+        r"call @__turbine_max_pool_nhwc_0\(%[\w#]+\) : \(tensor<5184xf32>\) -> "
+        r"tensor<1x16x8x8xf32>",
+        r"func.func private @__turbine_max_pool_nhwc_0\(%\w+: tensor<5184xf32>\)",
+        r"tensor.expand_shape %\w+ \[\[0, 1, 2, 3\]\] output_shape \[1, 18, 18, 16\]",
+    )
+    pool = asm[asm.index("func.func private @__turbine_max_pool_nhwc_0") :]
+    pool = pool[: pool.index("\n  }")]
+    assert "util.optimization_barrier" not in pool and "tensor.pad" not in pool
+    assert "opad1x1" in asm  # the kernel writes the one-pixel zero border
 
 
 def test_a_kernels_result_is_pooled_without_a_barrier():

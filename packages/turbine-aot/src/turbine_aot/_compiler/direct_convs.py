@@ -53,7 +53,9 @@ the next call takes in place of its NCHW input (:func:`_amx_consumer`; a
 max pooling after a ReLU likewise gets its padded input, :func:`_pool_consumer`: in bf16 where
 only AMX kernels read the pooled result, the pooling then writing in turn their inputs and a
 bf16 copy for the residual adds, :func:`_rewrite_bf16_pool`; else, or with
-``TURBINE_CPU_POOLS=f32``, in f32). A result
+``TURBINE_CPU_POOLS=f32``, in f32). The fp32 AVX-512 kernel hands a ReLU'd result to a max
+pooling after it the same way (:attr:`.avx512_conv.Avx512Conv.out_pad` = the pooling's padding;
+ResNet's stem: no transpose, pad or barrier of IREE's between, one submission a call). A result
 read only by AMX convolutions and residual adds that AMX kernels absorb is kept in bf16 only,
 the adds reading it there (:func:`_residual_readers`: those residuals are rounded to bf16, as
 the convolutions' inputs are; docs/performance.md, sections 8 and 18).
@@ -1289,8 +1291,8 @@ def rewrite_convs_avx512(
     (``precision="bf16"``), the module then marked as needing AVX512-BF16; ``bf16`` and
     ``amx``: the convolutions the AMX kernel takes (:func:`.amx_conv.amx_conv_supports`) on it
     instead, the module then marked as needing AMX too; ``pools`` (max poolings channels-last,
-    :mod:`.pools`): an AMX kernel may hand its result to a max pooling after it, padded
-    (:func:`_rewrite_amx`).
+    :mod:`.pools`): a kernel (AMX, or the fp32 AVX-512 one) may hand its ReLU'd result to a max
+    pooling after it, padded (:func:`_rewrite_amx`, :func:`_pool_consumer`).
 
     Returns:
         How many convolutions were rewritten.
@@ -1348,23 +1350,30 @@ def rewrite_convs_avx512(
             else (None, [], None, [])
         )
         kinds = [kind for _, kind, _ in affine]
-        consumer = dw_consumer = None
+        consumer = dw_consumer = pool = None
         if fuse:
             final = absorbed[-1].results[0] if absorbed else conv.results[0]
+            relu = bool(absorbed) and absorbed[-1].name == "torch.aten.relu"
             # not in bf16: the next kernel reads bf16, so a conversion pass stays anyway
             if padded_outputs_enabled() and not bf16:
                 if kernel.np_ == g.f:  # a direct consumer reads exactly F channels
                     consumer = _padded_consumer(final, found, index + 1)
                 if consumer is None and depthwise_padded_outputs_enabled():
                     dw_consumer = _depthwise_consumer(final, depthwise, kernel.np_)
+                # a max pooling after the ReLU (a ResNet's stem) reads the result zero-padded
+                # as the kernel writes it, without a transpose and a pad of IREE's between
+                # (and without the barrier such an input needs: pools.py)
+                if pools and relu and kernel.np_ == g.f and consumer is dw_consumer is None:
+                    pool = _pool_consumer(final, g)
             reader = consumer or dw_consumer
+            out_pad = reader[1].padding if reader is not None else (0, 0)
             kernel = replace(
                 kernel,
                 scale=bn is not None or "mul" in kinds,
                 shift=bn is not None or g.bias or any(k != "mul" for k in kinds),
                 residual=residual is not None,
-                relu=bool(absorbed) and absorbed[-1].name == "torch.aten.relu",
-                out_pad=reader[1].padding if reader is not None else (0, 0),
+                relu=relu,
+                out_pad=pool[1].padding if pool is not None else out_pad,
             )
             # isinstance, not `direct`: it narrows the type for replace
             if isinstance(kernel, Avx512Conv) and absorbed:
@@ -1417,7 +1426,7 @@ def rewrite_convs_avx512(
             declarations.append(f"util.global private @{packed} : {_tensor(elems)}")
         top.append(text, declarations=declarations)
         results = [out_t]
-        if consumer is not None or dw_consumer is not None:
+        if consumer is not None or dw_consumer is not None or pool is not None:
             results.append(_tensor(kernel.c_rows * kernel.np_))
         # with ``padded``: the previous kernel's C, as this kernel reads it
         call, _ = _replace_by_call(conv, absorbed, name, operands, types, results, padded)
@@ -1425,6 +1434,16 @@ def rewrite_convs_avx512(
             padded_inputs[consumer[0]] = call.results[1]
         if dw_consumer is not None:
             padded_depthwise[dw_consumer[0]] = call.results[1]
+        if pool is not None:  # the pooling reads the kernel's padded result
+            pool_op, gp = pool
+            pool_name = top.unique(f"{POOL_FUNC_PREFIX}_{index}")
+            top.append(max_pool_function(pool_name, gp, padded_input=True))
+            b = Builder(pool_op, location=pool_op.location)
+            pooled = b.call(pool_name, [call.results[1]], [_tensor(gp.n, gp.c, gp.oh, gp.ow)])
+            pool_op.results[0].replace_all_uses_with(
+                b.from_builtin(pooled.results[0], pool_op.results[0].type)
+            )
+            pool_op.erase()
     for index, conv in enumerate(depthwise):
         spec = _depthwise_spec(conv)
         assert spec is not None

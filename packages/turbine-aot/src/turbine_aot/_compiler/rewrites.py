@@ -283,8 +283,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: maximum / minimum / clamp, and first in argmax / argmin, on every target; on Vulkan,
 #: argmax / argmin over the innermost dimension; 86: isfinite / signbit / copysign in ops IREE
 #: lowers, sinh / cosh finite up to their overflow on CPU targets; 87: max poolings of a kernel's
-#: result without a barrier.
-REVISION = 87
+#: result without a barrier; 88: the fp32 AVX-512 convolution writes a following max pooling's
+#: padded input.
+REVISION = 88
 
 _log = logging.getLogger("turbine.aot")
 
