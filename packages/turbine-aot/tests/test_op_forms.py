@@ -15,6 +15,12 @@ from turbine_aot._compiler.flags import default_compile_flags
 from turbine_aot.runtime import load_module
 
 
+def _loaded(eo, device):
+    """``eo`` compiled by turbine (its rewrites applied) for the test device and loaded."""
+    vmfb = eo.compile(None, target_backends=None, extra_args=device.compile_args)
+    return load_module(vmfb, device=device.driver)
+
+
 class _Decibels(torch.nn.Module):
     def forward(self, power):
         return 10 * torch.log10(power)
@@ -61,8 +67,7 @@ def test_fmod_by_a_scalar_compiles_on_every_backend(iree_device, tmp_path):
     eo.save_mlir(str(tmp_path / "fmod.mlir"))
     with pytest.raises(Exception, match="failed to legalize"):
         iree_device.compile((tmp_path / "fmod.mlir").read_text())
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(x)
+    got = _loaded(eo, iree_device).main(x)
     want = _Wrap()(x)
     off = (got - want).abs() > 1e-5
     assert off.float().mean() < 1e-3  # 4 of these 20001 points
@@ -86,8 +91,7 @@ def test_asinh_is_right_for_negative_arguments(iree_device, tmp_path):
     mags = torch.logspace(-30, 30, 20001)
     x = torch.cat([mags, -mags, torch.tensor([0.0, float("inf"), float("-inf"), float("nan")])])
     eo = export(_Asinh(), args=(x,))
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(x)
+    got = _loaded(eo, iree_device).main(x)
     exact = torch.asinh(x.double())
     torch.testing.assert_close(got[:-3].double(), exact[:-3], rtol=2.5e-7, atol=1e-37)
     assert got[-3:-1].tolist() == [float("inf"), float("-inf")] and got[-1].isnan()
@@ -120,8 +124,7 @@ def test_tan_compiles_and_is_accurate_on_the_cpu_backends(iree_device, tmp_path)
         eo.save_mlir(str(tmp_path / "tan.mlir"))
         with pytest.raises(Exception, match=r"failed to legalize operation 'math.tan'"):
             iree_device.compile((tmp_path / "tan.mlir").read_text())
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(x)
+    got = _loaded(eo, iree_device).main(x)
     want = x.double().tan()
     assert ((got.double() - want).abs() / want.abs().clamp_min(1e-30)).max() <= 2.5e-7
 
@@ -147,8 +150,7 @@ def test_elus_are_accurate_just_below_zero(iree_device, tmp_path):
     x = torch.cat([torch.linspace(-1e-3, 1e-3, 20001), torch.linspace(-20, 20, 20001)])
     x = x[x != 0]
     eo = export(_Elus(), args=(x,))
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(x)
+    got = _loaded(eo, iree_device).main(x)
     exact = _Elus()(x.double())
 
     def worst(values):
@@ -181,8 +183,7 @@ def test_sinh_atanh_acosh_and_log_sigmoid_without_cancellation(iree_device, tmp_
     w = torch.cat([torch.linspace(-80, 30, n), torch.linspace(-1e-3, 1e-3, n)])
     args = (x, y, z, w)
     eo = export(_Cancelling(), args=args)
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(*args)
+    got = _loaded(eo, iree_device).main(*args)
     exact = _Cancelling()(*(a.double() for a in args))
 
     def errs(values):
@@ -218,8 +219,7 @@ def test_sinh_and_cosh_stay_finite_up_to_their_overflow(iree_device):
     big = torch.linspace(80.0, 89.4, 4001)
     x = torch.cat([big, -big, torch.tensor([89.5, -89.5, 1.0, -0.5, 0.0])])
     eo = export(_Hyperbolic(), args=(x,))
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(x)
+    got = _loaded(eo, iree_device).main(x)
     for g, e in zip(got, _Hyperbolic()(x.double()), strict=True):
         finite = e.abs() < torch.finfo(torch.float32).max
         assert torch.isfinite(g[finite]).all()
@@ -263,8 +263,7 @@ def test_vulkan_index_reductions_match_eager(iree_device):
     for shape in [(3, 5), (2, 64), (7, 33, 4)]:
         x = torch.randn(*shape)
         eo = export(_ArgReductions(), args=(x,))
-        vmfb = eo.compile(None, target_backends=None, extra_args=dev.compile_args)
-        got = load_module(vmfb, device=dev.driver).main(x)
+        got = _loaded(eo, dev).main(x)
         want = _ArgReductions()(x)
         for g, w in zip(got, [*want[:3], *want[3], want[4]], strict=True):
             assert torch.equal(g, w), shape
@@ -301,8 +300,7 @@ def test_isfinite_signbit_copysign_compile_and_match_eager(iree_device, tmp_path
     eo.save_mlir(str(tmp_path / "signs.mlir"))
     with pytest.raises(Exception, match="failed to legalize"):
         iree_device.compile((tmp_path / "signs.mlir").read_text())
-    vmfb = eo.compile(None, target_backends=None, extra_args=iree_device.compile_args)
-    got = load_module(vmfb, device=iree_device.driver).main(x)
+    got = _loaded(eo, iree_device).main(x)
     want = _Signs()(x)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(got[2].isnan(), want[2].isnan())

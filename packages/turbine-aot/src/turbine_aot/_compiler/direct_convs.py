@@ -890,15 +890,24 @@ def _rewrite_amx(
             return call, _rewrite_bf16_pool(
                 top, call, pool_op, gp, index, found, pool_adds, bf16_results
             )
-        pool_name = top.unique(f"{POOL_FUNC_PREFIX}_amx_{index}")
-        top.append(max_pool_function(pool_name, gp, padded_input=True))
-        b = Builder(pool_op, location=pool_op.location)
-        pooled = b.call(pool_name, [call.results[1]], [_tensor(gp.n, gp.c, gp.oh, gp.ow)])
-        pool_op.results[0].replace_all_uses_with(
-            b.from_builtin(pooled.results[0], pool_op.results[0].type)
-        )
-        pool_op.erase()
+        _pool_padded_result(top, pool, call.results[1], f"{POOL_FUNC_PREFIX}_amx_{index}")
     return call, [] if consumer is None else [(consumer[0], call.results[1])]
+
+
+def _pool_padded_result(top: TopLevel, pool: tuple[Any, MaxPool], padded: Any, name: str) -> None:
+    """Replaces the max pooling ``pool`` (op, geometry) by a call of a new private function
+    ``name`` (made unique) pooling ``padded``, the convolution kernel's result written
+    zero-padded channels-last as the pooling reads it (:func:`.pools.max_pool_function` with
+    ``padded_input``)."""
+    pool_op, gp = pool
+    pool_name = top.unique(name)
+    top.append(max_pool_function(pool_name, gp, padded_input=True))
+    b = Builder(pool_op, location=pool_op.location)
+    pooled = b.call(pool_name, [padded], [_tensor(gp.n, gp.c, gp.oh, gp.ow)])
+    pool_op.results[0].replace_all_uses_with(
+        b.from_builtin(pooled.results[0], pool_op.results[0].type)
+    )
+    pool_op.erase()
 
 
 def _rewrite_bf16_pool(
@@ -1435,15 +1444,7 @@ def rewrite_convs_avx512(
         if dw_consumer is not None:
             padded_depthwise[dw_consumer[0]] = call.results[1]
         if pool is not None:  # the pooling reads the kernel's padded result
-            pool_op, gp = pool
-            pool_name = top.unique(f"{POOL_FUNC_PREFIX}_{index}")
-            top.append(max_pool_function(pool_name, gp, padded_input=True))
-            b = Builder(pool_op, location=pool_op.location)
-            pooled = b.call(pool_name, [call.results[1]], [_tensor(gp.n, gp.c, gp.oh, gp.ow)])
-            pool_op.results[0].replace_all_uses_with(
-                b.from_builtin(pooled.results[0], pool_op.results[0].type)
-            )
-            pool_op.erase()
+            _pool_padded_result(top, pool, call.results[1], f"{POOL_FUNC_PREFIX}_{index}")
     for index, conv in enumerate(depthwise):
         spec = _depthwise_spec(conv)
         assert spec is not None

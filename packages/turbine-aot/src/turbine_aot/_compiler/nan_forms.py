@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .torch_ir import Builder, TensorType, walk
+from .torch_ir import Builder, TensorType, constant, producer, walk
 
 __all__ = ["FLOAT_BITS", "float_bits", "nan_ops", "rewrite_nan_forms"]
 
@@ -110,12 +110,6 @@ def _after(op: Any) -> Builder:
     return b
 
 
-def _replace_uses_except(value: Any, new: Any, keep: list[Any]) -> None:
-    """Replaces ``value`` by ``new`` in every use but those by the ops in ``keep`` (the ops
-    that build ``new`` from ``value``)."""
-    value.replace_all_uses_except(new, keep)
-
-
 #: float dtype -> (its bits' integer dtype, torch's ScalarType number of it, |bits| mask, the
 #: bits of +inf): NaN is ``bits & mask > inf``
 FLOAT_BITS = {
@@ -146,8 +140,6 @@ def _isnan(b: Builder, x: Any, xt: TensorType, by_bits: bool) -> Any:
 def _keep_nan(op: Any, by_bits: bool) -> None:
     """``where(isnan(x), x, r)`` around ``op``'s result ``r``, for each float tensor operand."""
     r = op.results[0]
-    rt = TensorType.of(r)
-    assert rt is not None
     b = _after(op)
     built: list[Any] = []
     value = r
@@ -157,8 +149,8 @@ def _keep_nan(op: Any, by_bits: bool) -> None:
             continue  # a scalar bound (a !torch.float): torch keeps x's NaN, and so does this
         nan = _isnan(b, x, xt, by_bits)
         value = b.op("torch.aten.where.self", str(r.type), [nan, x, value])
-        built += [_owner(value)]
-    _replace_uses_except(r, value, built)
+        built.append(producer(value))
+    r.replace_all_uses_except(value, built)  # the wheres built from r keep reading it
 
 
 def _first_nan_index(op: Any, indices: Any, dim: Any, keepdim: Any, by_bits: bool) -> None:
@@ -175,18 +167,9 @@ def _first_nan_index(op: Any, indices: Any, dim: Any, keepdim: Any, by_bits: boo
         [nan, b.float(1.0), b.float(0.0)],
     )
     first = b.op("torch.aten.argmax", str(indices.type), [ones, dim, keepdim])
-    if _is_none(dim):  # one flag for the whole tensor (broadcast by the where)
+    if constant(dim) is None:  # one flag for the whole tensor (broadcast by the where)
         has = b.op("torch.aten.any", TensorType([], "i1").asm(), [nan])
     else:
         has = b.op("torch.aten.any.dim", TensorType(it.sizes, "i1").asm(), [nan, dim, keepdim])
     value = b.op("torch.aten.where.self", str(indices.type), [has, first, indices])
-    _replace_uses_except(indices, value, [_owner(value)])
-
-
-def _owner(value: Any) -> Any:
-    owner = value.owner
-    return getattr(owner, "operation", owner)
-
-
-def _is_none(value: Any) -> bool:
-    return getattr(value.owner, "name", None) == "torch.constant.none"
+    indices.replace_all_uses_except(value, [producer(value)])
