@@ -16,7 +16,7 @@ from ir_check import check_ir
 from kernel_testing import bf16_reference, compile_copy_asm
 
 from turbine_aot import export
-from turbine_aot._compiler import bf16, rewrites
+from turbine_aot._compiler import amx_conv, bf16, rewrites
 from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.amx_conv import (
     AMX_CONV_ENV,
@@ -116,8 +116,8 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         r"tilestored",  # to the scratch block on the stack
         r"vector.load %\w+\[%\w+, %\w+\] : memref<32x48xf32>, vector<16xf32>",
         r"vector.fma",  # the epilogue, over each stored block's pixels
-        r"arith.maximumf",
-        r"arith.truncf %\w+ : vector<16xf32> to vector<16xbf16>",
+        r"llvm.inline_asm \"vmaxps \$2, \$1, \$0\"",  # ReLU, NaN kept
+        r"(arith.truncf %\w+ : vector<16xf32> to vector<16xbf16>|vcvtneps2bf16)",
         r"vector.store %\w+, %\w+\[%\w+\] : memref<10944xbf16>, vector<16xbf16>",
         # the stem's input: zero-padded (channels 3 -> 4), then in space-to-depth order; it
         # returns the NCHW output (for any other reader) and a's input
@@ -261,6 +261,8 @@ def _exact_bf16(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
         (1, 3, 15, 17, 32, 3, 1, 2, True),  # stride 2 over RGB: 4 x 2 x 2 channels, 2x2 taps
         # space-to-depth blocks of two phases: a block is left out only where both are zero
         (1, 16, 13, 12, 32, 3, 1, 2, True),
+        # a reduction of 1152: the weight tiles prefetched four steps ahead
+        (1, 128, 9, 10, 64, 3, 1, 1, True),
     ],
 )
 def test_the_kernel_gives_the_exact_bf16_products(n, c, h, w, f, k, pad, stride, bias):
@@ -445,6 +447,48 @@ def test_bottleneck_blocks_hand_their_inputs_over_in_bf16(monkeypatch):
     f32_residuals = _run_bf16(eo, x)
     torch.testing.assert_close(f32_residuals, bf16_reference(model, x, layer=torch.nn.Conv2d))
     assert (got - f32_residuals).abs().max().item() < 1e-2 * f32_residuals.abs().max().item()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["avx512-bf16", "no-avx512-bf16"])
+def test_the_stores_round_to_bf16_and_apply_relu_in_one_instruction_each(monkeypatch, native):
+    # a kernel writing the next one's bf16 input: vcvtneps2bf16 where the CPU has it (IREE
+    # expands arith.truncf to bf16 into seven integer instructions), vmaxps with the value as
+    # its second source for ReLU (NaN kept, as arith.maximumf but in one instruction), and
+    # the weight tiles prefetched where the reduction is at least 1024 long (here 32 x 9 and
+    # 128 x 9)
+    _as_on_amx(monkeypatch)
+    monkeypatch.setattr(amx_conv, "cpu_flags", lambda: {"avx512_bf16"} if native else set())
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(32, 128, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(128, 32, 3, padding=1),
+    ).eval()
+    x = torch.randn(1, 32, 8, 8)
+    asm = compile_copy_asm(export(model, args=(x,)), _flags())
+    bodies = []
+    for name in ("1x11x10x32_k3x3_f128_", "1x11x10x128_k3x3_f32_"):
+        start = asm.index(f"stream.executable private @__turbine_amx_bf16_conv_{name}")
+        indent = start - asm.rindex("\n", 0, start) - 1
+        bodies.append(asm[start : asm.index("\n" + " " * indent + "}\n", start)])  # its end
+    assert "_relu_to" in bodies[0].splitlines()[0]
+    assert ("vcvtneps2bf16" in bodies[0]) == native
+    assert ("arith.truncf" in bodies[0]) != native
+    assert '"vmaxps $2, $1, $0"' in bodies[0] and "arith.maximumf" not in bodies[0]
+    assert "prefetcht0" not in bodies[0] and "prefetcht0" in bodies[1]
+
+
+@needs_amx
+def test_nan_goes_through_the_bf16_hand_offs_and_relu_as_in_eager():
+    # a NaN pixel: the 1x1 makes it NaN in every channel, ReLU and the rounding to bf16 of each
+    # kernel's store keep it, the 3x3 spreads it to its neighbours
+    model = _Bottleneck().eval()
+    x = torch.randn(1, 128, 9, 13)
+    x[0, :, 4, 6] = float("nan")
+    with torch.no_grad():
+        eager = model(x)
+    got = _run_bf16(export(model, args=(x,)), x)
+    assert torch.isnan(eager).any() and not torch.isnan(eager).all()
+    assert torch.equal(torch.isnan(got), torch.isnan(eager))
 
 
 def _rounding_residuals(model: torch.nn.Module) -> torch.nn.Module:

@@ -26,6 +26,14 @@ def _default_epilogues(monkeypatch):
     monkeypatch.delenv("TURBINE_CPU_EPILOGUES", raising=False)
 
 
+#: ReLU in a kernel's store: one vmaxps with the value second where the kernels are built for
+#: AVX-512 (``_compiler.activations.relu_line``), arith.maximumf on AVX2.
+_RELU = (
+    r"(arith.maximumf %\w+, %cst : vector<16xf32>|llvm.inline_asm \"vmaxps \$2, \$1, \$0\", "
+    r"\"=v,v,v\" %cst, %\w+ : \(vector<16xf32>, vector<16xf32>\) -> vector<16xf32>)"
+)
+
+
 def _flags() -> list[str]:
     return [*default_compile_flags("llvm-cpu", use_env=False), "--turbine-cpu-matmul=avx512"]
 
@@ -75,7 +83,7 @@ def test_bias_and_relu_are_absorbed_into_the_matmul_kernel(monkeypatch):
         r"stream.binding.subspan %arg2\[%c0\] : !stream.binding -> memref<128xf32>$",  # bias
         r"%\w+:16 = scf.if %\w+ -> \(vector<16xf32>",  # the last block's epilogue
         r"arith.addf %\w+#0, %\w+ : vector<16xf32>",  # + bias
-        r"arith.maximumf %\w+, %cst : vector<16xf32>",  # ReLU
+        _RELU,
         # (8 rows: each kernel also prefetches the next K block, 2 lines a step: "_pf2")
         r"stream.executable private @__turbine_avx512_f32_gemm_96x64_4x64x128_128x64_relu_pf2",
         r"stream.executable private @__turbine_avx512_f32_gemm_64x128_4x64x128_128x64_bias_pf2 ",
@@ -348,7 +356,7 @@ def test_batch_norm_residual_and_relu_are_absorbed_into_the_conv_kernel(monkeypa
         r"vector.store %cst, %\w+\[%\w+, %\w+\] : memref<144x64xf32>",  # the zero border
         r"arith.mulf %\w+#0, %\w+ : vector<16xf32>",  # * scale
         r"arith.addf %\w+, %\w+ : vector<16xf32>",  # + shift
-        r"arith.maximumf %\w+, %cst : vector<16xf32>",  # ReLU
+        _RELU,
         r"stream.executable private @__turbine_avx512_f32_conv_n1_c64_h10_w10_f64_k3x3_\w+"
         r"_scale_shift_residual_relu ",
         r"vector.load %\w+\[%\w+, %\w+\] : memref<100x64xf32>, vector<16xf32>",  # the residual

@@ -18,6 +18,7 @@ __all__ = [
     "emit_activation",
     "emit_activation_constants",
     "fast_silu_enabled",
+    "relu_line",
     "store_activation",
 ]
 
@@ -36,6 +37,21 @@ def fast_silu_enabled() -> bool:
 #: (a kernel has a bool field of each name; the ones after ``relu`` are
 #: :func:`emit_activation`'s).
 ACTIVATIONS = ("relu", "hardswish", "silu", "sigmoid", "hardsigmoid")
+
+
+def relu_line(p: str, result: str, v: str, zero: str, *, zmm: bool) -> str:
+    """The line computing ``result = relu(v)`` over a ``vector<16xf32>`` (``zero`` one of
+    zeros), as torch computes it: NaN stays NaN and ``-0.0`` stays ``-0.0``. ``zmm`` (the
+    kernel is built for AVX-512): one ``vmaxps`` whose second source is ``v``, since x86 returns
+    the second source where either is NaN or both are zeros; else ``arith.maximumf``, which
+    IREE compiles to a max, a NaN compare and a blend, and which turns ``-0.0`` into ``0.0``
+    (docs/performance.md, section 29)."""
+    if not zmm:
+        return f"{p}{result} = arith.maximumf {v}, {zero} : vector<16xf32>"
+    return (
+        f'{p}{result} = llvm.inline_asm "vmaxps $2, $1, $0", "=v,v,v" {zero}, {v} : '
+        "(vector<16xf32>, vector<16xf32>) -> vector<16xf32>"
+    )
 
 
 def store_activation(kernel: Any) -> str | None:

@@ -453,6 +453,7 @@ class AmxGemm:
         def dot(c: int, a: int, b: int) -> None:
             e(f"{q}" + tile_asm(f"tdpbf16ps %tmm{b}, %tmm{a}, %tmm{c}", "", []))
 
+        self._emit_b_prefetch(e, q)
         load("%pa0", "%sa", 4)
         load("%pb0", "%s64", 6)
         dot(0, 4, 6)
@@ -484,6 +485,25 @@ class AmxGemm:
             store("%cq11", 3)
         self._emit_after_store(e, p + "  ")
         e(f"{p}}}")
+
+    @property
+    def prefetch_steps(self) -> int:
+        """Reduction steps ahead at which each step prefetches the two ``B`` tiles it will
+        load then (0: none, here; :class:`.amx_conv.AmxConv` sets it)."""
+        return 0
+
+    def _emit_b_prefetch(self, e, q: str) -> None:
+        """Emits, at indent ``q`` in the reduction loop, ``prefetcht0`` of the 16 lines of
+        each ``B`` tile :attr:`prefetch_steps` steps on (``%pb0`` / ``%pb1`` are this step's;
+        a prefetch past the end of ``B`` reads nothing and cannot fault)."""
+        if not self.prefetch_steps:
+            return
+        for j, base in enumerate(("%pb0", "%pb1")):
+            for i in range(_TILE_ROWS):
+                off = self.prefetch_steps * 1024 + 64 * i
+                e(f"{q}%pfo{j}_{i} = arith.constant {off} : i64")
+                e(f"{q}%pfa{j}_{i} = arith.addi {base}, %pfo{j}_{i} : i64")
+                e(f"{q}" + tile_asm("prefetcht0 ($0)", "r", [f"%pfa{j}_{i}"]))
 
     def _c_block(self, e, p: str) -> tuple[str, str, str]:
         """Emits, at indent ``p``, where the register block's tiles are stored: returns the

@@ -40,8 +40,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .activations import relu_line
 from .amx import AmxGemm, padded
 from .convs import Conv
+from .host import cpu_flags
 
 __all__ = [
     "AMX_CONV_ENV",
@@ -64,6 +66,25 @@ _HALF_STEP = 16
 #: padded to 48 floats (192 bytes, not a power of two: its rows spread over the L1 sets).
 _SCRATCH_COLS = 48
 _SCRATCH_T = f"memref<32x{_SCRATCH_COLS}xf32>"
+#: Reductions of at least this many ``k`` prefetch their weight tiles (:attr:`AmxConv.prefetch_steps`).
+_PREFETCH_MIN_K = 1024
+#: How many reduction steps ahead.
+_PREFETCH_STEPS = 4
+
+
+def _to_bf16(e, q: str, result: str, v: str, native: bool) -> None:
+    """``result`` = ``v`` (``vector<16xf32>``) rounded to ``vector<16xbf16>``: ``native``, one
+    ``vcvtneps2bf16`` (AVX512-BF16: round to nearest even, NaN kept, f32 subnormals flushed as
+    IREE's CPU runtime does anyway); else ``arith.truncf``, which IREE expands into seven
+    integer instructions (docs/performance.md, section 29)."""
+    if not native:
+        e(f"{q}{result} = arith.truncf {v} : vector<16xf32> to vector<16xbf16>")
+        return
+    e(
+        f'{q}{result}i = llvm.inline_asm "vcvtneps2bf16 $1, $0", "=v,v" {v} : '
+        "(vector<16xf32>) -> vector<16xi16>"
+    )
+    e(f"{q}{result} = vector.bitcast {result}i : vector<16xi16> to vector<16xbf16>")
 
 
 def amx_conv_enabled() -> bool:
@@ -245,6 +266,14 @@ class AmxConv(AmxGemm):
                 raise ValueError(f"AMX convolution: the output does not fit {self.out_next}")
         elif not self.f32_out:
             raise ValueError(f"AMX convolution: no result to write: {self}")
+
+    @property
+    def prefetch_steps(self) -> int:
+        """Weight tiles prefetched :data:`_PREFETCH_STEPS` steps ahead where the reduction is
+        at least :data:`_PREFETCH_MIN_K` long: a workgroup's weight panel is then larger than
+        L1 and its first strip reads it from L3 or memory (ResNet-50's stages 3 and 4;
+        docs/performance.md, section 29)."""
+        return _PREFETCH_STEPS if self.kp >= _PREFETCH_MIN_K else 0
 
     @property
     def _out_next_padded(self) -> tuple[int, int, int, int]:
@@ -525,6 +554,7 @@ class AmxConv(AmxGemm):
                 e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
         r_t = self._residual_memref()
         o_t = self._out_next_memref() if self.out_next is not None else ""
+        native = "avx512_bf16" in cpu_flags()
         for h, col in enumerate(cols):
             if per_pixel:  # the block's row er, columns 16 h ... from the scratch block
                 e(f"{q}%ev{h} = vector.load %scr[%er, %c{16 * h}] : {_SCRATCH_T}, {vec}")
@@ -544,7 +574,7 @@ class AmxConv(AmxGemm):
                 e(f"{q}%era{h} = arith.addf {v}, %erv{h} : {vec}")
                 v = f"%era{h}"
             if self.relu:
-                e(f"{q}%ez{h} = arith.maximumf {v}, %ezero : {vec}")
+                e(relu_line(q, f"%ez{h}", v, "%ezero", zmm=True))
                 v = f"%ez{h}"
             if self.f32_out:
                 e(f"{q}vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")
@@ -552,7 +582,7 @@ class AmxConv(AmxGemm):
                 idx = "%enx" if h == 0 else "%enx1"
                 e(f"{q}vector.store {v}, %mnext[{idx}] : {o_t}, {vec}")
             elif self.out_next is not None:
-                e(f"{q}%ebf{h} = arith.truncf {v} : {vec} to vector<16xbf16>")
+                _to_bf16(e, q, f"%ebf{h}", v, native)
                 idx = "%enx" if h == 0 else "%enx1"
                 e(f"{q}vector.store %ebf{h}, %mnext[{idx}] : {o_t}, vector<16xbf16>")
         if per_pixel:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .activations import emit_activation, emit_activation_constants
+from .activations import emit_activation, emit_activation_constants, relu_line
 from .host import cpu_flags
 from .isa import AVX512_FEATURES, kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
@@ -113,8 +113,8 @@ def emit_epilogue(
     """Emits the stores of the ``rows`` x ``nv`` accumulators ``values``: on the last reduction
     block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type), plus
     ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]`` (``residual``),
-    then at least zero (``relu``: ``arith.maximumf``, as torch's ReLU: NaN stays NaN, -0.0
-    becomes 0.0) or ``activation`` (:func:`emit_activation`); on the others as they are.
+    then at least zero (``relu``: :func:`.activations.relu_line`, as torch's ReLU: NaN stays
+    NaN, and -0.0 stays -0.0 on AVX-512) or ``activation`` (:func:`emit_activation`); on the others as they are.
     ``store(value, r, j, prefix)`` emits the store of row ``r``'s vector ``j``. Shared by the
     matmul and the direct-convolution kernels (:mod:`.epilogues`).
 
@@ -123,6 +123,7 @@ def emit_epilogue(
     (16 registers) spills and made SiLU's ``exp`` cost 2.3x IREE's own elementwise code
     (docs/performance.md, section 21)."""
     vt = "vector<16xf32>"
+    zmm = kernel_isa() == "avx512"
     e(f"{p}scf.if %last {{")
     if activation:
         emit_activation_constants(e, p + "  ")
@@ -145,7 +146,7 @@ def emit_epilogue(
                 e(f"{p}  %ea{r}_{j} = arith.addf {v}, %rv{r}_{j} : {vt}")
                 v = f"%ea{r}_{j}"
             if relu:
-                e(f"{p}  %er{r}_{j} = arith.maximumf {v}, %zero : {vt}")
+                e(relu_line(f"{p}  ", f"%er{r}_{j}", v, "%zero", zmm=zmm))
                 v = f"%er{r}_{j}"
             if activation:
                 v = emit_activation(e, p + "  ", v, f"{r}_{j}", activation)

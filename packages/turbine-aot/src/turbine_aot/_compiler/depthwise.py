@@ -21,8 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .activations import ACTIVATIONS, emit_activation, emit_activation_constants, store_activation
+from .activations import (
+    ACTIVATIONS,
+    emit_activation,
+    emit_activation_constants,
+    relu_line,
+    store_activation,
+)
 from .convs import Conv
+from .isa import kernel_isa
 
 __all__ = ["DepthwiseConv"]
 
@@ -217,7 +224,7 @@ class DepthwiseConv:
                 e(f"{r}%yb{i} = arith.addf {v}, %bv : {vt}")
                 v = f"%yb{i}"
             if self.relu:
-                e(f"{r}%yr{i} = arith.maximumf {v}, %zero : {vt}")
+                e(relu_line(r, f"%yr{i}", v, "%zero", zmm=kernel_isa() == "avx512"))
                 v = f"%yr{i}"
             if self.activation:
                 v = emit_activation(e, r, v, str(i), self.activation)

@@ -40,9 +40,11 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from .activations import relu_line
 from .avx512 import Avx512Gemm
 from .convs import Conv
 from .host import cpu_vendor
+from .isa import kernel_isa
 
 __all__ = [
     "WINOGRAD_ENV",
@@ -550,7 +552,7 @@ class WinogradConv:
                     e(f"{w}%ya{i}_{j} = arith.addf {y}, %rv{i}_{j} : {vt}")
                     y = f"%ya{i}_{j}"
                 if self.relu:
-                    e(f"{w}%yr{i}_{j} = arith.maximumf {y}, %zero : {vt}")
+                    e(relu_line(w, f"%yr{i}_{j}", y, "%zero", zmm=kernel_isa() == "avx512"))
                     y = f"%yr{i}_{j}"
                 e(
                     f"{w}%co{i}_{j} = affine.apply affine_map<()[s0, s1, s2, s3] -> "
