@@ -161,6 +161,33 @@ def test_the_kernel_matches_fp32_for_any_rows_and_reduction(k, n, batch_b, mr, p
             torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-4)
 
 
+@needs_avx512
+@pytest.mark.parametrize(
+    ("k", "n", "batch_b"), [(199, 16, True), (40, 5, False), (100, 32, True), (300, 20, False)]
+)
+def test_products_of_at_most_32_columns_take_one_narrow_panel(k, n, batch_b):
+    # attention's p @ v over heads of 16 (wav2vec2's) computed 64 columns, 48 of them zeros
+    with kernels_for("avx512"):
+        g = Avx512Gemm.for_shape(k, n, batch_b=batch_b)
+    want_block = (16, 12, 16, 96) if n <= 16 else (32, 8, 32, 128)
+    assert (g.np_, g.mr, g.nr, g.rows_per_workgroup) == want_block and g.cols_per_workgroup == g.nr
+    vmfb = compile_mlir(_kernel_module(g, batch_b), host_flags(), cache=False)
+    import iree.runtime as rt
+
+    ctx = rt.SystemContext(config=rt.Config("local-task"))
+    ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
+    torch.manual_seed(1)
+    for batch in (1, 4):
+        for m in (1, 11, 12, 13, 97, 199):  # the 1-11 row blocks, one and more workgroups
+            a = torch.randn(batch, m, k)
+            b = torch.randn(batch if batch_b else 1, k, n)
+            packed = torch.cat([_pack(b[i], g) for i in range(b.shape[0])])
+            out = ctx.modules.module.main(a.numpy(), packed.numpy())
+            got = torch.from_numpy(np.asarray(out.to_host()))[..., :n]
+            want = (a.double() @ b.double()).float()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
 def test_few_rows_prefetch_the_next_block_once_between_them():
     """``for_rows``: with at most 8 register blocks of static rows the blocks together prefetch
     the next K block's four lines a step; more rows, unknown rows or B per batch entry: none."""

@@ -234,9 +234,9 @@ class Avx512Gemm:
     @staticmethod
     def for_shape(k: int, n: int, *, batch_b: bool = False, bf16: bool = False) -> Avx512Gemm:
         """The kernel for ``k`` x ``n`` with the measured blocking (4 x 64 registers, K blocks
-        of 128 steps, 128 x 64 workgroups; blocked for AVX2 (:func:`.isa.kernel_isa`): 6 x 16
-        registers in 96-row workgroups, docs/performance.md section 19); ``bf16``: the
-        AVX512-BF16 form."""
+        of 128 steps, 128 x 64 workgroups; at most 32 columns: one panel of 16 or 32, 12 x 16 or
+        8 x 32 registers; blocked for AVX2 (:func:`.isa.kernel_isa`): 6 x 16 registers in
+        96-row workgroups, docs/performance.md section 19); ``bf16``: the AVX512-BF16 form."""
         if kernel_isa() == "avx2" and not bf16:
             # one 16-column panel a workgroup (a sequential read of it), reduction blocks of
             # 512 (a 32 KiB panel block): 8-10 % over 64 columns and blocks of 128
@@ -244,6 +244,14 @@ class Avx512Gemm:
             return Avx512Gemm(
                 k, np_, batch_b, mr=6, nr=16, kc=512, rows_per_workgroup=96, cols_per_workgroup=16
             )
+        if n <= 32 and not bf16:
+            # one panel of 16 (12 x 16 registers) or 32 (8 x 32) columns instead of 64 mostly
+            # zeros: attention's p @ v over heads of 16-32 values (docs/performance.md, section 30)
+            if n <= 16:
+                return Avx512Gemm(
+                    k, 16, batch_b, mr=12, nr=16, rows_per_workgroup=96, cols_per_workgroup=16
+                )
+            return Avx512Gemm(k, 32, batch_b, mr=8, nr=32, cols_per_workgroup=32)
         nr = 64
         np_ = -(-n // nr) * nr
         return Avx512Gemm(k, np_, batch_b, bf16=bf16)
