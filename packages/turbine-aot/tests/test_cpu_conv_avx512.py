@@ -336,7 +336,7 @@ def test_a_dynamic_batch_keeps_its_1x1_convolutions_as_kernel_matmuls():
     check_ir(
         asm,
         r"func.func private @__turbine_conv_as_matmul_0_mm",
-        r"flow.dispatch @__turbine_avx512_f32_gemm_16x64",
+        r"flow.dispatch @__turbine_avx512_f32_gemm_16x32_8x32x128",  # 32 columns: one panel
         r"func.func private @__turbine_conv_as_matmul_0\(",
         r"call @__turbine_conv_as_matmul_0_mm\(%\w+, %\w+\) : \(tensor<\?x16xf32>, "
         r"tensor<16x32xf32>\) -> tensor<\?x32xf32>",

@@ -86,7 +86,8 @@ def test_bias_and_relu_are_absorbed_into_the_matmul_kernel(monkeypatch):
         _RELU,
         # (8 rows: each kernel also prefetches the next K block, 2 lines a step: "_pf2")
         r"stream.executable private @__turbine_avx512_f32_gemm_96x64_4x64x128_128x64_relu_pf2",
-        r"stream.executable private @__turbine_avx512_f32_gemm_64x128_4x64x128_128x64_bias_pf2 ",
+        # (its C written as [8, 70]: "_n70")
+        r"stream.executable private @__turbine_avx512_f32_gemm_64x128_4x64x128_128x64_bias_pf2_n70 ",
     )
     check_ir(asm, r"tensor.pad %arg2 low\[0\] high\[58\]")  # c's bias: N 70 -> 128, zeros
     main = _main(asm)

@@ -27,7 +27,7 @@ few static rows also prefetch the next K block's panel into L2 (:meth:`Avx512Gem
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,11 +76,14 @@ def host_avx512_bf16_missing() -> list[str]:
     return [f for f in AVX512_BF16_FEATURES if f not in flags]
 
 
-def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str, row: str = "%row") -> None:
+def emit_accumulator_init(
+    e: Any, p: str, rows: int, nv: int, c_t: str, row: str = "%row", masks: Sequence[str] = ()
+) -> None:
     """Emits ``%init``: the ``rows`` x ``nv`` vector<16xf32> accumulators' starting values,
     zeros on the first reduction block (``%first``), else C's values there (``%mc[<row><r>,
-    %col<r>_<j>]``, ``row`` the prefix of C's row indices); shared by the matmul and the
-    direct-convolution kernels."""
+    %col<r>_<j>]``, ``row`` the prefix of C's row indices; ``masks``: one ``vector<16xi1>``
+    per ``j``, the columns of C that exist, the others read as zeros); shared by the matmul and
+    the direct-convolution kernels."""
     vt = "vector<16xf32>"
     n = rows * nv
     types = ", ".join([vt] * n)
@@ -90,7 +93,13 @@ def emit_accumulator_init(e: Any, p: str, rows: int, nv: int, c_t: str, row: str
     loads = []
     for r in range(rows):
         for j in range(nv):
-            e(f"{p}  %ld{r}_{j} = vector.load %mc[{row}{r}, %col{r}_{j}] : {c_t}, {vt}")
+            if masks:
+                e(
+                    f"{p}  %ld{r}_{j} = vector.maskedload %mc[{row}{r}, %col{r}_{j}], {masks[j]}, "
+                    f"%zero : {c_t}, vector<16xi1>, {vt} into {vt}"
+                )
+            else:
+                e(f"{p}  %ld{r}_{j} = vector.load %mc[{row}{r}, %col{r}_{j}] : {c_t}, {vt}")
             loads.append(f"%ld{r}_{j}")
     e(f"{p}  scf.yield " + ", ".join(loads) + f" : {types}")
     e(f"{p}}}")
@@ -216,6 +225,10 @@ class Avx512Gemm:
         prefetch: lines of the next K block's panel each step prefetches into L2 (0: none;
             :meth:`for_rows`, and the Winograd matmuls on Intel), the register blocks taking
             turns over a step's ``nr / 16``.
+        n_out: the columns of ``C`` the kernel writes, ``C`` being ``[rows, n_out]`` (0: all
+            ``np_``): the last panel's columns past it are computed and not stored (masked
+            stores), so that no copy of the first ``n_out`` columns follows the kernel
+            (docs/performance.md, section 31).
     """
 
     k: int
@@ -230,6 +243,7 @@ class Avx512Gemm:
     relu: bool = False
     bf16: bool = False
     prefetch: int = 0
+    n_out: int = 0
 
     @staticmethod
     def for_shape(k: int, n: int, *, batch_b: bool = False, bf16: bool = False) -> Avx512Gemm:
@@ -306,6 +320,13 @@ class Avx512Gemm:
             raise ValueError(f"AVX-512 kernel: bad workgroup columns: {self}")
         if self.mr < 1 or self.mr * self.nr // 16 > 24 or self.kc < 1:
             raise ValueError(f"AVX-512 kernel: bad register block: {self}")
+        if self.n_out and not self.np_ - self.nr < self.n_out < self.np_:
+            raise ValueError(f"AVX-512 kernel: n_out must fall in the last panel: {self}")
+
+    @property
+    def c_cols(self) -> int:
+        """The columns of ``C`` as the kernel writes it (:attr:`n_out`, else ``np_``)."""
+        return self.n_out or self.np_
 
     @property
     def kp(self) -> int:
@@ -322,6 +343,7 @@ class Avx512Gemm:
             f"_{self.mr}x{self.nr}x{self.kc}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{epilogue}"
             + (f"_pf{self.prefetch}" if self.prefetch else "")
+            + (f"_n{self.n_out}" if self.n_out else "")
         )
 
     @property
@@ -361,7 +383,7 @@ class Avx512Gemm:
         return (
             f"flow.dispatch @{self.name}::@{self.name}[{m}, {batch}]({a}, {b}{extra}, {m}, "
             f"{batch}) : ({a_t}, tensor<{b_elems}x{dt}>{extra_t}, index, index) -> "
-            f"tensor<?x{self.np_}xf32>{{{rows}}}"
+            f"tensor<?x{self.c_cols}xf32>{{{rows}}}"
         )
 
     def executable(self) -> str:
@@ -373,7 +395,7 @@ class Avx512Gemm:
         word = "i32" if self.bf16 else "f32"
         b_words = self.packed_b_size // 2 if self.bf16 else self.packed_b_size
         b_elems = "?" if self.batch_b else str(b_words)
-        a_t, c_t = f"memref<?x{k}x{word}>", f"memref<?x{np_}xf32>"
+        a_t, c_t = f"memref<?x{k}x{word}>", f"memref<?x{self.c_cols}xf32>"
         b_t = f"memref<{b_elems}x{word}>"
         out: list[str] = []
         e = out.append
@@ -448,7 +470,16 @@ class Avx512Gemm:
             e(f"{p}%row{r} = arith.addi %grow, %c{r} : index")
             for j in range(nv):
                 e(f"{p}%col{r}_{j} = arith.addi %ncol, %c{16 * j} : index")
-        emit_accumulator_init(e, p, rows, nv, c_t)
+        masks: list[str] = []
+        if self.n_out:  # the columns of C that exist, per vector of the register block
+            for j in range(nv):
+                e(
+                    f"{p}%cl{j} = affine.apply affine_map<()[s0] -> ({self.n_out} - s0)>()"
+                    f"[%col0_{j}]"
+                )
+                e(f"{p}%cm{j} = vector.create_mask %cl{j} : vector<16xi1>")
+                masks.append(f"%cm{j}")
+        emit_accumulator_init(e, p, rows, nv, c_t, masks=masks)
         iters = ", ".join(f"{a} = %init#{i}" for i, a in enumerate(accs))
         e(
             f"{p}%res:{len(accs)} = scf.for %k = %k0 to %kend step %c1 iter_args({iters}) -> ({types}) {{"
@@ -484,7 +515,13 @@ class Avx512Gemm:
         results = [f"%res#{i}" for i in range(len(accs))]
 
         def store(v: str, r: int, j: int, prefix: str) -> None:
-            e(f"{prefix}vector.store {v}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
+            if masks:
+                e(
+                    f"{prefix}vector.maskedstore %mc[%row{r}, %col{r}_{j}], {masks[j]}, {v} : "
+                    f"{c_t}, vector<16xi1>, {vt}"
+                )
+            else:
+                e(f"{prefix}vector.store {v}, %mc[%row{r}, %col{r}_{j}] : {c_t}, {vt}")
 
         if self.bias or self.relu:
             bias_t = f"memref<{self.np_}xf32>" if self.bias else None

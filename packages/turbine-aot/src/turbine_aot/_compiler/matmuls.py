@@ -12,6 +12,9 @@ private function over builtin tensors (IREE inlines it)::
     c  = flow.dispatch @kernel(a, bp)                           (f32 accumulation)
     out = c[:, :N] as the op's result shape (+ bias)
 
+(the AVX-512 kernels write ``c`` as ``[rows, N]`` themselves, masked stores in the last panel:
+no slice, so no copy of it by IREE; :attr:`.avx512.Avx512Gemm.n_out`.)
+
 ``pack`` is the layout the kernel's module documents, written as reshape + transpose (no
 strided reads). For a weight (any operand computed only from globals and constants) IREE's
 constant-expression hoisting moves the conversion and the pack into an initializer, so the
@@ -348,8 +351,9 @@ def _function(name: str, g: _Matmul, kernel: Kernel, bias: bool = False) -> str:
     all_dims = ", ".join(str(i) for i in range(len(tiled)))
     e(f"  %bp = tensor.collapse_shape %wt [[{all_dims}]] : {tiled_t} into {_tensor([b_elems], dt)}")
     e("  %c = " + kernel.dispatch(a, "%bp", "%m", "%batch", "%rows", b_elems, bias_operand))
-    c, c_t = "%c", _tensor([None, np_], "f32")
-    if np_ != n:
+    c_cols = getattr(kernel, "c_cols", np_)
+    c, c_t = "%c", _tensor([None, c_cols], "f32")
+    if c_cols != n:
         sliced_t = _tensor([None, n], "f32")
         e(f"  %cs = tensor.extract_slice %c[0, 0] [%rows, {n}] [1, 1] : {c_t} to {sliced_t}")
         c, c_t = "%cs", sliced_t
@@ -435,6 +439,8 @@ def rewrite_matmuls(
             kernel = kernel.for_rows(spec.rows)
         if isinstance(kernel, Avx512Gemm | AmxGemm):  # a grid IREE's workers share evenly
             kernel = kernel.balanced(spec.rows, math.prod(spec.batch))
+        if isinstance(kernel, Avx512Gemm) and kernel.np_ != spec.n:
+            kernel = replace(kernel, n_out=spec.n)  # C written as [rows, N]: no copy after it
         bias: Any = None  # the bias the kernel adds
         absorbed: list[Any] = []  # the ops after the matmul whose work it does
         if epilogues:
