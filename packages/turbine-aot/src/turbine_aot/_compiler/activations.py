@@ -1,7 +1,7 @@
 """The activations turbine's CPU kernels compute in their stores (:mod:`.avx512`'s matmul and
 direct-convolution epilogues, :mod:`.depthwise`'s): torch's hardswish, SiLU, sigmoid and
 hardsigmoid over ``vector<16xf32>`` values, in the order of the ops IREE compiles from torch-mlir
-for each. Hardswish, sigmoid and hardsigmoid are then the unfused program's values bit for bit;
+for each; and ReLU as one instruction on AVX-512 (:func:`relu_line`). Hardswish, sigmoid and hardsigmoid are then the unfused program's values bit for bit;
 SiLU's ``exp`` is turbine's own (range reduction and a polynomial, without the special cases of
 IREE's ``math.exp`` that SiLU does not need; as accurate: docs/performance.md, section 25), and
 ``TURBINE_CPU_SILU=iree`` computes it with IREE's ``math.exp``, the A/B baseline.

@@ -123,8 +123,8 @@ def emit_epilogue(
     block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type), plus
     ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]`` (``residual``),
     then at least zero (``relu``: :func:`.activations.relu_line`, as torch's ReLU: NaN stays
-    NaN, and -0.0 stays -0.0 on AVX-512) or ``activation`` (:func:`emit_activation`); on the others as they are.
-    ``store(value, r, j, prefix)`` emits the store of row ``r``'s vector ``j``. Shared by the
+    NaN, and -0.0 stays -0.0 on AVX-512) or ``activation`` (:func:`emit_activation`); on the
+    others as they are. ``store(value, r, j, prefix)`` emits the store of row ``r``'s vector ``j``. Shared by the
     matmul and the direct-convolution kernels (:mod:`.epilogues`).
 
     Each value is stored in its branch right where it is computed: were the branches to yield
