@@ -126,6 +126,28 @@ def test_fused_matmuls_match_eager_and_the_unfused_module(model, rows, monkeypat
     assert torch.equal(fused, kept)  # the same additions, in the same order
 
 
+@needs_avx512
+def test_relu_in_the_stores_keeps_nan_as_eager():
+    # ReLU in the matmul and convolution kernels' stores is one vmaxps whose second source is
+    # the value (_compiler.activations.relu_line): a NaN stays NaN, as in eager
+    x = torch.randn(5, 100)
+    x[3, 7] = float("nan")  # row 3 is NaN through every linear
+    mlp = _Mlp().eval()
+    got = load_module(export(mlp, args=(x,)).compile(save_to=None)).main(x)
+    with torch.no_grad():
+        want = mlp(x)
+    assert torch.isnan(want[3]).all() and not torch.isnan(want[[0, 1, 2, 4]]).any()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    block = _Block().eval()
+    xi = torch.randn(1, 64, 9, 9)
+    xi[0, 5, 4, 4] = float("nan")  # spreads to its 3x3 and 5x5 neighbourhoods
+    got = load_module(export(block, args=(xi,)).compile(save_to=None)).main(xi)
+    with torch.no_grad():
+        want = block(xi)
+    assert torch.isnan(want).any() and not torch.isnan(want).all()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+
+
 # -------------------------------------------------------------------------------- convolutions
 def _bn(f: int) -> torch.nn.BatchNorm2d:
     bn = torch.nn.BatchNorm2d(f)
