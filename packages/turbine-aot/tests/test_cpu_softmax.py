@@ -14,6 +14,7 @@ from kernel_testing import (
 from turbine_aot import export
 from turbine_aot._compiler.avx512 import host_avx512_missing
 from turbine_aot._compiler.flags import default_compile_flags
+from turbine_aot._compiler.isa import kernel_isa, kernels_for
 from turbine_aot._compiler.rewrites import environment_key
 from turbine_aot._compiler.softmax import CPU_SOFTMAX_ENV, reciprocal_forms, softmaxes
 from turbine_aot.runtime import load_module
@@ -48,12 +49,21 @@ def _inputs():
     return x, mask
 
 
+def _row_kernels(asm: str) -> int:
+    """The softmaxes of a compile copy on turbine's row kernel (``_compiler.row_softmax``)."""
+    return asm.count("call @__turbine_softmax_")
+
+
 def test_the_compile_copy_writes_fp32_softmaxes_as_a_multiply_by_the_reciprocal():
     eo = export(_Softmaxes(), args=_inputs())
     assert len(softmaxes(eo.mlir_module)) == 3  # the f16 one is left
     asm = compile_copy_asm(eo, _cpu_flags())
-    assert asm.count("torch.aten.reciprocal") == 3
-    assert asm.count("torch.aten.amax") == 3 and asm.count("torch.aten.sum.dim_IntList") == 3
+    # the one over the last dimension on the row kernel where the kernels are AVX-512's
+    rows = 1 if kernel_isa() == "avx512" else 0
+    assert _row_kernels(asm) == rows
+    assert asm.count("torch.aten.reciprocal") == 3 - rows
+    assert asm.count("torch.aten.amax") == 3 - rows
+    assert asm.count("torch.aten.sum.dim_IntList") == 3 - rows
     assert asm.count("torch.aten._softmax") + asm.count("torch.aten.softmax.int") == 1  # f16
     assert "torch.aten.reciprocal" not in str(eo.mlir_module)  # the export is left as it was
 
@@ -79,6 +89,38 @@ def test_a_row_of_minus_infinity_is_nan_as_in_eager():
     want = Row()(x)
     assert torch.isnan(want[1]).all() and torch.isnan(got[1]).all()
     torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(4, 199, 199), (2, 3, 128), (5, 7), (3, 16), (6, 50, 33)])
+def test_the_row_kernel_gives_eager_values_zeros_and_nans(shape):
+    # rows of an odd length (a masked tail), of 16, shorter than 16; a row with masked keys
+    # (exact zeros there), a row of -inf (NaN, as in eager), a row with a NaN, one with +inf
+    class Row(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, dim=-1)
+
+    torch.manual_seed(len(shape) * 100 + shape[-1])
+    x = torch.randn(*shape) * 4
+    flat = x.view(-1, shape[-1])
+    flat[1, ::3] = float("-inf")
+    flat[2, :] = float("-inf")
+    if flat.shape[0] > 4:
+        flat[3, 1] = float("nan")
+        flat[4, 0] = float("inf")
+    eo = export(Row(), args=(x,))
+    with kernels_for("avx512"):
+        asm = compile_copy_asm(eo, _cpu_flags())
+    assert _row_kernels(asm) == 1 and "torch.aten.reciprocal" not in asm
+    rows = x.numel() // shape[-1]
+    assert f"stream.executable private @__turbine_row_softmax_{rows}x{shape[-1]} " in asm
+    if host_avx512_missing():
+        pytest.skip(f"the row kernel is built for AVX-512; this CPU lacks {host_avx512_missing()}")
+    got = load_module(eo.compile(save_to=None)).main(x)
+    want = Row()(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    torch.testing.assert_close(got[ok], want[ok], rtol=1e-6, atol=1e-7)
+    assert torch.equal(got[ok] == 0, want[ok] == 0)  # the masked keys exactly zero
 
 
 def test_keep_leaves_the_softmax_to_iree_and_the_cache_keys_on_it(monkeypatch):

@@ -17,6 +17,7 @@ __all__ = [
     "SILU_ENV",
     "emit_activation",
     "emit_activation_constants",
+    "emit_exp",
     "fast_silu_enabled",
     "relu_line",
     "store_activation",
@@ -93,7 +94,7 @@ def emit_activation_constants(e: Any, p: str) -> None:
     e(f"{p}%act_e23 = arith.constant dense<23> : vector<16xi32>")
 
 
-def _emit_exp(e: Any, p: str, t: str, tag: str) -> str:
+def emit_exp(e: Any, p: str, t: str, tag: str) -> str:
     """``exp(t)`` of ``t`` (``vector<16xf32>``) clamped to [-86.5, 88]: ``t = n ln 2 + r``,
     ``exp(r)`` by :data:`_EXP_POLY`, times ``2^n`` added into the exponent's bits; within 2 ulp
     of the exact value over that range. A NaN goes through the clamp but not reliably through
@@ -130,7 +131,7 @@ def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
     compiles from ``torch.aten.hardswish`` (``min(max(x + 3, 0), 6) / 6 * x``),
     ``torch.aten.silu`` (``1 / (1 + exp(-x)) * x``), ``torch.aten.sigmoid`` (``1 / (1 +
     exp(-x))``) and ``torch.aten.hardsigmoid`` (``max(min((x + 3) / 6, 1), 0)``); returns the
-    result's name. SiLU's ``exp`` is :func:`_emit_exp` (unless ``TURBINE_CPU_SILU=iree``:
+    result's name. SiLU's ``exp`` is :func:`emit_exp` (unless ``TURBINE_CPU_SILU=iree``:
     IREE's ``math.exp``), the others' values are IREE's own. Needs
     :func:`emit_activation_constants` in the same region."""
     vt = "vector<16xf32>"
@@ -144,7 +145,7 @@ def emit_activation(e: Any, p: str, v: str, tag: str, kind: str) -> str:
     if kind in ("silu", "sigmoid"):  # SiLU: the sigmoid, times x
         e(f"{p}%sga{tag} = arith.negf {v} : {vt}")
         if kind == "silu" and fast_silu_enabled():
-            exp = _emit_exp(e, p, f"%sga{tag}", tag)
+            exp = emit_exp(e, p, f"%sga{tag}", tag)
         else:
             e(f"{p}%sgb{tag} = math.exp %sga{tag} : {vt}")
             exp = f"%sgb{tag}"

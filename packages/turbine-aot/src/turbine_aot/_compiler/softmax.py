@@ -13,7 +13,10 @@ as in eager.
 
 Rewritten: ``torch.aten.softmax.int`` without a dtype and ``torch.aten._softmax`` without
 ``half_to_float``, of f32 tensors of static shape, over any dimension; among them the
-softmaxes that :mod:`.attention` writes for scaled-dot-product attention on CPUs.
+softmaxes that :mod:`.attention` writes for scaled-dot-product attention on CPUs. Where the
+kernels are built for AVX-512, a static one over the last dimension is instead one dispatch
+of turbine's own, each row in one pass (:mod:`.row_softmax`: wav2vec2's attention over 199
+keys 1.26x faster, docs/performance.md section 32).
 ``TURBINE_CPU_SOFTMAX=keep`` leaves them to IREE (A/B measurements; part of the compile cache's
 key).
 
@@ -43,15 +46,20 @@ batch, whose products the kernel takes too, likewise: section 20).
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from .dynamic_matmuls import takes_dynamic_matmul
+from .isa import kernel_isa
+from .row_softmax import RowSoftmax
 from .torch_ir import (
     NOT_CONSTANT,
     VIEW_OPS,
     Builder,
     TensorType,
+    TopLevel,
+    builtin_tensor,
     constant,
     constant_int_list,
     erase_unused,
@@ -113,6 +121,18 @@ def _dim(op: Any, dynamic: bool = False) -> int | None:
     return dim % rank
 
 
+def _row_kernel(xt: TensorType, dim: int) -> bool:
+    """Whether the softmax of ``xt`` over ``dim`` is :class:`.row_softmax.RowSoftmax`'s:
+    static, over the last dimension, where the kernels are built for AVX-512 (where it was
+    measured: docs/performance.md, section 32)."""
+    return (
+        None not in xt.sizes
+        and dim == len(xt.sizes) - 1
+        and len(xt.sizes) >= 2
+        and kernel_isa() == "avx512"
+    )
+
+
 def _only_into_dynamic_kernel(value: Any) -> bool:
     """Whether every use of ``value`` is the left operand of a product the dynamic-size kernel
     takes (:mod:`.dynamic_matmuls`), directly or through a reshape (the grouped attention's)."""
@@ -137,16 +157,31 @@ def softmaxes(module_op: Any, dynamic: bool = False) -> list[Any]:
 
 
 def rewrite_softmaxes(module_op: Any, dynamic: bool = False) -> int:
-    """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)``; returns how
-    many. ``dynamic``: the products over dynamic sizes will be the dynamic-size kernel's, so
+    """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)`` (or a call
+    of :mod:`.row_softmax`'s kernel, :func:`_row_kernel`); returns how many. ``dynamic``: the products over dynamic sizes will be the dynamic-size kernel's, so
     a softmax over a dynamic shape whose every use is such a product is rewritten too."""
     done = 0
+    top = TopLevel(getattr(module_op, "operation", module_op))
     for op in softmaxes(module_op, dynamic):
         dim = _dim(op, dynamic)
         assert dim is not None
         x = op.operands[0]
         xt = TensorType.of(x)
         assert xt is not None
+        if _row_kernel(xt, dim):  # static, over the last dimension: one dispatch
+            shape = [int(s) for s in xt.sizes]  # type: ignore[arg-type]
+            kernel = RowSoftmax(math.prod(shape[:-1]), shape[-1])
+            if kernel.name not in top:
+                top.append(kernel.executable())
+            fname = top.unique(f"__turbine_softmax_{done}")
+            top.append(kernel.function(fname, shape))
+            b = Builder(op, location=op.location)
+            builtin_t = builtin_tensor(shape, "f32")
+            out = b.call_on_builtins(fname, [(x, builtin_t)], builtin_t, op.result.type)
+            op.result.replace_all_uses_with(out)
+            op.erase()
+            done += 1
+            continue
         red_t = xt.with_sizes([1 if i == dim else s for i, s in enumerate(xt.sizes)]).asm()
         b = Builder(op, location=op.location)
         dims, keep = b.int_list([dim]), b.true()
