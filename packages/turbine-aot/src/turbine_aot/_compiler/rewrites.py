@@ -568,7 +568,10 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             _log.info("llvm-cpu target: %d dynamic exp * reciprocal(sum) as softmax", count)
         if softmax:  # after attention: its softmaxes are rewritten too
             count = rewrite_softmaxes(copy, dynamic_softmax)
-            _log.info("llvm-cpu target: %d softmax(es) as exp(x - max) * (1 / sum)", count)
+            _log.info(
+                "llvm-cpu target: %d softmax(es) on the row kernel or as exp(x - max) * (1 / sum)",
+                count,
+            )
         if avx512 and few_row_products_enabled():
             # after attention, before the packed kernel: a decode step's q @ k^T and p @ v
             count = rewrite_few_row_products(copy)

@@ -127,6 +127,7 @@ def _row_kernel(xt: TensorType, dim: int) -> bool:
     measured: docs/performance.md, section 32)."""
     return (
         None not in xt.sizes
+        and all(s > 0 for s in xt.sizes)  # type: ignore[operator]
         and dim == len(xt.sizes) - 1
         and len(xt.sizes) >= 2
         and kernel_isa() == "avx512"
@@ -157,9 +158,10 @@ def softmaxes(module_op: Any, dynamic: bool = False) -> list[Any]:
 
 
 def rewrite_softmaxes(module_op: Any, dynamic: bool = False) -> int:
-    """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)`` (or a call
-    of :mod:`.row_softmax`'s kernel, :func:`_row_kernel`); returns how many. ``dynamic``: the products over dynamic sizes will be the dynamic-size kernel's, so
-    a softmax over a dynamic shape whose every use is such a product is rewritten too."""
+    """Rewrites each of :func:`softmaxes` in place as ``exp(x - max) * (1 / sum)``, or as a
+    call of :mod:`.row_softmax`'s kernel where :func:`_row_kernel` says so; returns how many.
+    ``dynamic``: the products over dynamic sizes will be the dynamic-size kernel's, so a
+    softmax over a dynamic shape whose every use is such a product is rewritten too."""
     done = 0
     top = TopLevel(getattr(module_op, "operation", module_op))
     for op in softmaxes(module_op, dynamic):
