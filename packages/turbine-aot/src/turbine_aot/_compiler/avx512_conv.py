@@ -43,7 +43,7 @@ from .avx512 import avx2_row_block, emit_accumulator_init, emit_epilogue, fma
 from .convs import Conv
 from .host import cpu_vendor
 from .isa import kernel_isa
-from .kernel_text import row_blocks
+from .kernel_text import close_executable, open_static_executable, row_blocks
 
 __all__ = ["CONV_BLOCKING_ENV", "CONV_KC", "Avx512Conv", "conv_kernel_for", "panel_width"]
 
@@ -239,21 +239,8 @@ class Avx512Conv:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
-        e(f"    %x = arith.constant {self.np_ // nb} : index")
-        e(f"    %y = arith.constant {-(-self.m // mb)} : index")
-        e("    %z = arith.constant 1 : index")
-        e("    stream.return %x, %y, %z : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        bindings = "".join(
-            f"%{s}: !stream.binding, " for s in self.epilogue if s not in ACTIVATIONS
-        )
-        e(
-            f"    func.func @{name}(%a: !stream.binding, %b: !stream.binding, {bindings}"
-            "%c: !stream.binding) {"
-        )
+        binds = ["%a", "%b", *(f"%{s}" for s in self.epilogue if s not in ACTIVATIONS), "%c"]
+        open_static_executable(e, name, (self.np_ // nb, -(-self.m // mb)), binds)
         consts = (
             {0, 1, mr, nr, taps, c, tb, cb} | set(range(mr)) | {16 * j for j in range(nr // 16)}
         )
@@ -307,10 +294,7 @@ class Avx512Conv:
         e("          }")
         e("        }")
         e("      }")
-        e("      return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def _zero_border(self, e: Any) -> None:

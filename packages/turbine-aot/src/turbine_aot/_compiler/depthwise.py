@@ -30,6 +30,7 @@ from .activations import (
 )
 from .convs import Conv
 from .isa import kernel_isa
+from .kernel_text import close_executable, open_static_executable
 
 __all__ = ["DepthwiseConv"]
 
@@ -152,15 +153,8 @@ class DepthwiseConv:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
-        e(f"    %x = arith.constant {g.n * oh} : index")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %one, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
         binds = ["%a", "%w", *(f"%{s}" for s in self.epilogue if s not in ACTIVATIONS), "%c"]
-        e(f"    func.func @{name}(" + ", ".join(f"{b}: !stream.binding" for b in binds) + ") {")
+        open_static_executable(e, name, (g.n * oh,), binds)
         p = "      "
         for const in sorted({0, 16, _PIXELS, cp, ow}):
             e(f"{p}%c{const} = arith.constant {const} : index")
@@ -235,8 +229,5 @@ class DepthwiseConv:
             e(f"{r}vector.store {v}, %mc[%co{i}] : {c_t}, {vt}")
         e(f"{q}}}")
         e(f"{p}}}")
-        e(f"{p}return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)

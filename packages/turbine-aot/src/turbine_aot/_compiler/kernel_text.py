@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-__all__ = ["close_executable", "open_executable", "row_blocks", "workgroup_block"]
+__all__ = [
+    "close_executable",
+    "open_executable",
+    "open_static_executable",
+    "row_blocks",
+    "workgroup_block",
+]
 
 
 def open_executable(
@@ -59,6 +65,30 @@ def open_executable(
     e(f"    func.func @{name}({args}, {dims}) {{")
     for v in sorted(set(constants)):
         e(f"      %c{v} = arith.constant {v} : index")
+
+
+def open_static_executable(
+    e: Callable[[str], object], name: str, grid: Sequence[int], bindings: Sequence[str]
+) -> None:
+    """Emits (through ``e``) the opening of an executable whose workgroup grid is fixed at
+    compile time (the convolution, Winograd and softmax kernels), up to its function's first
+    body line: ``grid`` is ``(x,)`` (y and z 1) or ``(x, y)`` (z 1); the function takes only
+    ``bindings`` (with their ``%``). :func:`close_executable` closes it."""
+    e(f"stream.executable private @{name} {{")
+    e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
+    if len(grid) == 1:
+        e(f"    %x = arith.constant {grid[0]} : index")
+        e("    %one = arith.constant 1 : index")
+        e("    stream.return %x, %one, %one : index, index, index")
+    else:
+        x, y = grid
+        e(f"    %x = arith.constant {x} : index")
+        e(f"    %y = arith.constant {y} : index")
+        e("    %z = arith.constant 1 : index")
+        e("    stream.return %x, %y, %z : index, index, index")
+    e("  }")
+    e("  builtin.module {")
+    e(f"    func.func @{name}(" + ", ".join(f"{b}: !stream.binding" for b in bindings) + ") {")
 
 
 def workgroup_block(

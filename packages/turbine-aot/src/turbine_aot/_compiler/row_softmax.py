@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .activations import emit_activation_constants, emit_exp
+from .kernel_text import close_executable, open_static_executable
 
 __all__ = ["RowSoftmax"]
 
@@ -51,14 +52,7 @@ class RowSoftmax:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
-        e(f"    %x = arith.constant {-(-r // rpw)} : index")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %one, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        e(f"    func.func @{name}(%in: !stream.binding, %out: !stream.binding) {{")
+        open_static_executable(e, name, (-(-r // rpw),), ["%in", "%out"])
         p = "      "
         for v in sorted({0, 1, 16, full}):
             e(f"{p}%c{v} = arith.constant {v} : index")
@@ -75,23 +69,44 @@ class RowSoftmax:
             e(f"{p}%tmask = vector.create_mask %ctail : {mk}")
         e(f"{p}scf.for %r = %r0 to %r1 step %c1 {{")
         q = p + "  "
-        # the row's maximum
-        e(f"{q}%mx0 = scf.for %j = %c0 to %c{full} step %c16 iter_args(%acc = %ninf) -> ({vt}) {{")
-        e(f"{q}  %v = vector.load %mi[%r, %j] : {m_t}, {vt}")
-        e(f"{q}  %a = arith.maximumf %acc, %v : {vt}")
-        e(f"{q}  scf.yield %a : {vt}")
-        e(f"{q}}}")
-        mx = "%mx0"
-        if tail:
-            e(
-                f"{q}%vt = vector.maskedload %mi[%r, %c{full}], %tmask, %ninf : {m_t}, {mk}, {vt} into {vt}"
-            )
-            e(f"{q}%mx1 = arith.maximumf %mx0, %vt : {vt}")
-            mx = "%mx1"
-        e(f"{q}%mxs = vector.reduction <maximumf>, {mx} : {vt} into f32")
-        e(f"{q}%mxv = vector.broadcast %mxs : f32 to {vt}")
 
-        def exp(v: str, tag: str, pre: str) -> str:
+        def row_pass(name: str, mem: str, pad: str, work, init: str | None = None) -> str | None:
+            """One pass over row ``%r`` of ``mem``: a loop over its full vectors, then its tail
+            read with ``pad`` past the row's end. ``work(pre, v, at, masked, tag, acc)`` emits
+            what is done with the vector ``v`` of columns ``at``... and returns the value
+            carried on (the pass's result, with ``init`` its first value), else None."""
+            if init is None:
+                e(f"{q}scf.for %j = %c0 to %c{full} step %c16 {{")
+            else:
+                e(
+                    f"{q}%{name}0 = scf.for %j = %c0 to %c{full} step %c16 "
+                    f"iter_args(%{name}a = {init}) -> ({vt}) {{"
+                )
+            e(f"{q}  %{name}v = vector.load {mem}[%r, %j] : {m_t}, {vt}")
+            acc = work(q + "  ", f"%{name}v", "%j", False, f"{name}m", f"%{name}a")
+            if init is not None:
+                e(f"{q}  scf.yield {acc} : {vt}")
+            e(f"{q}}}")
+            result = None if init is None else f"%{name}0"
+            if tail:
+                e(
+                    f"{q}%{name}t = vector.maskedload {mem}[%r, %c{full}], %tmask, {pad} : "
+                    f"{m_t}, {mk}, {vt} into {vt}"
+                )
+                result = work(q, f"%{name}t", f"%c{full}", True, f"{name}t", result)
+            return result
+
+        def store(pre: str, v: str, at: str, masked: bool) -> None:
+            if masked:
+                e(f"{pre}vector.maskedstore %mo[%r, {at}], %tmask, {v} : {m_t}, {mk}, {vt}")
+            else:
+                e(f"{pre}vector.store {v}, %mo[%r, {at}] : {m_t}, {vt}")
+
+        def maximum(pre: str, v: str, at: str, masked: bool, tag: str, acc: str) -> str:
+            e(f"{pre}%mx{tag} = arith.maximumf {acc}, {v} : {vt}")
+            return f"%mx{tag}"
+
+        def exp_and_sum(pre: str, v: str, at: str, masked: bool, tag: str, acc: str) -> str:
             e(f"{pre}%t{tag} = arith.subf {v}, %mxv : {vt}")
             x = emit_exp(e, pre, f"%t{tag}", tag)
             # exactly zero below the clamp; NaN (a NaN or +inf in the row) kept
@@ -99,48 +114,25 @@ class RowSoftmax:
             e(f"{pre}%ez{tag} = arith.select %lo{tag}, %act_zero, {x} : {mk}, {vt}")
             e(f"{pre}%un{tag} = arith.cmpf uno, %t{tag}, %t{tag} : {vt}")
             e(f"{pre}%ex{tag} = arith.select %un{tag}, %t{tag}, %ez{tag} : {mk}, {vt}")
-            return f"%ex{tag}"
+            store(pre, f"%ex{tag}", at, masked)
+            e(f"{pre}%sm{tag} = arith.addf {acc}, %ex{tag} : {vt}")
+            return f"%sm{tag}"
 
-        # exp(x - max), written out and summed
-        e(
-            f"{q}%sm0 = scf.for %j = %c0 to %c{full} step %c16 iter_args(%sacc = %act_zero) "
-            f"-> ({vt}) {{"
-        )
-        e(f"{q}  %v = vector.load %mi[%r, %j] : {m_t}, {vt}")
-        ev = exp("%v", "m", q + "  ")
-        e(f"{q}  vector.store {ev}, %mo[%r, %j] : {m_t}, {vt}")
-        e(f"{q}  %s = arith.addf %sacc, {ev} : {vt}")
-        e(f"{q}  scf.yield %s : {vt}")
-        e(f"{q}}}")
-        sm = "%sm0"
-        if tail:
-            e(
-                f"{q}%vt2 = vector.maskedload %mi[%r, %c{full}], %tmask, %ninf : {m_t}, {mk}, {vt} into {vt}"
-            )
-            et = exp("%vt2", "t", q)
-            e(f"{q}vector.maskedstore %mo[%r, %c{full}], %tmask, {et} : {m_t}, {mk}, {vt}")
-            e(f"{q}%sm1 = arith.addf %sm0, {et} : {vt}")
-            sm = "%sm1"
+        def scale(pre: str, v: str, at: str, masked: bool, tag: str, acc: str | None) -> None:
+            e(f"{pre}%y{tag} = arith.mulf {v}, %invv : {vt}")
+            store(pre, f"%y{tag}", at, masked)
+
+        # the row's maximum; exp(x - max), written out and summed; the products with 1 / sum
+        mx = row_pass("a", "%mi", "%ninf", maximum, "%ninf")
+        e(f"{q}%mxs = vector.reduction <maximumf>, {mx} : {vt} into f32")
+        e(f"{q}%mxv = vector.broadcast %mxs : f32 to {vt}")
+        sm = row_pass("b", "%mi", "%ninf", exp_and_sum, "%act_zero")
         e(f"{q}%sms = vector.reduction <add>, {sm} : {vt} into f32")
         e(f"{q}%inv = arith.divf %fone, %sms : f32")
         e(f"{q}%invv = vector.broadcast %inv : f32 to {vt}")
-        # the products with 1 / sum
-        e(f"{q}scf.for %j = %c0 to %c{full} step %c16 {{")
-        e(f"{q}  %w = vector.load %mo[%r, %j] : {m_t}, {vt}")
-        e(f"{q}  %y = arith.mulf %w, %invv : {vt}")
-        e(f"{q}  vector.store %y, %mo[%r, %j] : {m_t}, {vt}")
-        e(f"{q}}}")
-        if tail:
-            e(
-                f"{q}%wt = vector.maskedload %mo[%r, %c{full}], %tmask, %act_zero : {m_t}, {mk}, {vt} into {vt}"
-            )
-            e(f"{q}%yt = arith.mulf %wt, %invv : {vt}")
-            e(f"{q}vector.maskedstore %mo[%r, %c{full}], %tmask, %yt : {m_t}, {mk}, {vt}")
+        row_pass("c", "%mo", "%act_zero", scale)
         e(f"{p}}}")
-        e(f"{p}return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def function(self, fname: str, shape: list[int]) -> str:

@@ -45,6 +45,7 @@ from .avx512 import Avx512Gemm
 from .convs import Conv
 from .host import cpu_vendor
 from .isa import kernel_isa
+from .kernel_text import close_executable, open_static_executable
 
 __all__ = [
     "WINOGRAD_ENV",
@@ -360,14 +361,7 @@ class WinogradConv:
         out: list[str] = []
         e = out.append
         name = self.input_name
-        e(f"stream.executable private @{name} {{")
-        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
-        e(f"    %x = arith.constant {g.n * th} : index")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %one, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
-        e(f"    func.func @{name}(%a: !stream.binding, %v: !stream.binding) {{")
+        open_static_executable(e, name, (g.n * th,), ["%a", "%v"])
         p = "      "
         for const in sorted({0, 1, 16, c, tw}):
             e(f"{p}%c{const} = arith.constant {const} : index")
@@ -439,10 +433,7 @@ class WinogradConv:
                 e(f"{r}vector.store {v}, %mv[%s{i}_{j}] : {v_t}, {vt}")
         e(f"{q}}}")
         e(f"{p}}}")
-        e(f"{p}return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def output_executable(self) -> str:
@@ -463,15 +454,8 @@ class WinogradConv:
         out: list[str] = []
         e = out.append
         name = self.name
-        e(f"stream.executable private @{name} {{")
-        e(f"  stream.executable.export public @{name} workgroups() -> (index, index, index) {{")
-        e(f"    %x = arith.constant {g.n * th} : index")
-        e("    %one = arith.constant 1 : index")
-        e("    stream.return %x, %one, %one : index, index, index")
-        e("  }")
-        e("  builtin.module {")
         binds = ["%m", *(f"%{s}" for s in self.epilogue if s != "relu"), "%c"]
-        e(f"    func.func @{name}(" + ", ".join(f"{b}: !stream.binding" for b in binds) + ") {")
+        open_static_executable(e, name, (g.n * th,), binds)
         p = "      "
         for const in sorted({0, 1, 16, f, tw}):
             e(f"{p}%c{const} = arith.constant {const} : index")
@@ -564,10 +548,7 @@ class WinogradConv:
                     e(f"{r}}}")
         e(f"{q}}}")
         e(f"{p}}}")
-        e(f"{p}return")
-        e("    }")
-        e("  }")
-        e("}")
+        close_executable(e)
         return "\n".join(out)
 
     def _zero_border(self, e: Any, p: str, c_t: str) -> None:
