@@ -30,7 +30,11 @@ convolution is an AMX one over the result (at stride 1, or strided through its s
 form: :attr:`AmxConv.out_next_s2d`), writes that convolution's input itself: bf16,
 zero-padded, in the layout its kernel reads (:attr:`AmxConv.out_next`), so that IREE runs
 no copy, padding or conversion pass between the two; where nothing else reads the result the
-f32 ``C`` is then not written at all (:attr:`AmxConv.f32_out`).
+f32 ``C`` is then not written at all (:attr:`AmxConv.f32_out`). Where a strided 1x1
+convolution reads the result (a ResNet's shortcut at a stage transition), the kernel also
+writes that convolution's input, every ``sh``-th pixel of every ``sw``-th row in bf16
+(:attr:`AmxConv.out_strided`), instead of an f32 result the shortcut would subsample and
+round in a pass of its own.
 
 Measured: docs/performance.md, section 8 ("Convolutions on AMX") and section 18.
 """
@@ -219,8 +223,15 @@ class AmxConv(AmxGemm):
             then the form's pixels, each ``sh * sw`` of the padded input's (``[n, rows, cols,
             sh, sw, np_]`` flat); the output's pixels at ``(ph, pw)`` of the padded input
             (``sh rows x sw cols``), zeros around them.
-        f32_out: with :attr:`out_next`, whether the f32 result is written too (``False``
-            where nothing else reads it: the kernel's first result is then left unwritten).
+        out_strided: ``(rows, cols, sh, sw)``: the kernel also writes, in bf16, the input of
+            a strided 1x1 convolution over its output (stride ``(sh, sw)``, no padding) as
+            that convolution's kernel reads it (a further result, ``[n, rows, cols, np_]``
+            flat: output pixel ``(sh i, sw j)`` at ``(i, j)``; the rows past the last such
+            pixel, the kernel's extra zero row, zero). Whole panels only (``np_`` is the
+            reader's channel count).
+        f32_out: with :attr:`out_next` or :attr:`out_strided`, whether the f32 result is
+            written too (``False`` where nothing else reads it: the kernel's first result is
+            then left unwritten).
         s2d: ``(sh, sw, kh, kw)`` where the input is a strided convolution's space-to-depth
             form (:class:`AmxConvPlan`): its stride and its own kernel's size. The reduction
             then leaves out the 32-channel blocks whose weights are zero for a tap, the
@@ -247,6 +258,7 @@ class AmxConv(AmxGemm):
     out_next: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     out_next_f32: bool = field(default=False, kw_only=True)
     out_next_s2d: tuple[int, int] = field(default=(1, 1), kw_only=True)
+    out_strided: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
     f32_out: bool = field(default=True, kw_only=True)
     s2d: tuple[int, int, int, int] | None = field(default=None, kw_only=True)
 
@@ -264,7 +276,13 @@ class AmxConv(AmxGemm):
             rows, cols, ph, pw = self._out_next_padded
             if ph < 0 or pw < 0 or ph + self.oh > rows or pw + self.ow > cols:
                 raise ValueError(f"AMX convolution: the output does not fit {self.out_next}")
-        elif not self.f32_out:
+        if self.out_strided is not None:
+            rows, cols, sh, sw = self.out_strided
+            if rows < -(-self.oh // sh) or cols != -(-self.ow // sw):
+                raise ValueError(
+                    f"AMX convolution: the strided result does not fit {self.out_strided}"
+                )
+        if self.out_next is None and self.out_strided is None and not self.f32_out:
             raise ValueError(f"AMX convolution: no result to write: {self}")
 
     @property
@@ -318,6 +336,18 @@ class AmxConv(AmxGemm):
         return f"tensor<{self.out_next_size}x{self.out_next_dtype}>"
 
     @property
+    def out_strided_size(self) -> int:
+        """Elements of the :attr:`out_strided` result (bf16)."""
+        assert self.out_strided is not None
+        rows, cols, _, _ = self.out_strided
+        return self.n * rows * cols * self.np_
+
+    @property
+    def out_strided_type(self) -> str:
+        """The tensor type of the :attr:`out_strided` result."""
+        return f"tensor<{self.out_strided_size}xbf16>"
+
+    @property
     def out_next_dtype(self) -> str:
         """The element type of the :attr:`out_next` result."""
         return "f32" if self.out_next_f32 else "bf16"
@@ -326,7 +356,7 @@ class AmxConv(AmxGemm):
     def _per_pixel(self) -> bool:
         """Whether the epilogue works pixel by pixel (a residual, a bf16 result) from the
         stack's scratch block."""
-        return self.residual or self.out_next is not None
+        return self.residual or self.out_next is not None or self.out_strided is not None
 
     @property
     def ow(self) -> int:
@@ -371,6 +401,8 @@ class AmxConv(AmxGemm):
             epilogue += "f32" if self.out_next_f32 else ""
             if self.out_next_s2d != (1, 1):
                 epilogue += "s{}x{}".format(*self.out_next_s2d)
+        if self.out_strided is not None:
+            epilogue += "_sub{}x{}s{}x{}".format(*self.out_strided)
         if not self.f32_out:
             epilogue += "_nof32"
         if self.s2d is not None and self._skips_blocks:
@@ -392,7 +424,8 @@ class AmxConv(AmxGemm):
         ``tensor<{input_size}xbf16>``), ``b`` (the packed weight), with :attr:`scale_shift`
         the ``tensor<{np_}xf32>`` scale and shift, with :attr:`residual` the residual
         (``tensor<{n * oh * ow}x{np_}xf32>``); with :attr:`out_next` also ``%cnext``
-        (``tensor<{out_next_size}x{out_next_dtype}>``)."""
+        (``tensor<{out_next_size}x{out_next_dtype}>``), with :attr:`out_strided` ``%cstr``
+        (:attr:`out_strided_type`)."""
         if bool(scale_shift) != self.scale_shift:
             raise ValueError(f"{self.name}: scale and shift operands {scale_shift!r}")
         if bool(residual) != self.residual:
@@ -417,14 +450,17 @@ class AmxConv(AmxGemm):
             "index, index) -> "
         )
         cast = f" : tensor<?x{self.np_}xf32> to tensor<{rows}x{self.np_}xf32>"
-        if self.out_next is None:
+        more = [("%cnext", self.out_next_type)] if self.out_next is not None else []
+        more += [("%cstr", self.out_strided_type)] if self.out_strided is not None else []
+        if not more:
             lines.append(f"  %cmd = {call}{c_t}")
             lines.append(f"  %cm = tensor.cast %cmd{cast}")
-        else:
-            next_t = self.out_next_type
-            lines.append(f"  %cmd:2 = {call}({c_t}, {next_t})")
-            lines.append(f"  %cm = tensor.cast %cmd#0{cast}")
-            lines.append(f"  %cnext = tensor.cast %cmd#1 : {next_t} to {next_t}")
+            return lines
+        types = ", ".join([c_t] + [t for _, t in more])
+        lines.append(f"  %cmd:{1 + len(more)} = {call}({types})")
+        lines.append(f"  %cm = tensor.cast %cmd#0{cast}")
+        for i, (value, t) in enumerate(more, 1):
+            lines.append(f"  {value} = tensor.cast %cmd#{i} : {t} to {t}")
         return lines
 
     # -- the epilogue: scale, shift and ReLU over each stored block of C ------------------------
@@ -432,7 +468,8 @@ class AmxConv(AmxGemm):
     def _bindings(self) -> list[str]:
         operands = ["%a", "%b"] + (["%esc", "%esh"] if self.scale_shift else [])
         operands += ["%resid"] if self.residual else []
-        return operands + ["%c"] + (["%onext"] if self.out_next is not None else [])
+        operands += ["%c"] + (["%onext"] if self.out_next is not None else [])
+        return operands + (["%ostr"] if self.out_strided is not None else [])
 
     def _emit_extra_subspans(self, e) -> None:
         if self.scale_shift:
@@ -445,6 +482,9 @@ class AmxConv(AmxGemm):
         if self.out_next is not None:
             o_t = self._out_next_memref()
             e(f"      %mnext = stream.binding.subspan %onext[%c0] : !stream.binding -> {o_t}")
+        if self.out_strided is not None:
+            s_t = self._out_strided_memref()
+            e(f"      %mstr = stream.binding.subspan %ostr[%c0] : !stream.binding -> {s_t}")
 
     def _residual_memref(self) -> str:
         return f"memref<{self._residual_shape}>"
@@ -452,11 +492,14 @@ class AmxConv(AmxGemm):
     def _out_next_memref(self) -> str:
         return f"memref<{self.out_next_size}x{self.out_next_dtype}>"
 
+    def _out_strided_memref(self) -> str:
+        return f"memref<{self.out_strided_size}xbf16>"
+
     def _emit_workgroup_prologue(self, e) -> None:
         """The scratch block (see the class doc); with :attr:`out_next`, the workgroups of the
         first row block write the zeros around the pixels of their batch entry and columns (the
-        rows above and below them, the columns left and right of them); the others write only
-        pixels."""
+        rows above and below them, the columns left and right of them), with
+        :attr:`out_strided` the rows below its pixels; the others write only pixels."""
         if self._per_pixel:
             p = "      "
             e(f"{p}%scr = memref.alloca() : {_SCRATCH_T}")
@@ -464,8 +507,38 @@ class AmxConv(AmxGemm):
             e(f"{p}%scrp64 = arith.index_cast %scrp : index to i64")
             e(f"{p}%scrs = arith.constant {_SCRATCH_COLS * 4} : i64")
             e(f"{p}%scr16 = arith.constant {16 * _SCRATCH_COLS * 4} : i64")
-        if self.out_next is None:
+        if self.out_next is not None:
+            self._emit_out_next_zeros(e)
+        if self.out_strided is not None:
+            self._emit_out_strided_zeros(e)
+
+    def _emit_out_strided_zeros(self, e) -> None:
+        """The zero rows of :attr:`out_strided` below its pixels (written by the first row
+        block's workgroups, for their batch entry and columns)."""
+        rows, cols, sh, _ = self.out_strided  # type: ignore[misc]
+        first = -(-self.oh // sh)
+        if first >= rows:
             return
+        p = "      "
+        nvec, s_t = "vector<16xbf16>", self._out_strided_memref()
+        e(f"{p}%zs_first = arith.cmpi eq, %wgy, %c0 : index")
+        e(f"{p}scf.if %zs_first {{")
+        e(f"{p}  %zs_zero = arith.constant dense<0.0> : {nvec}")
+        e(f"{p}  %zs_r0 = arith.constant {first * cols} : index")
+        e(f"{p}  %zs_r1 = arith.constant {rows * cols} : index")
+        e(f"{p}  scf.for %zsp = %zs_r0 to %zs_r1 step %c1 {{")
+        e(
+            f"{p}    %zso = affine.apply affine_map<()[s0, s1, s2] -> ((s0 * {rows * cols} + s1) * "
+            f"{self.np_} + s2)>()[%wgz, %zsp, %n0]"
+        )
+        for j in range(self.cols_per_workgroup // 16):
+            e(f"{p}    %zso_{j} = affine.apply affine_map<()[s0] -> (s0 + {16 * j})>()[%zso]")
+            e(f"{p}    vector.store %zs_zero, %mstr[%zso_{j}] : {s_t}, {nvec}")
+        e(f"{p}  }}")
+        e(f"{p}}}")
+
+    def _emit_out_next_zeros(self, e) -> None:
+        """The zeros around :attr:`out_next`'s pixels (see :meth:`_emit_workgroup_prologue`)."""
         rows, cols, ph, pw = self._out_next_padded
         nv = self.cols_per_workgroup // 16
         p = "      "
@@ -552,6 +625,19 @@ class AmxConv(AmxGemm):
                     "[%wgz, %eoy, %eox, %ncol]"
                 )
                 e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
+            if self.out_strided is not None:
+                srows, scols, ssh, ssw = self.out_strided
+                e(
+                    f"{q}%esi = affine.apply affine_map<()[s0, s1, s2, s3] -> (((s0 * {srows} + "
+                    f"s1 floordiv {ssh}) * {scols} + s2 floordiv {ssw}) * {self.np_} + s3)>()"
+                    "[%wgz, %eoy, %eox, %ncol]"
+                )
+                e(f"{q}%esi1 = arith.addi %esi, %c16 : index")
+                e(f"{q}%esyr = affine.apply affine_map<()[s0] -> (s0 mod {ssh})>()[%eoy]")
+                e(f"{q}%esxr = affine.apply affine_map<()[s0] -> (s0 mod {ssw})>()[%eox]")
+                e(f"{q}%esyz = arith.cmpi eq, %esyr, %c0 : index")
+                e(f"{q}%esxz = arith.cmpi eq, %esxr, %c0 : index")
+                e(f"{q}%estr = arith.andi %esyz, %esxz : i1")
         r_t = self._residual_memref()
         o_t = self._out_next_memref() if self.out_next is not None else ""
         native = "avx512_bf16" in cpu_flags()
@@ -578,13 +664,20 @@ class AmxConv(AmxGemm):
                 v = f"%ez{h}"
             if self.f32_out:
                 e(f"{q}vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")
-            if self.out_next is not None and self.out_next_f32:
-                idx = "%enx" if h == 0 else "%enx1"
-                e(f"{q}vector.store {v}, %mnext[{idx}] : {o_t}, {vec}")
-            elif self.out_next is not None:
+            next_bf16 = self.out_next is not None and not self.out_next_f32
+            if next_bf16 or self.out_strided is not None:
                 _to_bf16(e, q, f"%ebf{h}", v, native)
-                idx = "%enx" if h == 0 else "%enx1"
+            idx = "%enx" if h == 0 else "%enx1"
+            if self.out_next is not None and self.out_next_f32:
+                e(f"{q}vector.store {v}, %mnext[{idx}] : {o_t}, {vec}")
+            elif next_bf16:
                 e(f"{q}vector.store %ebf{h}, %mnext[{idx}] : {o_t}, vector<16xbf16>")
+            if self.out_strided is not None:
+                s_t = self._out_strided_memref()
+                e(f"{q}scf.if %estr {{")
+                sidx = "%esi" if h == 0 else "%esi1"
+                e(f"{q}  vector.store %ebf{h}, %mstr[{sidx}] : {s_t}, vector<16xbf16>")
+                e(f"{q}}}")
         if per_pixel:
             e(f"{p}  }}")
         e(f"{p}}}")

@@ -583,8 +583,9 @@ def _amx_function(
     :attr:`.amx_conv.AmxConv.residual` the residual ``%res`` is the last argument (NCHW f32, or
     with :attr:`.amx_conv.AmxConv.residual_layout` an earlier kernel's bf16 result). With
     ``padded_input``, ``%x`` is the input as the kernel reads it (the previous AMX kernel's
-    :attr:`.amx_conv.AmxConv.out_next` result); with :attr:`.amx_conv.AmxConv.out_next`, the
-    function returns that result of its own after the NCHW output."""
+    :attr:`.amx_conv.AmxConv.out_next` or :attr:`.amx_conv.AmxConv.out_strided` result); with
+    :attr:`.amx_conv.AmxConv.out_next`, the function returns that result of its own after the
+    NCHW output, then with :attr:`.amx_conv.AmxConv.out_strided` that one."""
     assert g.n is not None
     n, c, h, w, f = g.n, g.c, g.h, g.w, g.f
     sh, sw, cp = plan.sh, plan.sw, plan.c_pad
@@ -600,9 +601,9 @@ def _amx_function(
     args += "".join(f", %p{i}: {_tensor(*sizes)}" for i, (_, sizes) in enumerate(affine))
     if kernel.residual:
         args += f", %res: {out_t if kernel.residual_layout is None else kernel.residual_type}"
-    results_t = out_t
-    if kernel.out_next is not None:
-        results_t = f"({out_t}, {kernel.out_next_type})"
+    more = [("%cnext", kernel.out_next_type)] if kernel.out_next is not None else []
+    more += [("%cstr", kernel.out_strided_type)] if kernel.out_strided is not None else []
+    results_t = f"({', '.join([out_t] + [t for _, t in more])})" if more else out_t
     lines = [f"func.func private @{name}({args}) -> {results_t} {{"]
     e = lines.append
     e("  %zero = arith.constant 0.0 : f32")
@@ -663,10 +664,8 @@ def _amx_function(
         f"{grid_t} to {o_t}"
     )
     _to_nchw(e, o_t, out_t, f, bias=g.bias and not kernel.scale_shift)
-    if kernel.out_next is not None:
-        e(f"  return %out, %cnext : {out_t}, {kernel.out_next_type}")
-    else:
-        e(f"  return %out : {out_t}")
+    values = ", ".join(["%out"] + [v for v, _ in more])
+    e(f"  return {values} : {', '.join([out_t] + [t for _, t in more])}")
     e("}")
     return "\n".join(lines)
 
@@ -845,13 +844,20 @@ def _rewrite_amx(
         readers = []
     if readers and out_next is None:  # a bf16 copy for the residual adds alone
         out_next = (g.oh, g.ow, 0, 0)
-    # what reads the f32 result: the uses besides the next convolution's input and the
+    # a strided 1x1 over the result (a shortcut): its input written here too
+    strided = _amx_strided_consumer(final, g, found, index + 1) if handoffs and not pool else None
+    out_strided = None
+    if strided is not None:
+        splan, _ = amx_conv_plan(strided[1])
+        out_strided = (splan.rows, splan.cols, *strided[1].stride)
+    taken = [found[c[0]][0].operation for c in (consumer, strided) if c is not None]
+    # what reads the f32 result: the uses besides the next convolutions' inputs and the
     # residual adds that read the bf16 one
     others = [
         u
         for u in final.uses
         if u.owner.operation not in readers
-        and not (consumer is not None and u.owner.operation == found[consumer[0]][0].operation)
+        and u.owner.operation not in taken
         and not (pool is not None and u.owner.operation == pool[0].operation)
     ]
     kernel = replace(
@@ -863,7 +869,8 @@ def _rewrite_amx(
         out_next=out_next,
         out_next_s2d=out_next_s2d,
         out_next_f32=pool is not None and pool_adds is None,
-        f32_out=out_next is None or bool(others),
+        out_strided=out_strided,
+        f32_out=(out_next is None and out_strided is None) or bool(others),
     )
     if kernel.name not in top:
         top.append(kernel.executable())
@@ -877,6 +884,8 @@ def _rewrite_amx(
     results = [_tensor(g.n, g.f, g.oh, g.ow)]
     if out_next is not None:
         results.append(kernel.out_next_type)
+    if out_strided is not None:
+        results.append(kernel.out_strided_type)
     last = residual_bf16[0] if residual_bf16 is not None else None
     call, back = _replace_by_call(conv, absorbed, name, operands, types, results, padded, last)
     if readers:
@@ -891,7 +900,10 @@ def _rewrite_amx(
                 top, call, pool_op, gp, index, found, pool_adds, bf16_results
             )
         _pool_padded_result(top, pool, call.results[1], f"{POOL_FUNC_PREFIX}_amx_{index}")
-    return call, [] if consumer is None else [(consumer[0], call.results[1])]
+    inputs = [] if consumer is None else [(consumer[0], call.results[1])]
+    if strided is not None:
+        inputs.append((strided[0], call.results[len(results) - 1]))
+    return call, inputs
 
 
 def _pool_padded_result(top: TopLevel, pool: tuple[Any, MaxPool], padded: Any, name: str) -> None:
@@ -1023,6 +1035,31 @@ def _amx_consumer(
     # a reader at stride 1 first (as before strided readers were taken)
     consumers.sort(key=lambda c: c[1].stride != (1, 1))
     return consumers[0] if consumers else None
+
+
+def _amx_strided_consumer(
+    value: Any, g: Conv, found: list[tuple[Any, Conv | None]], start: int
+) -> tuple[int, Conv] | None:
+    """``(index, geometry)`` of a strided 1x1 convolution without padding of ``found[start:]``
+    reading ``value`` (the result of the convolution ``g``, whole panels) as its input, on
+    the AMX kernel (every ``th``-th row and ``tw``-th column, no channels to pad: a ResNet's
+    shortcut at a stage transition): the kernel computing ``g`` can then write that input, a
+    subsample of its pixels in bf16 (:attr:`.amx_conv.AmxConv.out_strided`), where the
+    shortcut would otherwise read the f32 result and subsample and round it in a pass of its
+    own (docs/performance.md, section 33)."""
+    for use in value.uses:
+        if use.operand_number != 0:
+            continue
+        for i in range(start, len(found)):
+            o, g2 = found[i]
+            if o.operation != use.owner.operation or g2 is None or not amx_conv_supports(g2):
+                continue
+            plan2, _ = amx_conv_plan(g2)
+            if (plan2.th, plan2.tw) == (1, 1) or (plan2.sh, plan2.sw) != (1, 1):
+                continue
+            if g2.padding == (0, 0) and g2.c == g.f == plan2.c_pad and g2.n == g.n:
+                return i, g2
+    return None
 
 
 def _amx_consumers(
