@@ -1,6 +1,6 @@
 """How evenly IREE's ``local-task`` workers share each dispatch of a benchmark model.
 
-The model of ``peer_runtimes.py`` is compiled with turbine's defaults (or ``--precision bf16``),
+The model of ``peer_runtimes.py`` or of the zoo (``zoo.py --list``) is compiled with turbine's defaults (or ``--precision bf16``),
 run by ``iree-benchmark-module --device_profiling_mode=host-execution`` on ``--threads``
 workers, and each dispatch's events read back with ``iree-profile dispatch``: its duration, the
 sum of its workgroups' times and their count. ``share`` is that sum over ``threads`` times the
@@ -13,6 +13,7 @@ Usage::
 
     python benchmarks/dispatch_shares.py gpt --threads 2
     python benchmarks/dispatch_shares.py resnet50 --precision bf16 --top 40
+    python benchmarks/dispatch_shares.py whisper-encoder --threads 2
 """
 
 from __future__ import annotations
@@ -49,22 +50,24 @@ def dispatch_events(vmfb: Path, inputs: list, threads: int, calls: int, td: Path
 
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
-    p.add_argument("model", help="a model of peer_runtimes.py")
+    p.add_argument("model", help="a model of peer_runtimes.py or of zoo.py")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
-    import peer_runtimes
-
     import turbine_aot
 
-    module, margs, mkwargs, what = peer_runtimes.MODELS[args.model]()
+    try:
+        module, margs, mkwargs, what, dynamic = peer_profile.model_for(args.model)
+    except KeyError:
+        p.error(f"unknown model {args.model!r}: see --help")
     kw = {"precision": "bf16"} if args.precision == "bf16" else {}
     with tempfile.TemporaryDirectory(prefix="turbine-shares-") as tmp:
         td = Path(tmp)
         vmfb = td / "m.vmfb"
-        turbine_aot.export(module, args=margs, kwargs=mkwargs).compile(save_to=vmfb, **kw)
+        eo = turbine_aot.export(module, args=margs, kwargs=mkwargs, dynamic_shapes=dynamic)
+        eo.compile(save_to=vmfb, **kw)
         events = dispatch_events(vmfb, [*margs, *mkwargs.values()], args.threads, args.calls, td)
     per: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     for ev in events:

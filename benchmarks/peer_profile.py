@@ -184,6 +184,21 @@ def _print(title: str, rows: dict[str, float], kinds: dict[str, float], top: int
         print(f"    {v:8.3f} ms  {k[:110]}")
 
 
+def model_for(name: str) -> tuple[Any, tuple, dict, str, Any]:
+    """``(module, args, kwargs, description, dynamic shapes)`` of a model of
+    ``peer_runtimes.py`` or of the zoo (exported as ``zoo.py`` does: a dynamic sequence...);
+    ``KeyError`` for another name."""
+    if name in peer_runtimes.MODELS:
+        module, margs, mkwargs, what = peer_runtimes.MODELS[name]()
+        return module, margs, mkwargs, what, None
+    import zoo
+
+    if name not in zoo.ZOO:
+        raise KeyError(name)
+    case = zoo.model_case(name)
+    return case.module.eval(), case.args, case.kwargs, case.what, case.dynamic_shapes
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
     p.add_argument(
@@ -211,17 +226,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if args.model in peer_runtimes.MODELS:
-        module, margs, mkwargs, what = peer_runtimes.MODELS[args.model]()
-        dynamic = None
-    else:
-        import zoo
-
-        if args.model not in zoo.ZOO:
-            p.error(f"unknown model {args.model!r}: see --help")
-        case = zoo.model_case(args.model)
-        module, margs, mkwargs, what = case.module.eval(), case.args, case.kwargs, case.what
-        dynamic = case.dynamic_shapes  # exported as zoo.py does (a dynamic sequence...)
+    try:
+        module, margs, mkwargs, what, dynamic = model_for(args.model)
+    except KeyError:
+        p.error(f"unknown model {args.model!r}: see --help")
     result: dict[str, Any] = {"model": args.model, "what": what, "threads": args.threads}
     with tempfile.TemporaryDirectory(prefix="turbine-peer-profile-") as tdir:
         td = Path(tdir)
