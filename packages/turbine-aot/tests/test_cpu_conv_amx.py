@@ -16,7 +16,7 @@ from ir_check import check_ir
 from kernel_testing import bf16_reference, compile_copy_asm
 
 from turbine_aot import export
-from turbine_aot._compiler import amx_conv, bf16, rewrites
+from turbine_aot._compiler import amx_conv, bf16, rewrites, workgroups
 from turbine_aot._compiler.amx import host_amx_missing
 from turbine_aot._compiler.amx_conv import (
     AMX_CONV_ENV,
@@ -41,6 +41,9 @@ needs_amx = pytest.mark.skipif(
 def _default_choices(monkeypatch):
     for name in ("TURBINE_CPU_CONV_MATMUL", "TURBINE_CPU_MATMUL", AMX_CONV_ENV):
         monkeypatch.delenv(name, raising=False)
+    # the kernels' usual grids (the names below), whatever this host's core count: the rows
+    # per workgroup chosen for several workers have a test of their own
+    monkeypatch.setattr(workgroups, "default_workers", lambda: 1)
 
 
 def _as_on_amx(monkeypatch) -> None:
@@ -775,3 +778,32 @@ def test_a_result_left_unwritten_in_f32_cannot_be_read(monkeypatch):
     monkeypatch.setattr(direct_convs, "_residual_readers", claims)
     with pytest.raises(Exception, match="left unwritten"):
         compile_copy_asm(eo, _flags())
+
+
+@needs_amx
+def test_rows_per_workgroup_chosen_for_two_workers_match_the_bf16_reference(monkeypatch):
+    # ResNet's first stage: a 3x3 over 56 x 56 pixels is an output grid of 56 x 58 rows; 26
+    # workgroups of 128 rows run 16 on one of two workers, 15 of 224 run 8 and 7
+    monkeypatch.setattr(workgroups, "default_workers", lambda: 2)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 64, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 64, 3, padding=1),
+    ).eval()
+    x = torch.randn(1, 64, 56, 56)
+    eo = export(model, args=(x,))
+    names = set(
+        re.findall(
+            r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{",
+            compile_copy_asm(eo, _flags()),
+        )
+    )
+    assert names and all(n.endswith("_224x64") for n in names), names
+    got = _run_bf16(eo, x)
+    # the same bits as the usual grid (each output's sum runs in the same order)
+    monkeypatch.setattr(workgroups, "default_workers", lambda: 1)
+    assert torch.equal(got, _run_bf16(eo, x))
+    # the reference sums in another order: the first convolution's output may round to the
+    # neighbouring bf16 value before the second reads it (0.5 % of outputs differ by ~1e-4)
+    want = bf16_reference(model, x, layer=torch.nn.Conv2d)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)

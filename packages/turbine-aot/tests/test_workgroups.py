@@ -48,3 +48,31 @@ def test_the_default_is_one_worker_per_physical_core(monkeypatch):
     assert host_physical_cores() >= 1  # Linux: /proc/cpuinfo
     monkeypatch.setattr(workgroups, "host_physical_cores", lambda: 0)
     assert workgroups.default_workers() == 1  # unknown: no reason to cut otherwise
+
+
+def test_unequal_workgroups_are_shared_as_equal_ones_are():
+    # equal sizes: the same as busiest_share, in units of one workgroup's work
+    for tiles in (7, 20, 24, 33):
+        assert workgroups.busiest_work([3] * tiles, 2) == 3 * busiest_share(tiles, 2)
+    # one at a time, each to the worker free first: 5 | 4, then 1 to the second, 3 to the first
+    assert workgroups.busiest_work([5, 4, 1, 3], 2) == 8
+    # from 16 on, reservations of 8 consecutive ones: 8 x 1 | 8 x 2, then 1 x 9 to the first
+    assert workgroups.busiest_work([1] * 8 + [2] * 8 + [9], 2) == 17
+    assert workgroups.busiest_work([5, 4, 1, 3], 1) == 13
+
+
+def test_a_convolution_grid_takes_the_rows_two_workers_share_evenly():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Grid:
+        np_: int = 64
+        rows_per_workgroup: int = 128
+        cols_per_workgroup: int = 64
+
+    # ResNet's first stage at 56 x 56 (an output grid of 56 x 58 rows): 26 workgroups of 128
+    # rows run 16 x 128 = 2048 rows on one worker; 15 of 224 run 7 x 224 + 112 = 1680
+    assert workgroups.balanced_rows(Grid(), 56 * 58, 1, workers=2).rows_per_workgroup == 224
+    # already even (two row blocks a batch entry, four column blocks), or one worker: unchanged
+    assert workgroups.balanced_rows(Grid(np_=256), 224, 1, workers=2) == Grid(np_=256)
+    assert workgroups.balanced_rows(Grid(), 56 * 58, 1, workers=1) == Grid()

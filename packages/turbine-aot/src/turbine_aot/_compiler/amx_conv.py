@@ -48,6 +48,7 @@ from .activations import relu_line
 from .amx import AmxGemm, padded
 from .convs import Conv
 from .host import cpu_flags
+from .workgroups import balanced_rows
 
 __all__ = [
     "AMX_CONV_ENV",
@@ -190,6 +191,8 @@ def amx_conv_plan(g: Conv) -> tuple[AmxConvPlan, AmxConv]:
         n=g.n,
         s2d=(sh, sw, g.kh, g.kw) if sh * sw > 1 else None,
     )
+    # rows per workgroup that IREE's workers share evenly (docs/performance.md, section 35)
+    kernel = balanced_rows(kernel, kernel.m, g.n)
     return plan, kernel
 
 

@@ -14,7 +14,7 @@ run with other worker counts may differ, its results never do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -22,7 +22,15 @@ from .host import host_physical_cores
 
 K = TypeVar("K", bound=Any)
 
-__all__ = ["RESERVATION", "balanced_grid", "best_grid", "busiest_share", "default_workers"]
+__all__ = [
+    "RESERVATION",
+    "balanced_grid",
+    "balanced_rows",
+    "best_grid",
+    "busiest_share",
+    "busiest_work",
+    "default_workers",
+]
 
 #: Workgroups a worker of IREE 3.13's ``local-task`` driver takes at a time once a dispatch
 #: has at least this many per worker (one at a time below).
@@ -76,3 +84,44 @@ def balanced_grid(kernel: K, m: int | None, batch: int, step: int, workers: int 
     choices = [c for c in choices if width % c == 0]
     best = choices[best_grid([(row_blocks * (width // c), c) for c in choices], workers)]
     return kernel if best == cols else replace(kernel, cols_per_workgroup=best)
+
+
+def busiest_work(sizes: Sequence[int], workers: int) -> int:
+    """The most work one of ``workers`` runs of a dispatch whose workgroups, in the order IREE
+    hands them out (``x`` fastest, then ``y``, then ``z``), have ``sizes``: one at a time below
+    :data:`RESERVATION` per worker, else reservations of :data:`RESERVATION` consecutive ones,
+    each taken by the worker that is free first (:func:`busiest_share` for unequal ones)."""
+    if workers <= 1:
+        return sum(sizes)
+    step = 1 if len(sizes) < RESERVATION * workers else RESERVATION
+    loads = [0] * workers
+    for i in range(0, len(sizes), step):
+        loads[loads.index(min(loads))] += sum(sizes[i : i + step])
+    return max(loads)
+
+
+#: The rows per workgroup :func:`balanced_rows` may choose (multiples of the AMX kernel's 32-row
+#: strips; fewer than 96 would read each workgroup's weight panel for too few rows).
+ROW_CHOICES = (96, 128, 160, 192, 224, 256)
+
+
+def balanced_rows(kernel: K, m: int, batch: int, workers: int | None = None) -> K:
+    """``kernel`` (a dataclass with ``np_``, ``rows_per_workgroup`` and ``cols_per_workgroup``,
+    its grid ``(np_ / cols, ceil(m / rows), batch)``) with the rows per workgroup of
+    :data:`ROW_CHOICES` whose busiest worker computes the fewest rows (:func:`busiest_work`; the
+    last row block of each batch entry holds what is left), its usual count kept on ties. A
+    convolution's output grid (ResNet's first stage: 56 x 58 rows, 26 workgroups of 128 rows,
+    16 of them for one of two workers) rarely divides evenly (docs/performance.md, section 35)."""
+    w = default_workers() if workers is None else workers
+    if m <= 0 or w <= 1:
+        return kernel
+    col_blocks = kernel.np_ // kernel.cols_per_workgroup
+
+    def busiest(rows: int) -> int:
+        entry = [min(rows, m - start) for start in range(0, m, rows)]
+        return busiest_work([r for _ in range(batch) for r in entry for _ in range(col_blocks)], w)
+
+    usual = kernel.rows_per_workgroup
+    options = [usual] + [r for r in ROW_CHOICES if r != usual]
+    best = min(options, key=lambda r: (busiest(r), options.index(r)))
+    return kernel if best == usual else replace(kernel, rows_per_workgroup=best)
