@@ -549,7 +549,8 @@ def test_strided_convolutions_take_their_space_to_depth_input_from_the_kernel_be
 @needs_amx
 @pytest.mark.parametrize("size, tol", [((11, 13), 1e-5), ((12, 16), 1e-3)], ids=["odd", "even"])
 def test_the_space_to_depth_hand_offs_match_the_bf16_reference(monkeypatch, size, tol):
-    # odd sizes: the strided 1x1 reads the last row and column of c2's result; even ones: not
+    # c2's result is 6 x 7 (the strided 1x1 reads its last column) or 6 x 8 (neither its last
+    # row nor its last column)
     model = _Transitions().eval()
     x = torch.randn(2, 64, *size)
     eo = export(model, args=(x,))
