@@ -59,6 +59,11 @@ def _run_bf16(eo, *args):
     return load_module(eo.compile(save_to=None, precision="bf16")).main(*args)
 
 
+def _conv_names(asm: str) -> set[str]:
+    """The AMX convolution executables of a compile copy's text."""
+    return set(re.findall(r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{", asm))
+
+
 def _flags() -> list[str]:
     return [
         *default_compile_flags("llvm-cpu", use_env=False),
@@ -427,7 +432,7 @@ def test_bottleneck_blocks_hand_their_inputs_over_in_bf16(monkeypatch):
     x = torch.randn(2, 128, 9, 13)  # two images: the kernels' writes per batch entry
     eo = export(model, args=(x,))
     asm = compile_copy_asm(eo, _flags())
-    names = set(re.findall(r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{", asm))
+    names = _conv_names(asm)
     # 1x1 -> 3x3 (grid 9 + 3 rows, 13 + 2 wide: the pixels at 1, 1); 3x3 -> 1x1 and the first
     # block's output -> the next 1x1 (9 + 1 rows, 13 wide: at 0, 0); the residual in the
     # 1x1's epilogue, the second block's read in bf16 from the first block's bf16 result,
@@ -529,7 +534,7 @@ def test_strided_convolutions_take_their_space_to_depth_input_from_the_kernel_be
     # two images, odd sizes: the zeros around the pixels
     eo = export(_Transitions().eval(), args=(torch.randn(2, 64, 11, 13),))
     asm = compile_copy_asm(eo, _flags())
-    names = set(re.findall(r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{", asm))
+    names = _conv_names(asm)
     # c1 writes s1's input: 11 x 13 pixels at (1, 1) of the padded input (16 x 16: 6 output
     # rows + 2, 7 columns + 1, twice), in the 2x2 space-to-depth form (8 x 8 pixels of 4 x 64
     # channels), and nothing else; s1 (its reader at stride 1) c2's padded input (9 x 9); c2
@@ -793,12 +798,7 @@ def test_rows_per_workgroup_chosen_for_two_workers_match_the_bf16_reference(monk
     ).eval()
     x = torch.randn(1, 64, 56, 56)
     eo = export(model, args=(x,))
-    names = set(
-        re.findall(
-            r"stream.executable private @(__turbine_amx_bf16_conv_\w+) \{",
-            compile_copy_asm(eo, _flags()),
-        )
-    )
+    names = _conv_names(compile_copy_asm(eo, _flags()))
     assert names and all(n.endswith("_224x64") for n in names), names
     got = _run_bf16(eo, x)
     # the same bits as the usual grid (each output's sum runs in the same order)

@@ -92,6 +92,18 @@ def _to_bf16(e, q: str, result: str, v: str, native: bool) -> None:
     e(f"{q}{result} = vector.bitcast {result}i : vector<16xi16> to vector<16xbf16>")
 
 
+def _emit_pixel_index(e, q: str, name: str, expr: str) -> None:
+    """``name`` = ``expr`` (an affine expression of the batch entry ``s0``, the output row
+    ``s1``, the output column ``s2`` and the block's first channel ``s3``: where the epilogue's
+    pixel goes in one of its results) and ``name``1 = 16 channels on (the block's second
+    vector)."""
+    e(
+        f"{q}{name} = affine.apply affine_map<()[s0, s1, s2, s3] -> {expr}>()"
+        "[%wgz, %eoy, %eox, %ncol]"
+    )
+    e(f"{q}{name}1 = arith.addi {name}, %c16 : index")
+
+
 def amx_conv_enabled() -> bool:
     """Whether the bf16 rewrite may use this kernel (unless ``TURBINE_CPU_AMX_CONV=off``)."""
     return os.environ.get(AMX_CONV_ENV, "").strip().lower() != "off"
@@ -614,28 +626,24 @@ class AmxConv(AmxGemm):
                 )
             elif self.residual:  # bf16, flat, as its producer's out_next result
                 rrows, rcols, rph, rpw = self.residual_layout  # type: ignore[misc]
-                e(
-                    f"{q}%eres = affine.apply affine_map<()[s0, s1, s2, s3] -> "
-                    f"(((s0 * {rrows} + s1 + {rph}) * {rcols} + s2 + {rpw}) * {self.np_} + s3)>()"
-                    "[%wgz, %eoy, %eox, %ncol]"
+                _emit_pixel_index(
+                    e,
+                    q,
+                    "%eres",
+                    f"(((s0 * {rrows} + s1 + {rph}) * {rcols} + s2 + {rpw}) * {self.np_} + s3)",
                 )
-                e(f"{q}%eres1 = arith.addi %eres, %c16 : index")
             if self.out_next is not None:
                 _, _, ph, pw = self.out_next
-                e(
-                    f"{q}%enx = affine.apply affine_map<()[s0, s1, s2, s3] -> "
-                    f"{self._out_next_map(f's1 + {ph}', f's2 + {pw}')}>()"
-                    "[%wgz, %eoy, %eox, %ncol]"
-                )
-                e(f"{q}%enx1 = arith.addi %enx, %c16 : index")
+                _emit_pixel_index(e, q, "%enx", self._out_next_map(f"s1 + {ph}", f"s2 + {pw}"))
             if self.out_strided is not None:
                 srows, scols, ssh, ssw = self.out_strided
-                e(
-                    f"{q}%esi = affine.apply affine_map<()[s0, s1, s2, s3] -> (((s0 * {srows} + "
-                    f"s1 floordiv {ssh}) * {scols} + s2 floordiv {ssw}) * {self.np_} + s3)>()"
-                    "[%wgz, %eoy, %eox, %ncol]"
+                _emit_pixel_index(
+                    e,
+                    q,
+                    "%esi",
+                    f"(((s0 * {srows} + s1 floordiv {ssh}) * {scols} + s2 floordiv {ssw}) * "
+                    f"{self.np_} + s3)",
                 )
-                e(f"{q}%esi1 = arith.addi %esi, %c16 : index")
                 e(f"{q}%esyr = affine.apply affine_map<()[s0] -> (s0 mod {ssh})>()[%eoy]")
                 e(f"{q}%esxr = affine.apply affine_map<()[s0] -> (s0 mod {ssw})>()[%eox]")
                 e(f"{q}%esyz = arith.cmpi eq, %esyr, %c0 : index")

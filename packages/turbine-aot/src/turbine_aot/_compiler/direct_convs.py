@@ -63,6 +63,7 @@ the convolutions' inputs are; docs/performance.md, sections 8 and 18).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, TypedDict
 
@@ -1047,18 +1048,11 @@ def _amx_strided_consumer(
     subsample of its pixels in bf16 (:attr:`.amx_conv.AmxConv.out_strided`), where the
     shortcut would otherwise read the f32 result and subsample and round it in a pass of its
     own (docs/performance.md, section 33)."""
-    for use in value.uses:
-        if use.operand_number != 0:
+    for i, g2, plan2 in _amx_readers(value, found, start):
+        if (plan2.th, plan2.tw) == (1, 1) or (plan2.sh, plan2.sw) != (1, 1):
             continue
-        for i in range(start, len(found)):
-            o, g2 = found[i]
-            if o.operation != use.owner.operation or g2 is None or not amx_conv_supports(g2):
-                continue
-            plan2, _ = amx_conv_plan(g2)
-            if (plan2.th, plan2.tw) == (1, 1) or (plan2.sh, plan2.sw) != (1, 1):
-                continue
-            if g2.padding == (0, 0) and g2.c == g.f == plan2.c_pad and g2.n == g.n:
-                return i, g2
+        if g2.padding == (0, 0) and g2.c == g.f == plan2.c_pad and g2.n == g.n:
+            return i, g2
     return None
 
 
@@ -1067,30 +1061,31 @@ def _amx_consumers(
 ) -> list[tuple[int, Conv]]:
     """Every convolution :func:`_amx_consumer` would accept, in use order."""
     out = []
+    for i, g2, plan2 in _amx_readers(value, found, start):
+        if (plan2.th, plan2.tw) != (1, 1) or not (g2.c == g.f == plan2.c_pad and g2.n == g.n):
+            continue
+        if (plan2.sh, plan2.sw) == (1, 1):
+            out.append((i, g2))
+            continue
+        # the space-to-depth form: whole blocks of channels, every pixel inside the form
+        ph2, pw2 = g2.padding
+        if strided and g.f % 32 == 0 and ph2 + g.oh <= plan2.height and pw2 + g.ow <= plan2.width:
+            out.append((i, g2))
+    return out
+
+
+def _amx_readers(
+    value: Any, found: list[tuple[Any, Conv | None]], start: int
+) -> Iterator[tuple[int, Conv, AmxConvPlan]]:
+    """``(index, geometry, plan)`` of each convolution of ``found[start:]`` that the AMX
+    kernel computes and that reads ``value`` as its input, in use order."""
     for use in value.uses:
         if use.operand_number != 0:
             continue
-        user = use.owner
         for i in range(start, len(found)):
             o, g2 = found[i]
-            if o.operation != user.operation or g2 is None or not amx_conv_supports(g2):
-                continue
-            plan2, _ = amx_conv_plan(g2)
-            if (plan2.th, plan2.tw) != (1, 1) or not (g2.c == g.f == plan2.c_pad and g2.n == g.n):
-                continue
-            if (plan2.sh, plan2.sw) == (1, 1):
-                out.append((i, g2))
-                continue
-            # the space-to-depth form: whole blocks of channels, every pixel inside the form
-            ph2, pw2 = g2.padding
-            if (
-                strided
-                and g.f % 32 == 0
-                and ph2 + g.oh <= plan2.height
-                and pw2 + g.ow <= plan2.width
-            ):
-                out.append((i, g2))
-    return out
+            if o.operation == use.owner.operation and g2 is not None and amx_conv_supports(g2):
+                yield i, g2, amx_conv_plan(g2)[0]
 
 
 def _rewrite_depthwise(
