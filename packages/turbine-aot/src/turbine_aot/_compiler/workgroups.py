@@ -48,17 +48,7 @@ def busiest_share(tiles: int, workers: int) -> int:
     even split one at a time below :data:`RESERVATION` per worker, else reservations of
     :data:`RESERVATION` (the last one what is left), each taken by the worker that is free
     first."""
-    if tiles <= 0:
-        return 0
-    if workers <= 1:
-        return tiles
-    if tiles < RESERVATION * workers:
-        return -(-tiles // workers)
-    full, rest = divmod(tiles, RESERVATION)
-    loads = [0] * workers
-    for size in [RESERVATION] * full + ([rest] if rest else []):
-        loads[loads.index(min(loads))] += size
-    return max(loads)
+    return busiest_work([1] * max(0, tiles), workers)
 
 
 def best_grid(choices: Iterable[tuple[int, int]], workers: int | None = None) -> int:
@@ -90,7 +80,7 @@ def busiest_work(sizes: Sequence[int], workers: int) -> int:
     """The most work one of ``workers`` runs of a dispatch whose workgroups, in the order IREE
     hands them out (``x`` fastest, then ``y``, then ``z``), have ``sizes``: one at a time below
     :data:`RESERVATION` per worker, else reservations of :data:`RESERVATION` consecutive ones,
-    each taken by the worker that is free first (:func:`busiest_share` for unequal ones)."""
+    each taken by the worker that is free first."""
     if workers <= 1:
         return sum(sizes)
     step = 1 if len(sizes) < RESERVATION * workers else RESERVATION
