@@ -141,14 +141,19 @@ def build_turbine(
 
 # ------------------------------------------------------------------------------------ ONNX side
 def export_onnx(module, args: tuple, kwargs: dict, workdir: Path) -> tuple[Path, float]:
-    """``torch.onnx.export(dynamo=True)`` to ``workdir/model.onnx`` (cached across processes)."""
+    """``torch.onnx.export(dynamo=True)`` to ``workdir/model.onnx`` (cached across processes),
+    for inference: under ``torch.no_grad()`` (with autograd on, transformers' T5 encoder fails
+    to export: a ``view`` of its transposed attention output)."""
     import torch
 
     path = workdir / "model.onnx"
     t0 = time.perf_counter()
     if not path.exists():
         tmp = workdir / "model.tmp.onnx"
-        prog = torch.onnx.export(module, args, kwargs=kwargs or None, dynamo=True, verbose=False)
+        with torch.no_grad():
+            prog = torch.onnx.export(
+                module, args, kwargs=kwargs or None, dynamo=True, verbose=False
+            )
         prog.save(str(tmp))
         tmp.rename(path)  # external data (if any) keeps the name it was saved with
     return path, time.perf_counter() - t0
