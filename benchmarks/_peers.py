@@ -17,7 +17,12 @@ the timed call is the runtime's work plus its own input/output handling, as in a
 * ``turbine`` — ``turbine_aot.export`` then ``ExportOutput.compile()`` with its defaults, run on
   ``local-sync`` (1 thread) or ``local-task`` with ``threads`` workers;
 * ``turbine-bf16`` — the same with ``compile(precision="bf16")`` (matmuls in bf16 on AMX; fails,
-  and says why, on a CPU without AMX-BF16): the column to read next to OpenVINO's default.
+  and says why, on a CPU without AMX-BF16): the column to read next to OpenVINO's default;
+* ``turbine-prepared`` — the ``turbine`` module called through ``runtime.PreparedCall``: the
+  call contract of the ONNX Runtime and OpenVINO candidates (arguments written into the
+  runtime's buffers once, results returned as numpy arrays, copied here as ORT's and
+  OpenVINO's are), where ``turbine`` is the eager-like call (torch tensors in, the model's
+  output structure rebuilt around torch tensors at every call; docs/running.md).
 
 These packages are dev requirements (``tools/requirements-dev.txt``), never dependencies of
 turbine's packages.
@@ -34,7 +39,16 @@ from typing import Any
 import numpy as np
 
 #: Every runtime this module builds, in table order.
-RUNTIMES = ("eager", "aoti", "ort", "openvino-f32", "openvino", "turbine", "turbine-bf16")
+RUNTIMES = (
+    "eager",
+    "aoti",
+    "ort",
+    "openvino-f32",
+    "openvino",
+    "turbine",
+    "turbine-prepared",
+    "turbine-bf16",
+)
 #: The fp32 peers turbine is measured against ("the faster of ONNX Runtime and OpenVINO-f32").
 FP32_PEERS = ("ort", "openvino-f32")
 
@@ -114,9 +128,12 @@ def build_turbine(
     *,
     compile_kw: dict | None = None,
     name: str = "turbine",
+    prepared: bool = False,
 ) -> Built:
     """turbine's defaults (and ``compile_kw``); the compiled module is cached in ``workdir``
-    across thread counts as ``<name>.vmfb``."""
+    across thread counts as ``<name>.vmfb``. ``prepared``: called through a
+    ``runtime.PreparedCall`` on the example inputs, its numpy results copied (the module doc's
+    ``turbine-prepared``)."""
     import turbine_aot
     from turbine_aot import runtime
 
@@ -132,6 +149,13 @@ def build_turbine(
     flags = [f"--task_topology_max_group_count={threads}"] if threads > 1 else []
     m = runtime.load_module(vmfb, device=driver, runtime_flags=flags)
     inputs = [*args, *kwargs.values()]
+    if prepared:
+        step = runtime.PreparedCall([m.main], inputs)
+
+        def call_prepared() -> list[np.ndarray]:
+            return [np.array(r) for r in step(0)]
+
+        return Built(call_prepared, call_prepared, build_s, [*notes, "runtime.PreparedCall"])
 
     def call() -> Any:
         return m.main(*inputs)

@@ -17,6 +17,8 @@ The table's ratio column is turbine's latency over the faster fp32 peer (ONNX Ru
 OpenVINO with ``INFERENCE_PRECISION_HINT=f32``): below 1.00 turbine is faster. OpenVINO's default
 precision (bf16 where the CPU has it) is a column of its own, with its error against eager, and
 so is ``turbine-bf16`` (``compile(precision="bf16")``, AMX CPUs only), with its ratio to it.
+``turbine-prepared`` is the same module as ``turbine`` called as the peers are (inputs prepared
+once, numpy results; ``runtime.PreparedCall``), with its own ratio to the faster fp32 peer.
 Runtimes are described in ``benchmarks/_peers.py``.
 
 Usage::
@@ -145,6 +147,11 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
         attempt("eager", lambda: _peers.build_eager(module, margs, mkwargs))
     if "turbine" in wanted:
         attempt("turbine", lambda: _peers.build_turbine(module, margs, mkwargs, threads, workdir))
+    if "turbine-prepared" in wanted:
+        attempt(
+            "turbine-prepared",
+            lambda: _peers.build_turbine(module, margs, mkwargs, threads, workdir, prepared=True),
+        )
     if args.baseline_env:  # turbine built under other rewrite choices: before/after in one run
         key, _, value = args.baseline_env.partition("=")
 
@@ -294,6 +301,7 @@ def markdown_table(results: list[dict]) -> str:
     baseline = any("turbine-baseline" in r.get("runtimes", {}) for r in results)
     runtimes = [*_peers.RUNTIMES, *(["turbine-baseline"] if baseline else [])]
     head = ["model", "threads", *runtimes, "turbine / best fp32 peer"]
+    head += ["turbine-prepared / best fp32 peer"]
     head += ["turbine / turbine-baseline"] if baseline else []
     head += ["turbine-bf16 / openvino", "max abs err"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -308,6 +316,8 @@ def markdown_table(results: list[dict]) -> str:
         peer, peer_ms = best_fp32_peer(r)
         t = _ms(r["runtimes"].get("turbine"))
         cells.append(f"**{t / peer_ms:.2f}** ({peer})" if t and peer_ms else "–")
+        tp = _ms(r["runtimes"].get("turbine-prepared"))
+        cells.append(f"**{tp / peer_ms:.2f}**" if tp and peer_ms else "–")
         if baseline:
             tb0 = _ms(r["runtimes"].get("turbine-baseline"))
             cells.append(f"{t / tb0:.2f}" if t and tb0 else "–")

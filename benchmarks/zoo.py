@@ -14,7 +14,10 @@ shifted windows, ...). Then, in its own child process with a timeout, as a user 
 4. latency: wall-clock time per call, turbine and eager interleaved in the same process (median),
    with CPU time per call beside it; with ``--peers`` (the default of ``nox -s zoo``) ONNX Runtime
    and OpenVINO (f32) are built from the same model (``benchmarks/_peers.py``), checked against
-   eager and timed in the same rounds, and the table shows turbine over the faster of them.
+   eager and timed in the same rounds, and the table shows turbine over the faster of them;
+   beside it the same module called as the peers are (``prepared``: inputs written once into
+   a ``runtime.PreparedCall``'s buffers, numpy results copied; ``turbine`` is the eager-like
+   call, torch tensors in and the model's output structure out).
 
 ``torchvision`` and ``transformers`` import only after ``tools/torchvision_compat.install()``: the
 registry's ``torchvision==0.28.0`` wheel for torch 2.13 is CUDA-linked and its C++ ops do not load
@@ -517,6 +520,7 @@ def run_model(
     """Export, compile with the defaults, run, compare and time one zoo model (in this process);
     ``peers`` times ONNX Runtime and OpenVINO f32 in the same rounds."""
     import _harness
+    import numpy as np
     import torch
 
     import turbine_aot
@@ -582,6 +586,9 @@ def run_model(
             fns = {"turbine": lambda: m.main(*inputs), "eager": eager}
             if peers:
                 stage = "peers"
+                # turbine called as the peers are: inputs prepared once, numpy results (copied)
+                step = runtime.PreparedCall([m.main], inputs)
+                fns["turbine-prepared"] = lambda: [np.array(r) for r in step(0)]
                 with torch.no_grad():
                     fns.update(_peer_calls(case, threads, res))
                 stage = "time"
@@ -597,6 +604,8 @@ def run_model(
     if retries:  # the groups the compile that worked went without (the last retry's)
         res["fallback_dropped"] = retries[-1].split("speed-only defaults ", 1)[1].split(" (")[0]
     res["ms"] = timings["turbine"]["wall"] * 1e3
+    if "turbine-prepared" in timings:
+        res["prepared_ms"] = timings["turbine-prepared"]["wall"] * 1e3
     res["eager_ms"] = timings["eager"]["wall"] * 1e3
     res["cpu_ms"] = timings["turbine"]["cpu"] * 1e3
     res["eager_cpu_ms"] = timings["eager"]["cpu"] * 1e3
@@ -647,6 +656,8 @@ def _peer_cells(r: dict) -> list[str]:
         else:
             cells.append("failed" if "error" in row else "")
     cells.append(_ratio(r["ms"], best))
+    prepared = r.get("prepared_ms")
+    cells += [f"{prepared:.2f}" if prepared else "", _ratio(prepared, best)]
     return cells
 
 
@@ -667,7 +678,7 @@ def markdown_table(results: list[dict]) -> str:
     ]
     with_peers = any("peers" in r for r in results)
     if with_peers:
-        head += ["ORT ms", "OpenVINO f32 ms", "× best peer"]
+        head += ["ORT ms", "OpenVINO f32 ms", "× best peer", "prepared ms", "prepared × best peer"]
     head.append("status")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
