@@ -16,8 +16,9 @@ shifted windows, ...). Then, in its own child process with a timeout, as a user 
    and OpenVINO (f32) are built from the same model (``benchmarks/_peers.py``), checked against
    eager and timed in the same rounds, and the table shows turbine over the faster of them;
    beside it the same module called as the peers are (``prepared``: inputs written once into
-   a ``runtime.PreparedCall``'s buffers, numpy results copied; ``turbine`` is the eager-like
-   call, torch tensors in and the model's output structure out).
+   a ``runtime.PreparedCall``'s buffers, numpy results copied, its error against eager in the
+   JSON as ``prepared_max_abs_err``; ``turbine`` is the eager-like call, torch tensors in and
+   the model's output structure out).
 
 ``torchvision`` and ``transformers`` import only after ``tools/torchvision_compat.install()``: the
 registry's ``torchvision==0.28.0`` wheel for torch 2.13 is CUDA-linked and its C++ ops do not load
@@ -586,9 +587,12 @@ def run_model(
             fns = {"turbine": lambda: m.main(*inputs), "eager": eager}
             if peers:
                 stage = "peers"
-                # turbine called as the peers are: inputs prepared once, numpy results (copied)
+                # turbine called as the peers are: inputs prepared once, numpy results (copied),
+                # checked against eager like every candidate
                 step = runtime.PreparedCall([m.main], inputs)
                 fns["turbine-prepared"] = lambda: [np.array(r) for r in step(0)]
+                got_p = [torch.from_numpy(r) for r in fns["turbine-prepared"]()]
+                res["prepared_max_abs_err"], _ = _max_err(got_p, expected)
                 with torch.no_grad():
                     fns.update(_peer_calls(case, threads, res))
                 stage = "time"
