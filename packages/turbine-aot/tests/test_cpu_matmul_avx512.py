@@ -140,6 +140,7 @@ def _pack(b: torch.Tensor, g: Avx512Gemm) -> torch.Tensor:
         (64, 64, False, 1, 0, 64, False),
         (300, 200, False, 4, 4, 64, False),  # one-row products' prefetch, clamped at B's end
         (300, 128, False, 4, 1, 64, False),
+        (300, 128, False, 6, 0, 64, False),  # many rows on Intel: 6 x 64 register blocks
         (300, 380, False, 4, 0, 128, False),  # workgroups of 2 and 3 panels (balanced)
         (100, 380, True, 4, 0, 192, False),
         # C written as [rows, n]: masked stores in the last panel, and masked loads of the
@@ -215,6 +216,22 @@ def test_few_rows_prefetch_the_next_block_once_between_them():
     assert [g.for_rows(m).prefetch for m in (33, 128, None)] == [0, 0, 0]
     assert Avx512Gemm.for_shape(64, 64, batch_b=True).for_rows(1).prefetch == 0
     assert g.for_rows(1).name.endswith("_pf4") and "_pf" not in g.for_rows(128).name
+
+
+def test_many_rows_take_6x64_register_blocks_on_intel(monkeypatch):
+    """``for_rows``: from ``MANY_ROWS`` static rows, fp32 products on Intel CPUs take 6 x 64
+    register blocks (docs/performance.md, section 36); few or unknown rows, the bf16 form and
+    other vendors keep 4 x 64."""
+    from turbine_aot._compiler import avx512
+
+    monkeypatch.setattr(avx512, "cpu_vendor", lambda: "GenuineIntel")
+    g = Avx512Gemm.for_shape(2048, 512)
+    assert [g.for_rows(m).mr for m in (1, 8, avx512.MANY_ROWS - 1, None)] == [4, 4, 4, 4]
+    assert [g.for_rows(m).mr for m in (avx512.MANY_ROWS, 128, 4096)] == [6, 6, 6]
+    assert g.for_rows(128).prefetch == 0 and "_6x64x128_" in g.for_rows(128).name
+    assert Avx512Gemm.for_shape(2048, 512, bf16=True).for_rows(128).mr == 4
+    monkeypatch.setattr(avx512, "cpu_vendor", lambda: "AuthenticAMD")
+    assert g.for_rows(128).mr == 4
 
 
 @needs_avx512

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .activations import emit_activation, emit_activation_constants, relu_line
-from .host import cpu_flags
+from .host import cpu_flags, cpu_vendor
 from .isa import AVX512_FEATURES, kernel_isa
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 from .workgroups import balanced_grid
@@ -40,6 +40,7 @@ from .workgroups import balanced_grid
 __all__ = [
     "AVX512_BF16_FEATURES",
     "AVX512_FEATURES",
+    "MANY_ROWS",
     "MATMUL_PREFETCH_ENV",
     "MATMUL_ROWS_ENV",
     "Avx512Gemm",
@@ -57,6 +58,9 @@ MATMUL_PREFETCH_ENV = "TURBINE_CPU_MATMUL_PREFETCH"
 #: whatever their row count (:func:`avx2_row_block`), the A/B baseline; unset or anything
 #: else: the default.
 MATMUL_ROWS_ENV = "TURBINE_CPU_MATMUL_ROWS"
+#: The static rows from which fp32 products on Intel CPUs take 6 x 64 register blocks
+#: (:meth:`Avx512Gemm.many_rows`).
+MANY_ROWS = 48
 #: FMA latency in cycles of the AVX2 CPUs the row model of :func:`avx2_row_block` assumes
 #: (AMD Zen 2-4, Intel Skylake to Golden Cove: 4, two FMAs issued a cycle).
 _FMA_LATENCY = 4
@@ -271,7 +275,8 @@ class Avx512Gemm:
         return Avx512Gemm(k, np_, batch_b, bf16=bf16)
 
     def for_rows(self, m: int | None) -> Avx512Gemm:
-        """This kernel for products of a static ``m`` rows (``None``: unknown): where a
+        """This kernel for products of a static ``m`` rows (``None``: unknown): with many rows
+        on Intel CPUs, 6 x 64 register blocks (:meth:`many_rows`); where a
         workgroup has at most 8 register blocks of rows (``m <= 8 mr``), its register blocks
         prefetch the next K block's panel into L2 as they go, together all of it once
         (:attr:`prefetch` lines a step each); with more rows, or ``B`` per batch entry, none.
@@ -280,6 +285,10 @@ class Avx512Gemm:
         interleaved, one thread: 8 x ``Linear(2048)`` at one row 0.88x, eight rows 0.83x, the
         MLP benchmark (3 x ``Linear(1024)``, batch 8) 0.85x; at 128 rows (the GPT shape)
         1.03x, hence none there (docs/performance.md, section 9)."""
+        if self.many_rows(m):
+            # many rows on the Intel Xeon: 6 x 64 register blocks (24 accumulators), the
+            # GPT-2 shape 2-4 % faster at one and two threads (docs/performance.md, section 36)
+            return replace(self, mr=6)
         off = os.environ.get(MATMUL_PREFETCH_ENV, "").strip().lower() == "off"
         if off or m is None or m <= 0 or self.batch_b or m > 8 * self.mr:
             return self
@@ -293,6 +302,19 @@ class Avx512Gemm:
             kernel = replace(self, mr=avx2_row_block(m, self.mr, self.rows_per_workgroup))
         blocks = -(-min(m, kernel.rows_per_workgroup) // kernel.mr)
         return replace(kernel, prefetch=-(-(kernel.nr // 16) // blocks))
+
+    def many_rows(self, m: int | None) -> bool:
+        """Whether :meth:`for_rows` gives ``m`` static rows 6 x 64 register blocks: at least
+        :data:`MANY_ROWS` of them, on an Intel CPU's AVX-512 fp32 form with 4 x 64 blocks
+        (measured there; a few rows keep 4-row blocks: 8 rows are two of them, where 6 + 2
+        would leave the second mostly empty)."""
+        return (
+            m is not None
+            and m >= MANY_ROWS
+            and (self.mr, self.nr, self.bf16) == (4, 64, False)
+            and kernel_isa() == "avx512"
+            and cpu_vendor() == "GenuineIntel"
+        )
 
     def balanced(self, m: int | None, batch: int = 1, workers: int | None = None) -> Avx512Gemm:
         """This kernel with the workgroup columns (``cols_per_workgroup``: one to four panels)

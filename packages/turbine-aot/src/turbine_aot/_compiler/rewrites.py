@@ -285,7 +285,7 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: lowers, sinh / cosh finite up to their overflow on CPU targets; 87: max poolings of a kernel's
 #: result without a barrier; 88: the fp32 AVX-512 convolution writes a following max pooling's
 #: padded input.
-REVISION = 94
+REVISION = 95
 
 _log = logging.getLogger("turbine.aot")
 
