@@ -150,17 +150,22 @@ def build_turbine(
     m = runtime.load_module(vmfb, device=driver, runtime_flags=flags)
     inputs = [*args, *kwargs.values()]
     if prepared:
-        step = runtime.PreparedCall([m.main], inputs)
-
-        def call_prepared() -> list[np.ndarray]:
-            return [np.array(r) for r in step(0)]
-
+        call_prepared = prepared_call(m, inputs)
         return Built(call_prepared, call_prepared, build_s, [*notes, "runtime.PreparedCall"])
 
     def call() -> Any:
         return m.main(*inputs)
 
     return Built(call, lambda: [_np(t) for t in flat_tensors(call())], build_s, notes)
+
+
+def prepared_call(module: Any, inputs: Sequence[Any]) -> Callable[[], list[np.ndarray]]:
+    """``module.main`` called as the peers are (the module doc's ``turbine-prepared``): through
+    a ``runtime.PreparedCall`` made on ``inputs`` once, each call's numpy results copied."""
+    from turbine_aot import runtime
+
+    step = runtime.PreparedCall([module.main], inputs)
+    return lambda: [np.array(r) for r in step(0)]
 
 
 # ------------------------------------------------------------------------------------ ONNX side

@@ -521,7 +521,6 @@ def run_model(
     """Export, compile with the defaults, run, compare and time one zoo model (in this process);
     ``peers`` times ONNX Runtime and OpenVINO f32 in the same rounds."""
     import _harness
-    import numpy as np
     import torch
 
     import turbine_aot
@@ -587,10 +586,10 @@ def run_model(
             fns = {"turbine": lambda: m.main(*inputs), "eager": eager}
             if peers:
                 stage = "peers"
-                # turbine called as the peers are: inputs prepared once, numpy results (copied),
-                # checked against eager like every candidate
-                step = runtime.PreparedCall([m.main], inputs)
-                fns["turbine-prepared"] = lambda: [np.array(r) for r in step(0)]
+                # turbine called as the peers are, checked against eager like every candidate
+                import _peers
+
+                fns["turbine-prepared"] = _peers.prepared_call(m, inputs)
                 got_p = [torch.from_numpy(r) for r in fns["turbine-prepared"]()]
                 res["prepared_max_abs_err"], _ = _max_err(got_p, expected)
                 with torch.no_grad():
