@@ -142,8 +142,15 @@ def zoo(session: nox.Session) -> None:
 @nox.session(name="zoo-quick", python=False, tags=["ci"])
 def zoo_quick(session: nox.Session) -> None:
     """The zoo's quick subset as tests: export -> compile -> run -> numerics vs eager; the
-    benchmark's own turbine candidates (``benchmarks/test_peers.py``)."""
-    _pytest(session, "benchmarks/test_zoo.py", "benchmarks/test_peers.py", "-s")
+    benchmark's own turbine candidates (``benchmarks/test_peers.py``); the LLM benchmarks'
+    weight bytes a decode step reads (``benchmarks/test_llm_bench.py``)."""
+    _pytest(
+        session,
+        "benchmarks/test_zoo.py",
+        "benchmarks/test_peers.py",
+        "benchmarks/test_llm_bench.py",
+        "-s",
+    )
 
 
 @nox.session(python=False)

@@ -114,6 +114,56 @@ def run_llm_child(
         return run_json_child(cmd, out, timeout=args.timeout_s, capture=False)
 
 
+def read_bandwidth_gbs(threads: int, mib: int = 1024) -> float:
+    """The machine's read bandwidth, the denominator of the bandwidth limits (issue 26): best of
+    5 parallel reads (numpy ``sum`` of float32 chunks, one chunk and one thread per worker) of a
+    ``mib`` MiB buffer, bytes read / s, in GB/s. A copy (read + write) understates what a
+    weight-reading kernel can get: the 110M Llama's fp32 step stood "at the limit" by a copy and
+    at about 0.75 of it by this measure (docs/llms.md, "Benchmark")."""
+    buf = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    chunks = np.array_split(buf, threads)
+    best = float("inf")
+    for _ in range(5):
+        ts = [threading.Thread(target=np.sum, args=(c,)) for c in chunks]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return buf.nbytes / best / 1e9
+
+
+def decode_read_bytes(model: Any, irpa: str | os.PathLike[str]) -> int:
+    """The weight bytes one decode step of ``model`` reads, from the archive ``irpa`` its export
+    saved (``llm.export_causal_lm(model).save_parameters(irpa)``): every entry in full, except
+    an embedding table's (a step looks up one row of each: that row counts), unless the table is
+    tied to the output layer, which reads all of it. Quantized weights count as stored (their
+    integer data, scales and zero points: the entries ``<param>.<inner>``); tied names, which
+    share their stored bytes, and splats, which are not stored, count once and not at all."""
+    import torch
+
+    from turbine_params import ParameterArchive
+
+    tied = model.get_output_embeddings()
+    tied_weight = getattr(tied, "weight", None)
+    tables = {
+        f"{name}.weight": m.num_embeddings
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Embedding) and m.weight is not tied_weight
+    }
+    total, seen = 0, set()
+    with ParameterArchive(irpa) as archive:
+        for key, entry in archive.items():
+            storage = (entry.raw.offset, entry.length)
+            if entry.is_splat or storage in seen:  # tied names share their stored bytes
+                continue
+            seen.add(storage)
+            table = next((t for t in tables if key == t or key.startswith(t + ".")), None)
+            total += entry.length // tables[table] if table else entry.length
+    return total
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

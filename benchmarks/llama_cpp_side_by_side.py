@@ -27,6 +27,13 @@ against HF eager's for the same prompt ids, and each GGUF's logits (token by tok
 and 8 greedy tokens) against HF eager fp32's, relative RMS (llama.cpp keeps its KV cache in f16:
 about 2e-4 for F32).
 
+Against the bandwidth limit (issue 26): each row's "limit / turbine" and "limit / llama.cpp" are
+the fraction of the machine's read bandwidth (``_harness.read_bandwidth_gbs`` at the run's
+threads, measured after the rounds) a side's decode reaches, from the weight bytes a step reads
+(``_harness.decode_read_bytes`` for turbine's archive, :func:`gguf_decode_read_bytes` for the
+GGUF: every weight, one row of the token embedding). Above 1 the weights are served from the
+cache, not from memory.
+
 ``llama-cpp-python`` and ``gguf`` are benchmark-only requirements
 (``tools/requirements-bench-llm.txt``, ``nox -s bench-llm``); without them this prints a skip
 line and exits 0.
@@ -214,6 +221,20 @@ def write_gguf(model: Any, path: str | os.PathLike[str], weights: str = "F32") -
     return Path(path).stat().st_size
 
 
+def gguf_decode_read_bytes(path: str | os.PathLike[str]) -> int:
+    """The tensor bytes a llama.cpp decode step of the GGUF at ``path`` reads: every tensor's,
+    of the token embedding one row (:func:`_harness.decode_read_bytes`'s count for turbine)."""
+    import gguf
+
+    reader = gguf.GGUFReader(os.fspath(path))
+    total = 0
+    for t in reader.tensors:
+        n = int(t.n_bytes)
+        # GGUF's shape is (row length, rows): the embedding's rows are its last dimension
+        total += n // int(t.shape[-1]) if t.name == "token_embd.weight" else n
+    return total
+
+
 # ---------------------------------------------------------------------- llama.cpp driver
 
 
@@ -332,6 +353,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         tokens = lm.generate(prompt, n)[0, args.prompt :].tolist()
         res["variants"][f"turbine/{weights}"] = {
             "file_mib": archive.stat().st_size / 2**20,
+            "read_mb": _harness.decode_read_bytes(model, archive) / 1e6,
             "compile_load_s": time.perf_counter() - t0,
             "greedy": tokens,
             "greedy_equal_eager": tokens == eager if weights == "fp32" else None,
@@ -369,6 +391,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         tokens = lc.generate(ids, n)
         res["variants"][f"llama.cpp/{gt}"] = {
             "file_mib": size / 2**20,
+            "read_mb": gguf_decode_read_bytes(path) / 1e6,
             "greedy": tokens,
             "greedy_equal_eager": tokens == eager if gt == "F32" else None,
             "logits_rel_rms_vs_hf_fp32": lc.logits_error(seq, ref),
@@ -392,6 +415,7 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         res["variants"][k]["decode_tokens_per_s"] = statistics.median(v) if v else float("nan")
         res["variants"][k]["rounds"] = v
     res["load_avg"] = os.getloadavg()
+    res["read_bw_gbs"] = _harness.read_bandwidth_gbs(threads)
     return res
 
 
@@ -401,9 +425,10 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
 def table(rows: list[dict]) -> str:
     head = (
         "| model | threads | weights (turbine / llama.cpp) | turbine tok/s | llama.cpp tok/s | "
-        "turbine / llama.cpp | archive / GGUF (MiB) |"
+        "turbine / llama.cpp | archive / GGUF (MiB) | read a step, turbine / llama.cpp (MB) | "
+        "limit / turbine | limit / llama.cpp |"
     )
-    lines = [head, "|" + "---|" * 7]
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         v = r["variants"]
         for weights, gt in WEIGHTS.items():
@@ -411,9 +436,13 @@ def table(rows: list[dict]) -> str:
             if not t or not c:
                 continue
             tt, ct = t["decode_tokens_per_s"], c["decode_tokens_per_s"]
+            # the fraction of the bandwidth limit: bytes read a second / the read bandwidth
+            bw = r["read_bw_gbs"] * 1e3
             lines.append(
                 f"| {r['model']} | {r['threads']} | {weights} / {gt} | {tt:.1f} | {ct:.1f} | "
-                f"{tt / ct:.2f}x | {t['file_mib']:.1f} / {c['file_mib']:.1f} |"
+                f"{tt / ct:.2f}x | {t['file_mib']:.1f} / {c['file_mib']:.1f} | "
+                f"{t['read_mb']:.1f} / {c['read_mb']:.1f} | {tt * t['read_mb'] / bw:.2f} | "
+                f"{ct * c['read_mb'] / bw:.2f} |"
             )
     base = [
         (r, w, r["variants"][f"turbine-baseline/{w}"], r["variants"][f"turbine/{w}"])
@@ -493,7 +522,10 @@ def main(argv: list[str] | None = None) -> int:
                 for k, x in v.items()
                 if x["greedy_equal_eager"] is not None
             }
-            print(f"{r['model']} {r['threads']}t: greedy == HF eager: {same}; load {r['load_avg']}")
+            print(
+                f"{r['model']} {r['threads']}t: greedy == HF eager: {same}; load {r['load_avg']}; "
+                f"read bandwidth {r['read_bw_gbs']:.1f} GB/s"
+            )
         print(table(rows))
     if args.json:
         _harness.write_json(

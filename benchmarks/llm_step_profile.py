@@ -134,18 +134,6 @@ def profile_step(vmfb: Path, irpa: Path, threads: int, steps: int, td: Path) -> 
     }
 
 
-def weight_bytes(irpa: Path, embedding: str) -> int:
-    """Bytes of the archive's entries a decode step reads in full (all but the embedding
-    table, of which a step reads one row)."""
-    from turbine_params import ParameterArchive
-
-    archive = ParameterArchive(irpa)
-    try:
-        return sum(e.length for k, e in archive.items() if not k.startswith(embedding))
-    finally:
-        archive.close()
-
-
 def run_variant(name: str, weights: str, args: argparse.Namespace, td: Path) -> dict:
     import llm_bench
     import torch
@@ -162,7 +150,7 @@ def run_variant(name: str, weights: str, args: argparse.Namespace, td: Path) -> 
     eo.save_parameters(irpa)
     eo.compile(save_to=vmfb)
     del eo
-    nbytes = weight_bytes(irpa, "model.embed_tokens.")
+    nbytes = _harness.decode_read_bytes(model, irpa)
     row: dict[str, Any] = {"model": name, "weights": weights, "weight_bytes": nbytes, "runs": []}
     for threads in args.threads:
         r = profile_step(vmfb, irpa, threads, args.steps, td)

@@ -47,7 +47,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -98,23 +97,6 @@ def _model(variant: str, layers: int, width: int):
         config = IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group))
     quantize_(m, config)
     return m
-
-
-def read_bandwidth_gbs(threads: int, mib: int = 1024) -> float:
-    """Best of 5 parallel reads (numpy ``sum`` of float32 chunks, one chunk per thread) of a
-    ``mib`` MiB buffer: bytes read / s, in GB/s."""
-    buf = np.ones(mib * 2**20 // 4, dtype=np.float32)
-    chunks = np.array_split(buf, threads)
-    best = float("inf")
-    for _ in range(5):
-        ts = [threading.Thread(target=np.sum, args=(c,)) for c in chunks]
-        t0 = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best / 1e9
 
 
 def _rss_mib() -> float:
@@ -264,7 +246,7 @@ def measure(args) -> dict:
                 timeout=300,
             )
             memory[f"{v}/iree"] = child.result
-    bw = {1: read_bandwidth_gbs(1), args.threads: read_bandwidth_gbs(args.threads)}
+    bw = {t: _harness.read_bandwidth_gbs(t) for t in (1, args.threads)}
     for v, b in built.items():
         wb = _weight_bytes(v, args.layers, args.width)
         results[v] = {
