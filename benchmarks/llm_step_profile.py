@@ -64,7 +64,7 @@ def kind_of(name: str) -> str:
         return "int4 rows prepared"
     if name.startswith(("__turbine_f32_dot_gemm", "__turbine_f32_dyn_gemm")):
         return "attention products"
-    if name.startswith("__turbine_") and "gemm" in name:
+    if name.startswith("__turbine_") and ("gemm" in name or "gemv" in name):  # AMX: gemv
         return "weight products"
     if re.search(r"matmul|mmt4d", name):
         return "IREE products"
