@@ -135,11 +135,16 @@ def measure(args: Any) -> dict:
         runs[f"llama.cpp {gt}"] = cpp
     big = np.ones(64 * 2**20 // 4, np.float32)
     dst = np.empty_like(big)
+
+    def copies(who: str) -> None:
+        for _ in range(4):
+            np.copyto(dst, big)
+
     pauses: dict[str, Callable[[str], None]] = {
         "steady": lambda who: None,
         "sleep": lambda who: time.sleep(args.pause_s),
         "busy": lambda who: _busy(args.pause_s),
-        "copy": lambda who: [np.copyto(dst, big) for _ in range(4)] and None,
+        "copy": copies,
         "prefill": lambda who: prefills[who](),
     }
     times: dict[str, dict[str, list[list[float]]]] = {w: {p: [] for p in PAUSES} for w in runs}
