@@ -9,6 +9,7 @@ benchmarks use these helpers instead of copying them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -418,6 +419,24 @@ def set_runtime_flags(flags: Sequence[str]) -> None:
 
 def python() -> str:
     return sys.executable
+
+
+@contextlib.contextmanager
+def environment(key: str, value: str | None) -> Iterator[None]:
+    """``$key`` set to ``value`` (``None``: removed) inside the block, as it was after it: a
+    build under another rewrite or runtime choice (the benchmarks' ``--baseline-env``)."""
+    old = os.environ.get(key)
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 def env_threads() -> int:

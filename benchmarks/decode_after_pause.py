@@ -58,19 +58,12 @@ def _turbine(model: Any, threads: int, env: str | None) -> Any:
     from turbine_aot import llm
 
     eo = llm.export_causal_lm(model, max_seq_len=48)
-    old = None
-    if env:
-        key, _, value = env.partition("=")
-        old = os.environ.get(key)
-        os.environ[key] = value
-    try:
-        return llm.load(eo, device="local-sync" if threads == 1 else "local-task")
-    finally:
-        if env:
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
+    device = "local-sync" if threads == 1 else "local-task"
+    if env is None:
+        return llm.load(eo, device=device)
+    key, _, value = env.partition("=")
+    with _harness.environment(key, value):
+        return llm.load(eo, device=device)
 
 
 def _turbine_steps(lm: Any, prompt: Any, steps: int) -> Callable[[], list[float]]:

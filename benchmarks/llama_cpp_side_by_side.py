@@ -361,15 +361,8 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         runners[f"turbine/{weights}"] = lm
         if args.baseline_env:  # the same export compiled under the baseline's environment
             key, _, value = args.baseline_env.partition("=")
-            old = os.environ.get(key)
-            os.environ[key] = value
-            try:
+            with _harness.environment(key, value):
                 base = llm.load(eo, device=device)
-            finally:
-                if old is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = old
             base_tokens = base.generate(prompt, n)[0, args.prompt :].tolist()
             res["variants"][f"turbine-baseline/{weights}"] = {
                 "file_mib": archive.stat().st_size / 2**20,

@@ -156,9 +156,7 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
         key, _, value = args.baseline_env.partition("=")
 
         def baseline() -> _peers.Built:
-            old = os.environ.get(key)
-            os.environ[key] = value
-            try:
+            with _harness.environment(key, value):
                 return _peers.build_turbine(
                     module,
                     margs,
@@ -170,11 +168,6 @@ def run_model(name: str, threads: int, workdir: Path, args: argparse.Namespace) 
                     ),
                     name="turbine-baseline",
                 )
-            finally:
-                if old is None:
-                    del os.environ[key]
-                else:
-                    os.environ[key] = old
 
         attempt("turbine-baseline", baseline)
     if "turbine-bf16" in wanted:

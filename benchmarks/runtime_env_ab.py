@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,8 @@ HERE = Path(__file__).resolve().parent
 for _p in (HERE, HERE.parent / "tools"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
+
+import _harness  # noqa: E402
 
 
 def measure(name: str, precision: str, key: str, value: str, args: argparse.Namespace) -> dict:
@@ -46,15 +47,8 @@ def measure(name: str, precision: str, key: str, value: str, args: argparse.Name
         eo = turbine_aot.export(module, args=margs, kwargs=kwargs)
         eo.compile(save_to=vmfb, **({"precision": "bf16"} if precision == "bf16" else {}))
         flags = [f"--task_topology_max_group_count={args.threads}"] if args.threads > 1 else []
-        before = os.environ.get(key)
-        os.environ[key] = value
-        try:
+        with _harness.environment(key, value):
             with_setting = runtime.load_module(vmfb, device=args.driver, runtime_flags=flags)
-        finally:
-            if before is None:
-                del os.environ[key]
-            else:
-                os.environ[key] = before
         as_is = runtime.load_module(vmfb, device=args.driver, runtime_flags=flags)
         times: dict[str, list[float]] = {"with": [], "as_is": []}
         outs = {}

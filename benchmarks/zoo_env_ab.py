@@ -29,20 +29,11 @@ for _p in (HERE, HERE.parent / "tools"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+import _harness  # noqa: E402
 import torch  # noqa: E402
 
 import turbine_aot  # noqa: E402
 from turbine_aot.runtime import load_module  # noqa: E402
-
-
-def _with_env(key: str, value: str | None):
-    """Sets (or, for None, removes) one environment variable; returns the previous value."""
-    old = os.environ.get(key)
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
-    return old
 
 
 def measure(name: str, key: str, value: str, rounds: int, round_s: float) -> dict[str, Any]:
@@ -55,11 +46,8 @@ def measure(name: str, key: str, value: str, rounds: int, round_s: float) -> dic
     )
     builds = []
     for setting in (os.environ.get(key), value):
-        old = _with_env(key, setting)
-        try:
+        with _harness.environment(key, setting):
             builds.append(load_module(eo.compile(save_to=None), device="local-sync"))
-        finally:
-            _with_env(key, old)
     args = zoo._flat_inputs(case.args, case.kwargs)
     with torch.no_grad():
         want = module(*case.args, **case.kwargs)
@@ -100,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.json:
-        import _harness
-
         _harness.write_json(args.json, {"env": args.env, "results": results})
     return 0
 
