@@ -344,12 +344,12 @@ def run_child(name: str, threads: int, args: argparse.Namespace) -> dict:
         eo = llm.export_causal_lm(model, max_seq_len=context)
         archive = tmp / f"{weights}.irpa"
         eo.save_parameters(archive)
-        if weights.endswith(_INT8_MATMUL_IREE):
-            os.environ[INT8_MATMUL_ENV] = "iree"
-        try:
+        # IREE's integer matmul for the -iree / -int4 variants; the caller's setting for the rest
+        int8_matmul = (
+            "iree" if weights.endswith(_INT8_MATMUL_IREE) else os.environ.get(INT8_MATMUL_ENV)
+        )
+        with _harness.environment(INT8_MATMUL_ENV, int8_matmul):
             lm = llm.load(eo, device=device)
-        finally:
-            os.environ.pop(INT8_MATMUL_ENV, None)
         tokens = lm.generate(prompt, n)[0, args.prompt :].tolist()
         res["variants"][f"turbine/{weights}"] = {
             "file_mib": archive.stat().st_size / 2**20,
