@@ -1,7 +1,8 @@
 """The activations turbine's CPU kernels compute in their stores (:mod:`.avx512`'s matmul and
 direct-convolution epilogues, :mod:`.depthwise`'s): torch's hardswish, SiLU, sigmoid and
 hardsigmoid over ``vector<16xf32>`` values, in the order of the ops IREE compiles from torch-mlir
-for each; and ReLU as one instruction on AVX-512 (:func:`relu_line`). Hardswish, sigmoid and hardsigmoid are then the unfused program's values bit for bit;
+for each; and ReLU as torch's (:func:`relu_line`). Hardswish, sigmoid and hardsigmoid are then
+the unfused program's values bit for bit;
 SiLU's ``exp`` is turbine's own (range reduction and a polynomial, without the special cases of
 IREE's ``math.exp`` that SiLU does not need; as accurate: docs/performance.md, section 25), and
 ``TURBINE_CPU_SILU=iree`` computes it with IREE's ``math.exp``, the A/B baseline.
@@ -40,18 +41,19 @@ def fast_silu_enabled() -> bool:
 ACTIVATIONS = ("relu", "hardswish", "silu", "sigmoid", "hardsigmoid")
 
 
-def relu_line(p: str, result: str, v: str, zero: str, *, zmm: bool) -> str:
-    """The line computing ``result = relu(v)`` over a ``vector<16xf32>`` (``zero`` one of
-    zeros), as torch computes it: NaN stays NaN and ``-0.0`` stays ``-0.0``. ``zmm`` (the
-    kernel is built for AVX-512): one ``vmaxps`` whose second source is ``v``, since x86 returns
-    the second source where either is NaN or both are zeros; else ``arith.maximumf``, which
-    IREE compiles to a max, a NaN compare and a blend, and which turns ``-0.0`` into ``0.0``
-    (docs/performance.md, section 29)."""
-    if not zmm:
-        return f"{p}{result} = arith.maximumf {v}, {zero} : vector<16xf32>"
+def relu_line(p: str, result: str, v: str, zero: str) -> str:
+    """The lines computing ``result = relu(v)`` over a ``vector<16xf32>`` (``zero`` one of
+    zeros) as torch computes it, ``v < 0 ? 0 : v``: NaN stays NaN and ``-0.0`` stays ``-0.0``
+    (``arith.maximumf`` turns ``-0.0`` into ``0.0`` and costs a max, a NaN compare and a blend).
+    Plain ``arith`` ops, so it compiles for whatever CPU the module targets: LLVM makes one
+    ``vmaxps`` with ``v`` as its second source of them on AVX-512 (x86 returns the second
+    source where either is NaN or both are zeros), a compare and an ``and`` on AVX2. It was an
+    AVX-512 ``vmaxps`` in inline assembly where the kernels were blocked for AVX-512, which a
+    build for a CPU without AVX-512 (``--turbine-cpu-matmul=avx512`` there) compiled to wrong
+    values without an error (docs/performance.md, section 29)."""
     return (
-        f'{p}{result} = llvm.inline_asm "vmaxps $2, $1, $0", "=v,v,v" {zero}, {v} : '
-        "(vector<16xf32>, vector<16xf32>) -> vector<16xf32>"
+        f"{p}{result}_neg = arith.cmpf olt, {v}, {zero} : vector<16xf32>\n"
+        f"{p}{result} = arith.select {result}_neg, {zero}, {v} : vector<16xi1>, vector<16xf32>"
     )
 
 

@@ -671,7 +671,7 @@ class AmxConv(AmxGemm):
                 e(f"{q}%era{h} = arith.addf {v}, %erv{h} : {vec}")
                 v = f"%era{h}"
             if self.relu:
-                e(relu_line(q, f"%ez{h}", v, "%ezero", zmm=True))
+                e(relu_line(q, f"%ez{h}", v, "%ezero"))
                 v = f"%ez{h}"
             if self.f32_out:
                 e(f"{q}vector.store {v}, %mc[%erow, {col}] : {c_t}, {vec}")

@@ -127,16 +127,15 @@ def emit_epilogue(
     block (``%last``) times ``%mscale[%col0_<j>]`` (``scale``: its memref type), plus
     ``%mbias[%col0_<j>]`` (``bias``), plus ``%mres[%row<r>, %col<r>_<j>]`` (``residual``),
     then at least zero (``relu``: :func:`.activations.relu_line`, as torch's ReLU: NaN stays
-    NaN, and -0.0 stays -0.0 on AVX-512) or ``activation`` (:func:`emit_activation`); on the
-    others as they are. ``store(value, r, j, prefix)`` emits the store of row ``r``'s vector ``j``. Shared by the
-    matmul and the direct-convolution kernels (:mod:`.epilogues`).
+    NaN, -0.0 stays -0.0) or ``activation`` (:func:`emit_activation`); on the others as they
+    are. ``store(value, r, j, prefix)`` emits the store of row ``r``'s vector ``j``. Shared by
+    the matmul and the direct-convolution kernels (:mod:`.epilogues`).
 
     Each value is stored in its branch right where it is computed: were the branches to yield
     their values to stores after them, all ``rows * nv`` would be live at once, which on AVX2
     (16 registers) spills and made SiLU's ``exp`` cost 2.3x IREE's own elementwise code
     (docs/performance.md, section 21)."""
     vt = "vector<16xf32>"
-    zmm = kernel_isa() == "avx512"
     e(f"{p}scf.if %last {{")
     if activation:
         emit_activation_constants(e, p + "  ")
@@ -159,7 +158,7 @@ def emit_epilogue(
                 e(f"{p}  %ea{r}_{j} = arith.addf {v}, %rv{r}_{j} : {vt}")
                 v = f"%ea{r}_{j}"
             if relu:
-                e(relu_line(f"{p}  ", f"%er{r}_{j}", v, "%zero", zmm=zmm))
+                e(relu_line(f"{p}  ", f"%er{r}_{j}", v, "%zero"))
                 v = f"%er{r}_{j}"
             if activation:
                 v = emit_activation(e, p + "  ", v, f"{r}_{j}", activation)

@@ -29,7 +29,6 @@ from .activations import (
     store_activation,
 )
 from .convs import Conv
-from .isa import kernel_isa
 from .kernel_text import close_executable, open_static_executable
 
 __all__ = ["DepthwiseConv"]
@@ -218,7 +217,7 @@ class DepthwiseConv:
                 e(f"{r}%yb{i} = arith.addf {v}, %bv : {vt}")
                 v = f"%yb{i}"
             if self.relu:
-                e(relu_line(r, f"%yr{i}", v, "%zero", zmm=kernel_isa() == "avx512"))
+                e(relu_line(r, f"%yr{i}", v, "%zero"))
                 v = f"%yr{i}"
             if self.activation:
                 v = emit_activation(e, r, v, str(i), self.activation)

@@ -284,8 +284,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: argmax / argmin over the innermost dimension; 86: isfinite / signbit / copysign in ops IREE
 #: lowers, sinh / cosh finite up to their overflow on CPU targets; 87: max poolings of a kernel's
 #: result without a barrier; 88: the fp32 AVX-512 convolution writes a following max pooling's
-#: padded input.
-REVISION = 95
+#: padded input; 96: ReLU in the kernels' stores as ``v < 0 ? 0 : v`` in plain arith (was an
+#: AVX-512 instruction in inline assembly, wrong in builds for CPUs without AVX-512).
+REVISION = 96
 
 _log = logging.getLogger("turbine.aot")
 

@@ -44,7 +44,6 @@ from .activations import relu_line
 from .avx512 import Avx512Gemm
 from .convs import Conv
 from .host import cpu_vendor
-from .isa import kernel_isa
 from .kernel_text import close_executable, open_static_executable
 
 __all__ = [
@@ -536,7 +535,7 @@ class WinogradConv:
                     e(f"{w}%ya{i}_{j} = arith.addf {y}, %rv{i}_{j} : {vt}")
                     y = f"%ya{i}_{j}"
                 if self.relu:
-                    e(relu_line(w, f"%yr{i}_{j}", y, "%zero", zmm=kernel_isa() == "avx512"))
+                    e(relu_line(w, f"%yr{i}_{j}", y, "%zero"))
                     y = f"%yr{i}_{j}"
                 e(
                     f"{w}%co{i}_{j} = affine.apply affine_map<()[s0, s1, s2, s3] -> "
