@@ -16,7 +16,15 @@ from torch import nn
 
 import turbine_aot
 from turbine_aot import runtime
-from turbine_aot._compiler.fallback import compile_with_fallback, fallback_flags, fallback_stages
+from turbine_aot._compiler import invoke
+from turbine_aot._compiler.fallback import (
+    CRASHED,
+    compile_with_fallback,
+    compiling_out_of_process,
+    fallback_flags,
+    fallback_stages,
+    out_of_process,
+)
 from turbine_aot._compiler.flags import (
     COMPILE_FLAGS_ENV,
     DATA_TILING_GROUP,
@@ -25,6 +33,7 @@ from turbine_aot._compiler.flags import (
 )
 from turbine_aot._compiler.isa import host_isa
 from turbine_aot._compiler.matmuls import cpu_matmul_kernel
+from turbine_aot._errors import Diagnostic
 
 DATA_TILING = "--iree-opt-data-tiling=true"
 SPLIT_K = "--iree-dispatch-creation-split-matmul-reduction=32"
@@ -134,6 +143,62 @@ def test_compile_with_fallback_warns_and_raises_the_first_error(caplog):
         compile_with_fallback(always_fails, flags)
     with pytest.raises(RuntimeError, match="error: failed"):  # nothing to drop: no retry
         compile_with_fallback(always_fails, default_compile_flags("vmvx", use_env=False))
+
+
+def _crash(flags) -> turbine_aot.CompileError:
+    """The error of an ``iree-compile`` tool killed by a signal (``invoke.compile_with_tool``'s)."""
+    report = f"{CRASHED} 6); this is a compiler bug, not a problem in your program. Its report:"
+    return turbine_aot.CompileError(
+        "compile (iree-compile tool)",
+        [Diagnostic("error", report + "\nLLVM ERROR: Do not know how to split")],
+        flags=list(flags),
+    )
+
+
+def test_after_a_crash_the_retries_run_the_tool_not_the_callers_process():
+    # an LLVM fatal error aborts the process it runs in: once the tool crashed, a retry in
+    # process would end the caller's process instead of raising (seen with a kernel LLVM could
+    # not select for the target)
+    flags = default_compile_flags("llvm-cpu", use_env=False)
+    seen: list[bool] = []
+
+    def crashes(f):
+        seen.append(compiling_out_of_process())
+        if _speed_only(f):
+            raise _crash(f)
+        return "vmfb"
+
+    result, used = compile_with_fallback(crashes, flags)
+    assert result == "vmfb" and seen == [False, True, True] and not _speed_only(used)
+    assert not compiling_out_of_process()  # only the retries
+
+    def fails(f):  # an ordinary error: the retries stay in process
+        seen.append(compiling_out_of_process())
+        if _speed_only(f):
+            raise turbine_aot.CompileError("compile", [Diagnostic("error", "no")])
+        return "vmfb"
+
+    seen.clear()
+    compile_with_fallback(fails, flags)
+    assert seen == [False, False, False]
+
+
+def test_out_of_process_compiles_with_the_tool(monkeypatch):
+    real, used = invoke.compile_with_tool, []
+
+    def tool(module_op, flags, *args):
+        used.append(list(flags))
+        return real(module_op, flags, *args)
+
+    monkeypatch.setattr(invoke, "compile_with_tool", tool)
+    model, x, eo = _export()
+    with out_of_process():
+        vmfb = eo.compile(save_to=None, target_backends=["llvm-cpu"])
+    assert len(used) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(
+            runtime.load_module(vmfb).main(x), model(x), rtol=1e-5, atol=1e-5
+        )
 
 
 class _Forced:

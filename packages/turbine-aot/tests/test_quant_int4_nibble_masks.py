@@ -14,7 +14,8 @@ from kernel_testing import compile_copy_asm, export_with_archive, needs_avx2
 from turbine_aot._compiler.avx2_quant import SLICE_K, masks_support
 from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 from turbine_aot._compiler.flags import default_compile_flags
-from turbine_aot._compiler.isa import host_isa, kernels_for
+from turbine_aot._compiler.isa import host_isa, kernels_for, target_avx512
+from turbine_aot._compiler.matmuls import host_avx512_missing, target_has_avx512
 from turbine_aot.runtime import load_module
 
 AVX2 = ["--turbine-cpu-matmul=avx2"]
@@ -77,6 +78,45 @@ def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
         Avx512QuantGemm(2112, 2048, 4, 96, True, mr=1, nr=2, lookup=False, nibble_masks=True)
     with pytest.raises(ValueError, match="prepared rows"):
         Avx512QuantGemm(2048, 2048, 4, 128, True, mr=1, nr=2, lookup=False, prepared_row=True)
+
+
+def test_a_target_without_avx512_has_no_table_lookups_whatever_the_blocking():
+    # the blocking is not the target: --turbine-cpu-matmul=avx512 builds the AVX-512 blocking
+    # for a CPU without AVX-512 too (isa.py), where the lookup's vpermps does not exist
+    host = default_compile_flags("llvm-cpu", use_env=False)
+    assert target_has_avx512(host) == (not host_avx512_missing())
+    assert target_has_avx512([*host, "--iree-llvmcpu-target-cpu-features=+avx2,+avx512f,+fma"])
+    assert not target_has_avx512([*host, "--iree-llvmcpu-target-cpu-features=+avx2,+fma"])
+    assert not target_has_avx512(["--iree-llvmcpu-target-cpu=znver4"])  # named: unknown
+    with kernels_for("avx512"):
+        assert target_avx512()  # unsaid: the blocking's
+        with kernels_for("avx512", target_avx512=False):
+            assert not target_avx512()
+            one = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1)
+            some = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=None)
+            with kernels_for("avx512"):  # nested: the enclosing target
+                assert not target_avx512()
+    assert one.nibble_masks and not one.lookup and not some.lookup
+
+
+@needs_avx2
+def test_the_avx512_blocking_for_this_cpu_matches_torchao_eager(tmp_path):
+    # on an AVX2 CPU its int4 products take the AVX2 forms (before: the lookup's AVX-512
+    # intrinsic, on which LLVM aborted, and a retry in process ended the caller's process)
+    m = _int4(_mlp(512, 256, 128), 32)
+    eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
+    avx512 = ["--turbine-cpu-matmul=avx512"]
+    flags = [*default_compile_flags("llvm-cpu", use_env=False), *avx512]
+    asm = compile_copy_asm(eo, flags)
+    assert ("permvar" in asm) == target_has_avx512(flags)
+    assert ("_nm2_pr" in asm) == (not target_has_avx512(flags))
+    compiled = load_module(eo.compile(save_to=None, extra_args=avx512), parameters=parameters)
+    x = torch.randn(1, 512)
+    with torch.no_grad():
+        want = m(x)
+    torch.testing.assert_close(
+        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
+    )
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from .avx2_quant import emit_masks_body, masks_support, row_executable, row_name, row_width
-from .isa import kernel_isa
+from .isa import kernel_isa, target_avx512
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
 
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
@@ -169,7 +169,8 @@ class Avx512QuantGemm:
             )
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         current = variant in ("", "rows-per-workgroup")
-        if kernel_isa() == "avx2":
+        # a target without AVX-512 has no 16-entry vpermps: the AVX2 forms (isa.py)
+        if kernel_isa() == "avx2" or not target_avx512():
             if rows == 1 and current and masks_support(k, bits, group):
                 # The widest workgroups that leave 16 of them for the workers to share (128
                 # columns measured 1.06-1.08x the 32 at N = 2048 and 768, one thread, when each

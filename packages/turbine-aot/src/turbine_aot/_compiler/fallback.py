@@ -9,21 +9,63 @@ a default makes the compile fail"):
    ukernel flag);
 2. then without every speed-only group, with the kernels the flags then choose.
 
-Step 1 is skipped where it would be step 2."""
+Step 1 is skipped where it would be step 2. Once a compile has crashed the ``iree-compile``
+tool, the retries run the tool too (:func:`out_of_process`), even where their flags
+would compile in process: the same crash in process would abort the caller's process."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import TypeVar
 
+from .._errors import CompileError
 from .flags import DATA_TILING_GROUP, SPEED_ONLY_GROUPS, SpeedOnlyGroup, flag_key
 from .matmuls import CPU_MATMUL_FLAG, cpu_matmul_kernel
 from .targets import flag_targets
 
-__all__ = ["compile_with_fallback", "fallback_flags", "fallback_stages", "retry_flags"]
+__all__ = [
+    "CRASHED",
+    "compile_with_fallback",
+    "compiler_crashed",
+    "compiling_out_of_process",
+    "fallback_flags",
+    "fallback_stages",
+    "out_of_process",
+    "retry_flags",
+]
 
 T = TypeVar("T")
+#: How :func:`.invoke.compile_with_tool`'s error for a crashed tool begins.
+CRASHED = "iree-compile crashed (signal"
+_out_of_process: ContextVar[bool] = ContextVar("turbine_compile_out_of_process", default=False)
+
+
+@contextmanager
+def out_of_process() -> Iterator[None]:
+    """Compiles inside run the ``iree-compile`` tool in a subprocess whatever their flags
+    (:func:`.invoke.compile_module`): the retries after a compile crashed the tool, since the
+    same module in process would abort the caller's process where the tool was killed (an
+    LLVM fatal error calls ``abort``)."""
+    token = _out_of_process.set(True)
+    try:
+        yield
+    finally:
+        _out_of_process.reset(token)
+
+
+def compiling_out_of_process() -> bool:
+    """Whether compiles now must run the tool (inside :func:`out_of_process`)."""
+    return _out_of_process.get()
+
+
+def compiler_crashed(error: BaseException) -> bool:
+    """Whether ``error`` is a compile whose ``iree-compile`` tool crashed (killed by a signal)."""
+    return isinstance(error, CompileError) and any(
+        d.message.startswith(CRASHED) for d in error.diagnostics
+    )
 
 
 def fallback_flags(
@@ -119,6 +161,7 @@ def compile_with_fallback(
         if not stages:
             raise
         error: BaseException = first
+        crashed = compiler_crashed(first)
         for i, (retry, dropped) in enumerate(stages):
             log.warning(
                 "compiling with turbine's default flags failed (%s); compiling again without "
@@ -130,9 +173,11 @@ def compile_with_fallback(
                 "" if i == len(stages) - 1 else "; the others and turbine's kernel choice kept",
             )
             try:
-                return compile_fn(retry), retry
+                with out_of_process() if crashed else nullcontext():
+                    return compile_fn(retry), retry
             except errors as e:
                 error = e
+                crashed = crashed or compiler_crashed(e)
         raise first from None
 
 

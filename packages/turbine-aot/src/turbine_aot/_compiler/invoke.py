@@ -1,5 +1,7 @@
 """One compile of an imported module with final flags: in process, or with the ``iree-compile``
-tool in a subprocess when the flags or the module need it."""
+tool in a subprocess when the flags or the module need it, or after the tool crashed
+(:func:`.fallback.out_of_process`: a crash of LLVM in process would end the caller's
+process)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from turbine_params import atomic_write_bytes
 
 from .._errors import CompileError, Diagnostic, ExportError
 from .bf16 import strip_precision_flags
+from .fallback import CRASHED, compiling_out_of_process
 from .rewrites import module_for_compile
 from .session import CapturedInvocation, new_session, output_to_file
 
@@ -39,7 +42,8 @@ def compile_module(
     The module handed to IREE is :func:`.rewrites.module_for_compile`'s (a rewritten copy
     when a target fix applies). Flags an in-process session rejects, and modules placing
     globals on devices (iree-compile 3.13 crashes on some), compile with the ``iree-compile``
-    tool in a subprocess, so that a compiler crash is a :class:`CompileError`.
+    tool in a subprocess, so that a compiler crash is a :class:`CompileError`; so does every
+    compile inside :func:`.fallback.out_of_process`.
 
     Args:
         save_to: ``None`` (returns an in-memory ``Output``), a path (written atomically) or an
@@ -51,7 +55,11 @@ def compile_module(
     module_op, owned = module_for_compile(module, flags)
     flags = strip_precision_flags(flags)  # turbine's own flag: read by the rewrites only
     try:
-        if tool_only_flags(flags) or places_globals_on_devices(module_op):
+        if (
+            compiling_out_of_process()
+            or tool_only_flags(flags)
+            or places_globals_on_devices(module_op)
+        ):
             _log.info("compiling with the iree-compile tool (flags %s)", flags)
             result = compile_with_tool(module_op, flags, save_to, compile_from)
             _log.info("compiled in %.2f s", time.perf_counter() - start)
@@ -128,7 +136,7 @@ def compile_with_tool(
                 [
                     Diagnostic(
                         "error",
-                        f"iree-compile crashed (signal {-proc.returncode}); this is a compiler "
+                        f"{CRASHED} {-proc.returncode}); this is a compiler "
                         "bug, not a problem in your program. Its report:\n"
                         + "\n".join(proc.stderr.strip().splitlines()[:12]),
                     )

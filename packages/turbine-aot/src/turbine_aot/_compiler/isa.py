@@ -15,6 +15,13 @@ for (docs/performance.md, section 19):
 ``--turbine-cpu-matmul=avx512`` / ``avx2`` (:func:`.matmuls.cpu_matmul_kernel`, the host's by
 default) chooses it for a compile: ``rewrites.module_for_compile`` rewrites under
 :func:`kernels_for`, and the kernels' blocking functions read :func:`kernel_isa`.
+
+The blocking is not the target: ``--turbine-cpu-matmul=avx512`` on an AVX2 CPU (the tests'
+way of comparing the two blockings) builds the AVX-512 blocking for a CPU without AVX-512, and
+plain ``vector`` code is right there. Instructions only AVX-512 has (the weight-only int4
+kernel's 16-entry ``vpermps`` lookup, reached as an LLVM intrinsic) are not: LLVM aborts on
+them, in process. Such kernels read :func:`target_avx512`, which :func:`kernels_for` sets from
+the compile's target (:func:`.matmuls.target_has_avx512`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ __all__ = [
     "isa_features",
     "kernel_isa",
     "kernels_for",
+    "target_avx512",
 ]
 
 #: The ``/proc/cpuinfo`` flags each instruction set's kernels need.
@@ -43,6 +51,7 @@ KERNEL_ISAS = ("avx512", "avx2")
 _FEATURES = {"avx512": AVX512_FEATURES, "avx2": AVX2_FEATURES}
 
 _current: ContextVar[str | None] = ContextVar("turbine_kernel_isa", default=None)
+_target_avx512: ContextVar[bool | None] = ContextVar("turbine_target_avx512", default=None)
 
 
 def isa_features(isa: str) -> tuple[str, ...]:
@@ -63,12 +72,25 @@ def kernel_isa() -> str:
 
 
 @contextmanager
-def kernels_for(isa: str) -> Iterator[None]:
-    """Kernels built inside are blocked for ``isa`` (one of :data:`KERNEL_ISAS`)."""
+def kernels_for(isa: str, target_avx512: bool | None = None) -> Iterator[None]:
+    """Kernels built inside are blocked for ``isa`` (one of :data:`KERNEL_ISAS`), for a target
+    CPU with AVX-512 instructions or not (``target_avx512``; ``None``: as the enclosing one, or
+    where there is none, the blocking's own: ``isa == "avx512"``)."""
     if isa not in _FEATURES:
         raise ValueError(f"no kernel instruction set {isa!r}; known: {', '.join(KERNEL_ISAS)}")
     token = _current.set(isa)
+    target = _target_avx512.set(
+        target_avx512 if target_avx512 is not None else _target_avx512.get()
+    )
     try:
         yield
     finally:
+        _target_avx512.reset(target)
         _current.reset(token)
+
+
+def target_avx512() -> bool:
+    """Whether the kernels built now may use instructions only AVX-512 has: the target of the
+    enclosing :func:`kernels_for` has them (where it did not say, the blocking is AVX-512's)."""
+    given = _target_avx512.get()
+    return kernel_isa() == "avx512" if given is None else given

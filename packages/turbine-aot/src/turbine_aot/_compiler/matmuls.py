@@ -54,6 +54,7 @@ __all__ = [
     "rewritable_matmuls",
     "rewrite_matmuls",
     "rewrite_matmuls_avx512",
+    "target_has_avx512",
 ]
 
 #: The compile flag choosing the kernel of fp32 matmuls on llvm-cpu: ``avx512`` (turbine's
@@ -66,6 +67,7 @@ CPU_MATMUL_FLAG = "--turbine-cpu-matmul"
 CPU_MATMUL_ENV = "TURBINE_CPU_MATMUL"
 _CPU_MATMUL_KERNELS = ("iree", *KERNEL_ISAS)
 _HOST_CPU_FLAG = "--iree-llvmcpu-target-cpu=host"
+_TARGET_FEATURES_FLAG = "--iree-llvmcpu-target-cpu-features="
 _UKERNELS_FLAG = "--iree-llvmcpu-enable-ukernels=all"
 
 _REFLECTION_ATTR = "iree.reflection"
@@ -134,6 +136,19 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
             f"{', '.join(_CPU_MATMUL_KERNELS)}"
         )
     return value
+
+
+def target_has_avx512(flags: Sequence[str]) -> bool:
+    """Whether an llvm-cpu compile with ``flags`` targets a CPU with AVX-512 (``avx512f``): the
+    last ``--iree-llvmcpu-target-cpu-features`` names ``+avx512f``, or, without one, the target
+    CPU is ``host`` and this machine has it. Any other target (a named CPU, IREE's generic
+    x86-64) counts as without: the kernels keep to instructions a CPU with AVX2 has, which is
+    right there, at worst slower (:func:`.isa.target_avx512`)."""
+    features = [f for f in flags if f.startswith(_TARGET_FEATURES_FLAG)]
+    if features:
+        return "+avx512f" in features[-1].split("=", 1)[1].split(",")
+    cpu = [f for f in flags if f.startswith("--iree-llvmcpu-target-cpu=")]
+    return bool(cpu) and cpu[-1] == _HOST_CPU_FLAG and not host_avx512_missing()
 
 
 #: A kernel for a ``(k, n, batched)`` product.

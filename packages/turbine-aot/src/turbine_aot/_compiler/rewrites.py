@@ -137,6 +137,7 @@ from .matmuls import (
     cpu_matmul_kernel,
     rewritable_matmuls,
     rewrite_matmuls_avx512,
+    target_has_avx512,
 )
 from .nan_forms import nan_ops, rewrite_nan_forms
 from .op_forms import (
@@ -494,7 +495,8 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     ):
         return module_op, False
     copy = op.clone()
-    with kernels_for(isa):
+    # instructions only AVX-512 has where the target has them (isa.py: not the blocking's)
+    with kernels_for(isa, target_avx512=target_has_avx512(flags)):
         if gathers:  # before attention: the masks it reads are built from them
             count = rewrite_arange_gathers(copy)
             _log.info("CPU target: %d gather(s) by aranges written as views", count)
