@@ -286,8 +286,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: lowers, sinh / cosh finite up to their overflow on CPU targets; 87: max poolings of a kernel's
 #: result without a barrier; 88: the fp32 AVX-512 convolution writes a following max pooling's
 #: padded input; 96: ReLU in the kernels' stores as ``v < 0 ? 0 : v`` in plain arith (was an
-#: AVX-512 instruction in inline assembly, wrong in builds for CPUs without AVX-512).
-REVISION = 96
+#: AVX-512 instruction in inline assembly, wrong in builds for CPUs without AVX-512); 97: the
+#: quantized products of a build for a CPU without AVX-512 on the AVX2 forms, whatever the
+#: blocking (the lookup's AVX-512 intrinsic made LLVM abort).
+REVISION = 97
 
 _log = logging.getLogger("turbine.aot")
 
