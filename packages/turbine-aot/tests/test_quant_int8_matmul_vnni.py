@@ -104,6 +104,8 @@ def test_the_compile_copy_calls_the_vnni_kernel_for_both_forms(monkeypatch, tmp_
         default_compile_flags("llvm-cpu", host=False, use_env=False),
         default_compile_flags("vmvx", use_env=False),
         retry_flags(host_flags(), []),
+        # a target without AVX-512, whatever the blocking (the VNNI instruction is AVX-512's)
+        host_flags("--iree-llvmcpu-target-cpu-features=+avx2,+fma"),
     ):
         assert flags is not None
         assert _CALL not in compile_copy_asm(eo, flags)

@@ -288,7 +288,7 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: padded input; 96: ReLU in the kernels' stores as ``v < 0 ? 0 : v`` in plain arith (was an
 #: AVX-512 instruction in inline assembly, wrong in builds for CPUs without AVX-512); 97: the
 #: quantized products of a build for a CPU without AVX-512 on the AVX2 forms, whatever the
-#: blocking (the lookup's AVX-512 intrinsic made LLVM abort).
+#: blocking (the lookup's AVX-512 intrinsic made LLVM abort), and never on the VNNI kernels.
 REVISION = 97
 
 _log = logging.getLogger("turbine.aot")
@@ -392,10 +392,18 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     )
     # the weight-only quantized kernel (on AVX2: its form without table lookups)
     quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
+    # instructions only AVX-512 has where the target has them, whatever the blocking (isa.py)
+    target_avx512 = target_has_avx512(flags)
     # int8 x int8 products on the VNNI kernel: the host builds of the AVX-512 kernels, on a
-    # CPU with AVX-512 VNNI, unless TURBINE_CPU_INT8_MATMUL=iree
+    # CPU with AVX-512 VNNI, for a target with AVX-512, unless TURBINE_CPU_INT8_MATMUL=iree
     keep_int8 = os.environ.get(CPU_INT8_MATMUL_ENV, "").strip().lower() == "iree"
-    vnni = fp32_kernel and isa == "avx512" and not keep_int8 and not host_vnni_missing()
+    vnni = (
+        fp32_kernel
+        and isa == "avx512"
+        and target_avx512
+        and not keep_int8
+        and not host_vnni_missing()
+    )
     int8 = vnni and bool(rewritable_int8_matmuls(op))
     # int4 x int8 products (torchao's fake-quantized Int8DynamicActivationIntxWeightConfig) on
     # the w4a8 kernel: its VNNI form gated as int8, its AVX2 form where the kernels are built
@@ -497,8 +505,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     ):
         return module_op, False
     copy = op.clone()
-    # instructions only AVX-512 has where the target has them (isa.py: not the blocking's)
-    with kernels_for(isa, target_avx512=target_has_avx512(flags)):
+    with kernels_for(isa, target_avx512=target_avx512):
         if gathers:  # before attention: the masks it reads are built from them
             count = rewrite_arange_gathers(copy)
             _log.info("CPU target: %d gather(s) by aranges written as views", count)
