@@ -124,7 +124,8 @@ def test_the_compile_copy_puts_undilated_convolutions_on_amx(monkeypatch):
         r"tilestored",  # to the scratch block on the stack
         r"vector.load %\w+\[%\w+, %\w+\] : memref<32x48xf32>, vector<16xf32>",
         r"vector.fma",  # the epilogue, over each stored block's pixels
-        r"llvm.inline_asm \"vmaxps \$2, \$1, \$0\"",  # ReLU, NaN kept
+        # ReLU as v < 0 ? 0 : v (NaN and -0.0 kept; one vmaxps on AVX-512)
+        r"arith.select %\w+, %\w+, %\w+ : vector<16xi1>, vector<16xf32>",
         r"(arith.truncf %\w+ : vector<16xf32> to vector<16xbf16>|vcvtneps2bf16)",
         r"vector.store %\w+, %\w+\[%\w+\] : memref<10944xbf16>, vector<16xbf16>",
         # the stem's input: zero-padded (channels 3 -> 4), then in space-to-depth order; it
@@ -460,8 +461,8 @@ def test_bottleneck_blocks_hand_their_inputs_over_in_bf16(monkeypatch):
 @pytest.mark.parametrize("native", [True, False], ids=["avx512-bf16", "no-avx512-bf16"])
 def test_the_stores_round_to_bf16_and_apply_relu_in_one_instruction_each(monkeypatch, native):
     # a kernel writing the next one's bf16 input: vcvtneps2bf16 where the CPU has it (IREE
-    # expands arith.truncf to bf16 into seven integer instructions), vmaxps with the value as
-    # its second source for ReLU (NaN kept, as arith.maximumf but in one instruction), and
+    # expands arith.truncf to bf16 into seven integer instructions), ReLU as v < 0 ? 0 : v
+    # (NaN kept as by arith.maximumf, and -0.0; LLVM makes it one vmaxps), and
     # the weight tiles prefetched where the reduction is at least 1024 long (here 32 x 9 and
     # 128 x 9)
     _as_on_amx(monkeypatch)
@@ -481,7 +482,8 @@ def test_the_stores_round_to_bf16_and_apply_relu_in_one_instruction_each(monkeyp
     assert "_relu_to" in bodies[0].splitlines()[0]
     assert ("vcvtneps2bf16" in bodies[0]) == native
     assert ("arith.truncf" in bodies[0]) != native
-    assert '"vmaxps $2, $1, $0"' in bodies[0] and "arith.maximumf" not in bodies[0]
+    assert "arith.cmpf olt" in bodies[0] and "vector<16xi1>, vector<16xf32>" in bodies[0]
+    assert "arith.maximumf" not in bodies[0]
     assert "prefetcht0" not in bodies[0] and "prefetcht0" in bodies[1]
 
 
