@@ -20,7 +20,7 @@ from typing import Any
 from .amx import AMX_FEATURES, AmxGemm, host_amx_missing
 from .avx512 import AVX512_BF16_FEATURES, Avx512Gemm, host_avx512_bf16_missing
 from .epilogues import fusion_enabled
-from .matmuls import rewritable_matmuls, rewrite_matmuls
+from .matmuls import rewritable_matmuls, rewrite_matmuls, target_cpu
 from .targets import TargetError, flag_targets
 
 __all__ = [
@@ -88,14 +88,6 @@ def strip_precision_flags(flags: Any) -> list[str]:
     return [f for f in flags if not f.startswith(TURBINE_FLAG_PREFIX)]
 
 
-def _target_cpu(flags: Any) -> str | None:
-    cpu = None
-    for f in flags:
-        if f.startswith("--iree-llvmcpu-target-cpu="):
-            cpu = f.split("=", 1)[1]
-    return cpu
-
-
 def bf16_kernel_kind() -> str | None:
     """The bf16 kernel this machine runs: ``"amx"`` (AMX-BF16), ``"avx512"`` (AVX512-BF16), or
     ``None`` (neither)."""
@@ -129,7 +121,7 @@ def check_precision(flags: Any) -> None:
             f"{', '.join(sorted(targets)) or 'nothing'}); on GPUs export the model in bf16 "
             "instead (model.to(torch.bfloat16))"
         )
-    cpu = _target_cpu(flags)
+    cpu = target_cpu(flags)
     if cpu != "host":
         raise TargetError(
             f"precision='bf16' runs AMX or AVX512-BF16 code and needs a module built for this machine's CPU "

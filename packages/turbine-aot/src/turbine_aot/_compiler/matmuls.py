@@ -54,6 +54,7 @@ __all__ = [
     "rewritable_matmuls",
     "rewrite_matmuls",
     "rewrite_matmuls_avx512",
+    "target_cpu",
     "target_has_avx512",
 ]
 
@@ -66,7 +67,7 @@ CPU_MATMUL_FLAG = "--turbine-cpu-matmul"
 #: for a whole test run); the flag wins over it.
 CPU_MATMUL_ENV = "TURBINE_CPU_MATMUL"
 _CPU_MATMUL_KERNELS = ("iree", *KERNEL_ISAS)
-_HOST_CPU_FLAG = "--iree-llvmcpu-target-cpu=host"
+_TARGET_CPU_FLAG = "--iree-llvmcpu-target-cpu="
 _TARGET_FEATURES_FLAG = "--iree-llvmcpu-target-cpu-features="
 _UKERNELS_FLAG = "--iree-llvmcpu-enable-ukernels=all"
 
@@ -125,10 +126,8 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
         if f.startswith(CPU_MATMUL_FLAG + "="):
             value = f.split("=", 1)[1].strip().lower()
     if value is None:
-        cpu = [f for f in flags if f.startswith("--iree-llvmcpu-target-cpu=")]
-        host = bool(cpu) and cpu[-1] == _HOST_CPU_FLAG
         value = "iree"
-        if host and _UKERNELS_FLAG in flags:
+        if target_cpu(flags) == "host" and _UKERNELS_FLAG in flags:
             value = "avx512" if not host_avx512_missing() else (host_isa() or "iree")
     if value not in _CPU_MATMUL_KERNELS:
         raise TargetError(
@@ -147,8 +146,17 @@ def target_has_avx512(flags: Sequence[str]) -> bool:
     features = [f for f in flags if f.startswith(_TARGET_FEATURES_FLAG)]
     if features:
         return "+avx512f" in features[-1].split("=", 1)[1].split(",")
-    cpu = [f for f in flags if f.startswith("--iree-llvmcpu-target-cpu=")]
-    return bool(cpu) and cpu[-1] == _HOST_CPU_FLAG and not host_avx512_missing()
+    return target_cpu(flags) == "host" and not host_avx512_missing()
+
+
+def target_cpu(flags: Sequence[str]) -> str | None:
+    """The CPU an llvm-cpu compile with ``flags`` targets: the last
+    ``--iree-llvmcpu-target-cpu``'s value (``host``: this machine's), or ``None``."""
+    cpu = None
+    for f in flags:
+        if f.startswith(_TARGET_CPU_FLAG):
+            cpu = f.split("=", 1)[1]
+    return cpu
 
 
 #: A kernel for a ``(k, n, batched)`` product.
