@@ -55,11 +55,13 @@ SUBLAYERS: dict[str, tuple[str, ...]] = {
     # CompiledModule and its import phases
     "turbine_aot._compiled_module": ("turbine_aot._errors", "turbine_aot._compiler"),
     # the runtime loads, it never compiles: of the compiler layer only the AMX tile permission
-    # (a module built for AMX needs it before it runs) and the name of the functions that wait
-    # on stored state (a call of a function storing state may need one); never the export side
+    # (a module built for AMX needs it before it runs), the host CPU's flags (a module built
+    # for instructions this CPU lacks is refused) and the name of the functions that wait on
+    # stored state (a call of a function storing state may need one); never the export side
     "turbine_aot._runtime": (
         "turbine_aot._errors",
         "turbine_aot._compiler.amx",
+        "turbine_aot._compiler.host",
         "turbine_aot._compiler.stored_state",
         "turbine_aot._signatures",
     ),

@@ -22,7 +22,14 @@ from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._signatures.abi import FlatSignature
 from turbine_aot._signatures.reflection import module_functions, module_name
 
-from .devices import create_devices, device_lost, forget_lost_devices, normalize_devices
+from .cpu_check import check_module_cpu
+from .devices import (
+    create_devices,
+    device_lost,
+    driver_of,
+    forget_lost_devices,
+    normalize_devices,
+)
 from .loaded_module import LoadedModule
 from .module_check import check_module_in_child
 from .parameter_memory import resolve_policy
@@ -162,6 +169,14 @@ def load_module(
         rt.flags.parse_flags(*runtime_flags)
     data, path = module_bytes_or_path(module, device=uris, compile_flags=compile_flags, cache=cache)
     where = repr(str(path)) if path is not None else "the given module bytes"
+    # Before anything of it runs (the child's check included): CPU code for instructions this
+    # CPU lacks would die of SIGILL (docs/running.md, "A module built for another CPU").
+    check_module_cpu(
+        data,
+        path,
+        [driver_of(uri) for uri in uris],
+        f"module {where}" if path is not None else "the module",
+    )
     checked_calls = None
     if check_in_child:
         calls = check_in_child != "load"
