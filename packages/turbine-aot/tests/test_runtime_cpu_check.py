@@ -188,3 +188,14 @@ def test_a_module_file_is_read_near_its_start_only(tmp_path):
     empty = tmp_path / "empty.vmfb"
     empty.write_bytes(b"")
     assert module_cpu_targets(None, empty) == []
+
+
+def test_a_module_with_one_variant_that_runs_here_is_not_refused(other_cpu):
+    """Two targets in one module (IREE's variants of a device): it loads where one runs."""
+    both = _compiled(other_cpu) + _compiled("x86-64-v3")  # both texts within the span
+    assert len(module_cpu_targets(both, None)) == 2
+    if _lacking("x86-64-v3"):
+        pytest.skip("this CPU lacks x86-64-v3 (AVX2)")
+    check_module_cpu(both, None, ["local-task"], "the module")
+    with pytest.raises(R.TurbineRuntimeError, match=f"CPU {other_cpu!r}"):
+        check_module_cpu(_compiled(other_cpu) * 2, None, ["local-task"], "the module")
