@@ -20,6 +20,7 @@ from turbine_aot._compiler.host import cpu_flags
 from turbine_aot._runtime.cpu_check import (
     CPUINFO_FLAG,
     CpuTarget,
+    check_kernel_features,
     check_module_cpu,
     missing_features,
     module_cpu_targets,
@@ -199,3 +200,76 @@ def test_a_module_with_one_variant_that_runs_here_is_not_refused(other_cpu):
     check_module_cpu(both, None, ["local-task"], "the module")
     with pytest.raises(R.TurbineRuntimeError, match=f"CPU {other_cpu!r}"):
         check_module_cpu(_compiled(other_cpu) * 2, None, ["local-task"], "the module")
+
+
+# ------------------------------------------------------------------ turbine's kernels' needs
+def _cpu_requires(vmfb: bytes) -> set[str]:
+    """The CPU flags the module's public functions record for turbine's kernels."""
+    import iree.runtime as rt
+
+    from turbine_aot._signatures.reflection import module_functions
+
+    vm = rt.VmModule.copy_buffer(rt.VmInstance(), vmfb)
+    return {
+        flag
+        for _, _, reflection in module_functions(vm, "the module")
+        for flag in reflection.get("turbine.cpu_requires", "").split(",")
+        if flag
+    }
+
+
+def test_kernels_record_what_the_target_needs_not_the_blocking():
+    from turbine_aot._compiler.isa import (
+        AVX2_FEATURES,
+        AVX512_FEATURES,
+        kernel_features,
+        kernels_for,
+    )
+
+    with kernels_for("avx512", target_avx512=False):
+        assert kernel_features() == AVX2_FEATURES  # LLVM splits the vectors: AVX2 code
+    with kernels_for("avx512", target_avx512=True):
+        assert kernel_features() == AVX512_FEATURES
+    with kernels_for("avx2", target_avx512=True):
+        assert kernel_features() == AVX2_FEATURES
+
+
+@pytest.mark.skipif(not _X86_LINUX, reason="the check reads /proc/cpuinfo: Linux on x86-64 only")
+@pytest.mark.parametrize(
+    "flags",
+    [["--turbine-cpu-matmul=avx512"], ["--iree-llvmcpu-target-cpu=x86-64-v3"]],
+    ids=["avx512-blocking", "x86-64-v3"],
+)
+def test_a_build_for_an_avx2_target_needs_avx2_only(flags):
+    """Built for a target without AVX-512 (a blocking asked for it on this CPU, or the fleet
+    target ``x86-64-v3`` on any CPU), the module needs no more than AVX2 and FMA: it loads on
+    any AVX2 CPU and matches eager."""
+    if {"avx2", "fma"} - cpu_flags():
+        pytest.skip("this CPU has no AVX2 + FMA")
+    if flags[0].startswith("--turbine") and "avx512f" in cpu_flags():
+        pytest.skip("the blocking's target is this CPU, which has AVX-512")
+    eo = aot.export(_model(), args=(torch.randn(4, 256),))
+    vmfb = bytes(eo.compile(save_to=None, extra_args=flags).map_memory())
+    # (a named target gets IREE's own code, no kernels: nothing recorded)
+    expected = set() if "target-cpu" in flags[0] else {"avx2", "fma"}
+    assert _cpu_requires(vmfb) == expected
+    x = torch.randn(4, 256)
+    torch.testing.assert_close(R.load_module(vmfb).main(x), _model()(x), rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_needing_what_this_cpu_lacks_are_refused_by_name(monkeypatch):
+    """The kernels' record is checked besides the printed target (an explicit
+    ``--iree-llvmcpu-target-cpu-features`` can say less than the kernels use)."""
+    if not _X86_LINUX or not cpu_flags():
+        pytest.skip("the check reads /proc/cpuinfo: Linux on x86-64 only")
+    reflections = [{"turbine.cpu_requires": "avx2,avx10_9_imaginary"}, {}]
+    with pytest.raises(R.TurbineRuntimeError) as info:
+        check_kernel_features(reflections, ["local-task"], "m")
+    msg = str(info.value)
+    assert "module 'm' holds turbine kernels built for a CPU with avx10_9_imaginary," in msg
+    assert "avx2," not in msg or "avx2" in cpu_flags()
+    check_kernel_features(reflections, ["vulkan"], "m")  # its kernels never run there
+    # AMX is the tile permission's to check (its own message, load_module's _prepare_cpu_for)
+    check_kernel_features([{"turbine.cpu_requires": "amx_tile,amx_bf16"}], ["local-task"], "m")
+    monkeypatch.setenv("TURBINE_CPU_CHECK", "off")
+    check_kernel_features(reflections, ["local-task"], "m")

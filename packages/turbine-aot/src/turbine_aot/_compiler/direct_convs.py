@@ -86,7 +86,7 @@ from .epilogues import (
     replace_with_absorbed,
     same_shape_add,
 )
-from .isa import isa_features, kernel_isa
+from .isa import kernel_features
 from .matmuls import mark_cpu_requires
 from .pools import (
     POOL_FUNC_PREFIX,
@@ -1491,7 +1491,7 @@ def rewrite_convs_avx512(
                 "and report the model"
             )
     if any_avx512:
-        mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else isa_features(kernel_isa()))
+        mark_cpu_requires(op, AVX512_BF16_FEATURES if any_bf16 else kernel_features())
     if any_amx:
         mark_cpu_requires(op, AMX_FEATURES)
     return len(found)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .avx512_dynamic import Avx512DynamicGemm
-from .isa import isa_features, kernel_isa
+from .isa import kernel_features
 from .matmuls import mark_cpu_requires
 from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, walk
 
@@ -239,5 +239,5 @@ def rewrite_dynamic_matmuls(module_op: Any) -> int:
         mm.results[0].replace_all_uses_with(result)
         mm.erase()
     if found:
-        mark_cpu_requires(op, isa_features(kernel_isa()))
+        mark_cpu_requires(op, kernel_features())
     return len(found)

@@ -30,7 +30,7 @@ from typing import Any
 
 from .avx512_dynamic import Avx512DynamicGemm
 from .dynamic_matmuls import f32_product_types, product_function
-from .isa import isa_features, kernel_isa
+from .isa import kernel_features
 from .kernel_text import close_executable, open_executable
 from .matmuls import mark_cpu_requires
 from .torch_ir import Builder, TensorType, TopLevel, builtin_tensor, constant, producer, walk
@@ -323,5 +323,5 @@ def rewrite_few_row_products(module_op: Any) -> int:
         if t_op is not None and not list(t_op.results[0].uses):
             t_op.erase()
     if found:
-        mark_cpu_requires(op, isa_features(kernel_isa()))
+        mark_cpu_requires(op, kernel_features())
     return len(found)

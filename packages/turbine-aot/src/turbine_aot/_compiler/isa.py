@@ -38,6 +38,7 @@ __all__ = [
     "KERNEL_ISAS",
     "host_isa",
     "isa_features",
+    "kernel_features",
     "kernel_isa",
     "kernels_for",
     "target_avx512",
@@ -87,6 +88,15 @@ def kernels_for(isa: str, target_avx512: bool | None = None) -> Iterator[None]:
     finally:
         _target_avx512.reset(target)
         _current.reset(token)
+
+
+def kernel_features() -> tuple[str, ...]:
+    """The CPU flags the kernels built now need where they run (what they record in
+    ``turbine.cpu_requires``, which turbine's runtime checks when it loads the module): AVX-512's
+    where they are blocked for it and the target has it, else AVX2's. Kernels blocked for
+    AVX-512 for a target without it keep to AVX2 instructions (LLVM splits their vectors), so a
+    build on an AVX-512 machine for ``--iree-llvmcpu-target-cpu=x86-64-v3`` runs on any AVX2 CPU."""
+    return AVX512_FEATURES if kernel_isa() == "avx512" and target_avx512() else AVX2_FEATURES
 
 
 def target_avx512() -> bool:

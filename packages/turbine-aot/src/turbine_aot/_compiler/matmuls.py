@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from .amx import CPU_REQUIRES_KEY, AmxGemm
 from .avx512 import Avx512Gemm, host_avx512_missing
 from .epilogues import fusion_enabled, only_user, replace_with_absorbed
-from .isa import KERNEL_ISAS, host_isa, isa_features, kernel_isa
+from .isa import KERNEL_ISAS, host_isa, kernel_features
 from .targets import TargetError
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, builtin_tensor, constant, walk
 
@@ -580,6 +580,6 @@ def rewrite_matmuls_avx512(module_op: Any) -> int:
         module_op,
         kernel,
         prefix="__turbine_avx512_matmul",
-        cpu_requires=isa_features(kernel_isa()),
+        cpu_requires=kernel_features(),
         epilogues=fusion_enabled(),
     )

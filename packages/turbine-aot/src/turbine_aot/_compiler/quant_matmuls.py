@@ -30,7 +30,7 @@ from typing import Any
 
 from .amx_quant import AMX_INT8_FEATURES, AmxQuantGemm, int4_fits_cache, quant_amx_choice
 from .avx512_quant import VARIANTS, Avx512QuantGemm
-from .isa import isa_features, kernel_isa
+from .isa import kernel_features
 from .matmuls import mark_cpu_requires
 from .torch_ir import Builder, TensorType, TopLevel, constant, erase_unused, producer, walk
 
@@ -400,5 +400,5 @@ def rewrite_quant_matmuls_avx512(module_op: Any, amx: bool = False) -> int:
         mm.erase()
         _erase_dead(weight)
     if found:
-        mark_cpu_requires(op, AMX_INT8_FEATURES if on_amx else isa_features(kernel_isa()))
+        mark_cpu_requires(op, AMX_INT8_FEATURES if on_amx else kernel_features())
     return len(found)

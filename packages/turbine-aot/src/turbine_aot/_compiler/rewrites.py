@@ -131,7 +131,7 @@ from .gelu import (
     tanh_gelus,
 )
 from .globals import separate_shared_globals, shared_mutable_globals
-from .isa import KERNEL_ISAS, isa_features, kernel_isa, kernels_for
+from .isa import KERNEL_ISAS, kernel_features, kernel_isa, kernels_for
 from .matmuls import (
     CPU_MATMUL_ENV,
     cpu_matmul_kernel,
@@ -288,8 +288,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: padded input; 96: ReLU in the kernels' stores as ``v < 0 ? 0 : v`` in plain arith (was an
 #: AVX-512 instruction in inline assembly, wrong in builds for CPUs without AVX-512); 97: the
 #: quantized products of a build for a CPU without AVX-512 on the AVX2 forms, whatever the
-#: blocking (the lookup's AVX-512 intrinsic made LLVM abort), and never on the VNNI kernels.
-REVISION = 97
+#: blocking (the lookup's AVX-512 intrinsic made LLVM abort), and never on the VNNI kernels; 98:
+#: ``turbine.cpu_requires`` names what the kernels need on the target (AVX2's where it lacks
+#: AVX-512, whatever the blocking), which the runtime now checks; no AMX products for it.
+REVISION = 98
 
 _log = logging.getLogger("turbine.aot")
 
@@ -549,7 +551,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
             kernel_for = (
                 (_avx512_bf16_gemm if bf16_convs else _avx512_gemm) if conv_kernel else None
             )
-            features = AVX512_BF16_FEATURES if bf16_convs else isa_features(isa)
+            features = AVX512_BF16_FEATURES if bf16_convs else kernel_features()
             count = rewrite_convs_as_matmuls(copy, kernel_for, features)
             _log.info("llvm-cpu target: %d stem / 1x1 convolution(s) as im2col + matmul", count)
         if w4a8:  # before the weight-only kernel, which would take the same mm
@@ -560,9 +562,10 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
                 "AVX-512 VNNI" if w4a8_isa == "avx512" else w4a8_isa,
             )
         if quant:  # before the fp32 matmuls: a quantized weight's matmul is this kernel's
-            # AMX only where the kernels are built for AVX-512 (every AMX CPU has it): a build
-            # asked for AVX2 (--turbine-cpu-matmul=avx2) is for a CPU without AMX
-            amx = isa == "avx512" and quant_amx_enabled()
+            # AMX only where the kernels are built for AVX-512 (every AMX CPU has it) and for
+            # this host's CPU: a build asked for AVX2 (--turbine-cpu-matmul=avx2), or for a
+            # target without AVX-512 (a named CPU, x86-64-v3), is for a CPU without AMX
+            amx = isa == "avx512" and target_avx512 and quant_amx_enabled()
             count = rewrite_quant_matmuls_avx512(copy, amx=amx)
             _log.info(
                 "llvm-cpu target: %d quantized matmul(s) on the %s int8/int4 kernel",

@@ -17,6 +17,11 @@ compiling CPU's). The features checked are the instruction-set extensions LLVM e
 code (:data:`CPUINFO_FLAG`, LLVM's name -> Linux's ``/proc/cpuinfo`` flag); others (``+cx16``,
 ``+xsave``...) are ignored. No check is made where it cannot be (not Linux on x86-64, a module
 without such a text, e.g. from another IREE version); ``TURBINE_CPU_CHECK=0`` turns it off.
+
+turbine's own kernels are checked besides (:func:`check_kernel_features`): the CPU flags their
+module's public functions record under ``turbine.cpu_requires``, which can say more than the
+target does (VNNI kernels chosen for the compiling machine in a build given only
+``--iree-llvmcpu-target-cpu-features=+avx512f``).
 """
 
 from __future__ import annotations
@@ -26,16 +31,18 @@ import mmap
 import os
 import platform
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from turbine_aot._compiler.amx import AMX_FEATURES, CPU_REQUIRES_KEY
 from turbine_aot._compiler.host import cpu_flags
 from turbine_aot._errors import TurbineRuntimeError
 
 __all__ = [
     "CPUINFO_FLAG",
     "CpuTarget",
+    "check_kernel_features",
     "check_module_cpu",
     "missing_features",
     "module_cpu_targets",
@@ -166,6 +173,43 @@ def _host_is_x86_64_linux() -> bool:
     return platform.system() == "Linux" and platform.machine().lower() in ("x86_64", "amd64")
 
 
+def _checked_flags(drivers: Sequence[str]) -> set[str]:
+    """This CPU's flags where a load on ``drivers`` is checked (else empty: no check)."""
+    if os.environ.get("TURBINE_CPU_CHECK", "1").strip().lower() in ("0", "false", "no", "off"):
+        return set()
+    if not any(d in ("local-task", "local-sync") for d in drivers):
+        return set()
+    return cpu_flags() if _host_is_x86_64_linux() else set()
+
+
+def check_kernel_features(
+    reflections: Sequence[Mapping[str, str]], drivers: Sequence[str], name: str
+) -> None:
+    """Raises :class:`TurbineRuntimeError` where turbine's kernels in the module need CPU
+    features this CPU lacks: the ``/proc/cpuinfo`` flags its public functions' reflections
+    (``reflections``) record under ``turbine.cpu_requires`` (the AVX-512 VNNI or BF16 kernels,
+    AVX-512 blockings for an AVX-512 target), besides AMX's, which the load checks with the
+    tile permission it asks for. Kernels can need more than the printed target says (a
+    build with ``--iree-llvmcpu-target-cpu-features=+avx512f`` on a VNNI machine)."""
+    flags = _checked_flags(drivers)
+    if not flags:
+        return
+    required: dict[str, None] = {}
+    for reflection in reflections:
+        for flag in str(reflection.get(CPU_REQUIRES_KEY, "")).split(","):
+            if flag.strip() and flag.strip() not in AMX_FEATURES:
+                required.setdefault(flag.strip())
+    missing = [f for f in required if f not in flags]
+    if missing:
+        raise TurbineRuntimeError(
+            f"module {name!r} holds turbine kernels built for a CPU with {', '.join(missing)}, "
+            "which this CPU lacks: they would stop the process with an illegal instruction. "
+            "Recompile it on this machine (turbine's default --iree-llvmcpu-target-cpu=host), "
+            "or for a CPU every machine it runs on has (e.g. --iree-llvmcpu-target-cpu="
+            "x86-64-v3 for any AVX2 CPU); TURBINE_CPU_CHECK=0 skips this check"
+        )
+
+
 def check_module_cpu(
     data: bytes | None, path: Path | None, drivers: Sequence[str], where: str
 ) -> None:
@@ -178,13 +222,7 @@ def check_module_cpu(
         TurbineRuntimeError: names the module (``where``), its target CPU, the missing
             instruction sets, and how to rebuild it for this CPU.
     """
-    if os.environ.get("TURBINE_CPU_CHECK", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
-    if not any(d in ("local-task", "local-sync") for d in drivers):
-        return
-    if not _host_is_x86_64_linux():
-        return
-    flags = cpu_flags()
+    flags = _checked_flags(drivers)
     if not flags:
         return
     x86 = [t for t in module_cpu_targets(data, path) if t.triple.startswith(("x86_64", "amd64"))]

@@ -22,7 +22,7 @@ from turbine_aot._errors import TurbineRuntimeError
 from turbine_aot._signatures.abi import FlatSignature
 from turbine_aot._signatures.reflection import module_functions, module_name
 
-from .cpu_check import check_module_cpu
+from .cpu_check import check_kernel_features, check_module_cpu
 from .devices import (
     create_devices,
     device_lost,
@@ -200,7 +200,9 @@ def load_module(
     # Its records are read before anything of it runs (initializers): a damaged one fails here.
     name = module_name(vm_module, where)
     functions = module_functions(vm_module, where)
-    _prepare_cpu_for(name, [reflection for _, _, reflection in functions])
+    reflections = [reflection for _, _, reflection in functions]
+    check_kernel_features(reflections, [driver_of(uri) for uri in uris], name)
+    _prepare_cpu_for(name, reflections)
     hal = (
         rt.create_hal_module(instance, devices[0])
         if len(devices) == 1
@@ -251,7 +253,8 @@ def load_module(
 
 
 def _prepare_cpu_for(name: str, reflections: Sequence[Mapping[str, str]]) -> None:
-    """A module compiled with ``precision="bf16"`` runs AMX code: Linux must grant the process
+    """A module with AMX kernels (``precision="bf16"``, or quantized products built on an AMX
+    machine) runs AMX code: Linux must grant the process
     the tile state first (else SIGILL); see :mod:`turbine_aot._compiler.amx`. ``reflections``
     are its public functions' (already read: a damaged one was refused before this)."""
     if not module_requires_amx(reflections):
@@ -260,9 +263,9 @@ def _prepare_cpu_for(name: str, reflections: Sequence[Mapping[str, str]]) -> Non
         request_amx_permission()
     except AmxUnavailableError as e:
         raise TurbineRuntimeError(
-            f"module {name!r} was compiled with precision='bf16' and runs AMX code, "
-            f"which this process cannot: {e}. Recompile it here with precision='fp32' (the "
-            "default)"
+            f"module {name!r} runs AMX code (built with precision='bf16', or torchao-quantized "
+            f"products on an AMX machine), which this process cannot: {e}. Recompile it on "
+            "this machine (a bf16 module with precision='fp32', the default)"
         ) from e
 
 
