@@ -254,9 +254,9 @@ def load_module(
 
 def _prepare_cpu_for(name: str, reflections: Sequence[Mapping[str, str]]) -> None:
     """A module with AMX kernels (``precision="bf16"``, or quantized products built on an AMX
-    machine) runs AMX code: Linux must grant the process
-    the tile state first (else SIGILL); see :mod:`turbine_aot._compiler.amx`. ``reflections``
-    are its public functions' (already read: a damaged one was refused before this)."""
+    machine) runs AMX code: Linux must grant the process the tile state first (else SIGILL);
+    see :mod:`turbine_aot._compiler.amx`. ``reflections`` are its public functions' (already
+    read: a damaged one was refused before this)."""
     if not module_requires_amx(reflections):
         return
     try:
