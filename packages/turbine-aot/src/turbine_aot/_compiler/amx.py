@@ -36,11 +36,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import platform
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .host import cpu_flags
+from .host import cpu_flags, is_x86_64_linux
 from .kernel_text import close_executable, open_executable, workgroup_block
 from .workgroups import balanced_grid
 
@@ -88,7 +87,7 @@ def host_amx_missing() -> list[str]:
     """What this machine lacks to run the AMX kernel (empty: nothing): the missing CPU
     features of :data:`AMX_FEATURES` (read from ``/proc/cpuinfo``), or ``"Linux on x86-64"``
     where the check itself cannot be made."""
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+    if not is_x86_64_linux():
         return ["Linux on x86-64"]
     flags = cpu_flags()
     return [f for f in AMX_FEATURES if f not in flags]

@@ -11,9 +11,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 from pathlib import Path
 
-__all__ = ["cpu_flags", "cpu_vendor", "host_fingerprint", "host_l3_bytes", "host_physical_cores"]
+__all__ = [
+    "cpu_flags",
+    "cpu_vendor",
+    "host_fingerprint",
+    "host_l3_bytes",
+    "host_physical_cores",
+    "is_x86_64_linux",
+]
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,6 +47,11 @@ def _first_cpu() -> dict[str, str]:
 def _cpuinfo_field(name: str) -> str:
     """The first processor's ``name`` in ``/proc/cpuinfo`` (empty where there is none)."""
     return _first_cpu().get(name, "")
+
+
+def is_x86_64_linux() -> bool:
+    """Whether this is Linux on x86-64, where the CPU flags read here name x86 extensions."""
+    return platform.system() == "Linux" and platform.machine().lower() in ("x86_64", "amd64")
 
 
 def cpu_flags() -> set[str]:

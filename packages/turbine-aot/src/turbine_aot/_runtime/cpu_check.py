@@ -29,15 +29,16 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import platform
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from turbine_aot._compiler.amx import AMX_FEATURES, CPU_REQUIRES_KEY
-from turbine_aot._compiler.host import cpu_flags
+from turbine_aot._compiler.host import cpu_flags, is_x86_64_linux
 from turbine_aot._errors import TurbineRuntimeError
+
+from .tensors import LOCAL_DRIVERS
 
 __all__ = [
     "CPUINFO_FLAG",
@@ -101,6 +102,12 @@ _TEXT_LIMIT = 16384  # the most bytes one printed target takes (its features lis
 #: a large module file is not read to its end.
 _TARGETS_SPAN = 1 << 20
 _NAMED = 8  # the missing features an error names (the rest counted)
+#: How both errors end: what to do.
+_REBUILD = (
+    "Recompile it on this machine (turbine's default --iree-llvmcpu-target-cpu=host), or for a "
+    "CPU every machine it runs on has (e.g. --iree-llvmcpu-target-cpu=x86-64-v3 for any AVX2 "
+    "CPU); TURBINE_CPU_CHECK=0 skips this check"
+)
 _CPU = re.compile(rb'\bcpu = "([^"]*)"')
 _FEATURES = re.compile(rb'\bcpu_features = "([^"]*)"')
 _TRIPLE = re.compile(rb'\btarget_triple = "([^"]*)"')
@@ -169,17 +176,13 @@ def missing_features(target: CpuTarget, flags: set[str]) -> list[str]:
     return [f for f, flag in CPUINFO_FLAG.items() if f in target.features and flag not in flags]
 
 
-def _host_is_x86_64_linux() -> bool:
-    return platform.system() == "Linux" and platform.machine().lower() in ("x86_64", "amd64")
-
-
 def _checked_flags(drivers: Sequence[str]) -> set[str]:
     """This CPU's flags where a load on ``drivers`` is checked (else empty: no check)."""
     if os.environ.get("TURBINE_CPU_CHECK", "1").strip().lower() in ("0", "false", "no", "off"):
         return set()
-    if not any(d in ("local-task", "local-sync") for d in drivers):
+    if not any(d in LOCAL_DRIVERS for d in drivers):
         return set()
-    return cpu_flags() if _host_is_x86_64_linux() else set()
+    return cpu_flags() if is_x86_64_linux() else set()
 
 
 def check_kernel_features(
@@ -203,10 +206,8 @@ def check_kernel_features(
     if missing:
         raise TurbineRuntimeError(
             f"module {name!r} holds turbine kernels built for a CPU with {', '.join(missing)}, "
-            "which this CPU lacks: they would stop the process with an illegal instruction. "
-            "Recompile it on this machine (turbine's default --iree-llvmcpu-target-cpu=host), "
-            "or for a CPU every machine it runs on has (e.g. --iree-llvmcpu-target-cpu="
-            "x86-64-v3 for any AVX2 CPU); TURBINE_CPU_CHECK=0 skips this check"
+            f"which this CPU lacks: they would stop the process with an illegal instruction. "
+            f"{_REBUILD}"
         )
 
 
@@ -236,9 +237,6 @@ def check_module_cpu(
     if len(missing) > _NAMED:
         named += f" and {len(missing) - _NAMED} more"
     raise TurbineRuntimeError(
-        f"{where} was compiled for {built_for} with {named}, which this CPU "
-        f"lacks: its code would stop the process with an illegal instruction. Recompile it "
-        "on this machine (turbine's default --iree-llvmcpu-target-cpu=host), or for a CPU "
-        "every machine it runs on has (e.g. --iree-llvmcpu-target-cpu=x86-64-v3 for any "
-        "AVX2 CPU); TURBINE_CPU_CHECK=0 skips this check"
+        f"{where} was compiled for {built_for} with {named}, which this CPU lacks: its code "
+        f"would stop the process with an illegal instruction. {_REBUILD}"
     )

@@ -171,12 +171,8 @@ def load_module(
     where = repr(str(path)) if path is not None else "the given module bytes"
     # Before anything of it runs (the child's check included): CPU code for instructions this
     # CPU lacks would die of SIGILL (docs/running.md, "A module built for another CPU").
-    check_module_cpu(
-        data,
-        path,
-        [driver_of(uri) for uri in uris],
-        f"module {where}" if path is not None else "the module",
-    )
+    drivers = [driver_of(uri) for uri in uris]
+    check_module_cpu(data, path, drivers, f"module {where}" if path is not None else "the module")
     checked_calls = None
     if check_in_child:
         calls = check_in_child != "load"
@@ -201,7 +197,7 @@ def load_module(
     name = module_name(vm_module, where)
     functions = module_functions(vm_module, where)
     reflections = [reflection for _, _, reflection in functions]
-    check_kernel_features(reflections, [driver_of(uri) for uri in uris], name)
+    check_kernel_features(reflections, drivers, name)
     _prepare_cpu_for(name, reflections)
     hal = (
         rt.create_hal_module(instance, devices[0])

@@ -34,6 +34,7 @@ from typing import Any
 from turbine_aot._errors import TurbineRuntimeError
 
 from .devices import driver_of
+from .tensors import LOCAL_DRIVERS
 
 __all__ = [
     "ENV_VAR",
@@ -59,7 +60,7 @@ ENV_VAR = "TURBINE_PARAMETER_MEMORY"
 #: Below one 2 MiB huge page an archive has nothing to gain from the copy.
 MIN_HUGE_PAGE_ARCHIVE_BYTES = 2 << 20
 #: The drivers that run on the host CPU and read the weights in place.
-CPU_DRIVERS = frozenset({"local-sync", "local-task"})
+CPU_DRIVERS = LOCAL_DRIVERS
 #: Archive formats (file suffixes) IREE parses from memory as well as from a file.
 HUGE_PAGE_FORMATS = ("irpa", "safetensors", "gguf")
 
