@@ -116,22 +116,41 @@ def run_llm_child(
 
 
 def read_bandwidth_gbs(threads: int, mib: int = 1024) -> float:
-    """The machine's read bandwidth, the denominator of the bandwidth limits (issue 26): best of
-    5 parallel reads (numpy ``sum`` of float32 chunks, one chunk and one thread per worker) of a
-    ``mib`` MiB buffer, bytes read / s, in GB/s. A copy (read + write) understates what a
-    weight-reading kernel can get: the 110M Llama's fp32 step stood "at the limit" by a copy and
-    at about 0.75 of it by this measure (docs/llms.md, "Benchmark")."""
+    """The machine's read bandwidth, the denominator of the bandwidth limits (issue 26): a
+    parallel read of a ``mib`` MiB buffer (one chunk and one thread per worker), bytes read / s
+    in GB/s, the best of 5 rounds of each of three reads: numpy's ``sum`` of float32, numpy's
+    ``sum`` of the same bytes as uint64, and torch's ``sum`` of float32 on one intra-op thread.
+    The fastest read is the measure: on a slow core numpy's pairwise float32 sum is bound by its
+    own arithmetic (16.4 GB/s on one Zen 3 core where torch's sum read 23.0), and a limit it
+    measured let decode steps run "above the limit" (docs/quantization.md, "The read-bandwidth
+    probe"). A copy (read + write) understates it further: the 110M Llama's fp32 step stood "at
+    the limit" by a copy and at about 0.75 of it by a read (docs/llms.md, "Benchmark")."""
+    import torch
+
     buf = np.ones(mib * 2**20 // 4, dtype=np.float32)
     chunks = np.array_split(buf, threads)
+    as_u64 = [c[: c.size // 2 * 2].view(np.uint64) for c in chunks]
+    as_torch = [torch.from_numpy(c) for c in chunks]
+    reads: list[tuple[Callable[[Any], Any], list[Any]]] = [
+        (np.sum, chunks),
+        (np.sum, as_u64),
+        (torch.sum, as_torch),
+    ]
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per chunk, as numpy's
     best = float("inf")
-    for _ in range(5):
-        ts = [threading.Thread(target=np.sum, args=(c,)) for c in chunks]
-        t0 = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        best = min(best, time.perf_counter() - t0)
+    try:
+        for fn, parts in reads:
+            for _ in range(5):
+                ts = [threading.Thread(target=fn, args=(c,)) for c in parts]
+                t0 = time.perf_counter()
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(intra)
     return buf.nbytes / best / 1e9
 
 

@@ -51,6 +51,13 @@ def _mlp(k: int, hidden: int, n: int) -> torch.nn.Module:
     ).eval()
 
 
+def _block(group: int, variant: str = "") -> str:
+    """The register block, workgroup and form in the kernel's name (32 columns a workgroup):
+    groups of 64s four channels a block in one chain each, groups of 32 (and the A/B variant)
+    two channels in two chains."""
+    return "1x2_16x32_pf_cvt_nm2" if group == 32 or variant else "1x4_16x32_pf_cvt_nm1"
+
+
 def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
     assert masks_support(2048, 4, 32) and masks_support(2048, 4, 128) and masks_support(256, 4, 256)
     assert masks_support(SLICE_K + 64, 4, 64)  # in two slices
@@ -62,7 +69,11 @@ def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
         one = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1)
         some = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=None)
         first = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, "v1", rows=1)
-    assert one.nibble_masks and one.prepared_row and one.name.endswith("_nm2_pr")
+    # groups of 64s: four channels a block, one FMA chain each; groups of 32: two, two chains
+    assert one.nibble_masks and one.prepared_row and one.name.endswith("_1x4_16x128_pf_cvt_nm1_pr")
+    with kernels_for("avx2"):
+        g32 = Avx512QuantGemm.for_shape(2048, 2048, 4, 32, True, rows=1)
+    assert g32.name.endswith("_1x2_16x128_pf_cvt_nm2_pr")
     with kernels_for("avx2"):  # the A/B variant: the row reordered by each workgroup
         per_wg = Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, "rows-per-workgroup", rows=1)
     assert per_wg.nibble_masks and not per_wg.prepared_row and per_wg.name.endswith("_nm2")
@@ -128,7 +139,7 @@ def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric
     asm = compile_copy_asm(eo, _flags())
     for k, n in ((512, 256), (256, 128)):
         zero = "z"  # torchao stores zero points for both mappings
-        assert f"@__turbine_avx512_i4_gemm_{k}x{n}_g{group}{zero}_1x2_16x32_pf_cvt_nm2_pr" in asm
+        assert f"@__turbine_avx512_i4_gemm_{k}x{n}_g{group}{zero}_{_block(group)}_pr" in asm
         # the row put in the kernel's order once, by its own dispatch
         assert f"flow.dispatch @__turbine_avx2_i4_row_{k}_c{max(group, 64)}::" in asm
     assert "permvar" not in asm and 'turbine.cpu_requires = "avx2,fma"' in asm
@@ -159,7 +170,7 @@ def test_reductions_longer_than_a_slice_match_torchao_eager(
     eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
     asm = compile_copy_asm(eo, _flags())
     pr = "" if variant else "_pr"
-    assert f"i4_gemm_{k}x64_g{group}z_1x2_16x32_pf_cvt_nm2{pr}" in asm
+    assert f"i4_gemm_{k}x64_g{group}z_{_block(group, variant)}{pr}" in asm
     assert ("memref.alloca() : memref<4096xf32>" in asm) == bool(variant)  # a slice's buffer
     compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
     x = torch.randn(1, k)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from .kernel_text import close_executable, open_executable
+from .kernel_text import close_executable, open_executable, tree_sum
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -116,21 +116,6 @@ def masks_support(k: int, bits: int, group: int | None, mr: int = 1) -> bool:
 def _chunk(group: int) -> int:
     """The ``k`` per step of the group loop: a group, or two groups of 32 (one load)."""
     return max(group, 64)
-
-
-def _tree_sum(e: Callable[[str], object], p: str, values: list[str], name: str, vt: str) -> str:
-    """Emits the pairwise sum of ``values`` (names ``name_<i>``) and returns its name."""
-    level = 0
-    while len(values) > 1:
-        nxt = []
-        for i in range(0, len(values) - 1, 2):
-            out = f"{name}_{level}_{i // 2}"
-            e(f"{p}{out} = arith.addf {values[i]}, {values[i + 1]} : {vt}")
-            nxt.append(out)
-        if len(values) % 2:
-            nxt.append(values[-1])
-        values, level = nxt, level + 1
-    return values[0]
 
 
 def _slices(k: int, chunk: int) -> list[tuple[int, int, int]]:
@@ -234,8 +219,8 @@ def _emit_reorder(
                 x = f"%xs{blk}_{t}"
             e(f"{r}%xo{blk}_{t} = affine.apply affine_map<()[s0] -> (s0 + {8 * t})>()[%rk{blk}]")
             e(f"{r}vector.store {x}, {xp.format(blk=blk, t=t)} : {xp_t}, {vt}")
-        sums.append(_tree_sum(e, r, lanes, f"%ls{blk}", vt))
-    total = _tree_sum(e, r, sums, "%lg", vt)
+        sums.append(tree_sum(e, r, lanes, f"%ls{blk}", vt))
+    total = tree_sum(e, r, sums, "%lg", vt)
     e(f"{r}%go = affine.apply affine_map<()[s0] -> (s0 * 8)>()[%rc]")
     if xg_base:
         e(f"{r}%goa = affine.apply affine_map<()[s0] -> (s0 + {xg_base})>()[%go]")
@@ -407,7 +392,7 @@ def _slice(
     spread = "[0, 0, 0, 0, 1, 1, 1, 1]"
     outs = []
     for j in range(nr):
-        acc = _tree_sum(e, s, [str(part[j, h]) for h in range(chains)], f"%pc{j}", vt)
+        acc = tree_sum(e, s, [str(part[j, h]) for h in range(chains)], f"%pc{j}", vt)
         if group == 32:
             e(f"{s}%s2_{j} = vector.load %ms[%n{j}, %ga] : {s_t}, vector<2xf32>")
             e(

@@ -52,7 +52,13 @@ from functools import partial
 
 from .avx2_quant import emit_masks_body, masks_support, row_executable, row_name, row_width
 from .isa import kernel_isa, target_avx512
-from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
+from .kernel_text import (
+    close_executable,
+    open_executable,
+    row_blocks,
+    tree_sum,
+    workgroup_block,
+)
 
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
@@ -96,6 +102,13 @@ class Avx512QuantGemm:
             ``and`` and converted, the factor ``16^t`` undone on the reordered activations
             (:mod:`.avx2_quant`; docs/quantization.md, "Weight-only int4 on AVX2").
         chains: ``nibble_masks``' accumulators per channel (independent FMA chains).
+        prefetch_ahead: the rows ahead whose lines ``prefetch`` fetches (0: ``nr``, the next
+            block's; for A/B measurements: farther measured within 4 % on Zen 3).
+        plain_chains: int8 without scales: accumulators per output (the unrolled steps of ``K``
+            take turns, at most four accumulators in all). With one, a one-row product is one
+            FMA chain per channel, bound by the FMA's latency (16 weights per 4 cycles); four
+            measured 1.49x at ``K`` = 2048 and 1.24x at 768 on Zen 3 (docs/quantization.md,
+            "Weight-only int8 on AVX2: four FMA chains").
         prepared_row: ``nibble_masks`` with ``A`` given as prepared rows
             (:func:`.avx2_quant.row_executable`'s, dispatched before the kernel by
             :meth:`row_dispatch`): the activations put in nibble order once per call instead of
@@ -118,6 +131,8 @@ class Avx512QuantGemm:
     nibble_masks: bool = False
     chains: int = 2
     prepared_row: bool = False
+    prefetch_ahead: int = 0
+    plain_chains: int = 1
 
     @staticmethod
     def supports(k: int, n: int, bits: int, group: int | None) -> bool:
@@ -177,6 +192,12 @@ class Avx512QuantGemm:
                 # workgroup reordered the row itself; with the row prepared once per call,
                 # prepared_row, not measured again).
                 wide = [c for c in (128, 64) if n % c == 0 and n // c >= 16]
+                # Groups of 64s: 4 channels a block in one FMA chain each, 1.11-1.12x the
+                # 2 channels in two chains (K = 768 and 2048, one thread; 1.08x at two): the
+                # loop has fewer instructions a weight, more of its iterations in flight.
+                # Groups of 32 (lanes of two groups a vector) keep 2 and two (1 x 4: 0.96x).
+                # docs/quantization.md, "Four channels a block".
+                four = group != 32 and variant == ""
                 return Avx512QuantGemm(
                     k,
                     n,
@@ -184,11 +205,12 @@ class Avx512QuantGemm:
                     group,
                     zero_point,
                     mr=1,
-                    nr=2,
+                    nr=4 if four else 2,
                     cols_per_workgroup=wide[0] if wide else cols,
                     prefetch=True,
                     lookup=False,
                     nibble_masks=True,
+                    chains=1 if four else 2,
                     prepared_row=variant == "",
                 )
             # 16 ymm registers: a vector<16xf32> is two. Per channel (int8): 4 rows x 1
@@ -207,6 +229,7 @@ class Avx512QuantGemm:
                 zero_points_per_block=True,
                 prefetch=True,
                 lookup=False,
+                plain_chains=4 if current else 1,
             )
         mr = 4 if group is None else 2
         # 4 channels per block: 8 (int4) measured 0.80x (docs/quantization.md). int8 per
@@ -232,6 +255,7 @@ class Avx512QuantGemm:
             zero_points_per_block=current and not shifts,
             prefetch=current,
             nibble_shifts=shifts,
+            plain_chains=4 if current else 1,
         )
 
     def __post_init__(self) -> None:
@@ -268,6 +292,8 @@ class Avx512QuantGemm:
         nl = "" if self.lookup or self.bits == 8 else "_cvt"
         nm = f"_nm{self.chains}" if self.nibble_masks else ""
         pr = "_pr" if self.prepared_row else ""
+        pr += f"_pa{self.prefetch_ahead}" if self.prefetch_ahead else ""
+        pr += f"_ch{self.plain_chains}" if self.plain_chains > 1 and self.group is None else ""
         return (
             f"__turbine_avx512_i{self.bits}_gemm_{self.k}x{self.n}{g}_{self.mr}x{self.nr}"
             f"_{self.rows_per_workgroup}x{self.cols_per_workgroup}{zb}{pf}{ns}{nl}{nm}{pr}"
@@ -403,7 +429,7 @@ class Avx512QuantGemm:
         """``%pn{j}``: the row ``nr`` channels on (the next block's), clamped to ``N``."""
         for j in range(self.nr):
             e(
-                f"{p}%pn{j} = affine.min affine_map<()[s0] -> (s0 + {self.nr}, {self.n - 1})>()"
+                f"{p}%pn{j} = affine.min affine_map<()[s0] -> (s0 + {self.prefetch_ahead or self.nr}, {self.n - 1})>()"
                 f"[%n{j}]"
             )
 
@@ -413,13 +439,15 @@ class Avx512QuantGemm:
         for j in range(self.nr):
             e(f"{p}memref.prefetch %mq[%pn{j}, {byte}], read, locality<3>, data : {q_t}")
 
-    def _store(self, e, rows: int, res: str, c_t: str, p: str) -> None:
-        """Sums each accumulator across its lanes and stores it."""
+    def _store(self, e, rows: int, res: str | list[str], c_t: str, p: str) -> None:
+        """Sums each accumulator (``res#i``, or the names ``res``) across its lanes and stores
+        it."""
         for r in range(rows):
             for j in range(self.nr):
                 i = r * self.nr + j
+                acc = res[i] if isinstance(res, list) else f"{res}#{i}"
                 e(
-                    f"{p}%sum{i} = vector.reduction <add>, {res}#{i} fastmath<reassoc> : "
+                    f"{p}%sum{i} = vector.reduction <add>, {acc} fastmath<reassoc> : "
                     "vector<16xf32> into f32"
                 )
                 e(f"{p}memref.store %sum{i}, %mc[%row{r}, %n{j}] : {c_t}")
@@ -429,20 +457,24 @@ class Avx512QuantGemm:
         a_t, q_t, _, _, c_t = types
         nr, vt = self.nr, "vector<16xf32>"
         unroll = 4 if self.k % 64 == 0 else 1
+        # independent FMA chains per accumulator: the unrolled steps take turns
+        # (at most four accumulators in all: eight ymm registers where vectors of 16 are two)
+        chains = max(1, min(self.plain_chains, unroll, 4 // (rows * nr)))
         self._indices(e, rows, p)
         if self.prefetch:
             self.emit_prefetch_rows(e, p)
-        accs = [f"%acc{r}_{j}" for r in range(rows) for j in range(nr)]
-        tys = ", ".join([vt] * len(accs))
-        iters = ", ".join(f"{a} = %zero" for a in accs)
+        keys = [(r, j, c) for r in range(rows) for j in range(nr) for c in range(chains)]
+        tys = ", ".join([vt] * len(keys))
+        iters = ", ".join(f"%acc{r}_{j}_{c} = %zero" for r, j, c in keys)
         e(f"{p}%cstep = arith.constant {16 * unroll} : index")
         e(
-            f"{p}%res:{len(accs)} = scf.for %k = %c0 to %c{self.k} step %cstep iter_args({iters}) -> ({tys}) {{"
+            f"{p}%res:{len(keys)} = scf.for %k = %c0 to %c{self.k} step %cstep iter_args({iters}) -> ({tys}) {{"
         )
-        cur = {(r, j): f"%acc{r}_{j}" for r in range(rows) for j in range(nr)}
+        cur = {key: "%acc{}_{}_{}".format(*key) for key in keys}
         if self.prefetch:
             self.emit_prefetch(e, q_t, "%k", p + "  ")
         for u in range(unroll):
+            c = u % chains
             e(f"{p}  %k{u} = affine.apply affine_map<()[s0] -> (s0 + {16 * u})>()[%k]")
             for j in range(nr):
                 e(f"{p}  %qv{u}_{j} = vector.load %mq[%n{j}, %k{u}] : {q_t}, vector<16xi8>")
@@ -450,15 +482,18 @@ class Avx512QuantGemm:
             for r in range(rows):
                 e(f"{p}  %x{u}_{r} = vector.load %ma[%row{r}, %k{u}] : {a_t}, {vt}")
                 for j in range(nr):
-                    e(f"{p}  %f{u}_{r}_{j} = vector.fma %x{u}_{r}, %w{u}_{j}, {cur[r, j]} : {vt}")
-                    cur[r, j] = f"%f{u}_{r}_{j}"
-        e(
-            f"{p}  scf.yield "
-            + ", ".join(cur[r, j] for r in range(rows) for j in range(nr))
-            + f" : {tys}"
-        )
+                    e(
+                        f"{p}  %f{u}_{r}_{j} = vector.fma %x{u}_{r}, %w{u}_{j}, {cur[r, j, c]} : {vt}"
+                    )
+                    cur[r, j, c] = f"%f{u}_{r}_{j}"
+        e(f"{p}  scf.yield " + ", ".join(cur[key] for key in keys) + f" : {tys}")
         e(f"{p}}}")
-        self._store(e, rows, "%res", c_t, p)
+        sums = []
+        for r in range(rows):
+            for j in range(nr):
+                parts = [f"%res#{keys.index((r, j, c))}" for c in range(chains)]
+                sums.append(tree_sum(e, p, parts, f"%cs{r}_{j}", vt))
+        self._store(e, rows, sums, c_t, p)
 
     def _micro_grouped(self, e, rows: int, types: tuple[str, ...], p: str) -> None:
         """``rows`` x ``nr`` of ``C = A W^T`` with ``W`` dequantized per group in registers."""

@@ -6,7 +6,8 @@ workgroup's block of the output in that grid, and the choice of the register blo
 rows left (:func:`row_blocks`). The kernels (``avx512``, ``avx512_dynamic``, ``amx``,
 ``amx_quant``, ``avx512_quant`` with ``avx2_quant``, ``avx512_vnni``, ``avx512_w4a8``,
 ``few_row_products``; ``avx512_conv`` the last part only) write only their bodies
-(docs/performance.md section 9, docs/quantization.md)."""
+(docs/performance.md section 9, docs/quantization.md); :func:`tree_sum` adds a body's
+independent accumulators pairwise."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ __all__ = [
     "open_executable",
     "open_static_executable",
     "row_blocks",
+    "tree_sum",
     "workgroup_block",
 ]
 
@@ -140,3 +142,18 @@ def close_executable(e: Callable[[str], object]) -> None:
     e("    }")
     e("  }")
     e("}")
+
+
+def tree_sum(e: Callable[[str], object], p: str, values: list[str], name: str, vt: str) -> str:
+    """Emits the pairwise sum of ``values`` (names ``name_<i>``) and returns its name."""
+    level = 0
+    while len(values) > 1:
+        nxt = []
+        for i in range(0, len(values) - 1, 2):
+            out = f"{name}_{level}_{i // 2}"
+            e(f"{p}{out} = arith.addf {values[i]}, {values[i + 1]} : {vt}")
+            nxt.append(out)
+        if len(values) % 2:
+            nxt.append(values[-1])
+        values, level = nxt, level + 1
+    return values[0]

@@ -290,8 +290,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: quantized products of a build for a CPU without AVX-512 on the AVX2 forms, whatever the
 #: blocking (the lookup's AVX-512 intrinsic made LLVM abort), and never on the VNNI kernels; 98:
 #: ``turbine.cpu_requires`` names what the kernels need on the target (AVX2's where it lacks
-#: AVX-512, whatever the blocking), which the runtime now checks; no AMX products for it.
-REVISION = 98
+#: AVX-512, whatever the blocking), which the runtime now checks; no AMX products for it; 99:
+#: weight-only int8 products without scales accumulate in up to four FMA chains per output;
+#: AVX2's one-row int4 products in groups of 64s take four channels a block, one chain each.
+REVISION = 99
 
 _log = logging.getLogger("turbine.aot")
 
