@@ -5,6 +5,8 @@ whatever the blocking). Runs on any CPU with AVX2 (an AVX-512 one runs the AVX2 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from kernel_testing import compile_copy_asm, export_with_archive, host_flags, needs_avx2
@@ -13,6 +15,7 @@ from turbine_aot import export
 from turbine_aot._compiler import isa, matmuls
 from turbine_aot._compiler.avx512 import MATMUL_ROWS_ENV, Avx512Gemm, avx2_row_block
 from turbine_aot._compiler.avx512_conv import conv_kernel_for
+from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
 from turbine_aot._compiler.convs import conv_geometry
 from turbine_aot._compiler.direct_convs import direct_convs
 from turbine_aot._compiler.flags import default_compile_flags
@@ -219,6 +222,22 @@ def _quantize(m: torch.nn.Module, config: str) -> None:
     bits, group = config.split("-g")
     dtype = torch.int4 if bits == "int4" else torch.int8
     tq.quantize_(m, tq.IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(int(group))))
+
+
+def test_int8_products_of_few_rows_accumulate_in_more_fma_chains():
+    """Per channel, one FMA chain per row was bound by the FMA's latency (docs/quantization.md,
+    "Weight-only int8 on AVX2: four FMA chains"): the row blocks of 1, 2, 3 and 4 rows now keep
+    4, 4, 3 and 4 accumulators (chains of one row: 4, 2, 1, 1); v1, the A/B baseline, one a row."""
+    with kernels_for("avx2"):
+        current = Avx512QuantGemm.for_shape(2048, 2048, 8, None, False, rows=1)
+        first = Avx512QuantGemm.for_shape(2048, 2048, 8, None, False, "v1", rows=1)
+        odd = Avx512QuantGemm.for_shape(2064, 256, 8, None, False, rows=1)
+    accumulators = re.compile(r"%res:(\d+) = scf\.for")
+    assert current.name.endswith("_4x1_16x32_pf_ch4")
+    assert accumulators.findall(current.executable()) == ["4", "4", "3", "4"]
+    assert accumulators.findall(first.executable()) == ["1", "2", "3", "4"]
+    # K not a multiple of 64: no unrolled steps to take turns, one chain
+    assert accumulators.findall(odd.executable()) == ["1", "2", "3", "4"]
 
 
 @pytest.mark.parametrize(
