@@ -44,17 +44,20 @@ from .targets import TargetError
 from .torch_ir import NOT_CONSTANT, Builder, TensorType, TopLevel, builtin_tensor, constant, walk
 
 __all__ = [
+    "AVX2_FMA_CPUS",
     "CPU_MATMUL_ENV",
     "CPU_MATMUL_FLAG",
     "CPU_REQUIRES_KEY",
     "Kernel",
     "cpu_matmul_kernel",
+    "cpu_quant_kernel",
     "kernel_matmul_function",
     "mark_cpu_requires",
     "rewritable_matmuls",
     "rewrite_matmuls",
     "rewrite_matmuls_avx512",
     "target_cpu",
+    "target_has_avx2_fma",
     "target_has_avx512",
 ]
 
@@ -70,6 +73,40 @@ _CPU_MATMUL_KERNELS = ("iree", *KERNEL_ISAS)
 _TARGET_CPU_FLAG = "--iree-llvmcpu-target-cpu="
 _TARGET_FEATURES_FLAG = "--iree-llvmcpu-target-cpu-features="
 _UKERNELS_FLAG = "--iree-llvmcpu-enable-ukernels=all"
+#: LLVM's names of x86-64 CPUs (``--iree-llvmcpu-target-cpu``) that have AVX2 and FMA: builds
+#: for them get turbine's AVX2 quantized kernels by default (:func:`cpu_quant_kernel`). A name
+#: not listed counts as without (IREE's own code: right everywhere, slower).
+AVX2_FMA_CPUS = frozenset(
+    {
+        "x86-64-v3",
+        "x86-64-v4",
+        "core-avx2",
+        "haswell",
+        "broadwell",
+        "skylake",
+        "skylake-avx512",
+        "cascadelake",
+        "cooperlake",
+        "cannonlake",
+        "icelake-client",
+        "icelake-server",
+        "tigerlake",
+        "rocketlake",
+        "alderlake",
+        "raptorlake",
+        "meteorlake",
+        "arrowlake",
+        "lunarlake",
+        "sapphirerapids",
+        "emeraldrapids",
+        "graniterapids",
+        "znver1",
+        "znver2",
+        "znver3",
+        "znver4",
+        "znver5",
+    }
+)
 
 _REFLECTION_ATTR = "iree.reflection"
 _MATMUL_OPS = frozenset(
@@ -121,10 +158,7 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
     Raises:
         TargetError: an unknown kernel name (the message lists the choices).
     """
-    value = os.environ.get(CPU_MATMUL_ENV, "").strip().lower() or None
-    for f in flags:
-        if f.startswith(CPU_MATMUL_FLAG + "="):
-            value = f.split("=", 1)[1].strip().lower()
+    value = _chosen_matmul_kernel(flags)
     if value is None:
         value = "iree"
         if target_cpu(flags) == "host" and _UKERNELS_FLAG in flags:
@@ -135,6 +169,47 @@ def cpu_matmul_kernel(flags: Sequence[str]) -> str:
             f"{', '.join(_CPU_MATMUL_KERNELS)}"
         )
     return value
+
+
+def _chosen_matmul_kernel(flags: Sequence[str]) -> str | None:
+    """The kernel the user chose: the last ``--turbine-cpu-matmul=``, else
+    ``$TURBINE_CPU_MATMUL``, else ``None``."""
+    value = os.environ.get(CPU_MATMUL_ENV, "").strip().lower() or None
+    for f in flags:
+        if f.startswith(CPU_MATMUL_FLAG + "="):
+            value = f.split("=", 1)[1].strip().lower()
+    return value
+
+
+def cpu_quant_kernel(flags: Sequence[str]) -> str:
+    """The kernel of torchao's quantized products for an llvm-cpu compile with ``flags``:
+    :func:`cpu_matmul_kernel`'s, except that a build for a named CPU with AVX2 and FMA
+    (:func:`target_has_avx2_fma`; ``x86-64-v3``, ``znver3``, ...) with turbine's fast-matmul
+    defaults gets ``avx2`` where nobody chose a kernel. Such builds keep IREE's fp32 matmuls
+    (as fast there), but IREE's own dequantize + matmul decoded a 110M Llama in int4 15x
+    slower than turbine's kernels (docs/quantization.md, "Builds for a named CPU")."""
+    kernel = cpu_matmul_kernel(flags)
+    if kernel != "iree" or _chosen_matmul_kernel(flags) is not None:
+        return kernel
+    named = target_cpu(flags) not in (None, "host")
+    if named and _UKERNELS_FLAG in flags and target_has_avx2_fma(flags):
+        return "avx2"
+    return kernel
+
+
+def target_has_avx2_fma(flags: Sequence[str]) -> bool:
+    """Whether an llvm-cpu compile with ``flags`` targets a CPU with AVX2 and FMA: the last
+    ``--iree-llvmcpu-target-cpu-features`` names ``+avx2`` and ``+fma``, or, without one, the
+    target CPU is ``host`` and this machine has them, or a CPU named in
+    :data:`AVX2_FMA_CPUS`."""
+    features = [f for f in flags if f.startswith(_TARGET_FEATURES_FLAG)]
+    if features:
+        named = features[-1].split("=", 1)[1].split(",")
+        return "+avx2" in named and "+fma" in named
+    cpu = target_cpu(flags)
+    if cpu == "host":
+        return bool(host_isa())
+    return cpu in AVX2_FMA_CPUS
 
 
 def target_has_avx512(flags: Sequence[str]) -> bool:

@@ -135,6 +135,7 @@ from .isa import KERNEL_ISAS, kernel_features, kernel_isa, kernels_for
 from .matmuls import (
     CPU_MATMUL_ENV,
     cpu_matmul_kernel,
+    cpu_quant_kernel,
     rewritable_matmuls,
     rewrite_matmuls_avx512,
     target_has_avx512,
@@ -292,8 +293,9 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: ``turbine.cpu_requires`` names what the kernels need on the target (AVX2's where it lacks
 #: AVX-512, whatever the blocking), which the runtime now checks; no AMX products for it; 99:
 #: weight-only int8 products without scales accumulate in up to four FMA chains per output;
-#: AVX2's one-row int4 products in groups of 64s take four channels a block, one chain each.
-REVISION = 99
+#: AVX2's one-row int4 products in groups of 64s take four channels a block, one chain each;
+#: 100: builds for a named CPU with AVX2 and FMA run quantized products on turbine's kernels.
+REVISION = 100
 
 _log = logging.getLogger("turbine.aot")
 
@@ -386,7 +388,16 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     kernel = cpu_matmul_kernel(flags)
     # turbine's fp32 kernels, blocked for the chosen instruction set (isa.py)
     fp32_kernel = targets == {"llvm-cpu"} and kernel in KERNEL_ISAS
-    isa = kernel if kernel in KERNEL_ISAS else kernel_isa()
+    # turbine's quantized kernels: where its fp32 ones are, and in builds for a named CPU with
+    # AVX2 and FMA (their AVX2 forms; the fp32 matmuls stay IREE's there)
+    quant_kernel = cpu_quant_kernel(flags)
+    quant_kernels = targets == {"llvm-cpu"} and quant_kernel in KERNEL_ISAS
+    named_quant = (
+        quant_kernels
+        and not fp32_kernel
+        and (bool(rewritable_quant_matmuls(op)) or bool(rewritable_w4a8_matmuls(op)))
+    )
+    isa = kernel if kernel in KERNEL_ISAS else quant_kernel if named_quant else kernel_isa()
     avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
     # products of two activations with a dynamic reduction or width (attention over a
@@ -395,7 +406,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
         avx512 and dynamic_matmul_enabled() and (attention or bool(rewritable_dynamic_matmuls(op)))
     )
     # the weight-only quantized kernel (on AVX2: its form without table lookups)
-    quant = fp32_kernel and bool(rewritable_quant_matmuls(op))
+    quant = quant_kernels and bool(rewritable_quant_matmuls(op))
     # instructions only AVX-512 has where the target has them, whatever the blocking (isa.py)
     target_avx512 = target_has_avx512(flags)
     # int8 x int8 products on the VNNI kernel: the host builds of the AVX-512 kernels, on a
@@ -413,7 +424,7 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # the w4a8 kernel: its VNNI form gated as int8, its AVX2 form where the kernels are built
     # for AVX2; otherwise they stay on the weight-only int4 kernel
     w4a8_isa = (
-        "avx512" if vnni else "avx2" if fp32_kernel and isa == "avx2" and not keep_int8 else ""
+        "avx512" if vnni else "avx2" if quant_kernels and isa == "avx2" and not keep_int8 else ""
     )
     w4a8 = bool(w4a8_isa) and bool(rewritable_w4a8_matmuls(op))
     # the convolutions on the AVX-512 kernels unless TURBINE_CPU_CONV_MATMUL=iree (or keep);
