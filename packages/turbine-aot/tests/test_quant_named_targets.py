@@ -51,7 +51,8 @@ def test_the_kernel_choice_for_named_cpus(monkeypatch):
     for cpu in ("x86-64", "x86-64-v2", "nehalem", "generic", "no-such-cpu"):
         assert cpu_quant_kernel(_named(cpu)) == "iree", cpu
     # explicit features decide over the name
-    assert cpu_quant_kernel(_named("x86-64", "--iree-llvmcpu-target-cpu-features=+avx2,+fma"))
+    with_features = _named("x86-64", "--iree-llvmcpu-target-cpu-features=+avx2,+fma")
+    assert cpu_quant_kernel(with_features) == "avx2"
     assert not target_has_avx2_fma(_named("znver3", "--iree-llvmcpu-target-cpu-features=+sse4.2"))
     # the user's choice wins, by flag or environment
     assert cpu_quant_kernel([*fleet, "--turbine-cpu-matmul=iree"]) == "iree"
