@@ -93,7 +93,9 @@ def test_a_fleet_build_runs_quantized_products_on_turbine_kernels(
     if not host_isa():
         pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA: the module cannot run here")
     extra = [f for f in fleet if f.startswith("--iree-llvmcpu-target-cpu")]
-    compiled = load_module(eo.compile(save_to=None, extra_args=extra), parameters=parameters)
+    vmfb = eo.compile(save_to=None, extra_args=extra)
+    assert f"__turbine_avx512_{kernel}".encode() in bytes(vmfb.map_memory())  # what ran
+    compiled = load_module(vmfb, parameters=parameters)
     x = torch.randn(1, 256)
     with torch.no_grad():
         want = m(x)
