@@ -202,10 +202,9 @@ def target_has_avx2_fma(flags: Sequence[str]) -> bool:
     ``--iree-llvmcpu-target-cpu-features`` names ``+avx2`` and ``+fma``, or, without one, the
     target CPU is ``host`` and this machine has them, or a CPU named in
     :data:`AVX2_FMA_CPUS`."""
-    features = [f for f in flags if f.startswith(_TARGET_FEATURES_FLAG)]
-    if features:
-        named = features[-1].split("=", 1)[1].split(",")
-        return "+avx2" in named and "+fma" in named
+    features = _target_features(flags)
+    if features is not None:
+        return "+avx2" in features and "+fma" in features
     cpu = target_cpu(flags)
     if cpu == "host":
         return bool(host_isa())
@@ -218,10 +217,17 @@ def target_has_avx512(flags: Sequence[str]) -> bool:
     CPU is ``host`` and this machine has it. Any other target (a named CPU, IREE's generic
     x86-64) counts as without: the kernels keep to instructions a CPU with AVX2 has, which is
     right there, at worst slower (:func:`.isa.target_avx512`)."""
-    features = [f for f in flags if f.startswith(_TARGET_FEATURES_FLAG)]
-    if features:
-        return "+avx512f" in features[-1].split("=", 1)[1].split(",")
+    features = _target_features(flags)
+    if features is not None:
+        return "+avx512f" in features
     return target_cpu(flags) == "host" and not host_avx512_missing()
+
+
+def _target_features(flags: Sequence[str]) -> list[str] | None:
+    """The features the last ``--iree-llvmcpu-target-cpu-features`` names (``+avx2``, ...), or
+    ``None`` without one."""
+    features = [f for f in flags if f.startswith(_TARGET_FEATURES_FLAG)]
+    return features[-1].split("=", 1)[1].split(",") if features else None
 
 
 def target_cpu(flags: Sequence[str]) -> str | None:

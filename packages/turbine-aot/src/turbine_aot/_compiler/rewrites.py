@@ -392,11 +392,9 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     # AVX2 and FMA (their AVX2 forms; the fp32 matmuls stay IREE's there)
     quant_kernel = cpu_quant_kernel(flags)
     quant_kernels = targets == {"llvm-cpu"} and quant_kernel in KERNEL_ISAS
-    named_quant = (
-        quant_kernels
-        and not fp32_kernel
-        and (bool(rewritable_quant_matmuls(op)) or bool(rewritable_w4a8_matmuls(op)))
-    )
+    # the weight-only quantized kernel (on AVX2: its form without table lookups)
+    quant = quant_kernels and bool(rewritable_quant_matmuls(op))
+    named_quant = quant_kernels and not fp32_kernel and (quant or bool(rewritable_w4a8_matmuls(op)))
     isa = kernel if kernel in KERNEL_ISAS else quant_kernel if named_quant else kernel_isa()
     avx512 = not bf16 and fp32_kernel
     matmul = bf16 or avx512
@@ -405,8 +403,6 @@ def module_for_compile(module_op: Any, flags: Sequence[str]) -> tuple[Any, bool]
     dynamic = (
         avx512 and dynamic_matmul_enabled() and (attention or bool(rewritable_dynamic_matmuls(op)))
     )
-    # the weight-only quantized kernel (on AVX2: its form without table lookups)
-    quant = quant_kernels and bool(rewritable_quant_matmuls(op))
     # instructions only AVX-512 has where the target has them, whatever the blocking (isa.py)
     target_avx512 = target_has_avx512(flags)
     # int8 x int8 products on the VNNI kernel: the host builds of the AVX-512 kernels, on a
