@@ -143,12 +143,14 @@ def zoo(session: nox.Session) -> None:
 def zoo_quick(session: nox.Session) -> None:
     """The zoo's quick subset as tests: export -> compile -> run -> numerics vs eager; the
     benchmark's own turbine candidates (``benchmarks/test_peers.py``); the LLM benchmarks'
-    weight bytes a decode step reads (``benchmarks/test_llm_bench.py``)."""
+    weight bytes a decode step reads (``benchmarks/test_llm_bench.py``); the kernel A/B's
+    weights-in-L1 experiment (``benchmarks/test_kernel_ab.py``)."""
     _pytest(
         session,
         "benchmarks/test_zoo.py",
         "benchmarks/test_peers.py",
         "benchmarks/test_llm_bench.py",
+        "benchmarks/test_kernel_ab.py",
         "-s",
     )
 
