@@ -14,6 +14,8 @@ Usage::
     python benchmarks/dispatch_shares.py gpt --threads 2
     python benchmarks/dispatch_shares.py resnet50 --precision bf16 --top 40
     python benchmarks/dispatch_shares.py whisper-encoder --threads 2
+    # a decode step of an LLM of llm_bench.MODELS, weights as llama_cpp_side_by_side.py's
+    python benchmarks/dispatch_shares.py llama-110m --weights int4
 """
 
 from __future__ import annotations
@@ -48,27 +50,77 @@ def dispatch_events(vmfb: Path, inputs: list, threads: int, calls: int, td: Path
     return [json.loads(line) for line in out.splitlines() if '"host_dispatch_event"' in line]
 
 
+def llm_decode_events(name: str, weights: str, threads: int, calls: int, td: Path) -> list[dict]:
+    """The host-execution dispatch events of ``calls`` decode steps of ``name`` (a model of
+    ``llm_bench.MODELS``) with ``weights`` as ``llm_step_profile.py`` builds it (the KV cache a
+    global, the step at position 20), on ``threads`` workers."""
+    import llm_bench
+    import llm_step_profile
+    import torch
+
+    from turbine_aot import llm
+
+    torch.manual_seed(0)
+    model = llm_bench._build(name)
+    if weights != "fp32":
+        gs = 128 if weights in ("int4", "w4a8") else None
+        model = llm.quantized_copy(model, weights, group_size=gs)
+    eo = llm.export_causal_lm(model, max_seq_len=48)
+    irpa, vmfb, prof = td / "m.irpa", td / "m.vmfb", td / "p.ireeprof"
+    eo.save_parameters(irpa)
+    eo.compile(save_to=vmfb)
+    llm_step_profile._benchmark(vmfb, irpa, threads, calls, prof)
+    show = [peer_profile._runtime_tool("iree-profile"), "dispatch", "--format=jsonl"]
+    out = subprocess.run(
+        [*show, "--dispatch_events", str(prof)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    return [json.loads(line) for line in out.splitlines() if '"host_dispatch_event"' in line]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _harness.argument_parser(__doc__)
-    p.add_argument("model", help="a model of peer_runtimes.py or of zoo.py")
+    p.add_argument("model", help="a model of peer_runtimes.py or of zoo.py, or of llm_bench.py")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument(
+        "--weights",
+        choices=("fp32", "int8", "int4", "w8a8", "w4a8"),
+        default=None,
+        help="an LLM's decode step with these weights (model: one of llm_bench.MODELS)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
     import turbine_aot
 
-    try:
-        module, margs, mkwargs, what, dynamic = peer_profile.model_for(args.model)
-    except KeyError:
-        p.error(f"unknown model {args.model!r}: see --help")
-    kw = {"precision": "bf16"} if args.precision == "bf16" else {}
-    with tempfile.TemporaryDirectory(prefix="turbine-shares-") as tmp:
-        td = Path(tmp)
-        vmfb = td / "m.vmfb"
-        eo = turbine_aot.export(module, args=margs, kwargs=mkwargs, dynamic_shapes=dynamic)
-        eo.compile(save_to=vmfb, **kw)
-        events = dispatch_events(vmfb, [*margs, *mkwargs.values()], args.threads, args.calls, td)
+    if args.weights is not None:
+        import llm_bench
+
+        if args.model not in llm_bench.MODELS:
+            p.error(f"--weights: {args.model!r} is not a model of llm_bench.MODELS")
+        what = f"{args.model} decode step, {args.weights} weights"
+        with tempfile.TemporaryDirectory(prefix="turbine-shares-") as tmp:
+            events = llm_decode_events(
+                args.model, args.weights, args.threads, args.calls, Path(tmp)
+            )
+    else:
+        try:
+            module, margs, mkwargs, what, dynamic = peer_profile.model_for(args.model)
+        except KeyError:
+            p.error(f"unknown model {args.model!r}: see --help")
+        kw = {"precision": "bf16"} if args.precision == "bf16" else {}
+        with tempfile.TemporaryDirectory(prefix="turbine-shares-") as tmp:
+            td = Path(tmp)
+            vmfb = td / "m.vmfb"
+            eo = turbine_aot.export(module, args=margs, kwargs=mkwargs, dynamic_shapes=dynamic)
+            eo.compile(save_to=vmfb, **kw)
+            events = dispatch_events(
+                vmfb, [*margs, *mkwargs.values()], args.threads, args.calls, td
+            )
     per: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     for ev in events:
         row = per[ev["key"]]
@@ -78,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         row[3] = ev["tile_count"]
     calls = min(r[0] for r in per.values())
     total = sum(r[1] for r in per.values()) / calls / 1e6
-    print(f"{what}, {args.precision}, {args.threads} workers: {total:.3f} ms a call in dispatches")
+    kind = "" if args.weights else f", {args.precision}"
+    print(f"{what}{kind}, {args.threads} workers: {total:.3f} ms a call in dispatches")
     idle = 0.0
     for key, (_, dur, tiles, count) in sorted(per.items(), key=lambda kv: -kv[1][1])[: args.top]:
         idle += (dur - tiles / args.threads) / calls / 1e6

@@ -81,7 +81,11 @@ def test_the_form_takes_one_row_int4_in_groups_of_32_or_64s():
     # the row is reordered per workgroup: the widest workgroups that leave 16 of them
     assert one.cols_per_workgroup == 128
     with kernels_for("avx2"):
-        assert Avx512QuantGemm.for_shape(768, 768, 4, 128, True, rows=1).cols_per_workgroup == 32
+        one_worker = Avx512QuantGemm.for_shape(768, 768, 4, 128, True, rows=1, workers=1)
+        two_workers = Avx512QuantGemm.for_shape(768, 768, 4, 128, True, rows=1, workers=2)
+    assert one_worker.cols_per_workgroup == 32
+    # 24 workgroups run 16 on one of two workers: 12 of 64 channels, 6 each (workgroups.py)
+    assert two_workers.cols_per_workgroup == 64
     assert not some.nibble_masks and not first.nibble_masks  # v1: the A/B baseline, `_cvt`
     with kernels_for("avx512"):  # AVX-512 has its table lookups
         assert not Avx512QuantGemm.for_shape(2048, 2048, 4, 128, True, rows=1).nibble_masks
@@ -153,6 +157,33 @@ def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric
         torch.testing.assert_close(
             compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
         )
+
+
+def test_grids_cut_for_two_workers_match_torchao_eager(tmp_path):
+    """The products of 768 channels (a 110M Llama's q / o) in the grid IREE's two workers share
+    evenly, 12 workgroups of 64 channels instead of 24 of 32, on a host with two cores (its
+    default workers); any host checks the compile copy names the grid its workers get, and the
+    values against eager where it has AVX2."""
+    from turbine_aot._compiler.workgroups import default_workers
+
+    m = _int4(_mlp(768, 768, 1536), 128)
+    eo, parameters = export_with_archive(m, tmp_path, "q.irpa", rows=1, dynamic=False)
+    asm = compile_copy_asm(eo, _flags())
+    with kernels_for("avx2"):
+        for k, n in ((768, 768), (768, 1536)):
+            kernel = Avx512QuantGemm.for_shape(k, n, 4, 128, True, rows=1)
+            assert f"@{kernel.name}" in asm
+            if default_workers() == 2:
+                assert n // kernel.cols_per_workgroup == 12
+    if not host_isa():
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
+    compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
+    x = torch.randn(1, 768)
+    with torch.no_grad():
+        want = m(x)
+    torch.testing.assert_close(
+        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
+    )
 
 
 @needs_avx2

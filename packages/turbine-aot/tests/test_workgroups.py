@@ -76,3 +76,49 @@ def test_a_convolution_grid_takes_the_rows_two_workers_share_evenly():
     # already even (two row blocks a batch entry, four column blocks), or one worker: unchanged
     assert workgroups.balanced_rows(Grid(np_=256), 224, 1, workers=2) == Grid(np_=256)
     assert workgroups.balanced_rows(Grid(), 56 * 58, 1, workers=1) == Grid()
+
+
+def test_quantized_products_of_one_row_take_columns_two_workers_share():
+    """A decode step's quantized products (110M Llama: 768 / 1536 channels) were 24
+    workgroups, 16 on one of two workers; cut for two workers each runs half. One worker,
+    unknown rows and already even grids keep the usual cut; a gain under 5 % is not taken."""
+    from turbine_aot._compiler.avx512_quant import Avx512QuantGemm
+    from turbine_aot._compiler.avx512_vnni import Avx512VnniGemm
+    from turbine_aot._compiler.avx512_w4a8 import Avx512W4A8Gemm
+
+    def busiest_columns(kernel, workers=2):
+        return (
+            busiest_share(kernel.n // kernel.cols_per_workgroup, workers)
+            * kernel.cols_per_workgroup
+        )
+
+    uneven = 0
+    for n in (768, 1536):
+        for bits, group in ((4, 128), (8, None)):
+            args = (768, n, bits, group, group is not None)
+            usual = Avx512QuantGemm.for_shape(*args, rows=1, workers=1)
+            two = Avx512QuantGemm.for_shape(*args, rows=1, workers=2)
+            assert busiest_columns(two) == n // 2  # an even split
+            assert n % two.cols_per_workgroup == 0 and two.cols_per_workgroup % two.nr == 0
+            if n // usual.cols_per_workgroup == 24:  # 16 of them on one worker
+                uneven += 1
+                assert two.cols_per_workgroup > usual.cols_per_workgroup
+            else:  # already even: kept
+                assert two == usual
+            assert two == workgroups.balanced_columns(usual, 1, n, usual.nr, workers=2)
+        w4a8 = Avx512W4A8Gemm.for_shape(768, n, 128, True, "avx2", rows=1, workers=2)
+        assert busiest_columns(w4a8) == n // 2
+        vnni = Avx512VnniGemm.for_shape(768, n, rows=1, workers=2)
+        assert busiest_columns(vnni) == n // 2
+    assert uneven  # on every host some of these were 24 workgroups
+    # unknown rows (a dynamic M), or one worker: the usual cut
+    usual = Avx512QuantGemm.for_shape(768, 768, 4, 128, True)
+    assert Avx512QuantGemm.for_shape(768, 768, 4, 128, True, rows=None, workers=2) == usual
+    assert (
+        Avx512QuantGemm.for_shape(768, 768, 4, 128, True, rows=1, workers=1).cols_per_workgroup
+        == usual.cols_per_workgroup
+    )
+    # the output layer: 250 workgroups of 128 (AVX2) leave one worker 16 reservations against
+    # 15.25, 2000 of 16 would save 2 %: not taken
+    out = Avx512QuantGemm.for_shape(768, 32000, 4, 128, True, rows=1, workers=1)
+    assert Avx512QuantGemm.for_shape(768, 32000, 4, 128, True, rows=1, workers=2) == out

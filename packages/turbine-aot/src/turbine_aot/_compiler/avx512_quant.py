@@ -59,6 +59,7 @@ from .kernel_text import (
     tree_sum,
     workgroup_block,
 )
+from .workgroups import balanced_columns
 
 __all__ = ["VARIANTS", "Avx512QuantGemm"]
 
@@ -165,8 +166,31 @@ class Avx512QuantGemm:
         zero_point: bool,
         variant: str = "",
         rows: int | None = None,
+        workers: int | None = None,
     ) -> Avx512QuantGemm:
-        """The kernel turbine uses for the shape (``rows``: ``M`` where it is static).
+        """The kernel turbine uses for the shape (``rows``: ``M`` where it is static), its
+        workgroup columns cut for ``workers`` (default: the workers IREE starts here) where
+        ``rows`` is known (:meth:`balanced`; ``v1`` keeps its grid, the A/B baseline)."""
+        kernel = Avx512QuantGemm._blocking(k, n, bits, group, zero_point, variant, rows)
+        return kernel if variant == "v1" else kernel.balanced(rows, workers)
+
+    def balanced(self, rows: int | None, workers: int | None = None) -> Avx512QuantGemm:
+        """This kernel with its workgroup columns cut so that IREE's workers share the
+        dispatch evenly for ``rows`` static rows (:func:`.workgroups.balanced_columns`:
+        multiples of ``nr``, the usual count kept unless another saves 5 %)."""
+        return balanced_columns(self, rows, self.n, self.nr, workers)
+
+    @staticmethod
+    def _blocking(
+        k: int,
+        n: int,
+        bits: int,
+        group: int | None,
+        zero_point: bool,
+        variant: str,
+        rows: int | None,
+    ) -> Avx512QuantGemm:
+        """The kernel's blocking for the shape, before its grid is cut for the workers.
 
         ``variant`` (``TURBINE_CPU_QUANT_KERNEL``, one of :data:`VARIANTS`): ``""`` the current
         kernel, ``"v1"`` the first version (for A/B measurements: the int4 tables' zero points

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from .host import cpu_flags
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
+from .workgroups import balanced_columns
 
 __all__ = ["VNNI_FEATURES", "Avx512VnniGemm", "host_vnni_missing"]
 
@@ -88,11 +89,16 @@ class Avx512VnniGemm:
         return n > 0 and n % 4 == 0 and k > 0 and k % _K_STEP == 0 and k <= 65536
 
     @staticmethod
-    def for_shape(k: int, n: int) -> Avx512VnniGemm:
-        """The kernel turbine uses for the shape."""
+    def for_shape(
+        k: int, n: int, rows: int | None = None, workers: int | None = None
+    ) -> Avx512VnniGemm:
+        """The kernel turbine uses for the shape, its workgroup columns cut so that IREE's
+        ``workers`` (default: those it starts here) share the dispatch evenly where ``rows``
+        (``M``) is static (:func:`.workgroups.balanced_columns`)."""
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         unroll = 2 if k % (2 * _K_STEP) == 0 else 1
-        return Avx512VnniGemm(k, n, unroll=unroll, cols_per_workgroup=cols)
+        kernel = Avx512VnniGemm(k, n, unroll=unroll, cols_per_workgroup=cols)
+        return balanced_columns(kernel, rows, n, kernel.nr, workers)
 
     def __post_init__(self) -> None:
         if not self.supports(self.k, self.n) or self.k % (_K_STEP * self.unroll):

@@ -59,6 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .kernel_text import close_executable, open_executable, row_blocks, workgroup_block
+from .workgroups import balanced_columns
 
 __all__ = ["Avx512W4A8Gemm"]
 
@@ -110,15 +111,25 @@ class Avx512W4A8Gemm:
 
     @staticmethod
     def for_shape(
-        k: int, n: int, group: int, zero_point: bool, isa: str = "avx512"
+        k: int,
+        n: int,
+        group: int,
+        zero_point: bool,
+        isa: str = "avx512",
+        rows: int | None = None,
+        workers: int | None = None,
     ) -> Avx512W4A8Gemm:
-        """The kernel turbine uses for the shape on ``isa`` (``avx512``: VNNI; ``avx2``)."""
+        """The kernel turbine uses for the shape on ``isa`` (``avx512``: VNNI; ``avx2``), its
+        workgroup columns cut so that IREE's ``workers`` (default: those it starts here) share
+        the dispatch evenly where ``rows`` (``M``) is static
+        (:func:`.workgroups.balanced_columns`)."""
         cols = next(c for c in (32, 16, 8, 4) if n % c == 0)
         unroll = 2 if k % (2 * _K_STEP) == 0 else 1
         mr = 4 if k <= 4096 else 2 if k <= 8192 else 1
-        return Avx512W4A8Gemm(
+        kernel = Avx512W4A8Gemm(
             k, n, group, zero_point, mr=mr, unroll=unroll, cols_per_workgroup=cols, isa=isa
         )
+        return balanced_columns(kernel, rows, n, 4, workers)
 
     def __post_init__(self) -> None:
         if not self.supports(self.k, self.n, self.group) or self.k % (_K_STEP * self.unroll):

@@ -83,7 +83,7 @@ class _Int8Matmul:
     n: int
 
     def kernel(self) -> Avx512VnniGemm:
-        return Avx512VnniGemm.for_shape(self.k, self.n)
+        return Avx512VnniGemm.for_shape(self.k, self.n, rows=self.m)
 
 
 def _named(value: Any, name: str) -> Any:

@@ -69,7 +69,7 @@ class _W4A8Matmul:
 
     def kernel(self, isa: str) -> Avx512W4A8Gemm:
         return Avx512W4A8Gemm.for_shape(
-            self.k, self.n, self.group, self.zero_point is not None, isa
+            self.k, self.n, self.group, self.zero_point is not None, isa, rows=self.m
         )
 
 

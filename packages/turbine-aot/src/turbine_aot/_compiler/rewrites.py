@@ -294,8 +294,10 @@ __all__ = ["REVISION", "environment_key", "module_for_compile", "source_for_comp
 #: AVX-512, whatever the blocking), which the runtime now checks; no AMX products for it; 99:
 #: weight-only int8 products without scales accumulate in up to four FMA chains per output;
 #: AVX2's one-row int4 products in groups of 64s take four channels a block, one chain each;
-#: 100: builds for a named CPU with AVX2 and FMA run quantized products on turbine's kernels.
-REVISION = 100
+#: 100: builds for a named CPU with AVX2 and FMA run quantized products on turbine's kernels;
+#: 101: the quantized products of static rows cut their workgroup columns so that IREE's workers
+#: share them evenly (no more 24 workgroups on two workers).
+REVISION = 101
 
 _log = logging.getLogger("turbine.aot")
 

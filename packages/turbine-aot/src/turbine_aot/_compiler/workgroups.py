@@ -24,6 +24,7 @@ K = TypeVar("K", bound=Any)
 
 __all__ = [
     "RESERVATION",
+    "balanced_columns",
     "balanced_grid",
     "balanced_rows",
     "best_grid",
@@ -74,6 +75,37 @@ def balanced_grid(kernel: K, m: int | None, batch: int, step: int, workers: int 
     choices = [c for c in choices if width % c == 0]
     best = choices[best_grid([(row_blocks * (width // c), c) for c in choices], workers)]
     return kernel if best == cols else replace(kernel, cols_per_workgroup=best)
+
+
+#: The workgroup widths :func:`balanced_columns` tries after a kernel's usual one: wider
+#: powers of two first (fewer workgroups), then the rest.
+_WIDER = (64, 128, 256)
+_OTHER = (16, 32, 48, 96, 192)
+
+
+def balanced_columns(
+    kernel: K, rows: int | None, n: int, step: int, workers: int | None = None
+) -> K:
+    """``kernel`` (a dataclass with ``rows_per_workgroup`` and ``cols_per_workgroup``, its grid
+    ``(n / cols, ceil(rows / rows_per_workgroup))``) with the columns per workgroup, a multiple
+    of ``step`` dividing ``n``, that leave the busiest worker the least work for ``rows``
+    static rows (:func:`busiest_share`); unchanged for unknown rows (``None``), and unless the
+    gain is 5 % or more (the output layer's 250 workgroups of 128 channels leave one of two
+    workers 2 % more than 2000 of 16 would: not worth 8x the workgroups). The quantized
+    products of one row (docs/quantization.md, "Workgroups two workers share evenly"): 768 or
+    1536 channels in 24 workgroups ran 16 on one of two workers, 12 are shared one at a time."""
+    w = default_workers() if workers is None else workers
+    if rows is None or rows <= 0 or w <= 1:
+        return kernel
+    usual = kernel.cols_per_workgroup
+    rest = [c for c in _WIDER if c > usual] + [c for c in _OTHER if c not in _WIDER]
+    options = [usual] + [c for c in rest if c != usual and n % c == 0 and c % step == 0]
+    blocks = -(-rows // kernel.rows_per_workgroup)
+    cost = [busiest_share(blocks * (n // c), w) * c for c in options]
+    best = min(range(len(options)), key=lambda i: (cost[i], i))
+    if cost[best] > 0.95 * cost[0]:
+        return kernel
+    return replace(kernel, cols_per_workgroup=options[best])
 
 
 def busiest_work(sizes: Sequence[int], workers: int) -> int:
