@@ -98,7 +98,7 @@ def balanced_columns(
     if rows is None or rows <= 0 or w <= 1:
         return kernel
     usual = kernel.cols_per_workgroup
-    rest = [c for c in _WIDER if c > usual] + [c for c in _OTHER if c not in _WIDER]
+    rest = [c for c in _WIDER if c > usual] + list(_OTHER)
     options = [usual] + [c for c in rest if c != usual and n % c == 0 and c % step == 0]
     blocks = -(-rows // kernel.rows_per_workgroup)
     cost = [busiest_share(blocks * (n // c), w) * c for c in options]
