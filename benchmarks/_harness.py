@@ -352,6 +352,23 @@ class KernelVariant:
     mlir: str
 
 
+def kernel_main(mlir: str, src: Path, cfg: Any) -> Callable[..., Any]:
+    """``main`` of the MLIR module ``mlir`` (a hand-written kernel's benchmark module), written
+    to ``src`` and compiled beside it for this CPU (``llvm-cpu``), loaded on ``cfg`` (an
+    ``iree.runtime.Config``)."""
+    import iree.runtime as rt
+    from iree.compiler.tools.binaries import find_tool
+
+    src.write_text(mlir)
+    vmfb = src.with_suffix(".vmfb")
+    cmd = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=local"]
+    cmd += ["--iree-hal-local-target-device-backends=llvm-cpu"]
+    cmd += ["--iree-llvmcpu-target-cpu=host", "-o", str(vmfb)]
+    subprocess.run(cmd, check=True)
+    vm = rt.VmModule.copy_buffer(cfg.vm_instance, vmfb.read_bytes())
+    return rt.SystemContext(vm_modules=[vm], config=cfg).modules.module["main"]
+
+
 def kernel_ab(
     variants: Sequence[KernelVariant],
     operands: Sequence[np.ndarray],
@@ -375,7 +392,6 @@ def kernel_ab(
         name -> {"ms", "gb_per_s", "default_over_this"}.
     """
     import iree.runtime as rt
-    from iree.compiler.tools.binaries import find_tool
 
     if threads > 1:
         set_runtime_flags([f"--task_topology_max_group_count={threads}"])
@@ -384,15 +400,7 @@ def kernel_ab(
     fns: dict[str, Callable[[], object]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="turbine-kernel-ab-"))
     for v in variants:
-        src = tmp / f"{v.name}.mlir"
-        src.write_text(v.mlir)
-        vmfb = src.with_suffix(".vmfb")
-        cmd = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=local"]
-        cmd += ["--iree-hal-local-target-device-backends=llvm-cpu"]
-        cmd += ["--iree-llvmcpu-target-cpu=host", "-o", str(vmfb)]
-        subprocess.run(cmd, check=True)
-        vm = rt.VmModule.copy_buffer(cfg.vm_instance, vmfb.read_bytes())
-        fn = rt.SystemContext(vm_modules=[vm], config=cfg).modules.module["main"]
+        fn = kernel_main(v.mlir, tmp / f"{v.name}.mlir", cfg)
         check(v.name, np.asarray(fn(*dev)[0].to_host()))
         fns[v.name] = functools.partial(fn, *dev)
     t = time_interleaved(fns, calls=calls, budget_s=budget_s)

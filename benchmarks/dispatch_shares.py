@@ -39,6 +39,11 @@ import peer_profile  # noqa: E402
 def dispatch_events(vmfb: Path, inputs: list, threads: int, calls: int, td: Path) -> list[dict]:
     """The host-execution dispatch events of ``calls`` calls on ``threads`` workers."""
     prof = peer_profile.host_execution_profile(vmfb, inputs, threads, calls, td, "local-task")
+    return profile_events(prof)
+
+
+def profile_events(prof: Path) -> list[dict]:
+    """The dispatch events of the host-execution profile ``prof`` (``iree-profile dispatch``)."""
     show = [peer_profile._runtime_tool("iree-profile"), "dispatch", "--format=jsonl"]
     out = subprocess.run(
         [*show, "--dispatch_events", str(prof)],
@@ -54,31 +59,14 @@ def llm_decode_events(name: str, weights: str, threads: int, calls: int, td: Pat
     """The host-execution dispatch events of ``calls`` decode steps of ``name`` (a model of
     ``llm_bench.MODELS``) with ``weights`` as ``llm_step_profile.py`` builds it (the KV cache a
     global, the step at position 20), on ``threads`` workers."""
-    import llm_bench
     import llm_step_profile
-    import torch
 
-    from turbine_aot import llm
-
-    torch.manual_seed(0)
-    model = llm_bench._build(name)
-    if weights != "fp32":
-        gs = 128 if weights in ("int4", "w4a8") else None
-        model = llm.quantized_copy(model, weights, group_size=gs)
-    eo = llm.export_causal_lm(model, max_seq_len=48)
+    _, eo = llm_step_profile.export_variant(name, weights)
     irpa, vmfb, prof = td / "m.irpa", td / "m.vmfb", td / "p.ireeprof"
     eo.save_parameters(irpa)
     eo.compile(save_to=vmfb)
     llm_step_profile._benchmark(vmfb, irpa, threads, calls, prof)
-    show = [peer_profile._runtime_tool("iree-profile"), "dispatch", "--format=jsonl"]
-    out = subprocess.run(
-        [*show, "--dispatch_events", str(prof)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    return [json.loads(line) for line in out.splitlines() if '"host_dispatch_event"' in line]
+    return profile_events(prof)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,7 +134,12 @@ def profile_step(vmfb: Path, irpa: Path, threads: int, steps: int, td: Path) -> 
     }
 
 
-def run_variant(name: str, weights: str, args: argparse.Namespace, td: Path) -> dict:
+def export_variant(
+    name: str, weights: str, group_size: int = 128, max_seq_len: int = 48
+) -> tuple[Any, Any]:
+    """``(model, export)``: the model of ``llm_bench.MODELS`` from seed 0 with ``weights``
+    (``llm.quantized_copy``, int4 / w4a8 in groups of ``group_size``), as
+    ``llama_cpp_side_by_side.py`` makes it, exported by ``llm.export_causal_lm``."""
     import llm_bench
     import torch
 
@@ -143,9 +148,13 @@ def run_variant(name: str, weights: str, args: argparse.Namespace, td: Path) -> 
     torch.manual_seed(0)
     model = llm_bench._build(name)
     if weights != "fp32":
-        gs = args.group_size if weights in ("int4", "w4a8") else None
+        gs = group_size if weights in ("int4", "w4a8") else None
         model = llm.quantized_copy(model, weights, group_size=gs)
-    eo = llm.export_causal_lm(model, max_seq_len=args.max_seq_len)
+    return model, llm.export_causal_lm(model, max_seq_len=max_seq_len)
+
+
+def run_variant(name: str, weights: str, args: argparse.Namespace, td: Path) -> dict:
+    model, eo = export_variant(name, weights, args.group_size, args.max_seq_len)
     irpa, vmfb = td / f"{weights}.irpa", td / f"{weights}.vmfb"
     eo.save_parameters(irpa)
     eo.compile(save_to=vmfb)

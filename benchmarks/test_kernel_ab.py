@@ -8,7 +8,6 @@ is timed.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _harness
 import quant_kernel_ab
 
 
@@ -75,23 +75,16 @@ def test_the_l1_module_computes_rows_0_to_nr(tmp_path):
     """Compiled and run: the streaming module matches numpy; in the L1 one, channel ``c`` of
     every block computes with weight row ``c % nr`` (and its own scales and zero points)."""
     iree_rt = pytest.importorskip("iree.runtime")
-    from iree.compiler.tools.binaries import find_tool
 
     kernel = _masks_kernel(k=256, n=256)  # operands() builds square weights
     host, check = quant_kernel_ab.operands(1, kernel.k, 1, 4, 64)
     mlir = quant_kernel_ab._module(kernel, 1)
+    cfg = iree_rt.Config("local-sync")
+    dev = [iree_rt.asdevicearray(cfg.device, a) for a in host]
     results = {}
     for name, text in (("stream", mlir), ("l1", quant_kernel_ab.weights_in_l1(kernel, mlir))):
-        src, vmfb = tmp_path / f"{name}.mlir", tmp_path / f"{name}.vmfb"
-        src.write_text(text)
-        cmd = [find_tool("iree-compile"), str(src), "--iree-hal-target-device=local"]
-        cmd += ["--iree-hal-local-target-device-backends=llvm-cpu"]
-        cmd += ["--iree-llvmcpu-target-cpu=host", "-o", str(vmfb)]
-        subprocess.run(cmd, check=True)
-        cfg = iree_rt.Config("local-sync")
-        vm = iree_rt.VmModule.copy_buffer(cfg.vm_instance, vmfb.read_bytes())
-        fn = iree_rt.SystemContext(vm_modules=[vm], config=cfg).modules.module["main"]
-        out = fn(*[iree_rt.asdevicearray(cfg.device, a) for a in host])
+        fn = _harness.kernel_main(text, tmp_path / f"{name}.mlir", cfg)
+        out = fn(*dev)  # one layer: one result, not a list
         results[name] = np.asarray((out[0] if isinstance(out, (list, tuple)) else out).to_host())
     check("stream", results["stream"])
     x, q_packed, scales, zeros = host

@@ -51,6 +51,16 @@ def _mlp(k: int, hidden: int, n: int) -> torch.nn.Module:
     ).eval()
 
 
+def _assert_matches_eager(compiled, m: torch.nn.Module, x: torch.Tensor) -> None:
+    """The compiled module's ``main(x)`` against torchao eager's ``m(x)``, within ``1e-5``
+    relative to the largest output."""
+    with torch.no_grad():
+        want = m(x)
+    torch.testing.assert_close(
+        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
+    )
+
+
 def _block(group: int, variant: str = "") -> str:
     """The register block, workgroup and form in the kernel's name (32 columns a workgroup):
     groups of 64s four channels a block in one chain each, groups of 32 (and the A/B variant)
@@ -127,11 +137,7 @@ def test_the_avx512_blocking_for_this_cpu_matches_torchao_eager(tmp_path):
     assert ("_nm2_pr" in asm) == (not target_has_avx512(flags))
     compiled = load_module(eo.compile(save_to=None, extra_args=avx512), parameters=parameters)
     x = torch.randn(1, 512)
-    with torch.no_grad():
-        want = m(x)
-    torch.testing.assert_close(
-        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
-    )
+    _assert_matches_eager(compiled, m, x)
 
 
 @pytest.mark.parametrize(
@@ -152,11 +158,7 @@ def test_decode_products_take_the_form_and_match_torchao_eager(group, asymmetric
     compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
     for scale in (1.0, 30.0):  # and activations far from 1: the 16^-t factors are exact
         x = scale * torch.randn(1, 512)
-        with torch.no_grad():
-            want = m(x)
-        torch.testing.assert_close(
-            compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
-        )
+        _assert_matches_eager(compiled, m, x)
 
 
 def test_grids_cut_for_two_workers_match_torchao_eager(tmp_path):
@@ -179,11 +181,7 @@ def test_grids_cut_for_two_workers_match_torchao_eager(tmp_path):
         pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA")
     compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
     x = torch.randn(1, 768)
-    with torch.no_grad():
-        want = m(x)
-    torch.testing.assert_close(
-        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
-    )
+    _assert_matches_eager(compiled, m, x)
 
 
 @needs_avx2
@@ -205,11 +203,7 @@ def test_reductions_longer_than_a_slice_match_torchao_eager(
     assert ("memref.alloca() : memref<4096xf32>" in asm) == bool(variant)  # a slice's buffer
     compiled = load_module(eo.compile(save_to=None, extra_args=AVX2), parameters=parameters)
     x = torch.randn(1, k)
-    with torch.no_grad():
-        want = m(x)
-    torch.testing.assert_close(
-        compiled.main(x), want, rtol=1e-5, atol=1e-5 * float(want.abs().max())
-    )
+    _assert_matches_eager(compiled, m, x)
 
 
 def test_other_shapes_and_the_v1_variant_keep_the_general_form(tmp_path, monkeypatch):

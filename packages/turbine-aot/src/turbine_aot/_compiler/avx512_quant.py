@@ -169,16 +169,14 @@ class Avx512QuantGemm:
         workers: int | None = None,
     ) -> Avx512QuantGemm:
         """The kernel turbine uses for the shape (``rows``: ``M`` where it is static), its
-        workgroup columns cut for ``workers`` (default: the workers IREE starts here) where
-        ``rows`` is known (:meth:`balanced`; ``v1`` keeps its grid, the A/B baseline)."""
+        workgroup columns cut so that IREE's ``workers`` (default: those it starts here) share
+        the dispatch evenly where ``rows`` is known (:func:`.workgroups.balanced_columns`:
+        multiples of ``nr``, the usual count kept unless another saves 5 %; ``v1`` keeps its
+        grid, the A/B baseline)."""
         kernel = Avx512QuantGemm._blocking(k, n, bits, group, zero_point, variant, rows)
-        return kernel if variant == "v1" else kernel.balanced(rows, workers)
-
-    def balanced(self, rows: int | None, workers: int | None = None) -> Avx512QuantGemm:
-        """This kernel with its workgroup columns cut so that IREE's workers share the
-        dispatch evenly for ``rows`` static rows (:func:`.workgroups.balanced_columns`:
-        multiples of ``nr``, the usual count kept unless another saves 5 %)."""
-        return balanced_columns(self, rows, self.n, self.nr, workers)
+        if variant == "v1":
+            return kernel
+        return balanced_columns(kernel, rows, n, kernel.nr, workers)
 
     @staticmethod
     def _blocking(
